@@ -1,0 +1,39 @@
+"""Settings: the only place that reads the environment.
+
+Importing this module also switches off every phone-home path of the libraries underneath
+(pyannote metrics, Gradio analytics, Hugging Face hub calls and telemetry) unless the user has
+set those variables already.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+_OFFLINE_DEFAULTS = {
+    "PYANNOTE_METRICS_ENABLED": "0",
+    "GRADIO_ANALYTICS_ENABLED": "False",
+    "HF_HUB_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+}
+for _name, _value in _OFFLINE_DEFAULTS.items():
+    os.environ.setdefault(_name, _value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    cache_dir: Path
+    asr_model: str
+    device: str
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        cache = os.environ.get("SPECSCRIBE_CACHE_DIR") or platformdirs.user_cache_dir("specscribe")
+        return cls(
+            cache_dir=Path(cache).expanduser() / "models",
+            asr_model=os.environ.get("ASR_MODEL", "whisper-base"),
+            device=os.environ.get("SPECSCRIBE_DEVICE", "cpu"),
+        )

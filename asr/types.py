@@ -1,0 +1,70 @@
+"""Frozen dataclasses that flow between stages. Times are absolute float seconds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+ProgressHook = Callable[[str, int, int], None]
+"""progress(stage, completed, total): the one hook that the CLI, the UI and the worker adapt."""
+
+
+def no_progress(stage: str, completed: int, total: int) -> None:
+    """The default hook: report nothing."""
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """samples: float32 mono at 16 kHz, shape = (n_samples,)."""
+
+    samples: np.ndarray
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Word:
+    start: float
+    end: float
+    text: str
+    probability: float
+    speaker: str | None = None
+
+
+@dataclass(frozen=True)
+class Segment:
+    start: float
+    end: float
+    text: str
+    words: tuple[Word, ...] = ()
+    avg_logprob: float = 0.0
+    no_speech_prob: float = 0.0
+    speaker: str | None = None
+
+
+@dataclass(frozen=True)
+class SpeakerTurn:
+    start: float
+    end: float
+    speaker: str
+
+
+@dataclass(frozen=True)
+class Transcript:
+    segments: tuple[Segment, ...]
+    language: str
+    duration: float
+    options: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return "".join(segment.text for segment in self.segments).strip()
+
+    def to_dict(self) -> dict[str, Any]:
+        result = asdict(self)
+        result["text"] = self.text
+        return result

@@ -1,0 +1,164 @@
+"""Whisper through transformers: encoder once per window, decoder blocks on a cropable cache.
+
+This module owns everything that depends on Whisper's vocabulary (special tokens, the
+timestamp grid) and on the transformers model classes; the long-form loop in
+`asr/transcribe.py` only sees `WhisperModel`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asr.audio import SAMPLE_RATE
+
+N_FFT = 400
+HOP_LENGTH = 160
+CHUNK_SECONDS = 30
+N_SAMPLES = CHUNK_SECONDS * SAMPLE_RATE
+N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames per window
+FRAMES_PER_SECOND = SAMPLE_RATE / HOP_LENGTH  # 100
+INPUT_STRIDE = 2  # mel frames per encoder output position (conv2 stride)
+TIME_PRECISION = INPUT_STRIDE / FRAMES_PER_SECOND  # 0.02 s per timestamp token
+MAX_TEXT_CONTEXT = 448
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    eot: int
+    sot: int
+    sot_prev: int
+    no_speech: int
+    no_timestamps: int
+    timestamp_begin: int
+    transcribe: int | None
+    translate: int | None
+    language_ids: dict[str, int]  # "en" -> id of <|en|>
+
+    @property
+    def multilingual(self) -> bool:
+        return self.transcribe is not None
+
+
+def _special_tokens(tokenizer, generation_config, vocab_size: int) -> SpecialTokens:
+    def token_id(content: str) -> int:
+        found = tokenizer.convert_tokens_to_ids(content)
+        if found is None or (found == tokenizer.unk_token_id and content != tokenizer.unk_token):
+            raise ValueError(f"the tokenizer has no {content} token")
+        return found
+
+    no_timestamps = token_id("<|notimestamps|>")
+    lang_to_id = getattr(generation_config, "lang_to_id", None) or {}
+    multilingual = bool(getattr(generation_config, "is_multilingual", False))
+    return SpecialTokens(
+        eot=token_id("<|endoftext|>"),
+        sot=token_id("<|startoftranscript|>"),
+        sot_prev=token_id("<|startofprev|>"),
+        # English-only vocabularies call it <|nocaptions|>, multilingual ones <|nospeech|>.
+        no_speech=token_id("<|nospeech|>" if multilingual else "<|nocaptions|>"),
+        no_timestamps=no_timestamps,
+        timestamp_begin=no_timestamps + 1,
+        transcribe=token_id("<|transcribe|>") if multilingual else None,
+        translate=token_id("<|translate|>") if multilingual else None,
+        language_ids={code.strip("<|>"): i for code, i in lang_to_id.items()}
+        if multilingual
+        else {},
+    )
+
+
+class WhisperModel:
+    """A loaded Whisper checkpoint with its tokenizer and mel filters."""
+
+    def __init__(self, model, tokenizer, mel_filters: torch.Tensor, name: str) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.config = model.config
+        self.device = model.device
+        self.dtype = model.dtype
+        self.mel_filters = mel_filters.to(self.device)  # shape = (n_mels, n_fft // 2 + 1)
+        self.special = _special_tokens(tokenizer, model.generation_config, model.config.vocab_size)
+        self.suppress_tokens = tuple(model.generation_config.suppress_tokens or ())
+        self.alignment_heads = tuple(map(tuple, model.generation_config.alignment_heads or ()))
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+        from transformers import (
+            WhisperFeatureExtractor,
+            WhisperForConditionalGeneration,
+            WhisperTokenizer,
+        )
+
+        model = WhisperForConditionalGeneration.from_pretrained(str(path), dtype=dtype)
+        model = model.to(device).eval()
+        tokenizer = WhisperTokenizer.from_pretrained(str(path))
+        features = WhisperFeatureExtractor.from_pretrained(str(path))
+        filters = torch.from_numpy(np.asarray(features.mel_filters, dtype=np.float32)).T
+        return cls(model, tokenizer, filters, name=str(path))
+
+    @property
+    def max_context(self) -> int:
+        return self.config.max_target_positions
+
+    @property
+    def n_mels(self) -> int:
+        return self.config.num_mel_bins
+
+    def log_mel(self, samples: np.ndarray) -> torch.Tensor:
+        """OpenAI's log-mel over the whole recording, padded with one window of silence.
+
+        Returns Tensor, shape = (n_mels, n_frames); n_frames = len(samples) // 160 + 3000.
+        The dynamic-range clamp uses the whole recording's maximum, as OpenAI's transcribe does.
+        """
+        audio = torch.tensor(samples, dtype=torch.float32, device=self.device)
+        audio = torch.nn.functional.pad(audio, (0, N_SAMPLES))
+        window = torch.hann_window(N_FFT, device=self.device)
+        stft = torch.stft(audio, N_FFT, HOP_LENGTH, window=window, return_complex=True)
+        magnitudes = stft[..., :-1].abs() ** 2
+        log_spec = torch.clamp(self.mel_filters @ magnitudes, min=1e-10).log10()
+        log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+        return (log_spec + 4.0) / 4.0
+
+    @torch.inference_mode()
+    def encode(self, mel: torch.Tensor) -> torch.Tensor:
+        """mel: Tensor, shape = (batch, n_mels, 3000) -> Tensor, shape = (batch, 1500, d_model)."""
+        return self.model.model.encoder(mel.to(self.dtype)).last_hidden_state
+
+    def new_cache(self):
+        from transformers import DynamicCache, EncoderDecoderCache
+
+        return EncoderDecoderCache(DynamicCache(), DynamicCache())
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, audio_features: torch.Tensor, cache) -> torch.Tensor:
+        """Scores a block of tokens after those already in `cache` (which it extends).
+
+        tokens: Tensor, shape = (batch, n_new).
+        Returns float32 logits, Tensor, shape = (batch, n_new, vocab).
+        """
+        out = self.model.model.decoder(
+            input_ids=tokens,
+            encoder_hidden_states=audio_features,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return self.model.proj_out(out.last_hidden_state).float()
+
+    def language_code(self, token_id: int) -> str:
+        return next(code for code, i in self.special.language_ids.items() if i == token_id)
+
+    def sot_sequence(self, language: str | None, task: str, timestamps: bool) -> list[int]:
+        special = self.special
+        sequence = [special.sot]
+        if special.multilingual:
+            sequence.append(special.language_ids[language or "en"])
+            sequence.append(special.translate if task == "translate" else special.transcribe)
+        if not timestamps:
+            sequence.append(special.no_timestamps)
+        return sequence
+
+    def text_of(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode([t for t in tokens if t < self.special.eot])

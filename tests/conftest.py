@@ -1,0 +1,60 @@
+"""Shared fixtures: models are loaded once per test session."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from app.config import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "samples"
+SHARED_SPEECH = REPO.parent / "shared" / "speech"
+
+
+def reference_text(audio: Path) -> str:
+    return audio.with_suffix(".txt").read_text(encoding="utf-8").strip()
+
+
+def normalised_words(text: str) -> list[str]:
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    return EnglishTextNormalizer()(text).split()
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    import jiwer
+
+    return jiwer.wer(" ".join(normalised_words(reference)), " ".join(normalised_words(hypothesis)))
+
+
+def collapse_spaces(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    return Settings.from_env()
+
+
+@pytest.fixture(scope="session")
+def registry(settings):
+    from asr.models import ModelRegistry
+
+    return ModelRegistry(settings.cache_dir)
+
+
+@pytest.fixture(scope="session")
+def whisper_base(registry):
+    from asr.whisper import WhisperModel
+
+    return WhisperModel.load(registry.resolve("whisper-base"))
+
+
+@pytest.fixture(scope="session")
+def whisper_tiny_en(registry):
+    from asr.whisper import WhisperModel
+
+    return WhisperModel.load(registry.resolve("whisper-tiny.en"))

