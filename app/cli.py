@@ -37,34 +37,77 @@ def _cmd_models(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if failed else 0
 
 
+def _formats(value: str) -> list[str]:
+    from asr.writers import WRITERS
+
+    names = list(WRITERS) if value == "all" else [v.strip() for v in value.split(",")]
+    unknown = [name for name in names if name not in WRITERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown format {', '.join(unknown)}; choose from {', '.join(WRITERS)} or all"
+        )
+    return names
+
+
 def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
+    from tqdm import tqdm
+
     from asr.audio import AudioLoadError, find_audio_files, load_audio
     from asr.models import ModelRegistry
     from asr.transcribe import TranscribeOptions, transcribe
     from asr.whisper import WhisperModel
+    from asr.writers import output_paths, write_outputs
 
+    # 1. What to do: the files, and which of them already have every output.
     files = find_audio_files([Path(p) for p in args.paths])
     if not files:
         print("specscribe: no audio files found", file=sys.stderr)
         return 2
+    jobs, skipped = [], 0
+    for path, stem in files:
+        outputs = output_paths(args.output_dir, stem, args.format) if args.output_dir else {}
+        if outputs and not args.overwrite and all(p.exists() for p in outputs.values()):
+            skipped += 1
+            continue
+        jobs.append((path, outputs))
+
+    if not jobs:
+        print(
+            f"specscribe: all {skipped} files have their outputs (--overwrite redoes them)",
+            file=sys.stderr,
+        )
+        return 0
+
+    # 2. The model, loaded once; options checked against it before any work.
     options = TranscribeOptions(language=args.language, task=args.task)
     registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
     model = WhisperModel.load(registry.resolve(args.model or settings.asr_model), settings.device)
     options.validate(model)
-    failures: list[tuple[Path, str]] = []
-    for path in files:
+
+    # 3. Each file: a bad one is reported and skipped, the rest go on.
+    failures: list[tuple[Path, str]] = []  # (file, reason)
+    bar = tqdm(jobs, unit="file", disable=None, file=sys.stderr)
+    for path, outputs in bar:
+        bar.set_postfix_str(path.name)
         try:
             transcript = transcribe(model, load_audio(path), options)
         except AudioLoadError as error:
             failures.append((path, str(error)))
-            print(f"specscribe: skipped {error}", file=sys.stderr)
+            tqdm.write(f"specscribe: skipped {error}", file=sys.stderr)
             continue
-        print(f"== {path}")
-        print(transcript.text, flush=True)
+        write_outputs(transcript, outputs)
+        tqdm.write(f"== {path}\n{transcript.text}")
+    bar.close()
+
+    # 4. Summary; non-zero exit when any file failed.
+    done = len(jobs) - len(failures)
     print(
-        f"specscribe: {len(files) - len(failures)} transcribed, {len(failures)} failed",
+        f"specscribe: {done} transcribed, {skipped} skipped (outputs exist), "
+        f"{len(failures)} failed",
         file=sys.stderr,
     )
+    for _, reason in failures:
+        print(f"  failed: {reason}", file=sys.stderr)
     return 1 if failures else 0
 
 
@@ -79,6 +122,18 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--model", help="embedded name, local directory or hub id")
     transcribe.add_argument("--language", help="language code (default: detected)")
     transcribe.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
+    transcribe.add_argument(
+        "--output-dir", type=Path, help="write STEM.FORMAT files here (default: print only)"
+    )
+    transcribe.add_argument(
+        "--format",
+        type=_formats,
+        default=["txt"],
+        help="txt, srt, vtt, tsv, json, rttm, a comma-separated list, or all (default: txt)",
+    )
+    transcribe.add_argument(
+        "--overwrite", action="store_true", help="transcribe files whose outputs exist"
+    )
     transcribe.set_defaults(run=_cmd_transcribe)
 
     models = commands.add_parser("models", help="list or fetch the embedded models")
@@ -90,11 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from asr.models import ModelFetchError
+
     args = build_parser().parse_args(argv)
     settings = Settings.from_env()
     try:
         return args.run(args, settings)
-    except (ValueError, RuntimeError) as error:
+    except (ValueError, ModelFetchError) as error:
         print(f"specscribe: error: {error}", file=sys.stderr)
         return 2
 

@@ -90,12 +90,17 @@ def _decode_with_ffmpeg(path: str, label: str) -> np.ndarray:
     return np.frombuffer(out, dtype=np.float32)
 
 
-def find_audio_files(paths: list[Path]) -> list[Path]:
-    """Files as given, plus the audio files under each folder (recursive, sorted)."""
-    found: list[Path] = []
+def find_audio_files(paths: list[Path]) -> list[tuple[Path, Path]]:
+    """(file, name for its outputs): files as given, and the audio files under each folder.
+
+    Folders are searched recursively, by extension, in sorted order; a file found in a folder
+    keeps its path relative to that folder, so `a/x.wav` and `b/x.wav` get distinct outputs.
+    """
+    found: list[tuple[Path, Path]] = []
     for path in paths:
         if path.is_dir():
-            found.extend(sorted(p for p in path.rglob("*") if p.suffix.lower() in AUDIO_EXTENSIONS))
+            audio = sorted(p for p in path.rglob("*") if p.suffix.lower() in AUDIO_EXTENSIONS)
+            found.extend((p, p.relative_to(path).with_suffix("")) for p in audio)
         else:
-            found.append(path)
+            found.append((path, Path(path.stem)))
     return found

@@ -80,8 +80,8 @@ def test_find_audio_files_recurses_by_extension(tmp_path):
     for name in ("a/one.wav", "a/b/two.MP3", "a/readme.txt", "three.flac"):
         (tmp_path / name).write_bytes(b"x")
     found = find_audio_files([tmp_path / "a", tmp_path / "three.flac"])
-    assert [p.relative_to(tmp_path).as_posix() for p in found] == [
-        "a/b/two.MP3",
-        "a/one.wav",
-        "three.flac",
+    assert [(p.relative_to(tmp_path).as_posix(), stem.as_posix()) for p, stem in found] == [
+        ("a/b/two.MP3", "b/two"),
+        ("a/one.wav", "one"),
+        ("three.flac", "three"),
     ]

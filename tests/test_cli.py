@@ -33,15 +33,30 @@ def test_transcribe_prints_the_transcript(capsys):
 
 
 @pytest.mark.slow
-def test_folder_with_a_corrupt_file_goes_on_and_exits_non_zero(capsys, tmp_path):
-    shutil.copy(SAMPLES / "jfk.wav", tmp_path / "a_good.wav")
-    (tmp_path / "b_corrupt.mp3").write_bytes(b"\xff\xfb" + b"\x00garbage" * 100)
-    shutil.copy(SAMPLES / "librispeech_61-70968-0000.flac", tmp_path / "c_good.flac")
+def test_folder_run_skips_a_corrupt_file_and_finished_work(capsys, tmp_path):
+    inputs, outputs = tmp_path / "in", tmp_path / "out"
+    (inputs / "nested").mkdir(parents=True)
+    shutil.copy(SAMPLES / "jfk.wav", inputs / "a_good.wav")
+    (inputs / "b_corrupt.mp3").write_bytes(b"\xff\xfb" + b"\x00garbage" * 100)
+    shutil.copy(SAMPLES / "librispeech_61-70968-0000.flac", inputs / "nested" / "c_good.flac")
+    command = ["transcribe", str(inputs), "--output-dir", str(outputs), "--format", "txt,srt"]
 
-    assert main(["transcribe", str(tmp_path)]) == 1
+    assert main(command) == 1
 
     captured = capsys.readouterr()
-    assert "ask not what your country can do for you" in captured.out
-    assert "c_good.flac" in captured.out
     assert "b_corrupt.mp3" in captured.err
-    assert "2 transcribed, 1 failed" in captured.err
+    assert "2 transcribed, 0 skipped (outputs exist), 1 failed" in captured.err
+    written = sorted(p.relative_to(outputs).as_posix() for p in outputs.rglob("*"))
+    assert written == [
+        "a_good.srt",
+        "a_good.txt",
+        "nested",
+        "nested/c_good.srt",
+        "nested/c_good.txt",
+    ]
+    text = (outputs / "a_good.txt").read_text()
+    assert word_error_rate(reference_text(SAMPLES / "jfk.wav"), text) == 0.0
+
+    # A rerun redoes only the file that failed, and still reports it.
+    assert main(command) == 1
+    assert "0 transcribed, 2 skipped (outputs exist), 1 failed" in capsys.readouterr().err

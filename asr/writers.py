@@ -1,0 +1,119 @@
+"""Transcript writers, as a registry: txt, srt, vtt, tsv, json, rttm.
+
+Each writer turns a Transcript into text; `write_outputs` names files after their input
+(`STEM.srt`, ...) and writes each one atomically, so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from asr.types import Segment, Transcript
+
+Writer = Callable[[Transcript, str], str]  # (transcript, input stem) -> file content
+WRITERS: dict[str, Writer] = {}
+
+
+def writer(extension: str) -> Callable[[Writer], Writer]:
+    def register(function: Writer) -> Writer:
+        WRITERS[extension] = function
+        return function
+
+    return register
+
+
+def _timestamp(seconds: float, decimal_marker: str) -> str:
+    milliseconds = round(seconds * 1000)
+    hours, milliseconds = divmod(milliseconds, 3_600_000)
+    minutes, milliseconds = divmod(milliseconds, 60_000)
+    seconds_part, milliseconds = divmod(milliseconds, 1000)
+    return f"{hours:02d}:{minutes:02d}:{seconds_part:02d}{decimal_marker}{milliseconds:03d}"
+
+
+def _one_line(text: str) -> str:
+    """Subtitle blocks end at a blank line, so a cue's text must not contain line breaks."""
+    return " ".join(text.split())
+
+
+def _labelled(segment: Segment) -> str:
+    text = _one_line(segment.text)
+    return f"[{segment.speaker}] {text}" if segment.speaker else text
+
+
+@writer("txt")
+def write_txt(transcript: Transcript, stem: str) -> str:
+    return "".join(f"{_labelled(segment)}\n" for segment in transcript.segments)
+
+
+@writer("srt")
+def write_srt(transcript: Transcript, stem: str) -> str:
+    blocks = [
+        f"{index}\n{_timestamp(s.start, ',')} --> {_timestamp(s.end, ',')}\n{_labelled(s)}\n"
+        for index, s in enumerate(transcript.segments, start=1)
+    ]
+    return "\n".join(blocks)
+
+
+@writer("vtt")
+def write_vtt(transcript: Transcript, stem: str) -> str:
+    def cue(segment: Segment) -> str:
+        text = _one_line(segment.text)
+        voice = f"<v {segment.speaker}>{text}" if segment.speaker else text
+        return f"{_timestamp(segment.start, '.')} --> {_timestamp(segment.end, '.')}\n{voice}\n"
+
+    return "WEBVTT\n\n" + "\n".join(cue(segment) for segment in transcript.segments)
+
+
+@writer("tsv")
+def write_tsv(transcript: Transcript, stem: str) -> str:
+    """Seconds with millisecond precision; tabs and newlines in text become spaces."""
+    lines = ["start\tend\tspeaker\ttext"]
+    for s in transcript.segments:
+        lines.append(f"{s.start:.3f}\t{s.end:.3f}\t{s.speaker or ''}\t{_one_line(s.text)}")
+    return "\n".join(lines) + "\n"
+
+
+@writer("json")
+def write_json(transcript: Transcript, stem: str) -> str:
+    return json.dumps(transcript.to_dict(), ensure_ascii=False, indent=2) + "\n"
+
+
+@writer("rttm")
+def write_rttm(transcript: Transcript, stem: str) -> str:
+    """NIST RTTM speaker turns of the segments that carry a speaker."""
+    file_id = stem.replace(" ", "_")
+    return "".join(
+        f"SPEAKER {file_id} 1 {s.start:.3f} {s.end - s.start:.3f} <NA> <NA> {s.speaker} <NA> <NA>\n"
+        for s in transcript.segments
+        if s.speaker
+    )
+
+
+def output_paths(output_dir: Path, relative_stem: Path, formats: list[str]) -> dict[str, Path]:
+    return {
+        fmt: output_dir / relative_stem.with_name(f"{relative_stem.name}.{fmt}") for fmt in formats
+    }
+
+
+def write_atomically(path: Path, content: str) -> None:
+    """Writes to a temporary file in the same folder, then renames it over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
+    )
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
+            stream.write(content)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_outputs(transcript: Transcript, paths: dict[str, Path]) -> None:
+    for fmt, path in paths.items():
+        write_atomically(path, WRITERS[fmt](transcript, path.stem))

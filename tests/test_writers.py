@@ -1,0 +1,63 @@
+"""Each writer against a golden file; atomic writes; output naming."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asr.types import Segment, Transcript, Word
+from asr.writers import WRITERS, output_paths, write_atomically, write_outputs
+
+GOLDEN = Path(__file__).parent / "golden"
+
+TRANSCRIPT = Transcript(
+    segments=(
+        Segment(
+            start=0.0,
+            end=2.5,
+            text=" Hello there.",
+            words=(Word(0.0, 1.1, " Hello", 0.9, "SPEAKER_00"), Word(1.1, 2.5, " there.", 0.8)),
+            avg_logprob=-0.25,
+            no_speech_prob=0.01,
+            speaker="SPEAKER_00",
+        ),
+        Segment(
+            start=3661.042,
+            end=3663.5,
+            text=" Tabs\tand\nnewlines, «unicode».",
+            avg_logprob=-0.5,
+            no_speech_prob=0.02,
+            speaker="SPEAKER_01",
+        ),
+        Segment(start=3664.0, end=3665.999, text=" No speaker here."),
+    ),
+    language="en",
+    duration=3670.0,
+    options={"task": "transcribe"},
+    stats={"target_calls": 12, "draft_calls": 30, "generated_tokens": 40},
+)
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_writer_matches_golden_file(fmt):
+    expected = (GOLDEN / f"meeting.{fmt}").read_text(encoding="utf-8")
+    assert WRITERS[fmt](TRANSCRIPT, "meeting") == expected
+
+
+def test_output_names_follow_the_input(tmp_path):
+    paths = output_paths(tmp_path, Path("sub/talk.v2"), ["txt", "srt"])
+    assert paths == {"txt": tmp_path / "sub/talk.v2.txt", "srt": tmp_path / "sub/talk.v2.srt"}
+    write_outputs(TRANSCRIPT, paths)
+    assert paths["txt"].read_text(encoding="utf-8").startswith("[SPEAKER_00] Hello there.\n")
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["talk.v2.srt", "talk.v2.txt"]
+
+
+def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+
+    with pytest.raises(TypeError):
+        write_atomically(target, 12345)  # not text: fails inside the write
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
