@@ -1,0 +1,52 @@
+"""Model-agnostic speculative decoding (imports torch only, never transformers)."""
+
+from decoding.causal_lm import CausalLM, EarlyExitLM
+from decoding.drafters import (
+    CrossTokenizerDrafter,
+    EarlyExitDrafter,
+    ModelDrafter,
+    PromptLookupDrafter,
+)
+from decoding.generate import DecodeStats, GenerationResult, generate
+from decoding.lookahead import (
+    Adaptive,
+    BlockOutcome,
+    ConfidenceStop,
+    ConstantK,
+    Heuristic,
+    LookaheadPolicy,
+)
+from decoding.protocols import Draft, Drafter, Target
+from decoding.verify import (
+    SamplingOptions,
+    Verdict,
+    apply_sampling,
+    greedy_accept,
+    speculative_sample,
+)
+
+__all__ = [
+    "Adaptive",
+    "BlockOutcome",
+    "CausalLM",
+    "ConfidenceStop",
+    "ConstantK",
+    "CrossTokenizerDrafter",
+    "DecodeStats",
+    "Draft",
+    "Drafter",
+    "EarlyExitDrafter",
+    "EarlyExitLM",
+    "GenerationResult",
+    "Heuristic",
+    "LookaheadPolicy",
+    "ModelDrafter",
+    "PromptLookupDrafter",
+    "SamplingOptions",
+    "Target",
+    "Verdict",
+    "apply_sampling",
+    "generate",
+    "greedy_accept",
+    "speculative_sample",
+]

@@ -1,0 +1,323 @@
+"""The decoding loop: draft, verify, commit, roll back; for a batch of rows at once.
+
+Rows advance by different amounts every step (their own acceptance lengths) and leave the batch
+when they stop (EOS, max_new_tokens). Each row only ever sees its own tokens at its own
+positions, so a batch decodes every row exactly as that row would decode alone, and greedy
+speculative output is the target's greedy output token for token.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from decoding.lookahead import BlockOutcome, Heuristic, LookaheadPolicy
+from decoding.protocols import NO_TOKEN, Draft, Drafter, Target
+from decoding.verify import Sampler, SamplingOptions, Verdict, greedy_accept, speculative_sample
+
+PAD = 0  # fills unused slots of a block; masked, or placed after every token that matters
+
+
+@dataclass(frozen=True)
+class DecodeStats:
+    """Counts and times of one or more generations; `+` merges them.
+
+    accepted_histogram[n]: verify steps (per row) that accepted n drafted tokens.
+    draft_calls: draft model forward passes (0 for n-gram lookup).
+    """
+
+    target_calls: int = 0
+    draft_calls: int = 0
+    accepted_histogram: tuple[int, ...] = ()
+    generated_tokens: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+    @property
+    def tokens_per_target_call(self) -> float:
+        """Committed tokens per target forward pass, summed over the rows of a batch."""
+        return self.generated_tokens / self.target_calls if self.target_calls else 0.0
+
+    def __add__(self, other: DecodeStats) -> DecodeStats:
+        histograms = (self.accepted_histogram, other.accepted_histogram)
+        return DecodeStats(
+            target_calls=self.target_calls + other.target_calls,
+            draft_calls=self.draft_calls + other.draft_calls,
+            accepted_histogram=tuple(map(sum, itertools.zip_longest(*histograms, fillvalue=0))),
+            generated_tokens=self.generated_tokens + other.generated_tokens,
+            draft_seconds=self.draft_seconds + other.draft_seconds,
+            verify_seconds=self.verify_seconds + other.verify_seconds,
+        )
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """New tokens per row, in prompt order; a row that stopped at EOS ends with it.
+
+    sum_logprobs[r]: log-probability of row r's new tokens under the logits the target returned
+    (before temperature, top-k and top-p), e.g. for Whisper's average log-probability.
+    """
+
+    tokens: tuple[tuple[int, ...], ...]
+    sum_logprobs: tuple[float, ...]
+    stats: DecodeStats
+
+
+@dataclass(frozen=True)
+class _Committed:
+    """What one commit did, read back to the host in a single transfer."""
+
+    histogram: tuple[int, ...]
+    proposed: int
+    accepted: int
+    rejections: int
+    new_tokens: int
+    finished: torch.Tensor  # Tensor[bool], shape = (batch,)
+    any_finished: bool
+
+
+class _Rows:
+    """The rows still decoding: right-padded committed tokens and where each row stands."""
+
+    def __init__(self, prompts: list[torch.Tensor], max_new_tokens: int, device: torch.device):
+        self.max_new_tokens = max_new_tokens
+        self.prompt_lengths = torch.tensor([len(p) for p in prompts], device=device)
+        self.lengths = self.prompt_lengths.clone()
+        self.longest_prompt = max(len(p) for p in prompts)
+        self.committed = torch.full(
+            (len(prompts), self.longest_prompt + max_new_tokens + 1), PAD, device=device
+        )
+        for row, prompt in enumerate(prompts):
+            self.committed[row, : len(prompt)] = prompt
+        self.sum_logprobs = torch.zeros(len(prompts), dtype=torch.float64, device=device)
+        self.ids = list(range(len(prompts)))  # each row's index in the caller's batch
+        self.results: list[tuple[tuple[int, ...], float]] = [((), 0.0)] * len(prompts)
+        self.uncached = self.longest_prompt  # widest uncached tail: the prompts, then one token
+        self.max_budget = max_new_tokens  # most tokens any row may still add
+
+    @property
+    def count(self) -> int:
+        return len(self.ids)
+
+    def admissible(self, draft: Draft) -> Draft:
+        """Drops proposals a row could not commit before max_new_tokens, then the columns no row
+        uses any more, which the target would otherwise verify for nothing."""
+        budget = self.max_new_tokens - (self.lengths - self.prompt_lengths)
+        columns = torch.arange(draft.tokens.shape[1], device=draft.tokens.device)
+        tokens = draft.tokens.masked_fill(columns >= budget.unsqueeze(1) - 1, NO_TOKEN)
+        width = int((tokens != NO_TOKEN).sum(dim=1).max()) if tokens.numel() else 0
+        q = None if draft.q is None else draft.q[:, :width]
+        return Draft(tokens=tokens[:, :width], q=q, steps=draft.steps)
+
+    def verify_block(self, proposals: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """tokens, positions, mask: each row's uncached committed tail, right-aligned so the
+        last committed token is in the same column for every row, then its proposals.
+        Tensor, shape = (batch, uncached + k)."""
+        device = proposals.device
+        lengths = self.lengths.unsqueeze(1)
+        tail_positions = lengths + torch.arange(-self.uncached, 0, device=device)
+        draft_positions = lengths + torch.arange(proposals.shape[1], device=device)
+        tail_mask = tail_positions >= 0  # only the first block has rows with shorter tails
+        tail_positions = tail_positions.clamp(min=0)
+        tokens = torch.cat([self.committed.gather(1, tail_positions), proposals.clamp(min=0)], 1)
+        positions = torch.cat([tail_positions, draft_positions], dim=1)
+        # Unused proposal slots lie after every real token of their row and are rolled back.
+        mask = torch.cat([tail_mask, torch.ones_like(proposals, dtype=torch.bool)], dim=1)
+        self.uncached = 1  # the target keeps all but the last committed token of every row
+        return tokens, positions, mask
+
+    def commit(
+        self,
+        verdict: Verdict,
+        logits: torch.Tensor,
+        proposals: torch.Tensor,
+        stop_ids: torch.Tensor,
+    ) -> _Committed:
+        """Appends each row's accepted tokens, cut after the first stop token.
+
+        logits: Tensor, shape = (batch, k + 1, vocab); column j scored verdict.tokens[:, j].
+        """
+        width = verdict.tokens.shape[1]
+        columns = torch.arange(width, device=verdict.tokens.device)
+        count = verdict.accepted + 1
+        stops = torch.isin(verdict.tokens, stop_ids) & (columns < count.unsqueeze(1))
+        hit_stop = stops.any(dim=1)
+        count = torch.where(hit_stop, stops.int().argmax(dim=1) + 1, count)
+        dropped = columns >= count.unsqueeze(1)
+        new_tokens = verdict.tokens.masked_fill(dropped, PAD)
+        logprobs = logits.float().log_softmax(dim=-1).gather(-1, new_tokens.unsqueeze(-1))
+        self.sum_logprobs += logprobs.squeeze(-1).masked_fill(dropped, 0).sum(dim=1)
+        self._ensure_capacity(self.longest_prompt + self.max_new_tokens + width)
+        self.committed.scatter_(1, self.lengths.unsqueeze(1) + columns, new_tokens)
+        self.lengths += count
+
+        generated = self.lengths - self.prompt_lengths
+        finished = hit_stop | (generated >= self.max_new_tokens)
+        proposed = (proposals != NO_TOKEN).sum(dim=1)
+        totals = torch.stack(
+            [
+                proposed.sum(),
+                verdict.accepted.sum(),
+                (verdict.accepted < proposed).sum(),
+                count.sum(),
+                finished.sum(),
+                generated.masked_fill(finished, self.max_new_tokens).min(),
+            ]
+        )
+        histogram = torch.bincount(verdict.accepted, minlength=width)
+        *histogram, proposed, accepted, rejections, new, n_finished, least = torch.cat(
+            [histogram, totals]
+        ).tolist()
+        self.max_budget = self.max_new_tokens - least
+        return _Committed(
+            tuple(histogram), proposed, accepted, rejections, new, finished, n_finished > 0
+        )
+
+    def retire(self, finished: torch.Tensor) -> torch.Tensor:
+        """Records the finished rows' results and drops them; returns the kept rows' indices."""
+        picked = finished.nonzero().flatten()
+        results = zip(
+            picked.tolist(),
+            self.committed[picked].tolist(),
+            self.prompt_lengths[picked].tolist(),
+            self.lengths[picked].tolist(),
+            self.sum_logprobs[picked].tolist(),
+            strict=True,
+        )
+        for row, tokens, start, end, logprob in results:
+            self.results[self.ids[row]] = (tuple(tokens[start:end]), logprob)
+        kept = (~finished).nonzero().flatten()
+        self.committed = self.committed[kept]
+        self.lengths = self.lengths[kept]
+        self.prompt_lengths = self.prompt_lengths[kept]
+        self.sum_logprobs = self.sum_logprobs[kept]
+        self.ids = [self.ids[row] for row in kept.tolist()]
+        return kept
+
+    def _ensure_capacity(self, width: int) -> None:
+        missing = width - self.committed.shape[1]
+        if missing > 0:
+            self.committed = torch.nn.functional.pad(self.committed, (0, missing), value=PAD)
+
+
+def _as_rows(prompt_ids: Sequence[Sequence[int]] | torch.Tensor, device: torch.device) -> list:
+    if isinstance(prompt_ids, torch.Tensor) and prompt_ids.dim() != 2:
+        raise ValueError(f"prompt_ids must be (batch, length) (got shape {prompt_ids.shape})")
+    rows = [torch.as_tensor(row, dtype=torch.long, device=device) for row in prompt_ids]
+    if not rows or any(len(row) == 0 for row in rows):
+        raise ValueError("prompt_ids must hold at least one row, each with at least one token")
+    return rows
+
+
+def _stop_ids(eos_token_id: int | Sequence[int] | None, device: torch.device) -> torch.Tensor:
+    ids = [] if eos_token_id is None else eos_token_id
+    ids = [ids] if isinstance(ids, int) else list(ids)
+    return torch.tensor(ids, dtype=torch.long, device=device)
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":  # kernels run asynchronously; time what they did, not the launch
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _roll_back(
+    target: Target, drafter: Drafter | None, rows: _Rows, kept: torch.Tensor | None
+) -> None:
+    """Both caches follow the batch: finished rows go, and the target keeps every committed
+    token but each row's last, whose logits the next block needs."""
+    for cache in (target, drafter):
+        if cache is not None and kept is not None:
+            cache.keep_rows(kept)
+    target.rollback(rows.lengths - 1)
+    if drafter is not None:
+        drafter.rollback(rows.committed, rows.lengths)
+
+
+def generate(
+    target: Target,
+    prompt_ids: Sequence[Sequence[int]] | torch.Tensor,
+    drafter: Drafter | None = None,
+    policy: LookaheadPolicy | None = None,
+    *,
+    sampling: SamplingOptions | None = None,
+    max_new_tokens: int = 128,
+    eos_token_id: int | Sequence[int] | None = None,
+) -> GenerationResult:
+    """Decodes every prompt row with `target`, speculatively when a drafter is given.
+
+    Greedy when `sampling` is None (output equals the target's greedy decoding); otherwise
+    samples exactly from the target's distribution under `sampling`. Without a drafter each
+    step commits one token. `policy` picks the draft length (default: Heuristic()).
+    """
+    # 1. Check the request; set up the rows, both caches and the random stream.
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1 (got {max_new_tokens})")
+    device = target.device
+    policy = (policy or Heuristic()) if drafter is not None else None
+    sampler = None if sampling is None else Sampler(sampling, device)
+    rows = _Rows(_as_rows(prompt_ids, device), max_new_tokens, device)
+    stop_ids = _stop_ids(eos_token_id, device)
+    stats = DecodeStats()
+    target.reset()
+    if drafter is not None:
+        drafter.reset()
+
+    first_step = True
+    with torch.inference_mode():
+        while rows.count:
+            # 2. Draft up to k tokens per row (none without a drafter, or with one token to go).
+            started = _clock(device)
+            k = 0 if policy is None else min(policy.next_k(), rows.max_budget - 1)
+            if k > 0:
+                draft = drafter.propose(rows.committed, rows.lengths, k, policy.stop_below, sampler)
+            else:
+                draft = Draft(tokens=torch.empty((rows.count, 0), dtype=torch.long, device=device))
+            drafted = _clock(device)
+
+            # 3. Score the uncached tails plus the proposals in one target call, then verify.
+            draft = rows.admissible(draft)
+            proposals = draft.tokens
+            logits = target.score(*rows.verify_block(proposals), keep=proposals.shape[1] + 1)
+            if sampler is None:
+                verdict = greedy_accept(proposals, logits)
+            else:
+                p = sampler.probs(logits)
+                verdict = speculative_sample(proposals, draft.q, p, sampler.generator)
+
+            # 4. Commit; rows that stopped leave the batch; caches drop what was rejected.
+            step = rows.commit(verdict, logits, proposals, stop_ids)
+            kept = rows.retire(step.finished) if step.any_finished else None
+            if rows.count:
+                _roll_back(target, drafter, rows, kept)
+            verified = _clock(device)
+
+            # 5. Account, and let the policy learn.
+            stats = stats + DecodeStats(
+                target_calls=1,
+                draft_calls=draft.steps,
+                accepted_histogram=step.histogram,
+                generated_tokens=step.new_tokens,
+                draft_seconds=drafted - started,
+                verify_seconds=verified - drafted,
+            )
+            if policy is not None:
+                policy.update(
+                    BlockOutcome(
+                        k=k,
+                        width=proposals.shape[1],
+                        proposed=step.proposed,
+                        accepted=step.accepted,
+                        rejections=step.rejections,
+                        draft_seconds=drafted - started,
+                        verify_seconds=verified - drafted,
+                        includes_prefill=first_step,
+                    )
+                )
+            first_step = False
+    tokens, sum_logprobs = zip(*rows.results, strict=True)
+    return GenerationResult(tokens, sum_logprobs, stats)

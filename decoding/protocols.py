@@ -1,0 +1,89 @@
+"""What the decoding loop needs from a target model and from a drafter.
+
+Shapes: `batch` rows decode together; a row's committed tokens are `committed[r, : lengths[r]]`
+(prompt then generated tokens, right-padded); `k` is the draft block length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from decoding.verify import Sampler
+
+NO_TOKEN = -1
+"""Fills a draft block after the end of a row's proposals (rows stop drafting independently)."""
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed continuations, one block per row.
+
+    tokens: Tensor, shape = (batch, k); NO_TOKEN after each row's last proposal.
+    q: Tensor, shape = (batch, k, vocab); the draft distribution each token was sampled from, or
+       None when the proposals are a deterministic function of the committed tokens (greedy draft
+       models, n-gram lookup, cross-tokenizer drafts), which verification treats as one-hot q.
+    steps: draft model forward passes spent on this block.
+    """
+
+    tokens: torch.Tensor
+    q: torch.Tensor | None = None
+    steps: int = 0
+
+
+class Target(Protocol):
+    """A model that scores blocks of tokens and keeps a cache it can roll back, per row."""
+
+    device: torch.device
+
+    def reset(self) -> None:
+        """Forget every row: the next `score` starts a new batch from position 0."""
+
+    def score(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keep: int
+    ) -> torch.Tensor:
+        """Appends a block to every row's cache and returns the logits of its last `keep` columns.
+
+        tokens: Tensor, shape = (batch, width)
+        positions: Tensor, shape = (batch, width); each token's position in its row's sequence.
+        mask: Tensor[bool], shape = (batch, width); False marks padding, never attended to.
+        Returns Tensor, shape = (batch, keep, vocab); entry j predicts the token that follows
+        column width - keep + j.
+        """
+
+    def rollback(self, lengths: torch.Tensor) -> None:
+        """Forgets cached tokens at positions >= lengths[r]. Tensor, shape = (batch,)."""
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keeps only these rows, in this order (finished rows leave the batch). shape = (n,)."""
+
+
+class Drafter(Protocol):
+    """Proposes up to k tokens per row; verification decides what is kept."""
+
+    def reset(self) -> None:
+        """Forgets every row; the first `propose` of a batch prefills from the prompt."""
+
+    def propose(
+        self,
+        committed: torch.Tensor,
+        lengths: torch.Tensor,
+        k: int,
+        stop_below: float = 0.0,
+        sampler: Sampler | None = None,
+    ) -> Draft:
+        """Drafts continuations of committed[r, : lengths[r]].
+
+        committed: Tensor, shape = (batch, capacity); lengths: Tensor, shape = (batch,).
+        stop_below: a row's block ends before a token whose top draft probability is lower.
+        sampler: None for greedy drafts; otherwise draft tokens are sampled and `q` returned.
+        """
+
+    def rollback(self, committed: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Called after verification with the new committed rows: drops state past them."""
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keeps only these rows, in this order. Tensor, shape = (n,)."""

@@ -1,0 +1,197 @@
+"""Greedy speculative decoding is the target's greedy decoding, token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoding import (
+    Adaptive,
+    CausalLM,
+    ConfidenceStop,
+    ConstantK,
+    DecodeStats,
+    EarlyExitDrafter,
+    Heuristic,
+    ModelDrafter,
+    PromptLookupDrafter,
+    generate,
+)
+from tests.decoding.conftest import MAX_NEW, PROMPTS, hf_greedy, tiny_llama
+
+DRAFTERS = {
+    "small-model": lambda target, models: ModelDrafter(CausalLM(models.draft)),
+    "draft-is-target": lambda target, models: ModelDrafter(CausalLM(models.target)),
+    "unrelated-model": lambda target, models: ModelDrafter(CausalLM(models.unrelated)),
+    "prompt-lookup": lambda target, models: PromptLookupDrafter(max_ngram=3, min_ngram=1),
+    "early-exit": lambda target, models: EarlyExitDrafter(target.early_exit(2)),
+}
+POLICIES = {
+    "constant": lambda: ConstantK(3),
+    "heuristic": lambda: Heuristic(start=2, high=8),
+    "confidence": lambda: ConfidenceStop(k=5, threshold=0.5),
+    "adaptive": lambda: Adaptive(k_max=6),
+}
+
+
+def truncate_at(tokens: tuple[int, ...], eos: int) -> tuple[int, ...]:
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+@pytest.mark.parametrize("policy_name", POLICIES)
+@pytest.mark.parametrize("drafter_name", DRAFTERS)
+def test_speculative_equals_greedy_batched_and_alone(models, references, drafter_name, policy_name):
+    target = CausalLM(models.target)
+    drafter = DRAFTERS[drafter_name](target, models)
+    policy = POLICIES[policy_name]()
+
+    batched = generate(target, PROMPTS, drafter, policy, max_new_tokens=MAX_NEW)
+    alone = [
+        generate(target, [prompt], drafter, policy, max_new_tokens=MAX_NEW).tokens[0]
+        for prompt in PROMPTS
+    ]
+
+    assert batched.tokens == references
+    assert tuple(alone) == references
+    assert batched.stats.generated_tokens == MAX_NEW * len(PROMPTS)
+
+
+def test_plain_greedy_equals_transformers_generate_float32():
+    model = tiny_llama(layers=3, seed=7, dtype=torch.float32)
+    target = CausalLM(model)
+    expected = tuple(hf_greedy(model, list(prompt), 24) for prompt in PROMPTS)
+
+    alone = tuple(generate(target, [prompt], max_new_tokens=24).tokens[0] for prompt in PROMPTS)
+    batched = generate(target, PROMPTS, max_new_tokens=24)
+
+    assert alone == expected
+    assert batched.tokens == expected
+    assert batched.stats.target_calls == 24
+    assert batched.stats.accepted_histogram == (24 * len(PROMPTS),)
+
+
+def test_draft_equal_to_target_accepts_every_token(models, references):
+    target = CausalLM(models.target)
+    drafter = ModelDrafter(CausalLM(models.target))
+
+    result = generate(target, PROMPTS, drafter, ConstantK(3), max_new_tokens=MAX_NEW)
+
+    assert result.tokens == references
+    # 16 tokens per row = 4 blocks of 3 accepted drafts + the target's own token.
+    assert result.stats.accepted_histogram == (0, 0, 0, 4 * len(PROMPTS))
+    assert result.stats.target_calls == 4
+    assert result.stats.tokens_per_target_call == MAX_NEW * len(PROMPTS) / 4
+
+
+def test_unrelated_draft_accepts_almost_nothing_and_changes_nothing(models, references):
+    target = CausalLM(models.target)
+    drafter = ModelDrafter(CausalLM(models.unrelated))
+
+    result = generate(target, PROMPTS, drafter, ConstantK(4), max_new_tokens=MAX_NEW)
+
+    histogram = result.stats.accepted_histogram
+    assert result.tokens == references
+    assert histogram[0] >= 0.8 * sum(histogram)
+
+
+@pytest.mark.parametrize("drafter_name", ["draft-is-target", "small-model", "prompt-lookup"])
+def test_eos_inside_a_drafted_block_stops_the_row_there(models, references, drafter_name):
+    eos = references[0][6]  # 7th token: inside the second block of 5 when everything is kept
+    expected = tuple(truncate_at(row, eos) for row in references)
+    target = CausalLM(models.target)
+    drafter = DRAFTERS[drafter_name](target, models)
+
+    batched = generate(
+        target, PROMPTS, drafter, ConstantK(4), max_new_tokens=MAX_NEW, eos_token_id=eos
+    )
+    alone = [
+        generate(
+            target, [p], drafter, ConstantK(4), max_new_tokens=MAX_NEW, eos_token_id=[eos]
+        ).tokens[0]
+        for p in PROMPTS
+    ]
+    plain = generate(target, PROMPTS, max_new_tokens=MAX_NEW, eos_token_id=eos)
+
+    assert batched.tokens == expected
+    assert tuple(alone) == expected
+    assert plain.tokens == expected
+    assert len(expected[0]) == references[0].index(eos) + 1 <= 7
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 6, 7])
+@pytest.mark.parametrize("drafter_name", ["draft-is-target", "small-model"])
+def test_max_new_tokens_reached_inside_a_block(models, references, drafter_name, max_new_tokens):
+    target = CausalLM(models.target)
+    drafter = DRAFTERS[drafter_name](target, models)
+
+    result = generate(target, PROMPTS, drafter, ConstantK(4), max_new_tokens=max_new_tokens)
+
+    assert result.tokens == tuple(row[:max_new_tokens] for row in references)
+
+
+def test_rows_of_different_lengths_leave_the_batch_independently(models, references):
+    """One row stops at EOS early, the others run on; results come back in prompt order."""
+    eos = references[1][2]
+    expected = tuple(truncate_at(row, eos) for row in references)
+    target = CausalLM(models.target)
+    drafter = ModelDrafter(CausalLM(models.draft))
+
+    result = generate(
+        target, PROMPTS, drafter, Heuristic(), max_new_tokens=MAX_NEW, eos_token_id=eos
+    )
+
+    assert result.tokens == expected
+    assert result.stats.generated_tokens == sum(len(row) for row in expected)
+
+
+def test_prompt_as_tensor_and_argument_checks(models, references):
+    target = CausalLM(models.target)
+    prompt = torch.tensor([PROMPTS[0]])
+
+    assert generate(target, prompt, max_new_tokens=MAX_NEW).tokens == references[:1]
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(target, prompt, max_new_tokens=0)
+    with pytest.raises(ValueError, match="prompt_ids"):
+        generate(target, [[1], []])
+
+
+def test_decode_stats_add():
+    a = DecodeStats(2, 5, (1, 0, 1), 7, 0.5, 1.0)
+    b = DecodeStats(1, 0, (3,), 1, 0.25, 0.5)
+
+    total = a + b
+
+    assert total == DecodeStats(3, 5, (4, 0, 1), 8, 0.75, 1.5)
+    assert total.tokens_per_target_call == 8 / 3
+    assert DecodeStats().tokens_per_target_call == 0.0
+
+
+def test_sum_logprobs_are_the_target_log_probabilities_of_the_new_tokens(models, references):
+    target = CausalLM(models.target)
+    drafter = ModelDrafter(CausalLM(models.draft))
+
+    plain = generate(target, PROMPTS, max_new_tokens=MAX_NEW)
+    speculative = generate(target, PROMPTS, drafter, ConstantK(3), max_new_tokens=MAX_NEW)
+
+    for row, (prompt, new) in enumerate(zip(PROMPTS, references, strict=True)):
+        sequence = torch.tensor([list(prompt) + list(new)])
+        with torch.no_grad():
+            logprobs = models.target(input_ids=sequence).logits[0].log_softmax(dim=-1)
+        expected = sum(logprobs[len(prompt) - 1 + i, token].item() for i, token in enumerate(new))
+        assert abs(plain.sum_logprobs[row] - expected) < 1e-4  # float32 log-softmax
+        assert abs(speculative.sum_logprobs[row] - expected) < 1e-4  # float32 log-softmax
+
+
+def test_one_token_prompt_next_to_long_ones(models):
+    """The short row's block is mostly padding on the first step; it must not leak."""
+    prompts = ([3], *PROMPTS)
+    expected = tuple(hf_greedy(models.target, list(prompt), 10) for prompt in prompts)
+    target = CausalLM(models.target)
+
+    plain = generate(target, prompts, max_new_tokens=10)
+    speculative = generate(
+        target, prompts, EarlyExitDrafter(target.early_exit(2)), ConstantK(3), max_new_tokens=10
+    )
+
+    assert plain.tokens == expected
+    assert speculative.tokens == expected

@@ -1,0 +1,169 @@
+"""Policies, the n-gram lookup, the early-exit view and the torch-only import rule."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pathlib
+import sys
+
+import pytest
+import torch
+
+import decoding
+from decoding import (
+    Adaptive,
+    BlockOutcome,
+    CausalLM,
+    ConfidenceStop,
+    ConstantK,
+    Heuristic,
+    PromptLookupDrafter,
+    greedy_accept,
+)
+from decoding.protocols import NO_TOKEN
+
+DECODING_DIR = pathlib.Path(decoding.__file__).parent
+
+
+def outcome(k=4, accepted=4, rejections=0, draft=0.01, verify=0.1, width=None) -> BlockOutcome:
+    """A one-row step: k drafts, `accepted` of them kept."""
+    width = k if width is None else width
+    return BlockOutcome(k, width, k, accepted, rejections, draft, verify, includes_prefill=False)
+
+
+def test_decoding_imports_with_transformers_blocked(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # any import of it now fails
+    for name in [name for name in sys.modules if name.split(".")[0] == "decoding"]:
+        monkeypatch.delitem(sys.modules, name)
+
+    for path in sorted(DECODING_DIR.glob("*.py")):
+        module = "decoding" if path.stem == "__init__" else f"decoding.{path.stem}"
+        importlib.import_module(module)
+
+
+def test_no_decoding_module_mentions_transformers_in_an_import():
+    for path in DECODING_DIR.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                names = [alias.name for alias in node.names] + [getattr(node, "module", "")]
+                assert not any("transformers" in (name or "") for name in names), path
+
+
+def test_greedy_accept_keeps_the_matching_prefix_and_the_next_argmax():
+    argmax = torch.tensor([[3, 1, 4, 1], [3, 1, 4, 1], [2, 7, 1, 8]])
+    logits = torch.nn.functional.one_hot(argmax, 10).float()
+    drafts = torch.tensor([[3, 1, 4], [3, 9, 4], [2, 7, NO_TOKEN]])
+
+    verdict = greedy_accept(drafts, logits)
+
+    assert verdict.accepted.tolist() == [3, 1, 2]
+    assert verdict.tokens.tolist() == argmax.tolist()
+
+
+def test_constant_and_confidence_policies():
+    constant, confident = ConstantK(5), ConfidenceStop(k=6, threshold=0.3)
+    constant.update(outcome(accepted=0, rejections=1))
+
+    assert constant.next_k() == 5 and constant.stop_below == 0
+    assert confident.next_k() == 6 and confident.stop_below == 0.3
+    with pytest.raises(ValueError, match="threshold"):
+        ConfidenceStop(threshold=1.5)
+    with pytest.raises(ValueError, match="k"):
+        ConstantK(0)
+
+
+def test_heuristic_grows_by_two_on_full_acceptance_and_shrinks_by_one_otherwise():
+    policy = Heuristic(start=4, low=2, high=7)
+    ks = []
+    for full in [True, True, False, False, False, False]:
+        policy.update(outcome(accepted=4 if full else 1, rejections=0 if full else 1))
+        ks.append(policy.next_k())
+
+    assert ks == [6, 7, 6, 5, 4, 3]
+    policy.update(outcome(accepted=0, rejections=1))
+    policy.update(outcome(accepted=0, rejections=1))
+    assert policy.next_k() == 2
+
+
+def test_adaptive_drafts_long_blocks_when_drafts_are_cheap_and_accepted():
+    policy = Adaptive(k_max=10)
+    for _ in range(40):
+        k = policy.next_k()
+        policy.update(outcome(k=k, accepted=k, draft=0.001 * k, verify=0.1))
+
+    assert policy.alpha > 0.95
+    assert policy.next_k() == 10
+
+
+def test_adaptive_stops_drafting_when_drafts_do_not_pay_but_keeps_probing():
+    rejected, expensive = Adaptive(k_max=10, probe_every=4), Adaptive(k_max=10, probe_every=4)
+    for _ in range(30):
+        rejected.update(outcome(k=2, accepted=0, rejections=1, draft=0.02, verify=0.1))
+        expensive.update(outcome(k=2, accepted=1, rejections=1, draft=0.4, verify=0.1))
+
+    assert 0.45 < expensive.alpha < 0.55  # one success per failure
+    assert [rejected.next_k() for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 1]
+    assert expensive.next_k() == 0
+
+
+def test_adaptive_with_flat_verify_cost_is_the_textbook_optimum():
+    policy = Adaptive(k_max=12)
+    policy.successes, policy.failures = 8.0, 2.0  # alpha = 0.8
+    policy.draft_step, policy.verify = 0.05, {1: 1.0}  # c = 0.05 at every k
+
+    def textbook(k: int) -> float:
+        return (1 - 0.8 ** (k + 1)) / (1 - 0.8) / (k * 0.05 + 1)
+
+    assert policy.next_k() == max(range(1, 13), key=textbook) == 8
+
+
+def test_adaptive_drafts_less_when_wider_blocks_cost_more_to_verify():
+    policy = Adaptive(k_max=12)
+    policy.successes, policy.failures = 8.0, 2.0
+    policy.draft_step = 0.05
+    policy.verify = {0: 1.0, **{k: 1.0 + 0.15 * k for k in range(1, 13)}}  # a CPU-bound target
+
+    assert 1 <= policy.next_k() < 8
+
+
+def test_adaptive_ignores_the_prefill_step_time():
+    policy = Adaptive()
+    policy.update(BlockOutcome(4, 4, 4, 4, 0, 5.0, 50.0, includes_prefill=True))
+
+    assert policy.verify == {} and policy.draft_step is None
+    assert policy.alpha > 0.7
+
+
+def test_prompt_lookup_proposes_what_followed_the_latest_match():
+    drafter = PromptLookupDrafter(max_ngram=2, min_ngram=1)
+    committed = torch.tensor([[1, 2, 3, 9, 1, 2, 0, 0], [5, 6, 7, 8, 0, 0, 0, 0]])
+    lengths = torch.tensor([6, 4])
+
+    draft = drafter.propose(committed, lengths, k=5)
+
+    # Row 0: "1 2" occurred at the start; "3 9 1 2" followed, and the loop repeats.
+    assert draft.tokens[0].tolist() == [3, 9, 1, 2, 3]
+    assert draft.tokens[1].tolist() == [NO_TOKEN] * 5
+    assert draft.q is None and draft.steps == 0
+
+
+def test_prompt_lookup_falls_back_to_shorter_ngrams():
+    drafter = PromptLookupDrafter(max_ngram=3, min_ngram=1)
+    committed = torch.tensor([[4, 8, 6, 5, 8]])
+
+    draft = drafter.propose(committed, torch.tensor([5]), k=2)
+
+    assert draft.tokens.tolist() == [[6, 5]]
+
+
+def test_early_exit_view_shares_weights_and_leaves_the_model_whole(models):
+    target = CausalLM(models.target)
+    early = target.early_exit(2)
+
+    assert len(models.target.model.layers) == 4
+    assert len(early.view.model.layers) == 2
+    assert early.view.lm_head.weight is models.target.lm_head.weight
+    assert early.view.model.layers[1] is models.target.model.layers[1]
+    with pytest.raises(ValueError, match="exit_layer"):
+        target.early_exit(4)
