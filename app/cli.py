@@ -111,6 +111,49 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     return 1 if failures else 0
 
 
+def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
+    from app.llm import DraftOptions, load_language_model, run_generation
+    from asr.models import ModelRegistry
+    from decoding import SamplingOptions
+
+    options = DraftOptions(
+        assistant=args.assistant,
+        prompt_lookup=args.prompt_lookup,
+        ngram=args.ngram,
+        early_exit=args.early_exit,
+        policy=args.policy,
+        k=args.k,
+    ).validate()
+    sampling = None
+    if args.sample:
+        sampling = SamplingOptions(args.temperature, args.top_k, args.top_p, args.seed).validate()
+    registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
+    target = load_language_model(registry, args.model or settings.llm_model)
+    assistant = load_language_model(registry, args.assistant) if args.assistant else None
+    result = run_generation(
+        target, [args.prompt], options, assistant, sampling, max_new_tokens=args.max_new_tokens
+    )
+    print(target.tokenizer.decode(result.tokens[0], skip_special_tokens=True), flush=True)
+    stats = result.stats
+    seconds = stats.draft_seconds + stats.verify_seconds
+    print(
+        f"specscribe: {stats.generated_tokens} tokens in {seconds:.2f} s "
+        f"({stats.generated_tokens / max(seconds, 1e-9):.1f} tokens/s); "
+        f"target calls {stats.target_calls}, draft calls {stats.draft_calls}, "
+        f"{stats.tokens_per_target_call:.2f} tokens per target call; "
+        f"accepted-length histogram {list(stats.accepted_histogram)}; "
+        f"drafting {stats.draft_seconds:.2f} s, verifying {stats.verify_seconds:.2f} s",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    import importlib
+
+    return importlib.import_module(f"bench.{args.suite}").main(args.bench_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specscribe", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -135,6 +178,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--overwrite", action="store_true", help="transcribe files whose outputs exist"
     )
     transcribe.set_defaults(run=_cmd_transcribe)
+
+    gen = commands.add_parser("generate", help="generate text with a causal LM, speculatively")
+    gen.add_argument("prompt")
+    gen.add_argument("--model", help="target LM (default: gemma-3-270m); NAME:int8 quantizes it")
+    drafts = gen.add_mutually_exclusive_group()
+    drafts.add_argument("--assistant", help="draft LM; another tokenizer is re-encoded")
+    drafts.add_argument(
+        "--prompt-lookup", type=int, metavar="N", help="draft N tokens by n-gram lookup"
+    )
+    drafts.add_argument(
+        "--early-exit", type=int, metavar="L", help="draft with the target's first L layers"
+    )
+    gen.add_argument(
+        "--policy", default="heuristic", choices=("constant", "heuristic", "confidence", "adaptive")
+    )
+    gen.add_argument("--k", type=int, default=4, help="draft length (start / maximum)")
+    gen.add_argument("--ngram", type=int, default=3, help="longest n-gram for --prompt-lookup")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--sample", action="store_true", help="sample instead of greedy")
+    gen.add_argument("--temperature", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int)
+    gen.set_defaults(run=_cmd_generate)
+
+    bench = commands.add_parser("bench", help="run a benchmark (bench/SUITE.py)")
+    bench.add_argument("suite", choices=("text",))
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the suite")
+    bench.set_defaults(run=_cmd_bench)
 
     models = commands.add_parser("models", help="list or fetch the embedded models")
     models.add_argument("action", choices=("list", "pull"))

@@ -27,6 +27,7 @@ for _name, _value in _OFFLINE_DEFAULTS.items():
 class Settings:
     cache_dir: Path
     asr_model: str
+    llm_model: str
     device: str
 
     @classmethod
@@ -35,5 +36,6 @@ class Settings:
         return cls(
             cache_dir=Path(cache).expanduser() / "models",
             asr_model=os.environ.get("ASR_MODEL", "whisper-base"),
+            llm_model=os.environ.get("LLM_MODEL", "gemma-3-270m"),
             device=os.environ.get("SPECSCRIBE_DEVICE", "cpu"),
         )

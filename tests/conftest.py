@@ -58,3 +58,24 @@ def whisper_tiny_en(registry):
     from asr.whisper import WhisperModel
 
     return WhisperModel.load(registry.resolve("whisper-tiny.en"))
+
+
+@pytest.fixture(scope="session")
+def gemma(registry):
+    from app.llm import load_language_model
+
+    return load_language_model(registry, "gemma-3-270m")
+
+
+@pytest.fixture(scope="session")
+def gemma_int8(gemma):
+    from app.llm import LanguageModel, quantize_int8
+
+    return LanguageModel("gemma-3-270m:int8", quantize_int8(gemma.model), gemma.tokenizer)
+
+
+@pytest.fixture(scope="session")
+def smollm2(registry):
+    from app.llm import load_language_model
+
+    return load_language_model(registry, "smollm2-135m")

@@ -1,0 +1,193 @@
+"""Text LLMs for the speculative decoder: loading, drafter construction, one generate call.
+
+The decoding core never imports transformers; this module is where transformers models are
+loaded and wrapped (`decoding.CausalLM`) and where a drafter is chosen from user options.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from asr.models import ModelRegistry
+from decoding import (
+    Adaptive,
+    CausalLM,
+    ConfidenceStop,
+    ConstantK,
+    CrossTokenizerDrafter,
+    Drafter,
+    EarlyExitDrafter,
+    GenerationResult,
+    Heuristic,
+    ModelDrafter,
+    PromptLookupDrafter,
+    SamplingOptions,
+    generate,
+)
+from decoding.lookahead import LookaheadPolicy
+
+INT8_SUFFIX = ":int8"
+PolicyName = Literal["constant", "heuristic", "confidence", "adaptive"]
+
+
+@dataclass(frozen=True)
+class LanguageModel:
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    @property
+    def vocabulary(self) -> dict[str, int]:
+        return self.tokenizer.get_vocab()
+
+
+@dataclass(frozen=True)
+class DraftOptions:
+    """How to draft; at most one of assistant, prompt_lookup, early_exit."""
+
+    assistant: str | None = None
+    prompt_lookup: int | None = None  # tokens to propose (transformers' prompt_lookup_num_tokens)
+    ngram: int = 3  # longest n-gram prompt lookup matches (transformers uses 2)
+    early_exit: int | None = None  # decoder layers the draft runs
+    policy: PolicyName = "heuristic"
+    k: int = 4  # block length for constant / confidence, start for heuristic, max for adaptive
+    confidence: float = 0.4
+
+    def validate(self) -> DraftOptions:
+        chosen = [
+            name
+            for name, value in (
+                ("assistant", self.assistant),
+                ("prompt_lookup", self.prompt_lookup),
+                ("early_exit", self.early_exit),
+            )
+            if value is not None
+        ]
+        if len(chosen) > 1:
+            raise ValueError(f"choose one drafter, not {' and '.join(chosen)}")
+        if self.prompt_lookup is not None and self.prompt_lookup < 1:
+            raise ValueError(f"prompt_lookup must be >= 1 (got {self.prompt_lookup})")
+        if self.early_exit is not None and self.early_exit < 1:
+            raise ValueError(f"early_exit must be >= 1 layer (got {self.early_exit})")
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1 (got {self.k})")
+        if self.ngram < 1:
+            raise ValueError(f"ngram must be >= 1 (got {self.ngram})")
+        return self
+
+    @property
+    def block(self) -> int:
+        """The draft length the policy starts from: --prompt-lookup N sets it to N."""
+        return self.prompt_lookup if self.prompt_lookup is not None else self.k
+
+    @property
+    def drafts(self) -> bool:
+        return any(v is not None for v in (self.assistant, self.prompt_lookup, self.early_exit))
+
+
+def load_language_model(registry: ModelRegistry, name: str) -> LanguageModel:
+    """An embedded name, local directory or hub id; `NAME:int8` is NAME with int8 linear layers.
+
+    The int8 variant (dynamic quantization of every nn.Linear) is a cheap same-vocabulary draft
+    for its own full-precision model: on a CPU it reads a quarter of the weight bytes per token.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = name.removesuffix(INT8_SUFFIX)
+    path = registry.resolve(base)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    if name.endswith(INT8_SUFFIX):
+        model = quantize_int8(model)
+    return LanguageModel(name, model, tokenizer)
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the API still works
+        return torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8
+        )
+
+
+def make_policy(options: DraftOptions) -> LookaheadPolicy:
+    k = options.block
+    policies = {
+        "constant": lambda: ConstantK(k),
+        "heuristic": lambda: Heuristic(start=k),
+        "confidence": lambda: ConfidenceStop(k, options.confidence),
+        "adaptive": lambda: Adaptive(k_max=max(k, 8)),
+    }
+    if options.policy not in policies:
+        raise ValueError(f"policy must be one of {', '.join(policies)} (got {options.policy!r})")
+    return policies[options.policy]()
+
+
+def make_drafter(
+    target: LanguageModel,
+    wrapped_target: CausalLM,
+    options: DraftOptions,
+    assistant: LanguageModel | None = None,
+) -> Drafter | None:
+    """The drafter the options ask for; an assistant with another vocabulary gets re-encoding."""
+    if options.prompt_lookup is not None:
+        return PromptLookupDrafter(max_ngram=options.ngram)
+    if options.early_exit is not None:
+        layers = target.model.config.num_hidden_layers
+        if options.early_exit >= layers:
+            raise ValueError(
+                f"early_exit must be below {target.name}'s {layers} layers "
+                f"(got {options.early_exit})"
+            )
+        return EarlyExitDrafter(wrapped_target.early_exit(options.early_exit))
+    if assistant is None:
+        return None
+    if assistant.vocabulary == target.vocabulary:
+        return ModelDrafter(CausalLM(assistant.model))
+    return CrossTokenizerDrafter(
+        ModelDrafter(CausalLM(assistant.model)),
+        target.encode,
+        target.decode,
+        assistant.encode,
+        assistant.decode,
+    )
+
+
+def prompt_ids(model: LanguageModel, prompt: str) -> list[int]:
+    """The prompt as the model was trained to see it (with its BOS token, if it has one)."""
+    return model.tokenizer(prompt).input_ids
+
+
+def run_generation(
+    target: LanguageModel,
+    prompts: list[str],
+    options: DraftOptions,
+    assistant: LanguageModel | None = None,
+    sampling: SamplingOptions | None = None,
+    max_new_tokens: int = 128,
+) -> GenerationResult:
+    options.validate()
+    wrapped = CausalLM(target.model)
+    drafter = make_drafter(target, wrapped, options, assistant)
+    policy = make_policy(options) if drafter is not None else None
+    return generate(
+        wrapped,
+        [prompt_ids(target, p) for p in prompts],
+        drafter,
+        policy,
+        sampling=sampling,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=target.tokenizer.eos_token_id,
+    )
