@@ -1,16 +1,20 @@
-"""Long-form transcription: sequential 30 s windows that seek to the last timestamp.
+"""Long-form transcription: 30 s windows, decoded plainly or speculatively, -> Transcript.
 
-This follows OpenAI's transcribe(): each window is decoded with the previous window's text as
-a prompt, split into segments at its timestamp pairs, and the next window starts at the last
-complete segment's end. Each window is decoded greedily here; the speculative decoder slots in
-at `decode_window` without changing its output.
+Two ways to lay out windows (`TranscribeOptions.windows`):
+- "seek" follows OpenAI's transcribe(): each window is decoded with the previous window's text
+  as a prompt, split into segments at its timestamp pairs, and the next window starts at the
+  last complete segment's end. Windows depend on each other, so they decode one at a time.
+- "silence" cuts the recording at its quietest points into independent chunks of at most 30 s
+  (`asr.silence`), which decode `batch_size` at a time; text after a chunk's last complete
+  segment ends with the chunk.
+A draft (`assistant`) changes how many target calls a window takes, never its tokens.
 """
 
 from __future__ import annotations
 
+import copy
 import time
-import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -18,10 +22,31 @@ import torch
 
 from asr.audio import SAMPLE_RATE
 from asr.logit_rules import LogitRules
+from asr.segments import split_segments
+from asr.silence import chunk_window, split_at_silence
 from asr.types import ProgressHook, Segment, Transcript, no_progress
-from asr.whisper import FRAMES_PER_SECOND, INPUT_STRIDE, N_FRAMES, TIME_PRECISION, WhisperModel
+from asr.whisper import FRAMES_PER_SECOND, N_FRAMES, EncodedAudio, WhisperModel
+from asr.whisper_drafters import WhisperAssistant
+from asr.window_decoder import (
+    WindowBatch,
+    WindowDecoder,
+    WindowResult,
+    compression_ratio,
+    decode_window,
+)
+from decoding import DecodeStats, Heuristic, LookaheadPolicy
 
 Task = Literal["transcribe", "translate"]
+Windows = Literal["seek", "silence"]
+
+__all__ = [
+    "TranscribeOptions",
+    "WindowResult",
+    "compression_ratio",
+    "decode_window",
+    "detect_language",
+    "transcribe",
+]
 
 
 @dataclass(frozen=True)
@@ -30,7 +55,7 @@ class TranscribeOptions:
     task: Task = "transcribe"
     timestamps: bool = True
     condition_on_previous_text: bool = True
-    initial_prompt: str | None = None
+    initial_prompt: str | None = None  # "silence" windows: the prompt of every chunk
     # Temperature fallback: a window whose greedy text repeats itself (compression ratio) or
     # is improbable (average log-probability) is decoded again by sampling, hotter each time.
     temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -39,6 +64,8 @@ class TranscribeOptions:
     no_speech_threshold: float | None = 0.6
     max_new_tokens: int = 224  # OpenAI's sample_len: half the text context
     seed: int = 0  # makes the sampled fallbacks repeatable
+    windows: Windows = "seek"
+    batch_size: int = 1  # windows decoded at once ("silence" windows only)
 
     def validate(self, model: WhisperModel) -> None:
         if self.task not in ("transcribe", "translate"):
@@ -56,82 +83,31 @@ class TranscribeOptions:
             raise ValueError(f"temperatures must be non-negative, not {self.temperatures}")
         if not 1 <= self.max_new_tokens <= 224:
             raise ValueError(f"max_new_tokens must be in 1..224, not {self.max_new_tokens}")
+        if self.windows not in ("seek", "silence"):
+            raise ValueError(f"windows must be 'seek' or 'silence', not {self.windows!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
+        if self.batch_size > 1 and self.windows != "silence":
+            raise ValueError(
+                "batch_size > 1 needs windows='silence': seek windows depend on each other"
+            )
+        if self.windows == "silence" and self.condition_on_previous_text:
+            raise ValueError(
+                "windows='silence' needs condition_on_previous_text=False: its windows are "
+                "decoded independently"
+            )
 
 
-@dataclass(frozen=True)
-class WindowResult:
-    tokens: tuple[int, ...]  # generated tokens, without the prompt and the end token
-    text: str
-    avg_logprob: float
-    no_speech_prob: float
-    temperature: float
-    decoder_calls: int
-
-    @property
-    def compression_ratio(self) -> float:
-        return compression_ratio(self.text)
-
-
-def compression_ratio(text: str) -> float:
-    """How well zlib compresses the text: repetition loops score high (OpenAI: > 2.4)."""
-    data = text.encode("utf-8")
-    return len(data) / len(zlib.compress(data)) if data else 0.0
-
-
-def detect_language(model: WhisperModel, audio_features: torch.Tensor) -> str:
-    """The most probable language token after <|startoftranscript|>."""
+def detect_language(model: WhisperModel, encoded: EncodedAudio) -> str:
+    """The most probable language token after <|startoftranscript|> in the first window."""
     special = model.special
     if not special.multilingual:
         return "en"
-    logits = model.decode(torch.tensor([[special.sot]]), audio_features, model.new_cache())[0, -1]
-    language_ids = torch.tensor(list(special.language_ids.values()))
+    first = encoded.rows(torch.tensor([0], device=encoded.features.device))
+    tokens = torch.tensor([[special.sot]], device=model.device)
+    logits = model.decode(tokens, first.features, model.new_cache(first))[0, -1]
+    language_ids = torch.tensor(list(special.language_ids.values()), device=model.device)
     return model.language_code(int(language_ids[logits[language_ids].argmax()]))
-
-
-def decode_window(
-    model: WhisperModel,
-    audio_features: torch.Tensor,
-    prompt: list[int],
-    rules: LogitRules,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    generator: torch.Generator | None = None,
-) -> WindowResult:
-    """Decodes one window: greedy at temperature 0, else by sampling.
-
-    audio_features: Tensor, shape = (1, 1500, d_model).
-    """
-    special = model.special
-    cache = model.new_cache()
-    logits = model.decode(torch.tensor([prompt]), audio_features, cache)
-    no_speech_prob = float(logits[0, prompt.index(special.sot)].softmax(-1)[special.no_speech])
-    next_logits = logits[:, -1]
-    tokens: list[int] = []
-    sum_logprob = 0.0
-    calls = 1
-    while True:
-        masked = rules.apply(next_logits, [tokens])[0]
-        if temperature == 0.0:
-            token = int(masked.argmax())
-        else:
-            probs = torch.softmax(masked / temperature, dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=generator))
-        sum_logprob += float(torch.log_softmax(masked, dim=-1)[token])
-        if token == special.eot:
-            break
-        tokens.append(token)
-        if len(tokens) >= max_new_tokens or len(prompt) + len(tokens) >= model.max_context:
-            break
-        next_logits = model.decode(torch.tensor([[token]]), audio_features, cache)[:, -1]
-        calls += 1
-    return WindowResult(
-        tokens=tuple(tokens),
-        text=model.text_of(tokens),
-        avg_logprob=sum_logprob / (len(tokens) + 1),
-        no_speech_prob=no_speech_prob,
-        temperature=temperature,
-        decoder_calls=calls,
-    )
 
 
 def _is_silent(result: WindowResult, options: TranscribeOptions) -> bool:
@@ -155,74 +131,151 @@ def _needs_fallback(result: WindowResult, options: TranscribeOptions) -> bool:
     return too_repetitive or too_improbable
 
 
-def decode_with_fallback(
-    model: WhisperModel,
-    audio_features: torch.Tensor,
-    prompt: list[int],
-    rules: LogitRules,
-    options: TranscribeOptions,
-    generator: torch.Generator,
-) -> tuple[WindowResult, int]:
-    """The first temperature whose result passes the checks (else the last); total calls."""
-    calls = 0
-    for temperature in options.temperatures:
-        result = decode_window(
-            model, audio_features, prompt, rules, options.max_new_tokens, temperature, generator
+class _Session:
+    """One recording's mel spectrograms, encoders, window decoder and running statistics."""
+
+    def __init__(
+        self,
+        model: WhisperModel,
+        samples: np.ndarray,
+        options: TranscribeOptions,
+        assistant: WhisperAssistant | None,
+        policy: LookaheadPolicy | None,
+    ) -> None:
+        self.model, self.options, self.assistant, self.policy = model, options, assistant, policy
+        # Sampled passes start from the policy as it was given: block lengths decide how the
+        # random stream is consumed, so a policy that learned from other windows would make a
+        # window's sampled text depend on them.
+        self.initial_policy = copy.deepcopy(policy)
+        self.mel = model.log_mel(samples)  # shape = (n_mels, content frames + 3000)
+        self.draft_mel = None
+        if assistant is not None and assistant.shape != "shared-encoder":
+            same_mel = assistant.model.n_mels == model.n_mels
+            self.draft_mel = self.mel if same_mel else assistant.model.log_mel(samples)
+        self.content_frames = self.mel.shape[-1] - N_FRAMES
+        self.duration = len(samples) / SAMPLE_RATE
+        self.rules = LogitRules(model.special, model.suppress_tokens, timestamps=options.timestamps)
+        self.language = options.language
+        self.initial_prompt: list[int] = []
+        if options.initial_prompt:
+            text = " " + options.initial_prompt.strip()
+            self.initial_prompt = model.tokenizer.encode(text, add_special_tokens=False)
+        self.stats = DecodeStats()
+        self.encoder_seconds = 0.0
+
+    def encode(self, windows: list[tuple[int, int]], padded: bool) -> tuple[EncodedAudio, ...]:
+        """The target's (and the draft's) view of frame ranges [start, end): full 30 s from
+        start (the mel ends with 30 s of silence), or only [start, end) padded with silence."""
+        started = time.perf_counter()
+
+        def stack(mel: torch.Tensor) -> torch.Tensor:
+            if padded:
+                return torch.stack([chunk_window(mel, start, end) for start, end in windows])
+            return torch.stack([mel[:, start : start + N_FRAMES] for start, _ in windows])
+
+        encoded = self.model.cross_attention(self.model.encode(stack(self.mel)))
+        draft = None
+        if self.assistant is not None:
+            draft_mel = None if self.draft_mel is None else stack(self.draft_mel)
+            draft = self.assistant.encode(encoded, draft_mel)
+        self.encoder_seconds += time.perf_counter() - started
+        if self.language is None:
+            self.language = detect_language(self.model, encoded)
+        return encoded, draft
+
+    def prompt(self, previous: list[int]) -> tuple[int, ...]:
+        context = previous[-(self.model.max_context // 2 - 1) :]
+        sot = self.model.sot_sequence(self.language, self.options.task, self.options.timestamps)
+        return tuple(([self.model.special.sot_prev, *context] if context else []) + sot)
+
+    def decode(self, batch: WindowBatch, seeds: list[int]) -> list[WindowResult]:
+        """Each window at the first temperature whose result passes the checks (else the last).
+
+        Greedy passes decode the batch at once; sampled passes decode one window at a time with
+        its own seed and a fresh policy, so that a window's text never depends on other windows
+        (with a clock-free policy; see decoding.Adaptive).
+        """
+        options = self.options
+        decoder = WindowDecoder(
+            self.model,
+            self.rules,
+            self.language,
+            options.task,
+            options.max_new_tokens,
+            self.assistant,
+            self.policy,
         )
-        calls += result.decoder_calls
-        if not _needs_fallback(result, options):
-            break
-    return result, calls
+        results: list[WindowResult | None] = [None] * len(batch.prompts)
+        for temperature in options.temperatures:
+            pending = [row for row, result in enumerate(results) if result is None]
+            groups = [pending] if temperature == 0 else [[row] for row in pending]
+            for rows in groups:
+                subset = batch if len(rows) == len(results) else batch.rows(rows)
+                if temperature > 0:
+                    decoder = replace(decoder, policy=copy.deepcopy(self.initial_policy))
+                decoded, stats = decoder.decode(subset, temperature, seeds[rows[0]])
+                self.stats = self.stats + stats
+                for row, result in zip(rows, decoded, strict=True):
+                    last = temperature == options.temperatures[-1]
+                    if last or not _needs_fallback(result, options):
+                        results[row] = result
+            if all(result is not None for result in results):
+                break
+        return results
 
-
-def _segments_of(
-    model: WhisperModel,
-    result: WindowResult,
-    time_offset: float,
-    window_frames: int,
-    duration: float,
-) -> tuple[list[Segment], int]:
-    """Splits a window's tokens at timestamp pairs; returns segments and frames consumed."""
-    begin = model.special.timestamp_begin
-    tokens = list(result.tokens)
-    is_timestamp = [t >= begin for t in tokens]
-    # A pair of consecutive timestamps closes one segment and opens the next.
-    boundaries = [i + 1 for i in range(len(tokens) - 1) if is_timestamp[i] and is_timestamp[i + 1]]
-    single_timestamp_ending = (
-        len(tokens) >= 1 and is_timestamp[-1] and not (len(tokens) >= 2 and is_timestamp[-2])
-    )
-
-    def segment(sliced: list[int], start: float, end: float) -> Segment:
-        # A window near the end holds padding: no segment may run past the recording.
-        return Segment(
-            start=round(min(start, duration), 3),
-            end=round(min(end, duration), 3),
-            text=model.text_of(sliced),
-            avg_logprob=result.avg_logprob,
-            no_speech_prob=result.no_speech_prob,
+    def segments(
+        self, result: WindowResult, start: int, frames: int, unfinished: bool
+    ) -> tuple[list[Segment], int]:
+        """A spoken window's segments (empty and zero-length ones dropped), frames consumed."""
+        found, consumed = split_segments(
+            self.model, result, start / FRAMES_PER_SECOND, frames, self.duration, unfinished
         )
+        return [s for s in found if s.text.strip() and s.end > s.start], consumed
 
-    if boundaries:
-        slices = boundaries if not single_timestamp_ending else [*boundaries, len(tokens)]
-        segments, last = [], 0
-        for current in slices:
-            sliced = tokens[last:current]
-            start = time_offset + (sliced[0] - begin) * TIME_PRECISION
-            end = time_offset + (sliced[-1] - begin) * TIME_PRECISION
-            segments.append(segment(sliced, start, end))
-            last = current
-        if single_timestamp_ending:
-            return segments, window_frames  # nothing left unfinished in this window
-        # Seek to the last complete segment's end; the rest is decoded again in context.
-        return segments, (tokens[last - 1] - begin) * INPUT_STRIDE
 
-    length = window_frames / FRAMES_PER_SECOND
-    timestamps = [t for t in tokens if t >= begin]
-    if timestamps and timestamps[-1] != begin:
-        length = (timestamps[-1] - begin) * TIME_PRECISION
-    text_tokens = [t for t in tokens if t < begin]
-    segments = [segment(text_tokens, time_offset, time_offset + length)] if text_tokens else []
-    return segments, window_frames
+def _seek_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
+    """OpenAI's sequential loop: each window starts where the previous one's text ended."""
+    options, total = session.options, session.content_frames
+    previous = list(session.initial_prompt)
+    segments: list[Segment] = []
+    seek = 0
+    while seek < total:
+        frames = min(N_FRAMES, total - seek)
+        encoded, draft = session.encode([(seek, seek + frames)], padded=False)
+        batch = WindowBatch(encoded, (session.prompt(previous),), draft)
+        [result] = session.decode(batch, seeds=[options.seed + seek])
+        if _is_silent(result, options):
+            seek += frames  # skipped, and its text does not become context
+        else:
+            found, consumed = session.segments(result, seek, frames, unfinished=False)
+            segments.extend(found)
+            seek += max(consumed, 1)
+            # Text sampled hot is a poor prompt: OpenAI resets the context after it.
+            if options.condition_on_previous_text and result.temperature <= 0.5:
+                previous.extend(result.tokens)
+            else:
+                previous = []
+        progress("transcribe", min(seek, total), total)
+    return segments
+
+
+def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
+    """Independent chunks cut at silences, `batch_size` windows per decoding pass."""
+    options, total = session.options, session.content_frames
+    chunks = split_at_silence(session.mel, total)
+    segments: list[Segment] = []
+    for first in range(0, len(chunks), options.batch_size):
+        group = chunks[first : first + options.batch_size]
+        encoded, draft = session.encode(group, padded=True)
+        prompts = (session.prompt(session.initial_prompt),) * len(group)
+        results = session.decode(
+            WindowBatch(encoded, prompts, draft), seeds=[options.seed + s for s, _ in group]
+        )
+        for (start, end), result in zip(group, results, strict=True):
+            if not _is_silent(result, options):
+                segments.extend(session.segments(result, start, end - start, unfinished=True)[0])
+        progress("transcribe", group[-1][1], total)
+    return segments
 
 
 def transcribe(
@@ -230,73 +283,47 @@ def transcribe(
     samples: np.ndarray,
     options: TranscribeOptions = TranscribeOptions(),
     progress: ProgressHook = no_progress,
+    assistant: WhisperAssistant | None = None,
+    policy: LookaheadPolicy | None = None,
 ) -> Transcript:
-    """samples: float32 mono 16 kHz, shape = (n_samples,)."""
+    """samples: float32 mono 16 kHz, shape = (n_samples,).
+
+    assistant: a draft paired with `model` (`asr.whisper_drafters.pair_assistant`); policy: its
+    draft-length policy for the whole recording (default: decoding.Heuristic).
+    """
+    # 1. Check the request; mel spectrograms for the target and a draft that needs its own.
     options.validate(model)
+    if assistant is not None and assistant.target is not model:
+        raise ValueError(
+            f"draft {assistant.model.name} was paired with {assistant.target.name}, "
+            f"not with {model.name}"
+        )
     started = time.perf_counter()
-    mel = model.log_mel(samples)
-    content_frames = mel.shape[-1] - N_FRAMES
-    duration = len(samples) / SAMPLE_RATE
-    rules = LogitRules(model.special, model.suppress_tokens, timestamps=options.timestamps)
-    special = model.special
+    if assistant is not None and policy is None:
+        policy = Heuristic()  # one for the whole recording: it learns the pair as it goes
+    session = _Session(model, samples, options, assistant, policy)
 
-    previous: list[int] = []
-    if options.initial_prompt:
-        previous = model.tokenizer.encode(
-            " " + options.initial_prompt.strip(), add_special_tokens=False
-        )
-    language = options.language
-    segments: list[Segment] = []
-    generator = torch.Generator().manual_seed(options.seed)
-    decoder_calls = generated = encoder_seconds = 0
-    seek = 0
-    progress("transcribe", 0, content_frames)
-    while seek < content_frames:
-        window_frames = min(N_FRAMES, content_frames - seek)
-        window = mel[:, seek : seek + N_FRAMES]  # always full: log_mel appends 30 s of silence
-        encode_start = time.perf_counter()
-        audio_features = model.encode(window[None])
-        encoder_seconds += time.perf_counter() - encode_start
-        if language is None:
-            language = detect_language(model, audio_features)
+    # 2. Decode every window.
+    progress("transcribe", 0, session.content_frames)
+    lay_out = _seek_windows if options.windows == "seek" else _silence_windows
+    segments = lay_out(session, progress)
 
-        context = previous[-(model.max_context // 2 - 1) :] if previous else []
-        prompt = ([special.sot_prev, *context] if context else []) + model.sot_sequence(
-            language, options.task, options.timestamps
-        )
-        result, calls = decode_with_fallback(
-            model, audio_features, prompt, rules, options, generator
-        )
-        decoder_calls += calls
-        generated += len(result.tokens) + 1
-
-        time_offset = seek / FRAMES_PER_SECOND
-        if _is_silent(result, options):
-            seek += window_frames
-        else:
-            window_segments, consumed = _segments_of(
-                model, result, time_offset, window_frames, duration
-            )
-            segments.extend(s for s in window_segments if s.text.strip() and s.end > s.start)
-            seek += max(consumed, 1)
-            # Text sampled hot is a poor prompt: OpenAI resets the context after it.
-            if options.condition_on_previous_text and result.temperature <= 0.5:
-                previous.extend(result.tokens)
-            else:
-                previous = []
-        progress("transcribe", min(seek, content_frames), content_frames)
-
-    stats = {
-        "target_calls": decoder_calls,
-        "draft_calls": 0,
-        "generated_tokens": generated,
-        "encoder_seconds": round(encoder_seconds, 3),
-        "total_seconds": round(time.perf_counter() - started, 3),
-    }
+    # 3. The transcript records the options and what the decoding cost.
+    stats = session.stats
     return Transcript(
         segments=tuple(segments),
-        language=language or "en",
-        duration=round(duration, 3),
+        language=session.language or "en",
+        duration=round(session.duration, 3),
         options=asdict(options),
-        stats=stats,
+        stats={
+            "target_calls": stats.target_calls,
+            "draft_calls": stats.draft_calls,
+            "generated_tokens": stats.generated_tokens,
+            "tokens_per_target_call": round(stats.tokens_per_target_call, 3),
+            "accepted_histogram": list(stats.accepted_histogram),
+            "encoder_seconds": round(session.encoder_seconds, 3),
+            "draft_seconds": round(stats.draft_seconds, 3),
+            "verify_seconds": round(stats.verify_seconds, 3),
+            "total_seconds": round(time.perf_counter() - started, 3),
+        },
     )

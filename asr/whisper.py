@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,8 +70,33 @@ def _special_tokens(tokenizer, generation_config, vocab_size: int) -> SpecialTok
     )
 
 
+@dataclass(frozen=True)
+class EncodedAudio:
+    """What one decoder attends to for a batch of 30 s windows, computed once per window.
+
+    features: Tensor, shape = (batch, 1500, d_model); the encoder output.
+    cross: per decoder layer, (keys, values), each Tensor, shape = (batch, heads, 1500, head_dim);
+    the decoder's cross-attention projections of `features`, which every decoder call would
+    otherwise recompute (they depend on the decoder's weights, so each model has its own).
+    """
+
+    features: torch.Tensor
+    cross: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+    def rows(self, rows: torch.Tensor) -> EncodedAudio:
+        """These windows, in this order. rows: Tensor, shape = (n,)."""
+        return EncodedAudio(
+            features=self.features[rows],
+            cross=tuple((keys[rows], values[rows]) for keys, values in self.cross),
+        )
+
+
 class WhisperModel:
-    """A loaded Whisper checkpoint with its tokenizer and mel filters."""
+    """A loaded Whisper checkpoint with its tokenizer and mel filters.
+
+    `model` is a WhisperForConditionalGeneration, or a decoder-only WhisperForCausalLM (a draft
+    that attends to another model's encoder output; it has no `encode`).
+    """
 
     def __init__(self, model, tokenizer, mel_filters: torch.Tensor, name: str) -> None:
         self.model = model
@@ -87,15 +113,22 @@ class WhisperModel:
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
         from transformers import (
+            AutoConfig,
             WhisperFeatureExtractor,
+            WhisperForCausalLM,
             WhisperForConditionalGeneration,
             WhisperTokenizer,
         )
 
-        model = WhisperForConditionalGeneration.from_pretrained(str(path), dtype=dtype)
-        model = model.to(device).eval()
+        config = AutoConfig.from_pretrained(str(path))
+        decoder_only = "WhisperForCausalLM" in (config.architectures or ())
+        model_class = WhisperForCausalLM if decoder_only else WhisperForConditionalGeneration
+        model = model_class.from_pretrained(str(path), dtype=dtype).to(device).eval()
         tokenizer = WhisperTokenizer.from_pretrained(str(path))
-        features = WhisperFeatureExtractor.from_pretrained(str(path))
+        try:
+            features = WhisperFeatureExtractor.from_pretrained(str(path))
+        except OSError:  # decoder-only drafts may ship no preprocessor config
+            features = WhisperFeatureExtractor(feature_size=config.num_mel_bins)
         filters = torch.from_numpy(np.asarray(features.mel_filters, dtype=np.float32)).T
         return cls(model, tokenizer, filters, name=str(path))
 
@@ -106,6 +139,10 @@ class WhisperModel:
     @property
     def n_mels(self) -> int:
         return self.config.num_mel_bins
+
+    @property
+    def has_encoder(self) -> bool:
+        return hasattr(self.model.model, "encoder")
 
     def log_mel(self, samples: np.ndarray) -> torch.Tensor:
         """OpenAI's log-mel over the whole recording, padded with one window of silence.
@@ -127,10 +164,71 @@ class WhisperModel:
         """mel: Tensor, shape = (batch, n_mels, 3000) -> Tensor, shape = (batch, 1500, d_model)."""
         return self.model.model.encoder(mel.to(self.dtype)).last_hidden_state
 
-    def new_cache(self):
+    @torch.inference_mode()
+    def cross_attention(self, features: torch.Tensor) -> EncodedAudio:
+        """The decoder's cross-attention keys and values for encoder output `features`.
+
+        features: Tensor, shape = (batch, 1500, d_model), from this model's encoder or from an
+        encoder this decoder was trained against (a shared-encoder draft).
+        """
+        cross = []
+        for layer in self.model.model.decoder.layers:
+            attention = layer.encoder_attn
+            # The same projection and layout transformers computes on a decoder's first call.
+            shape = (features.shape[0], -1, attention.num_heads, attention.head_dim)
+            keys = attention.k_proj(features).view(shape).transpose(1, 2).contiguous()
+            values = attention.v_proj(features).view(shape).transpose(1, 2).contiguous()
+            cross.append((keys, values))
+        return EncodedAudio(features=features, cross=tuple(cross))
+
+    def new_cache(self, encoded: EncodedAudio | None = None):
+        """An empty self-attention cache; its cross-attention part is `encoded`'s when given."""
         from transformers import DynamicCache, EncoderDecoderCache
 
-        return EncoderDecoderCache(DynamicCache(), DynamicCache())
+        if encoded is None:
+            return EncoderDecoderCache(DynamicCache(), DynamicCache())
+        empty = [(keys[..., :0, :], values[..., :0, :]) for keys, values in encoded.cross]
+        cross = DynamicCache(ddp_cache_data=empty)
+        for layer, (keys, values) in zip(cross.layers, encoded.cross, strict=True):
+            # Shared, not copied (filling the cache would copy them): this cache only reads them.
+            layer.keys, layer.values = keys, values
+        # EncoderDecoderCache marks layers whose cross-attention cache is filled as up to date,
+        # so the decoder reuses them instead of projecting the encoder output again.
+        return EncoderDecoderCache(DynamicCache(), cross)
+
+    @torch.inference_mode()
+    def decoder_states(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        audio_features: torch.Tensor,
+        cache: Any,
+    ) -> torch.Tensor:
+        """Runs the decoder on a block after what `cache` holds (which it extends).
+
+        tokens, positions: Tensor, shape = (batch, n_new); attention_mask: None (attend to every
+        cached column) or Tensor, shape = (batch, cached columns + n_new), 0 hides a column.
+        audio_features: Tensor, shape = (batch, 1500, d_model); a cache from
+        `new_cache(encoded)` already holds their cross-attention keys and values.
+        Returns Tensor, shape = (batch, n_new, d_model); `logits` turns it into logits.
+        """
+        out = self.model.model.decoder(
+            input_ids=tokens,
+            position_ids=positions,
+            attention_mask=attention_mask,
+            encoder_hidden_states=audio_features,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return out.last_hidden_state
+
+    @torch.inference_mode()
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        """Tensor, shape = (..., d_model) -> logits, Tensor, shape = (..., vocab); at least
+        float32 (half-precision models), float64 for float64 models (tests keep ties away)."""
+        logits = self.model.proj_out(states)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, audio_features: torch.Tensor, cache) -> torch.Tensor:

@@ -1,0 +1,50 @@
+"""Independent windows for batched decoding: the recording cut at its quietest moments.
+
+Sequential long-form decoding seeks to the last timestamp of each window, so a window's start
+depends on the previous window's output. Windows decoded in one batch cannot wait for each
+other: instead the recording is cut into chunks of at most 30 s, each cut at the quietest
+point between 20 and 30 s after the previous one (where a word is least likely to be split),
+and each chunk is decoded as one window padded with silence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from asr.whisper import FRAMES_PER_SECOND, N_FRAMES
+
+MIN_CHUNK_FRAMES = 20 * int(FRAMES_PER_SECOND)
+SMOOTHING_FRAMES = 21  # 0.2 s: a pause, not a single quiet frame inside a word
+
+
+def split_at_silence(mel: torch.Tensor, content_frames: int) -> list[tuple[int, int]]:
+    """[start, end) frame ranges that cover the first content_frames frames, each <= 30 s.
+
+    mel: Tensor, shape = (n_mels, n_frames); log-mel, louder is larger.
+    """
+    loudness = mel[:, :content_frames].float().mean(dim=0)[None, None]
+    smoothed = torch.nn.functional.avg_pool1d(
+        loudness,
+        SMOOTHING_FRAMES,
+        stride=1,
+        padding=SMOOTHING_FRAMES // 2,
+        count_include_pad=False,
+    )[0, 0]
+    chunks, start = [], 0
+    while content_frames - start > N_FRAMES:
+        search = smoothed[start + MIN_CHUNK_FRAMES : start + N_FRAMES]
+        end = start + MIN_CHUNK_FRAMES + int(search.argmin())
+        chunks.append((start, end))
+        start = end
+    chunks.append((start, content_frames))
+    return chunks
+
+
+def chunk_window(mel: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """The 30 s window of frames [start, end), padded with silence (the last frame of `mel`,
+    which `WhisperModel.log_mel` computes from 30 s of appended zeros).
+
+    mel: Tensor, shape = (n_mels, n_frames) -> Tensor, shape = (n_mels, 3000).
+    """
+    silence = mel[:, -1:].expand(-1, N_FRAMES - (end - start))
+    return torch.cat([mel[:, start:end], silence], dim=1)

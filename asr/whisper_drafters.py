@@ -1,0 +1,145 @@
+"""Draft Whispers for a target Whisper, in three shapes, checked once when the pair is made.
+
+- "shared-encoder": the draft's decoder attends to the TARGET's encoder output (distil-whisper:
+  a decoder-only WhisperForCausalLM, or a WhisperForConditionalGeneration whose encoder is the
+  target's); nothing is encoded twice.
+- "own-encoder": a full Whisper with the target's vocabulary; its encoder runs once per window.
+- "cross-tokenizer": a full Whisper with another vocabulary (whisper-tiny.en for a multilingual
+  target); committed tokens travel as text with special tokens mapped by meaning
+  (`asr.whisper_text`), and the draft gets its own SOT sequence.
+
+Every draft decodes through `WhisperTarget`, so it sees its own vocabulary's logit rules, as the
+target sees its own. An incompatible pair raises ValueError naming both models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from asr.logit_rules import LogitRules
+from asr.whisper import EncodedAudio, WhisperModel
+from asr.whisper_target import WhisperTarget
+from asr.whisper_text import WhisperTextCodec
+from decoding import CrossTokenizerDrafter, Drafter, ModelDrafter
+
+DraftShape = Literal["shared-encoder", "own-encoder", "cross-tokenizer"]
+DRAFT_SHAPES: tuple[DraftShape, ...] = ("shared-encoder", "own-encoder", "cross-tokenizer")
+
+
+@dataclass(frozen=True)
+class WhisperAssistant:
+    """A draft Whisper paired with a target; make it with `pair_assistant`."""
+
+    target: WhisperModel
+    model: WhisperModel
+    shape: DraftShape
+
+    def encode(self, target_encoded: EncodedAudio, mel: torch.Tensor | None) -> EncodedAudio:
+        """The draft's view of a batch of windows, computed once per window.
+
+        target_encoded: the target's EncodedAudio for these windows.
+        mel: Tensor, shape = (batch, draft n_mels, 3000); the draft's log-mel of the same
+        windows (unused by a shared-encoder draft).
+        """
+        if self.shape == "shared-encoder":
+            return self.model.cross_attention(target_encoded.features)
+        if mel is None:
+            raise ValueError(f"draft {self.model.name} has its own encoder and needs a mel")
+        return self.model.cross_attention(self.model.encode(mel))
+
+    def drafter(
+        self,
+        encoded: EncodedAudio,
+        language: str | None,
+        task: str,
+        timestamps: bool,
+    ) -> Drafter:
+        """A Drafter for one batch of windows (rows in the target's order)."""
+        draft = self.model
+        rules = LogitRules(draft.special, draft.suppress_tokens, timestamps=timestamps)
+        model = WhisperTarget(draft, encoded, rules, measure_no_speech=False)
+        if self.shape != "cross-tokenizer":
+            return ModelDrafter(model)
+        target_codec = WhisperTextCodec(self.target, language, task)
+        draft_codec = WhisperTextCodec(draft, _draft_language(draft, language), task)
+        return CrossTokenizerDrafter(
+            ModelDrafter(model),
+            target_codec.encode,
+            target_codec.decode,
+            draft_codec.encode,
+            draft_codec.decode,
+        )
+
+
+def _draft_language(draft: WhisperModel, language: str | None) -> str | None:
+    """An English-only draft has no language token; a multilingual one gets the target's."""
+    if not draft.special.multilingual:
+        return None
+    return language if language in draft.special.language_ids else "en"
+
+
+def pair_assistant(
+    target: WhisperModel, draft: WhisperModel, shape: DraftShape | None = None
+) -> WhisperAssistant:
+    """Checks that `draft` can draft for `target` in `shape`; None picks the cheapest shape:
+    cross-tokenizer when the vocabularies differ, shared-encoder when the draft has no encoder
+    or the target's, otherwise own-encoder."""
+    same_vocabulary = _same_vocabulary(target, draft)
+    if shape is None:
+        if not same_vocabulary:
+            shape = "cross-tokenizer"
+        elif not draft.has_encoder or _same_encoder(target, draft):
+            shape = "shared-encoder"
+        else:
+            shape = "own-encoder"
+    pair = f"draft {draft.name} for target {target.name}"
+    if shape not in DRAFT_SHAPES:
+        raise ValueError(f"{pair}: shape must be one of {', '.join(DRAFT_SHAPES)}, not {shape!r}")
+    if shape != "cross-tokenizer" and not same_vocabulary:
+        raise ValueError(
+            f"{pair}: the vocabularies differ; use the cross-tokenizer shape to draft across them"
+        )
+    if shape == "shared-encoder":
+        _check_shared_encoder(target, draft, pair)
+    elif not draft.has_encoder:
+        raise ValueError(f"{pair}: a decoder-only draft can only use the target's encoder")
+    return WhisperAssistant(target=target, model=draft, shape=shape)
+
+
+def _check_shared_encoder(target: WhisperModel, draft: WhisperModel, pair: str) -> None:
+    """The draft's cross-attention must read the target's encoder output as it was trained to."""
+    for field in ("d_model", "num_mel_bins", "max_source_positions"):
+        ours, theirs = getattr(target.config, field), getattr(draft.config, field)
+        if ours != theirs:
+            raise ValueError(
+                f"{pair}: cannot share the target's encoder, {field} differs "
+                f"({theirs} in the draft, {ours} in the target)"
+            )
+    if draft.has_encoder and not _same_encoder(target, draft):
+        raise ValueError(
+            f"{pair}: the draft's encoder differs from the target's, so its decoder cannot read "
+            "the target's encoder output; use the own-encoder shape"
+        )
+
+
+def _same_vocabulary(target: WhisperModel, draft: WhisperModel) -> bool:
+    return (
+        target.config.vocab_size == draft.config.vocab_size
+        and target.special == draft.special
+        and target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()
+    )
+
+
+def _same_encoder(target: WhisperModel, draft: WhisperModel) -> bool:
+    if not (target.has_encoder and draft.has_encoder):
+        return False
+    ours = target.model.model.encoder.state_dict()
+    theirs = draft.model.model.encoder.state_dict()
+    return ours.keys() == theirs.keys() and all(
+        ours[name].shape == theirs[name].shape
+        and torch.equal(ours[name], theirs[name].to(ours[name]))
+        for name in ours
+    )

