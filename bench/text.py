@@ -116,39 +116,43 @@ def build_configs(models: dict) -> list[Config]:
 
         return run
 
+    # Pairs compare like with like: the same drafter and, where transformers has it, the same
+    # draft-length policy. transformers' assisted default is 20 tokens cut by a confidence
+    # threshold of 0.4 (its ConfidenceStop), which our "confidence" policy mirrors.
     lookup = dict(prompt_lookup=LOOKUP_TOKENS, ngram=2)  # transformers matches 2-grams
+    int8_fixed = dict(num_assistant_tokens=4, assistant_confidence_threshold=0.0)
     configs = [
         Config("ours greedy", "ours", "transformers generate", ours(DraftOptions())),
-        Config(
-            "ours prompt-lookup constant",
-            "ours",
-            "transformers prompt-lookup",
-            ours(DraftOptions(**lookup, policy="constant")),
-        ),
-        Config("ours prompt-lookup heuristic", "ours", "transformers prompt-lookup",
-               ours(DraftOptions(**lookup, policy="heuristic"))),
+        Config("ours prompt-lookup constant", "ours", "transformers prompt-lookup",
+               ours(DraftOptions(**lookup, policy="constant"))),
         Config("ours prompt-lookup adaptive", "ours", "transformers prompt-lookup",
                ours(DraftOptions(**lookup, policy="adaptive"))),
-        Config("ours int8-draft constant", "ours", "transformers assisted int8-draft",
+        Config("ours int8-draft constant", "ours", "transformers int8-draft constant",
                ours(DraftOptions(assistant=int8.name, policy="constant"), int8)),
-        Config("ours int8-draft heuristic", "ours", "transformers assisted int8-draft",
+        Config("ours int8-draft heuristic", "ours", "transformers int8-draft heuristic",
                ours(DraftOptions(assistant=int8.name, policy="heuristic"), int8)),
-        Config("ours int8-draft confidence", "ours", "transformers assisted int8-draft",
-               ours(DraftOptions(assistant=int8.name, policy="confidence", k=8), int8)),
-        Config("ours int8-draft adaptive", "ours", "transformers assisted int8-draft",
+        Config("ours int8-draft confidence", "ours", "transformers int8-draft default",
+               ours(DraftOptions(assistant=int8.name, policy="confidence", k=20), int8)),
+        Config("ours int8-draft adaptive", "ours", "transformers int8-draft default",
                ours(DraftOptions(assistant=int8.name, policy="adaptive"), int8)),
         Config("ours early-exit-6 adaptive", "ours", None,
                ours(DraftOptions(early_exit=6, policy="adaptive"))),
-        Config("ours smollm2-draft heuristic", "ours", "transformers assisted smollm2-draft",
+        Config("ours smollm2-draft heuristic", "ours", "transformers smollm2-draft default",
                ours(DraftOptions(assistant=smol.name, policy="heuristic"), smol)),
-        Config("ours smollm2-draft adaptive", "ours", "transformers assisted smollm2-draft",
+        Config("ours smollm2-draft adaptive", "ours", "transformers smollm2-draft default",
                ours(DraftOptions(assistant=smol.name, policy="adaptive"), smol)),
         Config("transformers generate", "transformers", None, transformers()),
         Config("transformers prompt-lookup", "transformers", None,
-               transformers(prompt_lookup_num_tokens=LOOKUP_TOKENS)),
-        Config("transformers assisted int8-draft", "transformers", None,
+               transformers(prompt_lookup_num_tokens=LOOKUP_TOKENS, max_matching_ngram_size=2)),
+        Config("transformers int8-draft constant", "transformers", None,
+               transformers(assistant_model=int8.model, num_assistant_tokens_schedule="constant",
+                            **int8_fixed)),
+        Config("transformers int8-draft heuristic", "transformers", None,
+               transformers(assistant_model=int8.model,
+                            num_assistant_tokens_schedule="heuristic_transient", **int8_fixed)),
+        Config("transformers int8-draft default", "transformers", None,
                transformers(assistant_model=int8.model)),
-        Config("transformers assisted smollm2-draft", "transformers", None,
+        Config("transformers smollm2-draft default", "transformers", None,
                transformers(assistant_model=smol.model, tokenizer=target.tokenizer,
                             assistant_tokenizer=smol.tokenizer)),
     ]  # fmt: skip
