@@ -154,7 +154,8 @@ def make_drafter(
         return EarlyExitDrafter(wrapped_target.early_exit(options.early_exit))
     if assistant is None:
         return None
-    if assistant.vocabulary == target.vocabulary:
+    # `is` first: building and comparing two 262k-entry vocabularies costs most of a second.
+    if assistant.tokenizer is target.tokenizer or assistant.vocabulary == target.vocabulary:
         return ModelDrafter(CausalLM(assistant.model))
     return CrossTokenizerDrafter(
         ModelDrafter(CausalLM(assistant.model)),
