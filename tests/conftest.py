@@ -79,3 +79,12 @@ def smollm2(registry):
     from app.llm import load_language_model
 
     return load_language_model(registry, "smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def diarizer(registry):
+    from diarize.pipeline import Diarizer
+
+    return Diarizer.embedded(
+        registry.resolve("pyannote-segmentation-3.0"), registry.resolve("campplus-sv-zh-en")
+    )

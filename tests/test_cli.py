@@ -60,3 +60,26 @@ def test_folder_run_skips_a_corrupt_file_and_finished_work(capsys, tmp_path):
     # A rerun redoes only the file that failed, and still reports it.
     assert main(command) == 1
     assert "0 transcribed, 2 skipped (outputs exist), 1 failed" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_assistant_flag_drafts_without_changing_the_output(tmp_path):
+    import json
+
+    plain, drafted = tmp_path / "plain", tmp_path / "drafted"
+    audio = str(SAMPLES / "jfk.wav")
+    assert main(["transcribe", audio, "--output-dir", str(plain), "--format", "json"]) == 0
+    command = ["transcribe", audio, "--output-dir", str(drafted), "--format", "json"]
+    assert main([*command, "--assistant", "whisper-tiny.en"]) == 0
+    without = json.loads((plain / "jfk.json").read_text())
+    with_draft = json.loads((drafted / "jfk.json").read_text())
+    assert [s["text"] for s in with_draft["segments"]] == [s["text"] for s in without["segments"]]
+    assert without["stats"]["draft_calls"] == 0 < with_draft["stats"]["draft_calls"]
+    assert with_draft["stats"]["target_calls"] < without["stats"]["target_calls"]
+
+
+@pytest.mark.slow
+def test_unknown_assistant_is_a_clear_error(capsys):
+    code = main(["transcribe", str(SAMPLES / "jfk.wav"), "--assistant", "whisper-huge"])
+    assert code == 2
+    assert "unknown model 'whisper-huge'" in capsys.readouterr().err

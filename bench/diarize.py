@@ -1,0 +1,227 @@
+"""Diarization benchmark: DER, real-time factor and cpWER of the embedded Diarizer, in one run.
+
+Files: the multi-speaker recordings of ../shared/speech/multi that were NOT used for tuning
+(pyannote_sample, 30 s, 2 speakers; ami_es2004_1min_mixture, 60 s, 4 speakers). For each:
+- DER with pyannote.metrics, overlap scored, collar 0 and collar 0.25 (pyannote's convention:
+  the total width forgiven around each reference boundary, i.e. +-0.125 s);
+- speakers found against the reference count;
+- real-time factor of diarization plus assign_speakers (the merge), median of `--repeats`
+  runs after one warm-up call on other audio; the cold first call is reported too;
+- the same for the baseline (one run: it is slow): pyannote's stock SpeakerDiarization on the
+  same weights, untuned (agglomerative threshold 0.6, min_cluster_size 12, segmentation step
+  0.1, per-(chunk, speaker) CAM++ passes).
+On a shared machine, give --threads no more than the idle cores: oversubscribed OpenMP threads
+spin, and a run can take ten times longer.
+On the AMI mixture, whose per-speaker words are given, cpWER (meeteval): whisper-base
+transcribes it (asr.transcribe), assign_speakers labels the segments, words are grouped by
+speaker; the baseline puts every word on one speaker. Text is normalised (Whisper's English
+normaliser) on both sides. The last line printed is one JSON object.
+
+    python -m bench.diarize [--repeats 3] [--threads 2] [--no-baseline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import app.config  # noqa: F401  (switches the libraries offline before they load)
+from asr.audio import load_audio
+from asr.models import ModelRegistry
+from asr.types import Segment, SpeakerTurn
+from diarize.merge import assign_speakers
+from diarize.pipeline import Diarizer, EmbeddedParams
+from diarize.scoring import read_rttm, score
+
+MULTI = Path(__file__).resolve().parent.parent.parent / "shared" / "speech" / "multi"
+FILES = ("pyannote_sample", "ami_es2004_1min_mixture")
+CPWER_FILE = "ami_es2004_1min_mixture"
+COLLARS = (0.0, 0.25)
+
+
+@dataclass(frozen=True)
+class Run:
+    seconds: float
+    turns: tuple[SpeakerTurn, ...]
+    segments: tuple[Segment, ...]
+
+
+def load_diarizers(registry: ModelRegistry, baseline: bool) -> dict[str, Diarizer]:
+    segmentation = registry.resolve("pyannote-segmentation-3.0")
+    embedding = registry.resolve("campplus-sv-zh-en")
+    diarizers = {"ours": Diarizer.embedded(segmentation, embedding)}
+    if baseline:
+        diarizers["pyannote stock, untuned"] = stock_diarizer(segmentation, embedding)
+    return diarizers
+
+
+def stock_diarizer(segmentation: Path, embedding: Path) -> Diarizer:
+    """pyannote's SpeakerDiarization as it comes, on the same weights: the issue's baseline."""
+    from pyannote.audio.pipelines import SpeakerDiarization
+
+    from diarize.campplus import load_campplus
+    from diarize.embedding import CamPlusPlusEmbedding
+    from diarize.pipeline import NoPLDA
+
+    pipeline = SpeakerDiarization(
+        segmentation=str(segmentation),
+        embedding=CamPlusPlusEmbedding(load_campplus(embedding)),
+        plda=NoPLDA(),
+        clustering="AgglomerativeClustering",
+        embedding_batch_size=32,
+        segmentation_batch_size=16,
+    )
+    pipeline.instantiate(
+        {
+            "segmentation": {"min_duration_off": 0.0},
+            "clustering": {"method": "centroid", "threshold": 0.6, "min_cluster_size": 12},
+        }
+    )
+    return Diarizer(pipeline)
+
+
+def timed(diarizer: Diarizer, samples, segments: tuple[Segment, ...]) -> Run:
+    started = time.perf_counter()
+    turns = diarizer.diarize(samples)
+    labelled = assign_speakers(segments, turns)
+    return Run(time.perf_counter() - started, turns, labelled)
+
+
+def transcribe_all(registry: ModelRegistry, audio: dict) -> dict[str, tuple[Segment, ...]]:
+    from asr.transcribe import transcribe
+    from asr.whisper import WhisperModel
+
+    model = WhisperModel.load(registry.resolve("whisper-base"))
+    return {name: transcribe(model, samples).segments for name, samples in audio.items()}
+
+
+def normalise(text: str) -> str:
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    text = re.sub(r"\b((?:[A-Za-z]_)+)", lambda m: m.group(1).replace("_", ""), text)  # L_C_D_
+    return EnglishTextNormalizer()(text)
+
+
+def cpwer(segments: tuple[Segment, ...], one_speaker: bool) -> dict[str, float | int]:
+    """Concatenated minimum-permutation WER against the per-speaker reference words."""
+    from meeteval.wer import cp_word_error_rate
+
+    folder = MULTI / f"{CPWER_FILE.removesuffix('_mixture')}_text"
+    reference = [
+        normalise(path.read_text(encoding="utf-8"))
+        for path in sorted(folder.glob("mixture.*.words_joined.txt"))
+    ]
+    by_speaker: dict[str, list[str]] = {}
+    for segment in segments:
+        speaker = "all" if one_speaker else (segment.speaker or "none")
+        by_speaker.setdefault(speaker, []).append(segment.text)
+    hypothesis = [normalise(" ".join(texts)) for texts in by_speaker.values()]
+    result = cp_word_error_rate(reference, hypothesis)
+    return {
+        "cpwer": round(result.error_rate, 4),
+        "errors": result.errors,
+        "reference_words": result.length,
+        "hypothesis_speakers": len(hypothesis),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.diarize", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--no-baseline", action="store_true", help="skip pyannote stock")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", category=UserWarning)  # pyannote's chatter
+
+    from app.config import Settings
+
+    registry = ModelRegistry(Settings.from_env().cache_dir)
+    audio = {name: load_audio(MULTI / f"{name}.wav") for name in FILES}
+    references = {name: read_rttm(MULTI / f"{name}.rttm") for name in FILES}
+    transcripts = transcribe_all(registry, audio)
+    diarizers = load_diarizers(registry, baseline=not args.no_baseline)
+
+    warm_up = load_audio(MULTI / "ami_pyannote_debug" / "trn00.flac")[: 15 * 16_000]
+    report: dict = {
+        "benchmark": "diarize",
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "params": EmbeddedParams().__dict__,
+        "files": {},
+    }
+    for config, diarizer in diarizers.items():
+        cold = timed(diarizer, warm_up, ()).seconds
+        print(f"{config}: first call (15 s of audio) {cold:.2f} s", file=sys.stderr)
+        report.setdefault("first_call_seconds", {})[config] = round(cold, 2)
+    for name in FILES:
+        samples, reference = audio[name], references[name]
+        duration = len(samples) / 16_000
+        row: dict = {
+            "duration_s": duration,
+            "reference_speakers": len({t.speaker for t in reference}),
+        }
+        for config, diarizer in diarizers.items():
+            repeats = args.repeats if config == "ours" else 1  # the baseline is slow
+            runs = [timed(diarizer, samples, transcripts[name]) for _ in range(repeats)]
+            seconds = statistics.median(run.seconds for run in runs)
+            turns = runs[0].turns
+            entry = {
+                f"der_collar_{collar}": round(score(reference, turns, duration, collar).rate, 4)
+                for collar in COLLARS
+            }
+            entry["speakers_found"] = len({t.speaker for t in turns})
+            entry["seconds"] = round(seconds, 3)
+            entry["rtf"] = round(seconds / duration, 4)
+            if name == CPWER_FILE:
+                entry["cpwer"] = cpwer(runs[0].segments, one_speaker=False)
+            row[config] = entry
+        if name == CPWER_FILE:
+            row["one speaker (cpWER baseline)"] = {
+                "cpwer": cpwer(transcripts[name], one_speaker=True)
+            }
+        report["files"][name] = row
+    print_table(report, list(diarizers))
+    print(json.dumps(report))
+    return 0
+
+
+def _versus(ours: dict, entry: dict, key: str) -> str:
+    """' (ours/this xR)' for a baseline row; nothing for ours or a zero baseline."""
+    if entry is ours or not entry[key]:
+        return ""
+    return f" (ours/this x{ours[key] / entry[key]:.2f})"
+
+
+def print_table(report: dict, configs: list[str]) -> None:
+    for name, row in report["files"].items():
+        print(f"\n{name} ({row['duration_s']:.0f} s, {row['reference_speakers']} speakers)")
+        ours = row[configs[0]]
+        for config in configs:
+            entry = row[config]
+            line = (
+                f"  {config:26} DER {entry['der_collar_0.0']:.3f}"
+                f"{_versus(ours, entry, 'der_collar_0.0')}"
+                f" | collar 0.25 {entry['der_collar_0.25']:.3f}"
+                f" | speakers {entry['speakers_found']}"
+                f" | RTF {entry['rtf']:.3f}{_versus(ours, entry, 'rtf')}"
+            )
+            if "cpwer" in entry:
+                line += f" | cpWER {entry['cpwer']['cpwer']:.3f}"
+            print(line)
+        if "one speaker (cpWER baseline)" in row:
+            baseline = row["one speaker (cpWER baseline)"]["cpwer"]["cpwer"]
+            print(f"  {'one speaker':26} cpWER {baseline:.3f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

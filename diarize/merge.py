@@ -1,0 +1,117 @@
+"""assign_speakers(segments, turns): speaker labels for a transcript, in pure Python.
+
+Each word takes the speaker whose turns overlap it longest; a word in a gap between turns takes
+the nearest turn's speaker. Ties (overlapped speech covering a word entirely, or a word midway
+between two turns) keep the previous word's speaker, so a sentence is not cut for nothing, and
+otherwise go to the earlier turn. A segment is split where its words change speaker; every word
+lands in exactly one output segment, in order. Segments without word timestamps are assigned
+as a whole, by the same rule over the segment's span.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from asr.types import Segment, SpeakerTurn, Word
+
+
+class _Turns:
+    """Turns sorted by start, with the running maximum of their ends, so that the turns touching
+    a span are found by bisection and a short backward scan: O(log n + overlapping turns)."""
+
+    def __init__(self, turns: Iterable[SpeakerTurn]) -> None:
+        self.turns = sorted(turns, key=lambda t: (t.start, t.end, t.speaker))
+        self.starts = [t.start for t in self.turns]
+        # latest[i]: index of the turn that ends last among turns[0..i]
+        self.latest: list[int] = []
+        for index, turn in enumerate(self.turns):
+            best = self.latest[-1] if self.latest else index
+            self.latest.append(index if turn.end > self.turns[best].end else best)
+
+    def speaker(self, start: float, end: float, previous: str | None) -> str | None:
+        """The speaker for the span [start, end] seconds; None when there are no turns."""
+        if not self.turns:
+            return None
+        start, end = min(start, end), max(start, end)
+        before = bisect.bisect_left(self.starts, end)  # turns[:before] start before `end`
+        overlap: dict[str, float] = {}
+        first_start: dict[str, float] = {}  # per speaker, its earliest overlapping turn
+        index = before - 1
+        while index >= 0 and self.turns[self.latest[index]].end > start:
+            turn = self.turns[index]
+            seconds = min(turn.end, end) - max(turn.start, start)
+            if seconds > 0:
+                overlap[turn.speaker] = overlap.get(turn.speaker, 0.0) + seconds
+                first_start[turn.speaker] = turn.start  # the scan runs backwards
+            index -= 1
+        if overlap:
+            longest = max(overlap.values())
+            tied = [speaker for speaker, seconds in overlap.items() if seconds == longest]
+            return _prefer(tied, previous, min(tied, key=first_start.__getitem__))
+        # In a gap (or a zero-length span): the nearest turn before and the nearest after.
+        candidates: list[tuple[float, int]] = []
+        if before > 0:
+            latest = self.latest[before - 1]
+            candidates.append((max(0.0, start - self.turns[latest].end), latest))
+        if before < len(self.turns):
+            candidates.append((max(0.0, self.turns[before].start - end), before))
+        nearest = min(distance for distance, _ in candidates)
+        tied_turns = sorted(index for distance, index in candidates if distance == nearest)
+        tied = [self.turns[index].speaker for index in tied_turns]
+        return _prefer(tied, previous, tied[0])
+
+
+def _prefer(tied: Sequence[str], previous: str | None, otherwise: str) -> str:
+    return previous if previous in tied else otherwise
+
+
+def assign_speakers(
+    segments: Iterable[Segment], turns: Iterable[SpeakerTurn]
+) -> tuple[Segment, ...]:
+    """segments (time-ordered) + diarization turns -> new segments with `speaker` set on each
+    segment and each word, split where the speaker changes between words.
+
+    Inputs are never mutated. With no turns, every speaker stays None and nothing is split.
+    """
+    index = _Turns(turns)
+    result: list[Segment] = []
+    previous: str | None = None
+    for segment in segments:
+        if not segment.words:
+            previous = index.speaker(segment.start, segment.end, previous)
+            result.append(replace(segment, speaker=previous))
+            continue
+        words: list[Word] = []
+        for word in segment.words:
+            previous = index.speaker(word.start, word.end, previous)
+            words.append(replace(word, speaker=previous))
+        result.extend(_split(segment, words))
+    return tuple(result)
+
+
+def _split(segment: Segment, words: list[Word]) -> list[Segment]:
+    """One segment per run of consecutive words with one speaker. The first and last pieces
+    keep the segment's outer times; an unsplit segment keeps its text as it was."""
+    runs: list[list[Word]] = []
+    for word in words:
+        if runs and runs[-1][0].speaker == word.speaker:
+            runs[-1].append(word)
+        else:
+            runs.append([word])
+    if len(runs) == 1:
+        return [replace(segment, words=tuple(words), speaker=words[0].speaker)]
+    pieces = []
+    for number, run in enumerate(runs):
+        pieces.append(
+            replace(
+                segment,
+                start=segment.start if number == 0 else run[0].start,
+                end=segment.end if number == len(runs) - 1 else run[-1].end,
+                text="".join(word.text for word in run),
+                words=tuple(run),
+                speaker=run[0].speaker,
+            )
+        )
+    return pieces

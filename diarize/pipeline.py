@@ -1,0 +1,362 @@
+"""Diarizer: pyannote.audio's SpeakerDiarization pipeline -> sorted SpeakerTurns.
+
+Two ways to build one:
+- `Diarizer.embedded(segmentation_dir, embedding_dir)`: offline, from the local pyannote
+  segmentation-3.0 and CAM++ weights, agglomerative clustering with the parameters that
+  scripts/tune_diarization.py chose (no PLDA, so nothing is fetched);
+- `Diarizer.from_pretrained("pyannote/speaker-diarization-community-1", token=...)`: any pyannote
+  pipeline for users who can reach the Hugging Face hub (not exercised by the tests).
+
+Memory stays bounded on hour-long audio: pyannote slides the 10 s segmentation window (1 s hop)
+over the samples in batches of `segmentation_batch_size` and keeps only (chunks, 589 frames,
+3 speakers) scores, about 25 MB per hour; CAM++ runs on blocks of `chunks_per_block` = 32
+consecutive chunks (41 s of audio at a time) and keeps one 192-d vector per (chunk, speaker).
+Measured with one thread: 10 min of audio took 37 s and 30 min 121 s (real-time factor 0.06-0.07)
+with the same peak memory, about 350 MB above the loaded models and the samples. What still grows
+with length is the agglomerative clustering's condensed distance matrix, n^2/2 doubles over the
+n (chunk, speaker) pairs that speak alone long enough: at most 3 per chunk, so at worst 470 MB
+for an hour.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pyannote.audio.core.plda import PLDA
+from pyannote.audio.pipelines import SpeakerDiarization
+from pyannote.audio.pipelines.clustering import AgglomerativeClustering
+from pyannote.audio.telemetry import set_telemetry_metrics
+from pyannote.core import Annotation, SlidingWindowFeature
+from pyannote.core import Segment as TimeSpan
+from pyannote.pipeline.parameter import Uniform
+
+from asr.types import ProgressHook, SpeakerTurn, no_progress
+from diarize.campplus import FRAME_SHIFT, load_campplus, num_frames
+from diarize.embedding import CamPlusPlusEmbedding
+
+SAMPLE_RATE = 16_000
+SEGMENTATION_WINDOW = 10.0  # seconds: segmentation-3.0's chunk
+MIN_CLEAN_SPEECH = 0.5  # seconds: below this, an embedding keeps the overlapped frames
+
+
+@dataclass(frozen=True)
+class DiarizeOptions:
+    """What the caller knows about the speakers; None leaves it to the clustering threshold."""
+
+    num_speakers: int | None = None
+    min_speakers: int | None = None
+    max_speakers: int | None = None
+
+    def validate(self) -> DiarizeOptions:
+        for name in ("num_speakers", "min_speakers", "max_speakers"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if self.num_speakers is not None and (
+            self.min_speakers is not None or self.max_speakers is not None
+        ):
+            raise ValueError("num_speakers excludes min_speakers and max_speakers")
+        if (
+            self.min_speakers is not None
+            and self.max_speakers is not None
+            and self.min_speakers > self.max_speakers
+        ):
+            raise ValueError(
+                f"min_speakers ({self.min_speakers}) exceeds max_speakers ({self.max_speakers})"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class EmbeddedParams:
+    """Hyper-parameters of the embedded pipeline.
+
+    threshold: cosine-distance threshold of centroid-linkage agglomerative clustering;
+    min_cluster_size: clusters with fewer (chunk, speaker) embeddings merge into the nearest
+      large one;
+    min_embedding_speech: seconds of a 10 s chunk where a speaker must be the only one active
+      for that chunk's embedding of them to take part in the clustering;
+    min_duration_off: gaps shorter than this (seconds) inside one speaker's turns are filled;
+    min_duration_on: turns shorter than this (seconds) are dropped;
+    segmentation_step: hop of the 10 s segmentation window, as a fraction of it;
+    exclude_overlap: embeddings pool only frames where their speaker talks alone (when at
+      least 0.5 s of such frames exist);
+    chunks_per_block: consecutive chunks whose audio goes through CAM++ in one pass.
+    The defaults are the values scripts/tune_diarization.py chose on AMI trn00..09: pooled
+    development DER 28.3 %, where pyannote's untuned clustering (threshold 0.6,
+    min_cluster_size 12, 2 s alone) gives 42.6 %.
+    """
+
+    threshold: float = 0.8
+    min_cluster_size: int = 1
+    min_embedding_speech: float = 1.0
+    min_duration_off: float = 0.0
+    min_duration_on: float = 0.0
+    segmentation_step: float = 0.1
+    exclude_overlap: bool = True
+    chunks_per_block: int = 32
+
+    def validate(self) -> EmbeddedParams:
+        if not 0.0 < self.threshold < 2.0:
+            raise ValueError(f"threshold must be in (0, 2), got {self.threshold}")
+        if self.min_cluster_size < 1:
+            raise ValueError(f"min_cluster_size must be at least 1, got {self.min_cluster_size}")
+        if not 0.0 <= self.min_embedding_speech <= SEGMENTATION_WINDOW:
+            raise ValueError(
+                f"min_embedding_speech must be in [0, {SEGMENTATION_WINDOW}] s, "
+                f"got {self.min_embedding_speech}"
+            )
+        if self.min_duration_off < 0 or self.min_duration_on < 0:
+            raise ValueError("min_duration_off and min_duration_on must not be negative")
+        if not 0.0 < self.segmentation_step <= 1.0:
+            raise ValueError(f"segmentation_step must be in (0, 1], got {self.segmentation_step}")
+        if self.chunks_per_block < 1:
+            raise ValueError(f"chunks_per_block must be at least 1, got {self.chunks_per_block}")
+        return self
+
+    def pyannote_parameters(self) -> dict[str, dict[str, Any]]:
+        """The part that pyannote's `Pipeline.instantiate` takes."""
+        return {
+            "segmentation": {"min_duration_off": self.min_duration_off},
+            "clustering": {
+                "method": "centroid",
+                "threshold": self.threshold,
+                "min_cluster_size": self.min_cluster_size,
+                "min_active_ratio": self.min_embedding_speech / SEGMENTATION_WINDOW,
+            },
+        }
+
+
+class NoPLDA(PLDA):
+    """pyannote 4 loads a PLDA for VBx clustering whatever the clustering is; agglomerative
+    clustering never uses it, and handing over this empty one keeps it from going to the hub."""
+
+    def __init__(self) -> None:
+        pass
+
+
+class _AgglomerativeClustering(AgglomerativeClustering):
+    """pyannote's agglomerative clustering with its fixed 20 % rule made a hyper-parameter:
+    only (chunk, speaker) pairs with at least `min_active_ratio` of the chunk as the sole
+    active speaker shape the clusters (the others are assigned to the nearest centroid), so a
+    speaker who never talks that long alone cannot become a cluster of their own."""
+
+    def __init__(self, metric: str = "cosine") -> None:
+        super().__init__(metric=metric)
+        self.min_active_ratio = Uniform(0.0, 1.0)
+
+    def filter_embeddings(self, embeddings, segmentations=None, min_active_ratio=0.2):
+        return super().filter_embeddings(embeddings, segmentations, self.min_active_ratio)
+
+
+class EmbeddedSpeakerDiarization(SpeakerDiarization):
+    """pyannote's SpeakerDiarization with CAM++ embeddings computed once per block of audio.
+
+    pyannote embeds every (chunk, local speaker) pair by running the embedding network on the
+    whole 10 s chunk under that speaker's mask: with a 1 s hop and 3 local speakers, each second
+    of audio goes through the network 30 times. CAM++ is convolutional up to its statistics
+    pooling, so here its frame features are computed once over `chunks_per_block` consecutive
+    chunks and each pair's embedding pools that pair's slice of frames under its mask.
+    """
+
+    EMBEDDING_CACHE = "training_cache/campplus_embeddings"
+
+    def __init__(
+        self,
+        segmentation_dir: Path,
+        embedding: CamPlusPlusEmbedding,
+        segmentation_step: float,
+        exclude_overlap: bool,
+        chunks_per_block: int,
+        segmentation_batch_size: int = 16,
+    ) -> None:
+        super().__init__(
+            segmentation=str(segmentation_dir),
+            segmentation_step=segmentation_step,
+            embedding=embedding,
+            embedding_exclude_overlap=exclude_overlap,
+            plda=NoPLDA(),
+            clustering="AgglomerativeClustering",
+            segmentation_batch_size=segmentation_batch_size,
+        )
+        self.chunks_per_block = chunks_per_block
+        self.clustering = _AgglomerativeClustering(metric=self._embedding.metric)
+        self.device = torch.device("cpu")  # until `to`
+
+    def get_embeddings(
+        self,
+        file: dict[str, Any],
+        binary_segmentations: SlidingWindowFeature,
+        exclude_overlap: bool = False,
+        hook: Any = None,
+    ) -> np.ndarray:
+        """binary_segmentations (chunks, frames, 3) -> embeddings (chunks, 3, 192); NaN rows for
+        speakers silent in a chunk (pyannote's clustering skips them)."""
+        if self.training and self.EMBEDDING_CACHE in file:
+            return file[self.EMBEDDING_CACHE]
+        model: CamPlusPlusEmbedding = self._embedding.model_
+        chunks = binary_segmentations.sliding_window
+        masks = np.nan_to_num(binary_segmentations.data, nan=0.0).astype(np.float32)
+        if exclude_overlap:
+            masks = _without_overlap(
+                masks, round(MIN_CLEAN_SPEECH / chunks.duration * masks.shape[1])
+            )
+        num_chunks, _, num_speakers = masks.shape
+        frames_per_chunk = num_frames(round(chunks.duration * SAMPLE_RATE))  # 499 for 10 s
+        embeddings = np.full((num_chunks, num_speakers, model.dimension), np.nan, np.float32)
+        num_blocks = math.ceil(num_chunks / self.chunks_per_block)
+        for block in range(num_blocks):
+            first = block * self.chunks_per_block
+            last = min(first + self.chunks_per_block, num_chunks)
+            start = chunks[first].start
+            waveform, _ = self._audio.crop(file, TimeSpan(start, chunks[last - 1].end), "pad")
+            with torch.inference_mode():
+                frames = model.frame_features(waveform[None].to(self.device))[0]
+                # (512, block frames)
+                offsets = [
+                    min(
+                        round((chunks[c].start - start) / FRAME_SHIFT),
+                        frames.shape[1] - frames_per_chunk,
+                    )
+                    for c in range(first, last)
+                ]
+                windows = torch.stack([frames[:, o : o + frames_per_chunk] for o in offsets])
+                weights = torch.from_numpy(masks[first:last]).transpose(1, 2).to(self.device)
+                pooled = model.pool(windows, weights)  # (block chunks, speakers, 192)
+            embeddings[first:last] = pooled.cpu().numpy()
+            if hook is not None:
+                hook("embeddings", None, total=num_blocks, completed=block + 1)
+        if self.training:
+            file[self.EMBEDDING_CACHE] = embeddings
+        return embeddings
+
+
+def _without_overlap(masks: np.ndarray, min_frames: int) -> np.ndarray:
+    """masks (chunks, frames, speakers) 0/1 -> the same with frames where two or more speakers
+    are active zeroed, for each (chunk, speaker) that keeps at least `min_frames` frames
+    (pyannote's rule: an embedding of too little clean speech is worse than a mixed one)."""
+    clean = masks * (masks.sum(axis=2, keepdims=True) < 2)
+    enough = clean.sum(axis=1, keepdims=True) >= min_frames  # (chunks, 1, speakers)
+    return np.where(enough, clean, masks)
+
+
+class Diarizer:
+    """Wraps one pyannote speaker diarization pipeline; `diarize` returns sorted SpeakerTurns
+    labelled SPEAKER_00, SPEAKER_01, ... in order of first speech."""
+
+    def __init__(self, pipeline: Any, min_duration_on: float = 0.0) -> None:
+        self.pipeline = pipeline
+        self.min_duration_on = min_duration_on
+
+    @classmethod
+    def embedded(
+        cls,
+        segmentation_dir: str | Path,
+        embedding_dir: str | Path,
+        params: EmbeddedParams | None = None,
+        device: str = "cpu",
+    ) -> Diarizer:
+        """Offline pipeline from local weights: `segmentation_dir` holds pyannote
+        segmentation-3.0 (pytorch_model.bin, config.yaml), `embedding_dir` CAM++."""
+        set_telemetry_metrics(False)
+        params = (params or EmbeddedParams()).validate()
+        embedding = CamPlusPlusEmbedding(load_campplus(embedding_dir))
+        pipeline = EmbeddedSpeakerDiarization(
+            Path(segmentation_dir),
+            embedding,
+            segmentation_step=params.segmentation_step,
+            exclude_overlap=params.exclude_overlap,
+            chunks_per_block=params.chunks_per_block,
+        )
+        pipeline.instantiate(params.pyannote_parameters())
+        pipeline.to(torch.device(device))
+        return cls(pipeline, min_duration_on=params.min_duration_on)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pipeline_id: str,
+        token: str | None = None,
+        cache_dir: str | Path | None = None,
+        device: str = "cpu",
+    ) -> Diarizer:
+        """Any pyannote pipeline on the hub or in a local folder (e.g.
+        "pyannote/speaker-diarization-community-1", gated: accept its conditions and pass a
+        Hugging Face token). Needs hub access on first use; pyannote telemetry stays off."""
+        from pyannote.audio import Pipeline
+
+        set_telemetry_metrics(False)
+        try:
+            pipeline = Pipeline.from_pretrained(pipeline_id, token=token, cache_dir=cache_dir)
+        except OSError as error:  # hub errors: offline, gated, not found
+            raise ValueError(
+                f"pyannote pipeline {pipeline_id!r} could not be loaded ({type(error).__name__}); "
+                "the hub needs HF_HUB_OFFLINE=0, and gated pipelines a token"
+            ) from error
+        if pipeline is None:
+            raise ValueError(f"pyannote could not load the pipeline {pipeline_id!r}")
+        pipeline.to(torch.device(device))
+        return cls(pipeline)
+
+    def diarize(
+        self,
+        samples: np.ndarray,
+        options: DiarizeOptions | None = None,
+        progress: ProgressHook = no_progress,
+    ) -> tuple[SpeakerTurn, ...]:
+        """samples: float32 mono at 16 kHz, shape = (n_samples,) -> turns sorted by start.
+
+        Turns of different speakers may overlap (overlapped speech)."""
+        options = (options or DiarizeOptions()).validate()
+        output = self.pipeline(
+            audio_file(samples),
+            num_speakers=options.num_speakers,
+            min_speakers=options.min_speakers,
+            max_speakers=options.max_speakers,
+            hook=_pyannote_hook(progress),
+        )
+        # Pipelines built with legacy=True return the Annotation itself.
+        annotation = getattr(output, "speaker_diarization", output)
+        return turns_from_annotation(annotation, self.min_duration_on)
+
+
+def audio_file(samples: np.ndarray, uri: str = "audio") -> dict[str, Any]:
+    """samples (n_samples,) float32 at 16 kHz -> the in-memory file pyannote pipelines take
+    (shares memory with `samples`)."""
+    waveform = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))[None]
+    return {"waveform": waveform, "sample_rate": SAMPLE_RATE, "uri": uri}
+
+
+def turns_from_annotation(
+    annotation: Annotation, min_duration_on: float = 0.0
+) -> tuple[SpeakerTurn, ...]:
+    """pyannote Annotation -> SpeakerTurns sorted by (start, end), shorter than
+    `min_duration_on` seconds dropped, speakers renamed SPEAKER_00.. by first appearance."""
+    tracks = sorted(
+        (segment.start, segment.end, str(label))
+        for segment, _, label in annotation.itertracks(yield_label=True)
+        if segment.duration >= min_duration_on
+    )
+    names: dict[str, str] = {}
+    for _, _, label in tracks:
+        names.setdefault(label, f"SPEAKER_{len(names):02d}")
+    return tuple(SpeakerTurn(start, end, names[label]) for start, end, label in tracks)
+
+
+def _pyannote_hook(progress: ProgressHook):
+    """pyannote calls hook(step, artefact, file=..., total=..., completed=...); long steps
+    report completed/total, the others once when done."""
+
+    def hook(step_name: str, step_artefact: Any, file: Any = None, total=None, completed=None):
+        if total is not None and completed is not None:
+            # pyannote's segmentation counts whole batches, past the total on the last one.
+            progress(f"diarize {step_name}", min(int(completed), int(total)), int(total))
+        else:
+            progress(f"diarize {step_name}", 1, 1)
+
+    return hook

@@ -1,0 +1,179 @@
+"""assign_speakers on synthetic turns: pure Python, fast."""
+
+from __future__ import annotations
+
+import random
+from itertools import pairwise
+
+from asr.types import Segment, SpeakerTurn, Word
+from diarize.merge import assign_speakers
+
+
+def _words(*spans: tuple[float, float, str]) -> tuple[Word, ...]:
+    return tuple(Word(start, end, text, 0.9) for start, end, text in spans)
+
+
+def _segment(words: tuple[Word, ...], start=None, end=None) -> Segment:
+    return Segment(
+        start=words[0].start if start is None else start,
+        end=words[-1].end if end is None else end,
+        text="".join(word.text for word in words),
+        words=words,
+        avg_logprob=-0.2,
+        no_speech_prob=0.01,
+    )
+
+
+def _all_words(segments) -> list[tuple[float, float, str]]:
+    return [(w.start, w.end, w.text) for segment in segments for w in segment.words]
+
+
+def test_split_where_the_speaker_changes_and_a_straddling_word_goes_to_the_larger_overlap():
+    turns = [SpeakerTurn(0.0, 2.0, "A"), SpeakerTurn(2.0, 4.0, "B")]
+    words = _words(
+        (0.5, 1.0, " Hello"), (1.1, 1.6, " there."), (1.8, 2.5, " Hi"), (3.0, 3.5, " you.")
+    )
+    segment = _segment(words, start=0.4, end=3.6)
+
+    result = assign_speakers([segment], turns)
+
+    assert [s.speaker for s in result] == ["A", "B"]
+    assert [s.text for s in result] == [" Hello there.", " Hi you."]
+    # outer times kept, the inner boundary at the word boundary
+    assert (result[0].start, result[0].end) == (0.4, 1.6)
+    assert (result[1].start, result[1].end) == (1.8, 3.6)
+    assert [w.speaker for s in result for w in s.words] == ["A", "A", "B", "B"]
+    assert all(s.avg_logprob == -0.2 and s.no_speech_prob == 0.01 for s in result)
+    assert _all_words(result) == _all_words([segment])
+    assert segment.speaker is None and segment.words[0].speaker is None  # input untouched
+
+
+def test_word_in_a_gap_takes_the_nearest_turn():
+    turns = [SpeakerTurn(0.0, 1.0, "A"), SpeakerTurn(3.0, 4.0, "B")]
+    words = _words((1.2, 1.5, " near-A"), (2.6, 2.9, " near-B"), (4.5, 4.8, " after-B"))
+
+    result = assign_speakers([_segment(words)], turns)
+
+    assert [w.speaker for s in result for w in s.words] == ["A", "B", "B"]
+    assert [s.speaker for s in result] == ["A", "B"]
+
+
+def test_overlapped_speech_tie_keeps_the_previous_speaker():
+    # B's turn lies inside A's: a word inside both overlaps each fully.
+    turns = [SpeakerTurn(1.0, 2.0, "B"), SpeakerTurn(0.0, 5.0, "A")]
+    words = _words((0.2, 0.8, " one"), (1.2, 1.8, " two"), (2.5, 3.0, " three"))
+    result = assign_speakers([_segment(words)], turns)
+    assert [s.speaker for s in result] == ["A"] and len(result[0].words) == 3
+
+    # Without a previous word, the speaker whose turn starts first wins the tie.
+    alone = assign_speakers([_segment(_words((1.2, 1.8, " two")))], turns)
+    assert alone[0].speaker == "A"
+
+    # A starts before B's second turn, yet B, who spoke the previous word, keeps the tie.
+    turns = [SpeakerTurn(0.0, 1.0, "B"), SpeakerTurn(1.5, 5.0, "A"), SpeakerTurn(2.0, 5.0, "B")]
+    tied = _words((0.2, 0.8, " one"), (2.5, 3.0, " two"))
+    assert [w.speaker for w in assign_speakers([_segment(tied)], turns)[0].words] == ["B", "B"]
+    alone = assign_speakers([_segment(tied[1:])], turns)
+    assert alone[0].speaker == "A"
+
+
+def test_overlapped_speech_longer_overlap_wins():
+    turns = [SpeakerTurn(0.0, 1.5, "A"), SpeakerTurn(1.0, 3.0, "B")]
+    result = assign_speakers([_segment(_words((1.1, 2.0, " word")))], turns)
+    assert result[0].speaker == "B"  # 0.9 s with B against 0.4 s with A
+
+
+def test_one_speaker_keeps_segments_whole_and_their_text_exact():
+    turns = [SpeakerTurn(0.0, 10.0, "SPEAKER_00")]
+    first = _segment(_words((0.0, 0.5, " Ask"), (0.6, 0.9, " not")))
+    second = Segment(
+        1.0, 2.0, " what  your country", _words((1.0, 1.5, " what"), (1.6, 2.0, " your"))
+    )
+
+    result = assign_speakers([first, second], turns)
+
+    assert len(result) == 2
+    assert [s.text for s in result] == [first.text, second.text]  # not rebuilt from words
+    assert {s.speaker for s in result} == {"SPEAKER_00"}
+    assert {w.speaker for s in result for w in s.words} == {"SPEAKER_00"}
+
+
+def test_no_speech_and_no_turns():
+    assert assign_speakers([], [SpeakerTurn(0.0, 1.0, "A")]) == ()
+    segment = _segment(_words((0.0, 0.5, " hello"), (0.6, 1.0, " world")))
+    result = assign_speakers([segment], [])
+    assert result == (segment,)
+
+
+def test_segments_without_words_are_assigned_whole_by_largest_overlap():
+    turns = [SpeakerTurn(0.0, 1.0, "A"), SpeakerTurn(1.0, 3.0, "B"), SpeakerTurn(6.0, 7.0, "C")]
+    segments = [
+        Segment(0.0, 2.5, " mostly B"),
+        Segment(0.0, 0.9, " only A"),
+        Segment(5.0, 5.5, " gap nearer C"),
+    ]
+    result = assign_speakers(segments, turns)
+    assert [s.speaker for s in result] == ["B", "A", "C"]
+    assert [s.text for s in result] == [s.text for s in segments]
+    assert all(s.words == () for s in result)
+
+
+def test_zero_length_word_inside_a_turn():
+    turns = [SpeakerTurn(0.0, 1.0, "A"), SpeakerTurn(1.0, 2.0, "B")]
+    result = assign_speakers([_segment(_words((1.5, 1.5, " x")))], turns)
+    assert result[0].speaker == "B"
+
+
+def _brute_force(word: Word, turns: list[SpeakerTurn]) -> set[str]:
+    """Every speaker the rule allows for `word` (more than one on ties)."""
+    overlap: dict[str, float] = {}
+    for turn in turns:
+        seconds = min(turn.end, word.end) - max(turn.start, word.start)
+        if seconds > 0:
+            overlap[turn.speaker] = overlap.get(turn.speaker, 0.0) + seconds
+    if overlap:
+        best = max(overlap.values())
+        return {s for s, v in overlap.items() if abs(v - best) < 1e-9}
+    distance = {}
+    for turn in turns:
+        gap = max(0.0, turn.start - word.end, word.start - turn.end)
+        distance[turn.speaker] = min(distance.get(turn.speaker, gap), gap)
+    best = min(distance.values())
+    return {s for s, v in distance.items() if abs(v - best) < 1e-9}
+
+
+def test_random_transcripts_keep_every_word_once_and_follow_the_rule():
+    rng = random.Random(7)
+    for _ in range(200):
+        turns = []
+        for _ in range(rng.randint(1, 12)):
+            start = rng.uniform(0, 30)
+            turns.append(SpeakerTurn(start, start + rng.uniform(0.1, 6), rng.choice("ABCD")))
+        segments, clock = [], 0.0
+        for _ in range(rng.randint(1, 6)):
+            spans = []
+            for _ in range(rng.randint(1, 8)):
+                start = clock + rng.uniform(0, 0.6)
+                clock = start + rng.uniform(0.0, 0.8)
+                spans.append((start, clock, f" w{len(spans)}"))
+            segments.append(_segment(_words(*spans)))
+
+        result = assign_speakers(segments, turns)
+
+        assert _all_words(result) == _all_words(segments)
+        for segment in result:
+            assert segment.words and {w.speaker for w in segment.words} == {segment.speaker}
+            for word in segment.words:
+                assert word.speaker in _brute_force(word, turns)
+        # each input segment becomes consecutive pieces that differ in speaker and keep its
+        # outer times
+        pieces = iter(result)
+        for segment in segments:
+            group, taken = [], 0
+            while taken < len(segment.words):
+                group.append(next(pieces))
+                taken += len(group[-1].words)
+            assert taken == len(segment.words)
+            assert all(a.speaker != b.speaker for a, b in pairwise(group))
+            assert (group[0].start, group[-1].end) == (segment.start, segment.end)
+        assert next(pieces, None) is None
