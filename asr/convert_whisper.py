@@ -53,6 +53,19 @@ def _count_layers(ct2: dict, side: str) -> int:
     return len({match.group(1) for key in ct2 if (match := layer.match(key))})
 
 
+def _self_attention_and_ffn(state: dict, dst: str, ct2: dict, src: str) -> None:
+    """The parts encoder and decoder layers share: fused self-attention, its norm, the FFN."""
+    _split_fused(
+        state, f"{dst}.self_attn", ("q_proj", "k_proj", "v_proj"), ct2,
+        f"{src}/self_attention/linear_0",
+    )  # fmt: skip
+    _linear(state, f"{dst}.self_attn.out_proj", ct2, f"{src}/self_attention/linear_1")
+    _layer_norm(state, f"{dst}.self_attn_layer_norm", ct2, f"{src}/self_attention/layer_norm")
+    _linear(state, f"{dst}.fc1", ct2, f"{src}/ffn/linear_0")
+    _linear(state, f"{dst}.fc2", ct2, f"{src}/ffn/linear_1")
+    _layer_norm(state, f"{dst}.final_layer_norm", ct2, f"{src}/ffn/layer_norm")
+
+
 def convert_state_dict(ct2: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     enc, dec = "model.encoder", "model.decoder"
@@ -60,37 +73,20 @@ def convert_state_dict(ct2: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         _linear(state, f"{enc}.{conv}", ct2, f"encoder/{conv}")
     state[f"{enc}.embed_positions.weight"] = ct2["encoder/position_encodings/encodings"]
     for i in range(_count_layers(ct2, "encoder")):
-        src, dst = f"encoder/layer_{i}", f"{enc}.layers.{i}"
-        _split_fused(
-            state, f"{dst}.self_attn", ("q_proj", "k_proj", "v_proj"), ct2,
-            f"{src}/self_attention/linear_0",
-        )  # fmt: skip
-        _linear(state, f"{dst}.self_attn.out_proj", ct2, f"{src}/self_attention/linear_1")
-        _layer_norm(state, f"{dst}.self_attn_layer_norm", ct2, f"{src}/self_attention/layer_norm")
-        _linear(state, f"{dst}.fc1", ct2, f"{src}/ffn/linear_0")
-        _linear(state, f"{dst}.fc2", ct2, f"{src}/ffn/linear_1")
-        _layer_norm(state, f"{dst}.final_layer_norm", ct2, f"{src}/ffn/layer_norm")
+        _self_attention_and_ffn(state, f"{enc}.layers.{i}", ct2, f"encoder/layer_{i}")
     _layer_norm(state, f"{enc}.layer_norm", ct2, "encoder/layer_norm")
 
     state[f"{dec}.embed_tokens.weight"] = ct2["decoder/embeddings/weight"]
     state[f"{dec}.embed_positions.weight"] = ct2["decoder/position_encodings/encodings"]
     for i in range(_count_layers(ct2, "decoder")):
         src, dst = f"decoder/layer_{i}", f"{dec}.layers.{i}"
-        _split_fused(
-            state, f"{dst}.self_attn", ("q_proj", "k_proj", "v_proj"), ct2,
-            f"{src}/self_attention/linear_0",
-        )  # fmt: skip
-        _linear(state, f"{dst}.self_attn.out_proj", ct2, f"{src}/self_attention/linear_1")
-        _layer_norm(state, f"{dst}.self_attn_layer_norm", ct2, f"{src}/self_attention/layer_norm")
+        _self_attention_and_ffn(state, dst, ct2, src)
         _linear(state, f"{dst}.encoder_attn.q_proj", ct2, f"{src}/attention/linear_0")
         _split_fused(
             state, f"{dst}.encoder_attn", ("k_proj", "v_proj"), ct2, f"{src}/attention/linear_1"
         )
         _linear(state, f"{dst}.encoder_attn.out_proj", ct2, f"{src}/attention/linear_2")
         _layer_norm(state, f"{dst}.encoder_attn_layer_norm", ct2, f"{src}/attention/layer_norm")
-        _linear(state, f"{dst}.fc1", ct2, f"{src}/ffn/linear_0")
-        _linear(state, f"{dst}.fc2", ct2, f"{src}/ffn/linear_1")
-        _layer_norm(state, f"{dst}.final_layer_norm", ct2, f"{src}/ffn/layer_norm")
     _layer_norm(state, f"{dec}.layer_norm", ct2, "decoder/layer_norm")
     return state
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -32,6 +33,26 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
 
 def collapse_spaces(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test: matmuls then sum in a repeatable order, and on a busy
+    2-core machine no idle pool thread spins against another process."""
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="session")

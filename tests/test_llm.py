@@ -7,8 +7,9 @@ import torch
 
 from app.cli import main
 from app.llm import DraftOptions, prompt_ids, run_generation
+from tests.conftest import torch_threads
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 PROMPTS = [
     "The history of the printing press begins in",
@@ -17,18 +18,10 @@ PROMPTS = [
 NEW_TOKENS = 24
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Block widths change the summation order inside matmuls; one thread keeps runs repeatable.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def greedy(gemma):
-    return run_generation(gemma, PROMPTS, DraftOptions(), max_new_tokens=NEW_TOKENS).tokens
+    with torch_threads(1):  # as the tests that compare against it
+        return run_generation(gemma, PROMPTS, DraftOptions(), max_new_tokens=NEW_TOKENS).tokens
 
 
 def test_plain_greedy_equals_transformers_generate(gemma, greedy):

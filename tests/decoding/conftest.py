@@ -47,15 +47,6 @@ def hf_greedy(model: LlamaForCausalLM, prompt: list[int], max_new_tokens: int) -
     return tuple(out[0, len(prompt) :].tolist())
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (no spinning pool threads on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @dataclass(frozen=True)
 class Models:
     target: LlamaForCausalLM
@@ -76,3 +67,8 @@ def models() -> Models:
 def references(models: Models) -> tuple[tuple[int, ...], ...]:
     """transformers' greedy continuation of every prompt, MAX_NEW tokens each."""
     return tuple(hf_greedy(models.target, list(prompt), MAX_NEW) for prompt in PROMPTS)
+
+
+@pytest.fixture(autouse=True)
+def _tiny_models_on_one_thread(one_torch_thread):
+    """Tiny models run fastest on one thread."""
