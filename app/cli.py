@@ -6,16 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from app.config import Settings
-
-if TYPE_CHECKING:  # the modules load lazily, when a command needs them
-    import numpy as np
-
-    from asr.models import ModelRegistry
-    from asr.types import Transcript
-    from diarize.pipeline import DiarizeOptions, Diarizer
 
 
 def _print_progress(stage: str, completed: int, total: int) -> None:
@@ -60,11 +52,8 @@ def _formats(value: str) -> list[str]:
 def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
-    from asr.audio import AudioLoadError, find_audio_files, load_audio
-    from asr.models import ModelRegistry
-    from asr.transcribe import TranscribeOptions, transcribe
-    from asr.whisper import WhisperModel
-    from asr.whisper_drafters import pair_assistant
+    from app.service import ServiceOptions, TranscriptionService
+    from asr.audio import AudioLoadError, find_audio_files
     from asr.writers import output_paths, write_outputs
 
     # 1. What to do: the files, and which of them already have every output.
@@ -88,24 +77,28 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         return 0
 
     # 2. The models, loaded once; options checked against them before any work.
-    batched = args.batch_size > 1
-    options = TranscribeOptions(
+    if args.diarization_pipeline and not args.diarize:
+        raise ValueError("--diarization-pipeline needs --diarize")
+    options = ServiceOptions(
         language=args.language,
         task=args.task,
-        windows="silence" if batched else "seek",
-        condition_on_previous_text=not batched,
+        word_timestamps=args.word_timestamps,
+        diarize=args.diarize,
+        num_speakers=args.num_speakers,
+        min_speakers=args.min_speakers,
+        max_speakers=args.max_speakers,
         batch_size=args.batch_size,
+    ).validate()
+    service = TranscriptionService(
+        settings,
+        asr_model=args.model,
+        assistant_model=args.assistant,
+        diarization_model=args.diarization_pipeline,
+        device=args.device,
+        progress=_print_progress,
     )
-    speakers = _diarize_options(args)
-    registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
-    device = args.device or settings.device
-    model = WhisperModel.load(registry.resolve(args.model or settings.asr_model), device)
-    options.validate(model)
-    assistant = None
-    if args.assistant != "none":
-        draft = WhisperModel.load(registry.resolve(args.assistant), device)
-        assistant = pair_assistant(model, draft)
-    diarizer = _load_diarizer(args, registry, settings) if speakers else None
+    options.transcribe_options().validate(service.model)
+    service.load(diarization=options.diarize)
 
     # 3. Each file: a bad one is reported and skipped, the rest go on.
     failures: list[tuple[Path, str]] = []  # (file, reason)
@@ -113,10 +106,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     for path, outputs in bar:
         bar.set_postfix_str(path.name)
         try:
-            samples = load_audio(path)
-            transcript = transcribe(model, samples, options, assistant=assistant)
-            if diarizer is not None:
-                transcript = _with_speakers(transcript, samples, diarizer, speakers)
+            transcript = service.run(path, options)
         except AudioLoadError as error:
             failures.append((path, str(error)))
             tqdm.write(f"specscribe: skipped {error}", file=sys.stderr)
@@ -135,62 +125,6 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     for _, reason in failures:
         print(f"  failed: {reason}", file=sys.stderr)
     return 1 if failures else 0
-
-
-def _diarize_options(args: argparse.Namespace) -> DiarizeOptions | None:
-    """DiarizeOptions when --diarize is given; the other speaker flags without it are an error."""
-    flags = {
-        "--num-speakers": args.num_speakers,
-        "--min-speakers": args.min_speakers,
-        "--max-speakers": args.max_speakers,
-        "--diarization-pipeline": args.diarization_pipeline,
-    }
-    if not args.diarize:
-        given = [flag for flag, value in flags.items() if value is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)} needs --diarize")
-        return None
-    from diarize.pipeline import DiarizeOptions
-
-    return DiarizeOptions(args.num_speakers, args.min_speakers, args.max_speakers).validate()
-
-
-def _load_diarizer(
-    args: argparse.Namespace, registry: ModelRegistry, settings: Settings
-) -> Diarizer:
-    from diarize.pipeline import Diarizer
-
-    if args.diarization_pipeline:
-        return Diarizer.from_pretrained(args.diarization_pipeline, device=settings.device)
-    return Diarizer.embedded(
-        registry.resolve("pyannote-segmentation-3.0"),
-        registry.resolve("campplus-sv-zh-en"),
-        device=settings.device,
-    )
-
-
-def _with_speakers(
-    transcript: Transcript, samples: np.ndarray, diarizer: Diarizer, speakers: DiarizeOptions
-) -> Transcript:
-    """The transcript with speaker labels: diarize the same samples, then merge."""
-    import dataclasses
-    import time
-
-    from diarize.merge import assign_speakers
-
-    started = time.perf_counter()
-    turns = diarizer.diarize(samples, speakers, progress=_print_progress)
-    segments = assign_speakers(transcript.segments, turns)
-    return dataclasses.replace(
-        transcript,
-        segments=segments,
-        options={**transcript.options, "diarize": dataclasses.asdict(speakers)},
-        stats={
-            **transcript.stats,
-            "speakers": len({turn.speaker for turn in turns}),
-            "diarize_seconds": time.perf_counter() - started,
-        },
-    )
 
 
 def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
@@ -248,10 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--language", help="language code (default: detected)")
     transcribe.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
     transcribe.add_argument(
+        "--word-timestamps", action="store_true", help="time every word (alignment heads + DTW)"
+    )
+    transcribe.add_argument(
         "--assistant",
-        default="none",
         help="draft model for speculative decoding (embedded name, directory or hub id; "
-        "another tokenizer is re-encoded), or none (default). The output does not change.",
+        "another tokenizer is re-encoded), or none; default: $ASSISTANT_MODEL, else none. "
+        "The output does not change.",
     )
     transcribe.add_argument(
         "--batch-size",

@@ -27,8 +27,11 @@ for _name, _value in _OFFLINE_DEFAULTS.items():
 class Settings:
     cache_dir: Path
     asr_model: str
+    assistant_model: str  # "none": decode without a draft
+    diarization_model: str  # "embedded": the offline segmentation-3.0 + CAM++ pipeline
     llm_model: str
     device: str
+    hf_token: str | None = None  # for pyannote pipelines on the hub, never needed offline
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -36,6 +39,9 @@ class Settings:
         return cls(
             cache_dir=Path(cache).expanduser() / "models",
             asr_model=os.environ.get("ASR_MODEL", "whisper-base"),
+            assistant_model=os.environ.get("ASSISTANT_MODEL", "none"),
+            diarization_model=os.environ.get("DIARIZATION_MODEL", "embedded"),
             llm_model=os.environ.get("LLM_MODEL", "gemma-3-270m"),
             device=os.environ.get("SPECSCRIBE_DEVICE", "cpu"),
+            hf_token=os.environ.get("HF_TOKEN") or None,
         )

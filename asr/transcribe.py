@@ -54,6 +54,7 @@ class TranscribeOptions:
     language: str | None = None  # None: detected from the first window
     task: Task = "transcribe"
     timestamps: bool = True
+    word_timestamps: bool = False  # per-word times from the alignment heads (needs timestamps)
     condition_on_previous_text: bool = True
     initial_prompt: str | None = None  # "silence" windows: the prompt of every chunk
     # Temperature fallback: a window whose greedy text repeats itself (compression ratio) or

@@ -10,14 +10,22 @@ PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
 VENV=${VENV:-.venv}
 say() { printf 'setup: %s\n' "$*"; }
 
-# 1. System packages: ffmpeg decodes every audio container (and torchcodec links to it).
-if ! command -v ffmpeg >/dev/null; then
+# 1. System packages: ffmpeg decodes every audio container (and torchcodec links to it);
+#    chromium is the real browser the web UI test drives; espeak-ng speaks the synthetic
+#    training sentences of `specscribe distill`.
+declare -A needs=([ffmpeg]=ffmpeg [chromium]=chromium [espeak-ng]=espeak-ng)
+missing=()
+for command in "${!needs[@]}"; do
+  command -v "$command" >/dev/null || missing+=("${needs[$command]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else
-    say "ffmpeg is missing and this user cannot install it: install ffmpeg, then run again"; exit 1
+    say "missing ${missing[*]} and this user cannot install them: install them, then run again"
+    exit 1
   fi
-  say "installing ffmpeg"
+  say "installing ${missing[*]}"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends ffmpeg
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
 # 2. Virtual environment.

@@ -1,0 +1,229 @@
+"""TranscriptionService: the composition root every front (CLI, UI, endpoint, worker) uses.
+
+It loads the models once, lazily (the diarizer only when a request asks for speakers), and turns
+audio plus `ServiceOptions` into a `Transcript`. Requests may come from several threads (the
+Gradio queue, the worker); the models are not re-entrant, so one request runs at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from app.config import Settings
+from asr.types import ProgressHook, Transcript, no_progress
+
+if TYPE_CHECKING:
+    from asr.models import ModelRegistry
+    from asr.whisper import WhisperModel
+    from asr.whisper_drafters import WhisperAssistant
+    from diarize.pipeline import Diarizer
+
+AudioInput = str | Path | bytes | np.ndarray
+"""A path, the bytes of an audio file, or float32 16 kHz mono samples."""
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    """What one request asks for; `validate` names the offending field."""
+
+    language: str | None = None  # None: detected
+    task: Literal["transcribe", "translate"] = "transcribe"
+    word_timestamps: bool = False
+    use_assistant: bool = True  # draft with the service's assistant, when it has one
+    diarize: bool = False
+    num_speakers: int | None = None
+    min_speakers: int | None = None
+    max_speakers: int | None = None
+    batch_size: int = 1  # >1: windows cut at silences, decoded together
+
+    def validate(self) -> ServiceOptions:
+        if self.task not in ("transcribe", "translate"):
+            raise ValueError(f"task must be 'transcribe' or 'translate', not {self.task!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
+        speaker_counts = {
+            "num_speakers": self.num_speakers,
+            "min_speakers": self.min_speakers,
+            "max_speakers": self.max_speakers,
+        }
+        given = [name for name, value in speaker_counts.items() if value is not None]
+        if given and not self.diarize:
+            raise ValueError(f"{', '.join(given)} needs diarize=True")
+        if self.diarize:
+            self.speaker_options()  # raises on inconsistent counts
+        return self
+
+    def speaker_options(self):
+        from diarize.pipeline import DiarizeOptions
+
+        return DiarizeOptions(self.num_speakers, self.min_speakers, self.max_speakers).validate()
+
+    def transcribe_options(self):
+        from asr.transcribe import TranscribeOptions
+
+        batched = self.batch_size > 1
+        return TranscribeOptions(
+            language=self.language,
+            task=self.task,
+            word_timestamps=self.word_timestamps,
+            windows="silence" if batched else "seek",
+            condition_on_previous_text=not batched,
+            batch_size=self.batch_size,
+        )
+
+
+class TranscriptionService:
+    """Models loaded once; `run` turns one request into a Transcript.
+
+    asr_model / assistant_model / diarization_model: embedded names, local directories or hub
+    ids (None: the settings' choice). assistant_model "none" decodes without a draft;
+    diarization_model "embedded" is the offline segmentation-3.0 + CAM++ pipeline.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        asr_model: str | None = None,
+        assistant_model: str | None = None,
+        diarization_model: str | None = None,
+        device: str | None = None,
+        progress: ProgressHook = no_progress,
+    ) -> None:
+        self.settings = settings or Settings.from_env()
+        self.asr_model_name = asr_model or self.settings.asr_model
+        self.assistant_model_name = assistant_model or self.settings.assistant_model
+        self.diarization_model_name = diarization_model or self.settings.diarization_model
+        self.device = device or self.settings.device
+        self._load_progress = progress
+        self._lock = threading.Lock()
+        self._registry: ModelRegistry | None = None
+        self._model: WhisperModel | None = None
+        self._assistant: WhisperAssistant | None = None
+        self._diarizer: Diarizer | None = None
+
+    # -- models, each loaded on first use -------------------------------------------------
+
+    @property
+    def registry(self) -> ModelRegistry:
+        if self._registry is None:
+            from asr.models import ModelRegistry
+
+            self._registry = ModelRegistry(self.settings.cache_dir, progress=self._load_progress)
+        return self._registry
+
+    @property
+    def model(self) -> WhisperModel:
+        if self._model is None:
+            from asr.whisper import WhisperModel
+
+            path = self.registry.resolve(self.asr_model_name)
+            self._model = WhisperModel.load(path, self.device)
+        return self._model
+
+    @property
+    def assistant(self) -> WhisperAssistant | None:
+        if self.assistant_model_name == "none":
+            return None
+        if self._assistant is None:
+            from asr.whisper import WhisperModel
+            from asr.whisper_drafters import pair_assistant
+
+            draft = WhisperModel.load(self.registry.resolve(self.assistant_model_name), self.device)
+            self._assistant = pair_assistant(self.model, draft)
+        return self._assistant
+
+    @property
+    def diarizer(self) -> Diarizer:
+        if self._diarizer is None:
+            from diarize.pipeline import Diarizer
+
+            if self.diarization_model_name == "embedded":
+                self._diarizer = Diarizer.embedded(
+                    self.registry.resolve("pyannote-segmentation-3.0"),
+                    self.registry.resolve("campplus-sv-zh-en"),
+                    device=self.device,
+                )
+            else:
+                self._diarizer = Diarizer.from_pretrained(
+                    self.diarization_model_name, token=self.settings.hf_token, device=self.device
+                )
+        return self._diarizer
+
+    def load(self, diarization: bool = False) -> TranscriptionService:
+        """Loads the models now instead of at the first request (a server's start-up)."""
+        _ = self.model, self.assistant
+        if diarization:
+            _ = self.diarizer
+        return self
+
+    # -- requests -----------------------------------------------------------------------
+
+    def run(
+        self,
+        audio: AudioInput,
+        options: ServiceOptions = ServiceOptions(),
+        progress: ProgressHook = no_progress,
+    ) -> Transcript:
+        """One request: audio (path, file bytes or samples) -> Transcript, with speakers when
+        options.diarize. Bad audio raises asr.audio.AudioLoadError, bad options ValueError."""
+        from asr.audio import load_audio
+        from asr.transcribe import transcribe
+
+        # 1. Check everything that can be checked before any work.
+        options.validate()
+        transcribe_options = options.transcribe_options()
+        samples = audio if isinstance(audio, np.ndarray) else load_audio(audio)
+        with self._lock:
+            transcribe_options.validate(self.model)
+            # 2. Transcribe, speculatively when there is a draft and the request wants it.
+            assistant = self.assistant if options.use_assistant else None
+            transcript = transcribe(
+                self.model, samples, transcribe_options, progress=progress, assistant=assistant
+            )
+            transcript = dataclasses.replace(
+                transcript,
+                options={
+                    **transcript.options,
+                    "model": self.asr_model_name,
+                    "assistant": self.assistant_model_name if assistant else None,
+                },
+            )
+            # 3. Speakers: diarize the same samples and merge them into the words.
+            if options.diarize:
+                transcript = self._with_speakers(transcript, samples, options, progress)
+        return transcript
+
+    def _with_speakers(
+        self,
+        transcript: Transcript,
+        samples: np.ndarray,
+        options: ServiceOptions,
+        progress: ProgressHook,
+    ) -> Transcript:
+        from diarize.merge import assign_speakers
+
+        speakers = options.speaker_options()
+        started = time.perf_counter()
+        turns = self.diarizer.diarize(samples, speakers, progress=progress)
+        return dataclasses.replace(
+            transcript,
+            segments=assign_speakers(transcript.segments, turns),
+            options={
+                **transcript.options,
+                "diarize": dataclasses.asdict(speakers),
+                "diarization_model": self.diarization_model_name,
+            },
+            stats={
+                **transcript.stats,
+                "speakers": len({turn.speaker for turn in turns}),
+                "diarize_seconds": round(time.perf_counter() - started, 3),
+            },
+        )
