@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,7 +53,7 @@ def _formats(value: str) -> list[str]:
 def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
-    from app.service import ServiceOptions, TranscriptionService
+    from app.service import TranscriptionService
     from asr.audio import AudioLoadError, find_audio_files
     from asr.writers import output_paths, write_outputs
 
@@ -79,22 +80,14 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     # 2. The models, loaded once; options checked against them before any work.
     if args.diarization_pipeline and not args.diarize:
         raise ValueError("--diarization-pipeline needs --diarize")
-    options = ServiceOptions(
-        language=args.language,
-        task=args.task,
-        word_timestamps=args.word_timestamps,
-        diarize=args.diarize,
-        num_speakers=args.num_speakers,
-        min_speakers=args.min_speakers,
-        max_speakers=args.max_speakers,
-        batch_size=args.batch_size,
-    ).validate()
+    options = _request_options(args)
     service = TranscriptionService(
         settings,
         asr_model=args.model,
         assistant_model=args.assistant,
         diarization_model=args.diarization_pipeline,
         device=args.device,
+        precision=args.precision,
         progress=_print_progress,
     )
     options.transcribe_options().validate(service.model)
@@ -164,10 +157,217 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_distill(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+    import random
+
+    import torch
+
+    from asr.distill import DistillConfig, distill, prepare_windows
+    from asr.models import SHIPPED_DRAFTS_DIR, ModelRegistry
+    from asr.whisper import WhisperModel
+
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    config = DistillConfig(
+        keep_layers=tuple(args.layers) if args.layers else None,
+        head_tokens=args.head_tokens,
+        synthetic_sentences=args.synthetic_sentences,
+        real_speech=args.speech_dir is not None and args.speech_dir.is_dir(),
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        seed=args.seed,
+    )
+    registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
+    target_dir = Path(registry.resolve(args.target))
+    target = WhisperModel.load(target_dir, args.device or settings.device)
+    config.validate(target)
+    out_dir = args.output or SHIPPED_DRAFTS_DIR / f"{args.target}-draft"
+    windows, seconds = prepare_windows(
+        target, config, args.speech_dir, registry, args.work_dir, _print_progress
+    )
+    report = distill(target, target_dir, out_dir, config, windows, seconds, _print_progress)
+    print(json.dumps({"output": str(out_dir), **dataclasses.asdict(report)}, indent=1))
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from app.service import TranscriptionService
+    from app.ui import serve
+
+    if not 1 <= args.port <= 65535:
+        raise ValueError(f"--port must be in 1..65535, not {args.port}")
+    if args.queue_size < 1:
+        raise ValueError(f"--queue-size must be at least 1, not {args.queue_size}")
+    service = TranscriptionService(
+        settings,
+        asr_model=args.model,
+        assistant_model=args.assistant,
+        device=args.device,
+        progress=_print_progress,
+    )
+    serve(service, host=args.host, port=args.port, queue_size=args.queue_size)
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
     import importlib
 
     return importlib.import_module(f"bench.{args.suite}").main(args.bench_args)
+
+
+def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ServiceOptions flags, shared by `transcribe` and `submit`."""
+    parser.add_argument("--language", help="language code (default: detected)")
+    parser.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
+    parser.add_argument(
+        "--word-timestamps", action="store_true", help="time every word (alignment heads + DTW)"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="decode this many windows at once (cuts at silences, no cross-window prompt)",
+    )
+    parser.add_argument(
+        "--diarize", action="store_true", help="label speakers (offline: segmentation-3.0 + CAM++)"
+    )
+    parser.add_argument("--num-speakers", type=int, metavar="N", help="exactly N speakers")
+    parser.add_argument("--min-speakers", type=int, metavar="N", help="at least N speakers")
+    parser.add_argument("--max-speakers", type=int, metavar="N", help="at most N speakers")
+
+
+def _request_options(args: argparse.Namespace):
+    from app.service import ServiceOptions
+
+    counts = {
+        "--num-speakers": args.num_speakers,
+        "--min-speakers": args.min_speakers,
+        "--max-speakers": args.max_speakers,
+    }
+    given = [flag for flag, value in counts.items() if value is not None]
+    if given and not args.diarize:  # said in the user's own terms, before ServiceOptions does
+        raise ValueError(f"{', '.join(given)} needs --diarize")
+    return ServiceOptions(
+        language=args.language,
+        task=args.task,
+        word_timestamps=args.word_timestamps,
+        diarize=args.diarize,
+        num_speakers=args.num_speakers,
+        min_speakers=args.min_speakers,
+        max_speakers=args.max_speakers,
+        batch_size=args.batch_size,
+    ).validate()
+
+
+def _store(args: argparse.Namespace):
+    from app.jobs import JobStore, default_store_path
+
+    return JobStore(args.store or default_store_path())
+
+
+def _cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
+    from app.jobs import JobSpec
+
+    spec = JobSpec(
+        output_dir=args.output_dir,
+        formats=tuple(args.format),
+        options=_request_options(args),
+        model=args.model,
+        overwrite=args.overwrite,
+    )
+    store = _store(args)
+    job_id = store.submit(args.paths, spec)
+    (job,) = store.jobs([job_id])
+    print(f"job {job_id}: {job.total} files queued in {store.path}")
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from app.service import TranscriptionService
+    from app.worker import LocalWorker, WorkerOptions
+
+    options = WorkerOptions(lease=args.lease, poll=args.poll, until_idle=args.until_idle).validate()
+    models = {
+        "asr_model": args.model,
+        "assistant_model": args.assistant,
+        "diarization_model": args.diarization_pipeline,
+        "device": args.device,
+        "precision": args.precision,
+    }
+    store = _store(args)
+    if args.engine == "ray":
+        from app.ray_engine import RayOptions, RayWorker
+
+        ray_options = RayOptions(args.ray_address, args.actors, args.cpus_per_actor).validate()
+        finished = RayWorker(store, settings, models, options, ray_options).run()
+    else:
+        service = TranscriptionService(settings, **models, progress=_print_progress)
+        finished = LocalWorker(store, service, options).run()
+    print(f"specscribe worker: stopped after {finished} tasks", file=sys.stderr)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    import json
+    import time
+
+    store = _store(args)
+    jobs = store.jobs(args.jobs)
+    missing = sorted(set(args.jobs) - {job.id for job in jobs})
+    if missing:
+        raise ValueError(f"no job {', '.join(map(str, missing))} in {store.path}")
+    tasks = {job.id: store.tasks(job.id) for job in jobs} if args.jobs else {}
+    if args.json:
+        payload = [
+            {
+                **dataclasses.asdict(job),
+                "state": job.state,
+                "output_dir": str(job.output_dir),
+                **(
+                    {
+                        "tasks": [
+                            {**dataclasses.asdict(t), "path": str(t.path), "stem": str(t.stem)}
+                            for t in tasks[job.id]
+                        ]
+                    }
+                    if job.id in tasks
+                    else {}
+                ),
+            }
+            for job in jobs
+        ]
+        print(json.dumps({"store": str(store.path), "jobs": payload}, indent=2))
+        return 0
+    if not jobs:
+        print(f"no jobs in {store.path}")
+        return 0
+    print(
+        f"{'job':>5}  {'state':8} {'files':>5} {'done':>5} {'failed':>6} {'running':>7} "
+        f"{'pending':>7}  submitted            output"
+    )
+    for job in jobs:
+        c = job.counts
+        submitted = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job.created))
+        print(
+            f"{job.id:>5}  {job.state:8} {job.total:>5} {c.get('done', 0):>5} "
+            f"{c.get('failed', 0):>6} {c.get('running', 0):>7} {c.get('pending', 0):>7}  "
+            f"{submitted}  {job.output_dir} ({','.join(job.formats)})"
+        )
+        for task in tasks.get(job.id, []):
+            detail = task.note or ""
+            if task.state == "running":
+                step = f"{task.stage} {task.completed}/{task.total}, " if task.stage else ""
+                detail = f"{step}{task.worker}"
+            elif task.state == "failed":
+                detail = (task.error or "").replace("\n", " / ")
+            seconds = f"{task.seconds:.1f}s" if task.seconds else ""
+            print(
+                f"      task {task.id:>5} {task.state:8} tries {task.attempts} {seconds:>7}  "
+                f"{task.path}  {detail}"
+            )
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,24 +379,21 @@ def build_parser() -> argparse.ArgumentParser:
         "paths", nargs="+", help="audio files or folders (searched recursively)"
     )
     transcribe.add_argument("--model", help="embedded name, local directory or hub id")
-    transcribe.add_argument("--language", help="language code (default: detected)")
-    transcribe.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
-    transcribe.add_argument(
-        "--word-timestamps", action="store_true", help="time every word (alignment heads + DTW)"
-    )
+    _add_request_arguments(transcribe)
     transcribe.add_argument(
         "--assistant",
         help="draft model for speculative decoding (embedded name, directory or hub id; "
         "another tokenizer is re-encoded), or none; default: $ASSISTANT_MODEL, else none. "
         "The output does not change.",
     )
-    transcribe.add_argument(
-        "--batch-size",
-        type=int,
-        default=1,
-        help="decode this many windows at once (cuts at silences, no cross-window prompt)",
-    )
     transcribe.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cpu)")
+    transcribe.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16", "fp16", "mixed"),
+        help="compute dtype: auto (fp32 on CPU, fp16 on CUDA), fp32, bf16, fp16 (CUDA only), "
+        "or mixed (half-precision encoder, fp32 decoder: lossless drafting); "
+        "default: $SPECSCRIBE_PRECISION, else auto",
+    )
     transcribe.add_argument(
         "--output-dir", type=Path, help="write STEM.FORMAT files here (default: print only)"
     )
@@ -209,12 +406,6 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument(
         "--overwrite", action="store_true", help="transcribe files whose outputs exist"
     )
-    transcribe.add_argument(
-        "--diarize", action="store_true", help="label speakers (offline: segmentation-3.0 + CAM++)"
-    )
-    transcribe.add_argument("--num-speakers", type=int, metavar="N", help="exactly N speakers")
-    transcribe.add_argument("--min-speakers", type=int, metavar="N", help="at least N speakers")
-    transcribe.add_argument("--max-speakers", type=int, metavar="N", help="at most N speakers")
     transcribe.add_argument(
         "--diarization-pipeline",
         metavar="ID",
@@ -246,8 +437,102 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int)
     gen.set_defaults(run=_cmd_generate)
 
+    default_speech = Path(__file__).resolve().parents[2] / "shared" / "speech"
+    dist = commands.add_parser(
+        "distill", help="train a small shared-encoder draft for a Whisper target (asr/distill.py)"
+    )
+    dist.add_argument("--target", default="whisper-base", help="the Whisper to distil")
+    dist.add_argument(
+        "--output", type=Path, help="draft directory (default: asr/drafts/TARGET-draft)"
+    )
+    dist.add_argument(
+        "--speech-dir",
+        type=Path,
+        default=default_speech if default_speech.is_dir() else None,
+        help="real speech with a manifest.tsv (default: ../shared/speech); reported files are "
+        "left out",
+    )
+    dist.add_argument(
+        "--layers", type=int, nargs="+", help="target layers kept (default: first, last)"
+    )
+    dist.add_argument(
+        "--head-tokens", type=int, default=4096, help="text tokens in the head (0: all)"
+    )
+    dist.add_argument("--synthetic-sentences", type=int, default=700)
+    dist.add_argument(
+        "--work-dir",
+        type=Path,
+        help="keep the labelled training windows here and reuse them when only training "
+        "options change",
+    )
+    dist.add_argument("--epochs", type=int, default=12)
+    dist.add_argument("--batch-size", type=int, default=8)
+    dist.add_argument("--learning-rate", type=float, default=3e-4)
+    dist.add_argument("--seed", type=int, default=0)
+    dist.add_argument("--device", help="cpu, cuda, ... (default: cpu)")
+    dist.set_defaults(run=_cmd_distill)
+
+    web = commands.add_parser("serve", help="serve the web UI (Gradio)")
+    web.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0: every one)")
+    web.add_argument("--port", type=int, default=7860)
+    web.add_argument("--model", help="embedded name, local directory or hub id")
+    web.add_argument(
+        "--assistant", help="draft model, or none (default: $ASSISTANT_MODEL, else none)"
+    )
+    web.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cpu)")
+    web.add_argument(
+        "--queue-size", type=int, default=16, help="requests that may wait (then: queue full)"
+    )
+    web.set_defaults(run=_cmd_serve)
+
+    store_help = "the job store, an SQLite file (default: the user data folder's jobs.sqlite3)"
+    submit = commands.add_parser("submit", help="queue files or folders for `specscribe worker`")
+    submit.add_argument("paths", nargs="+", help="audio files or folders (searched recursively)")
+    submit.add_argument("--output-dir", type=Path, required=True, help="write STEM.FORMAT here")
+    submit.add_argument("--format", type=_formats, default=["txt"], help="as for transcribe")
+    submit.add_argument(
+        "--overwrite", action="store_true", help="transcribe files whose outputs exist"
+    )
+    submit.add_argument(
+        "--model", help="only a worker with this ASR model runs the job (default: any worker)"
+    )
+    _add_request_arguments(submit)
+    submit.add_argument("--store", type=Path, help=store_help)
+    submit.set_defaults(run=_cmd_submit)
+
+    worker = commands.add_parser("worker", help="run queued jobs, models loaded once")
+    worker.add_argument("--store", type=Path, help=store_help)
+    worker.add_argument("--model", help="ASR model (embedded name, directory or hub id)")
+    worker.add_argument("--assistant", help="draft model for speculative decoding, or none")
+    worker.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cpu)")
+    worker.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"))
+    worker.add_argument("--diarization-pipeline", metavar="ID", help="pyannote pipeline id")
+    worker.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: decode in this process; ray: on Ray actors (a local instance or a cluster)",
+    )
+    worker.add_argument("--ray-address", help="join this Ray cluster (default: start one here)")
+    worker.add_argument("--actors", type=int, default=1, help="Ray actors, each with the models")
+    worker.add_argument("--cpus-per-actor", type=int, default=1, help="CPUs per Ray actor")
+    worker.add_argument(
+        "--lease", type=float, default=30.0, help="seconds a claim lasts without a heartbeat"
+    )
+    worker.add_argument("--poll", type=float, default=1.0, help="seconds between queue looks")
+    worker.add_argument(
+        "--until-idle", action="store_true", help="exit when nothing is pending or running"
+    )
+    worker.set_defaults(run=_cmd_worker)
+
+    status = commands.add_parser("status", help="jobs in the store; with JOB ids, their files")
+    status.add_argument("jobs", nargs="*", type=int, metavar="JOB")
+    status.add_argument("--store", type=Path, help=store_help)
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(run=_cmd_status)
+
     bench = commands.add_parser("bench", help="run a benchmark (bench/SUITE.py)")
-    bench.add_argument("suite", choices=("text", "diarize"))
+    bench.add_argument("suite", choices=("text", "diarize", "asr"))
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the suite")
     bench.set_defaults(run=_cmd_bench)
 
@@ -260,13 +545,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from app.jobs import JobStoreError
     from asr.models import ModelFetchError
 
     args = build_parser().parse_args(argv)
     settings = Settings.from_env()
     try:
         return args.run(args, settings)
-    except (ValueError, ModelFetchError) as error:
+    except (ValueError, ModelFetchError, JobStoreError) as error:
         print(f"specscribe: error: {error}", file=sys.stderr)
         return 2
 

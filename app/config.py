@@ -32,6 +32,9 @@ class Settings:
     llm_model: str
     device: str
     hf_token: str | None = None  # for pyannote pipelines on the hub, never needed offline
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16; asr.precision turns it into a dtype
+    max_audio_bytes: int = 100_000_000  # endpoint: largest audio file a request may send
+    max_audio_seconds: float = 10_800.0  # endpoint: longest recording a request may send
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -44,4 +47,21 @@ class Settings:
             llm_model=os.environ.get("LLM_MODEL", "gemma-3-270m"),
             device=os.environ.get("SPECSCRIBE_DEVICE", "cpu"),
             hf_token=os.environ.get("HF_TOKEN") or None,
+            precision=os.environ.get("SPECSCRIBE_PRECISION", "auto"),
+            max_audio_bytes=int(_positive_number("MAX_AUDIO_BYTES", 100_000_000)),
+            max_audio_seconds=_positive_number("MAX_AUDIO_SECONDS", 10_800.0),
         )
+
+
+def _positive_number(name: str, default: float) -> float:
+    """The environment variable `name` as a number > 0 (`default` when unset)."""
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, not {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name} must be a finite number greater than 0, not {text!r}")
+    return value

@@ -85,6 +85,7 @@ class TranscriptionService:
     asr_model / assistant_model / diarization_model: embedded names, local directories or hub
     ids (None: the settings' choice). assistant_model "none" decodes without a draft;
     diarization_model "embedded" is the offline segmentation-3.0 + CAM++ pipeline.
+    precision: auto | fp32 | bf16 | fp16 (`asr.precision`) for the target and the draft.
     """
 
     def __init__(
@@ -95,6 +96,7 @@ class TranscriptionService:
         assistant_model: str | None = None,
         diarization_model: str | None = None,
         device: str | None = None,
+        precision: str | None = None,
         progress: ProgressHook = no_progress,
     ) -> None:
         self.settings = settings or Settings.from_env()
@@ -102,6 +104,12 @@ class TranscriptionService:
         self.assistant_model_name = assistant_model or self.settings.assistant_model
         self.diarization_model_name = diarization_model or self.settings.diarization_model
         self.device = device or self.settings.device
+        from asr.precision import resolve_precision
+
+        # Settled once, before any model loads: a bad (device, precision) pair fails here.
+        self.dtypes = resolve_precision(self.device, precision or self.settings.precision)
+        self.dtype = self.dtypes.decoder
+        self.precision = self.dtypes.name  # "auto" resolved: fp32, bf16, fp16 or a mix
         self._load_progress = progress
         self._lock = threading.Lock()
         self._registry: ModelRegistry | None = None
@@ -125,7 +133,9 @@ class TranscriptionService:
             from asr.whisper import WhisperModel
 
             path = self.registry.resolve(self.asr_model_name)
-            self._model = WhisperModel.load(path, self.device)
+            self._model = WhisperModel.load(
+                path, self.device, self.dtypes.decoder, encoder_dtype=self.dtypes.encoder
+            )
         return self._model
 
     @property
@@ -133,11 +143,13 @@ class TranscriptionService:
         if self.assistant_model_name == "none":
             return None
         if self._assistant is None:
-            from asr.whisper import WhisperModel
-            from asr.whisper_drafters import pair_assistant
+            from asr.whisper_drafters import load_assistant
 
-            draft = WhisperModel.load(self.registry.resolve(self.assistant_model_name), self.device)
-            self._assistant = pair_assistant(self.model, draft)
+            # The draft computes in the target's dtype and device (load_assistant): a
+            # shared-encoder draft reads the target's encoder output, and both see logits of
+            # the same precision.
+            draft_path = self.registry.resolve(self.assistant_model_name)
+            self._assistant = load_assistant(self.model, draft_path)
         return self._assistant
 
     @property
@@ -194,6 +206,7 @@ class TranscriptionService:
                     **transcript.options,
                     "model": self.asr_model_name,
                     "assistant": self.assistant_model_name if assistant else None,
+                    "precision": self.precision,
                 },
             )
             # 3. Speakers: diarize the same samples and merge them into the words.

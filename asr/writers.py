@@ -108,6 +108,12 @@ def write_atomically(path: Path, content: str) -> None:
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
             stream.write(content)
+            stream.flush()
+            os.fsync(stream.fileno())  # the rename must never publish a file still in cache
+        # mkstemp creates the file 0600; outputs get the permissions a plain open() would give.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

@@ -1,0 +1,328 @@
+"""EndpointHandler: the Hugging Face Inference Endpoints custom handler (handler.py re-exports it).
+
+The Inference Toolkit builds `EndpointHandler(path)` once, with `path` the mounted repository,
+and calls it with the request body: `{"inputs": <audio>, "parameters": {...}}` for JSON, or
+`{"inputs": <bytes>}` for an `audio/*` body (its query string then becomes "parameters").
+
+Errors: bad input raises `EndpointError`, which carries an HTTP status (400 malformed request,
+413 too large, 422 parameters or audio that cannot be processed) and a message naming the cause.
+The toolkit answers any exception with HTTP 400 and `{"error": str(exception)}`, while a returned
+dict always goes out as 200; raising is therefore the only way to give the user a 4xx, and
+`str(EndpointError)` starts with the precise status ("422 Unprocessable Entity: ..."). A server
+of one's own can read `.status` and send `.to_dict()`. Failures that are not the request's fault
+propagate unchanged.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import re
+import time
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from app.config import Settings
+from app.service import ServiceOptions, TranscriptionService
+from asr.types import Transcript
+
+logger = logging.getLogger(__name__)
+
+_NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/=_\-\s]")  # both alphabets, line breaks
+_BASE64_BYTES = re.compile(rb"[A-Za-z0-9+/=_\-\s]+")
+_INPUT_REPR = 80  # characters of a rejected value quoted back in an error message
+_DIARIZATION_OFF = "none"
+
+
+class EndpointError(ValueError):
+    """A request the endpoint refuses: `status` is the HTTP status it deserves (4xx)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        self.message = message
+        super().__init__(f"{status} {HTTPStatus(status).phrase}: {message}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": self.message, "status": self.status}
+
+
+class EndpointParameters(BaseModel):
+    """The request's "parameters". Names from the asr-diarization blog handler are accepted
+    where they mean the same here: `assisted`, and `chunk_length_s` / `sampling_rate` at the
+    only values this pipeline uses (30 s windows; audio is resampled to 16 kHz by ffmpeg)."""
+
+    # strict: "2" is not a speaker count and 1 is not a boolean. The toolkit already turns
+    # query-string numbers and true/false into JSON types.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    language: str | None = None  # code ("en"), name ("english") or "<|en|>"; None: detected
+    task: Literal["transcribe", "translate"] = "transcribe"
+    word_timestamps: bool = False  # True: one chunk per word
+    # None: draft with the ASSISTANT_MODEL when one is configured.
+    assistant: bool | None = Field(None, validation_alias=AliasChoices("assistant", "assisted"))
+    diarize: bool | None = None  # None: diarize when a speaker count is given
+    num_speakers: int | None = Field(None, ge=1)
+    min_speakers: int | None = Field(None, ge=1)
+    max_speakers: int | None = Field(None, ge=1)
+    batch_size: int = Field(1, ge=1)  # >1: windows cut at silences and decoded together
+    chunk_length_s: Literal[30] | None = None
+    sampling_rate: Literal[16000] | None = None
+
+    @field_validator("language")
+    @classmethod
+    def _language_code(cls, value: str | None) -> str | None:
+        """Whisper's language code for a code, an English name or a token; "" and "auto": None.
+        Whether the model knows the language is checked against the model."""
+        if value is None:
+            return None
+        from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
+
+        text = value.strip().lower().removeprefix("<|").removesuffix("|>")
+        if text in ("", "auto"):
+            return None
+        return TO_LANGUAGE_CODE.get(text, text)
+
+    def service_options(self) -> ServiceOptions:
+        counts = (self.num_speakers, self.min_speakers, self.max_speakers)
+        diarize = self.diarize if self.diarize is not None else any(c is not None for c in counts)
+        return ServiceOptions(
+            language=self.language,
+            task=self.task,
+            word_timestamps=self.word_timestamps,
+            use_assistant=self.assistant is not False,
+            diarize=diarize,
+            num_speakers=self.num_speakers,
+            min_speakers=self.min_speakers,
+            max_speakers=self.max_speakers,
+            batch_size=self.batch_size,
+        )
+
+
+def parse_parameters(parameters: Any) -> EndpointParameters:
+    """The "parameters" object -> EndpointParameters; EndpointError 400/422 names each bad
+    field."""
+    if parameters is None:
+        parameters = {}
+    if not isinstance(parameters, dict):
+        raise EndpointError(
+            400, f"parameters must be a JSON object, not {type(parameters).__name__}"
+        )
+    try:
+        return EndpointParameters.model_validate(parameters)
+    except ValidationError as error:
+        problems = [_describe(problem, parameters) for problem in error.errors()]
+        raise EndpointError(422, "invalid parameters: " + "; ".join(problems)) from None
+
+
+def _describe(problem: dict[str, Any], given: dict[str, Any]) -> str:
+    name = ".".join(str(part) for part in problem["loc"])
+    if problem["type"] == "extra_forbidden":
+        if name == "assisted" and "assistant" in given:
+            return "assisted: another name for assistant, which is given too"
+        accepted = ", ".join([*EndpointParameters.model_fields, "assisted"])
+        return f"{name}: unknown parameter (accepted: {accepted})"
+    shown = repr(problem.get("input"))
+    if len(shown) > _INPUT_REPR:
+        shown = shown[:_INPUT_REPR] + "..."
+    return f"{name}: {problem['msg']} (got {shown})"
+
+
+def read_audio_bytes(inputs: Any, max_bytes: int) -> bytes:
+    """The request's "inputs" -> the bytes of the audio file.
+
+    inputs: the file as base64 text (standard or URL-safe alphabet, padding optional, line
+    breaks allowed), the same as a `data:<type>;base64,` URL, or the raw bytes (an `audio/*`
+    request body; bytes that are base64 text are decoded too). Raises EndpointError 400 for
+    empty or malformed input, 413 past `max_bytes`.
+    """
+    if isinstance(inputs, bytearray | memoryview):
+        inputs = bytes(inputs)
+    if isinstance(inputs, bytes) and inputs.startswith(b"data:"):
+        inputs = inputs.decode("ascii", errors="replace")
+    elif isinstance(inputs, bytes) and inputs and _BASE64_BYTES.fullmatch(inputs):
+        # An audio file always holds bytes outside the base64 alphabet (binary headers).
+        inputs = inputs.decode("ascii")
+    if isinstance(inputs, bytes):
+        audio = inputs
+    elif isinstance(inputs, str):
+        audio = _decode_base64(inputs, max_bytes)
+    else:
+        raise EndpointError(
+            400,
+            f"inputs must be the audio file as a base64 string or as bytes, "
+            f"not {type(inputs).__name__}",
+        )
+    if not audio:
+        raise EndpointError(400, "inputs is empty: send the audio file")
+    if len(audio) > max_bytes:
+        raise EndpointError(
+            413, f"inputs: the audio file has {len(audio)} bytes, more than the {max_bytes} allowed"
+        )
+    return audio
+
+
+def _decode_base64(text: str, max_bytes: int) -> bytes:
+    if text.startswith("data:"):
+        header, comma, text = text.partition(",")
+        if not comma or not header.endswith(";base64"):
+            raise EndpointError(
+                400, "inputs: a data URL must be base64: data:<media type>;base64,<data>"
+            )
+    bad = _NOT_BASE64.search(text)
+    if bad:
+        raise EndpointError(
+            400,
+            f"inputs is not base64: character {bad.group()!r} at position {bad.start()} "
+            "(send the audio file as base64 text, a data: URL, or raw bytes)",
+        )
+    text = "".join(text.split()).translate(str.maketrans("-_", "+/"))
+    # Checked before decoding so that an oversized request costs no memory beyond itself.
+    if len(text) * 3 // 4 > max_bytes + 2:
+        raise EndpointError(
+            413,
+            f"inputs: the audio file has about {len(text) * 3 // 4} bytes, "
+            f"more than the {max_bytes} allowed",
+        )
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except binascii.Error as error:
+        raise EndpointError(400, f"inputs is not valid base64: {error}") from None
+
+
+def to_response(transcript: Transcript, word_level: bool, seconds: float) -> dict[str, Any]:
+    """Transcript -> the response: the asr-diarization blog's keys ("text", "chunks",
+    "speakers") plus "language", "stats" and "options".
+
+    chunks: [{"text", "timestamp": [start, end], "speaker"}], one per segment, or one per word
+    when `word_level` (a segment without word times stays one chunk); "speaker" is None
+    without diarization. speakers: consecutive segments of one speaker merged into
+    [{"speaker", "text", "timestamp": [start, end]}]; [] without diarization.
+    Times are seconds from the start of the audio.
+    """
+    chunks = []
+    for segment in transcript.segments:
+        parts = segment.words if word_level and segment.words else (segment,)
+        chunks.extend(_chunk(part.text, part.start, part.end, part.speaker) for part in parts)
+    speakers: list[dict[str, Any]] = []
+    for segment in transcript.segments:
+        if segment.speaker is None:
+            continue
+        if speakers and speakers[-1]["speaker"] == segment.speaker:
+            speakers[-1]["text"] += segment.text
+            speakers[-1]["timestamp"][1] = round(segment.end, 3)
+        else:
+            speakers.append(_chunk(segment.text, segment.start, segment.end, segment.speaker))
+    for turn in speakers:
+        turn["text"] = turn["text"].strip()
+    duration = transcript.duration
+    return {
+        "text": transcript.text,
+        "chunks": chunks,
+        "speakers": speakers,
+        "language": transcript.language,
+        "stats": {
+            **transcript.stats,
+            "audio_seconds": round(duration, 3),
+            "seconds": round(seconds, 3),
+            "real_time_factor": round(seconds / duration, 4) if duration > 0 else None,
+        },
+        "options": transcript.options,
+    }
+
+
+def _chunk(text: str, start: float, end: float, speaker: str | None) -> dict[str, Any]:
+    return {"text": text, "timestamp": [round(start, 3), round(end, 3)], "speaker": speaker}
+
+
+def whisper_checkpoint(path: str) -> str | None:
+    """`path` when it is a directory holding a transformers Whisper checkpoint, else None."""
+    config = Path(path) / "config.json" if path else None
+    if config is None or not config.is_file():
+        return None
+    try:
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (ValueError, AttributeError):
+        return None
+    return path if model_type == "whisper" else None
+
+
+class EndpointHandler:
+    """Inference Endpoints handler: models load once here, `__call__` answers one request.
+
+    path: the repository the endpoint mounted ("" outside the toolkit). When it holds a Whisper
+    checkpoint (config.json with model_type "whisper"), that checkpoint is the ASR model and
+    ASR_MODEL is ignored, so a repository of Whisper weights plus handler.py deploys as is.
+    Otherwise ASR_MODEL, ASSISTANT_MODEL ("none": no draft) and DIARIZATION_MODEL ("embedded";
+    "none": refuse diarize requests and load nothing) choose, through Settings.
+    """
+
+    def __init__(self, path: str = "", settings: Settings | None = None) -> None:
+        self.settings = settings or Settings.from_env()
+        self.diarization = self.settings.diarization_model != _DIARIZATION_OFF
+        self.service = TranscriptionService(self.settings, asr_model=whisper_checkpoint(path))
+        started = time.perf_counter()
+        self.service.load(diarization=self.diarization)
+        logger.info(
+            "endpoint ready in %.1f s: asr %s, assistant %s, diarization %s",
+            time.perf_counter() - started,
+            self.service.asr_model_name,
+            self.service.assistant_model_name,
+            self.settings.diarization_model,
+        )
+
+    def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
+        """{"inputs": audio, "parameters": {...}} -> the response of `to_response`.
+        Raises EndpointError (400/413/422) for a request that cannot be served."""
+        from asr.audio import SAMPLE_RATE, AudioLoadError, load_audio
+
+        started = time.perf_counter()
+        # 1. The request's shape, then its parameters: both cheap, before any decoding.
+        if not isinstance(data, dict) or "inputs" not in data:
+            raise EndpointError(400, 'the request must be a JSON object with "inputs"')
+        unknown = sorted(set(data) - {"inputs", "parameters"})
+        if unknown:
+            raise EndpointError(
+                400, f'unknown request keys {unknown}: send "inputs" and "parameters"'
+            )
+        options = self._options(parse_parameters(data.get("parameters")))
+        # 2. The audio: bytes within the size limit, decodable, within the duration limit.
+        audio = read_audio_bytes(data["inputs"], self.settings.max_audio_bytes)
+        try:
+            samples = load_audio(audio, name="inputs")
+        except AudioLoadError as error:
+            raise EndpointError(422, f"not decodable audio: {error}") from None
+        duration = samples.size / SAMPLE_RATE
+        if duration > self.settings.max_audio_seconds:
+            raise EndpointError(
+                413,
+                f"inputs: the audio lasts {duration:.1f} s, "
+                f"more than the {self.settings.max_audio_seconds:g} s allowed",
+            )
+        # 3. Transcribe (and diarize).
+        transcript = self.service.run(samples, options)
+        seconds = time.perf_counter() - started
+        logger.info("%.1f s of audio in %.2f s (%s)", duration, seconds, options)
+        return to_response(transcript, options.word_timestamps, seconds)
+
+    def _options(self, parameters: EndpointParameters) -> ServiceOptions:
+        """ServiceOptions checked against this endpoint's models: EndpointError 422."""
+        options = parameters.service_options()
+        if parameters.assistant and self.service.assistant is None:
+            raise EndpointError(
+                422, "assistant: this endpoint has no assistant model (ASSISTANT_MODEL=none)"
+            )
+        if options.diarize and not self.diarization:
+            raise EndpointError(
+                422, "diarize: diarization is off on this endpoint (DIARIZATION_MODEL=none)"
+            )
+        try:
+            options.validate()
+            options.transcribe_options().validate(self.service.model)
+        except ValueError as error:
+            raise EndpointError(422, f"invalid parameters: {error}") from None
+        return options

@@ -1,0 +1,571 @@
+"""The batch worker's durable job store: one SQLite file (stdlib sqlite3, WAL) that the CLI, the
+UI, Python callers and any number of worker processes on one machine share.
+
+A job is what a user asked for: files and folders, the request options, an output folder and
+formats. `submit` expands it at once into one task per audio file, so a rerun never redoes a
+finished file and progress is counted in files. A worker claims one task at a time in a write
+transaction (BEGIN IMMEDIATE, so two claims never interleave) and holds it under a lease that a
+heartbeat thread renews. A task whose worker died is claimed again when its lease runs out, or at
+once when the dead worker ran on this machine (its pid is gone). Each claim gets a fresh token;
+every later write about the task (heartbeat, progress, done, failed) names it, so a worker that
+lost its lease can no longer record anything. `events` keeps the history: every claim, reclaim,
+completion, failure and release, one row each.
+
+Times are unix seconds (float).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.service import ServiceOptions
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id INTEGER PRIMARY KEY,
+    created REAL NOT NULL,
+    sources TEXT NOT NULL,      -- JSON list of the paths as submitted
+    output_dir TEXT NOT NULL,
+    formats TEXT NOT NULL,      -- JSON list of writer names
+    options TEXT NOT NULL,      -- JSON of ServiceOptions
+    model TEXT,                 -- only a worker with this ASR model runs it; NULL: any worker
+    overwrite INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    id INTEGER PRIMARY KEY,
+    job_id INTEGER NOT NULL REFERENCES jobs(id),
+    path TEXT NOT NULL,
+    stem TEXT NOT NULL,         -- outputs are OUTPUT_DIR/STEM.FORMAT
+    output_key TEXT NOT NULL,   -- OUTPUT_DIR/STEM: no two running tasks share one
+    state TEXT NOT NULL CHECK (state IN ('pending', 'running', 'done', 'failed')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    token TEXT,                 -- the current claim's; stale claims cannot write
+    worker TEXT,
+    worker_host TEXT,
+    worker_pid INTEGER,
+    lease_until REAL,
+    first_started REAL,
+    started REAL,
+    finished REAL,
+    seconds REAL,
+    stage TEXT,                 -- progress(stage, completed, total) of the running attempt
+    completed INTEGER,
+    total INTEGER,
+    note TEXT,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS tasks_by_state ON tasks(state, id);
+CREATE INDEX IF NOT EXISTS tasks_by_output ON tasks(output_key, state);
+CREATE INDEX IF NOT EXISTS tasks_by_job ON tasks(job_id);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY,
+    at REAL NOT NULL,
+    task_id INTEGER NOT NULL REFERENCES tasks(id),
+    kind TEXT NOT NULL,         -- claimed | reclaimed | done | failed | released | lost
+    worker TEXT,
+    detail TEXT
+);
+CREATE INDEX IF NOT EXISTS events_by_task ON events(task_id);
+"""
+
+
+class JobStoreError(RuntimeError):
+    """The store file cannot be used (made by a newer specscribe, not a database, ...)."""
+
+
+def default_store_path() -> Path:
+    """Per-user data (not cache) folder: the queue must survive a cache clean-up."""
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("specscribe")) / "jobs.sqlite3"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything a job asks for besides its inputs. `validate` names the offending field."""
+
+    output_dir: Path
+    formats: tuple[str, ...] = ("txt",)
+    options: ServiceOptions = field(default_factory=ServiceOptions)
+    model: str | None = None  # None: whichever model the worker has loaded
+    overwrite: bool = False  # False: a file whose outputs all exist is done without decoding
+
+    def validate(self) -> JobSpec:
+        from asr.writers import WRITERS
+
+        if not self.formats:
+            raise ValueError("formats is empty: name at least one output format")
+        unknown = [name for name in self.formats if name not in WRITERS]
+        if unknown:
+            raise ValueError(
+                f"unknown format {', '.join(unknown)}; choose from {', '.join(WRITERS)}"
+            )
+        self.options.validate()
+        return self
+
+
+@dataclass(frozen=True)
+class WorkerId:
+    """Who holds a claim. host + pid let a worker on the same machine see that it is dead."""
+
+    host: str
+    pid: int
+    name: str
+
+    @classmethod
+    def this_process(cls, engine: str = "local") -> WorkerId:
+        host, pid = socket.gethostname(), os.getpid()
+        return cls(host, pid, f"{engine}@{host}:{pid}")
+
+
+@dataclass(frozen=True)
+class ClaimedTask:
+    """One file a worker now holds; `token` proves the claim in every later write."""
+
+    id: int
+    job_id: int
+    path: Path
+    stem: Path
+    spec: JobSpec
+    attempt: int  # 1 for the first run, 2 after one reclaim, ...
+    token: str
+    first_started: float
+
+    @property
+    def outputs(self) -> dict[str, Path]:
+        from asr.writers import output_paths
+
+        return output_paths(self.spec.output_dir, self.stem, list(self.spec.formats))
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    id: int
+    job_id: int
+    path: Path
+    stem: Path
+    state: str  # pending | running | done | failed
+    attempts: int
+    worker: str | None
+    lease_until: float | None
+    started: float | None
+    finished: float | None
+    seconds: float | None
+    stage: str | None
+    completed: int | None
+    total: int | None
+    note: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    id: int
+    created: float
+    sources: tuple[str, ...]
+    output_dir: Path
+    formats: tuple[str, ...]
+    model: str | None
+    counts: dict[str, int]  # state -> number of tasks
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def state(self) -> str:
+        """queued (nothing started), running, done (every file), failed (finished, some failed)."""
+        pending, running = self.counts.get("pending", 0), self.counts.get("running", 0)
+        if running or (pending and pending < self.total):
+            return "running"
+        if pending:
+            return "queued"
+        return "failed" if self.counts.get("failed", 0) else "done"
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    at: float
+    task_id: int
+    kind: str
+    worker: str | None
+    detail: str | None
+
+
+def _options_to_json(options: ServiceOptions) -> str:
+    return json.dumps(dataclasses.asdict(options), sort_keys=True)
+
+
+def _options_from_json(text: str) -> ServiceOptions:
+    return ServiceOptions(**json.loads(text))
+
+
+def _process_is_gone(pid: int) -> bool:
+    """True when no live process has this pid (a zombie counts as gone: it runs nothing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # exists, another user's
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False  # not Linux, or it just ended: the lease decides
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+class JobStore:
+    """The queue. One object may be shared by threads: each thread gets its own connection."""
+
+    def __init__(self, path: Path | str, *, busy_timeout: float = 60.0) -> None:
+        self.path = Path(path).expanduser()
+        self.busy_timeout = busy_timeout
+        self._local = threading.local()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._connection()  # creates the schema, and fails now on a bad file
+
+    # -- connection and transactions ----------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            # isolation_level=None: no implicit transactions; every write below opens its own.
+            connection = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+            connection.row_factory = sqlite3.Row
+            try:
+                self._prepare(connection)
+            except sqlite3.DatabaseError as error:
+                connection.close()
+                raise JobStoreError(f"{self.path}: not a usable job store ({error})") from None
+            self._local.connection = connection
+        return connection
+
+    def _prepare(self, connection: sqlite3.Connection) -> None:
+        # WAL: readers (status, heartbeats) never block the writer that claims.
+        # synchronous=FULL: a submitted job or a recorded completion survives a power cut too.
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=FULL")
+        connection.execute("PRAGMA foreign_keys=ON")
+        version = connection.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise JobStoreError(
+                f"{self.path}: made by a newer specscribe (schema {version} > {SCHEMA_VERSION})"
+            )
+        if version < SCHEMA_VERSION:
+            # One script, one transaction: executescript commits any transaction opened before it.
+            connection.executescript(
+                f"BEGIN IMMEDIATE;\n{SCHEMA}\nPRAGMA user_version={SCHEMA_VERSION};\nCOMMIT;"
+            )
+
+    @contextlib.contextmanager
+    def _write(self, connection: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
+        """A write transaction that takes the database's write lock at its start, so the
+        read-then-update of a claim is atomic across processes."""
+        connection = connection or self._connection()
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            yield connection
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        connection.execute("COMMIT")
+
+    def close(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            connection.close()
+            self._local.connection = None
+
+    @staticmethod
+    def _event(db: sqlite3.Connection, task_id: int, kind: str, worker: str | None, detail=None):
+        db.execute(
+            "INSERT INTO events (at, task_id, kind, worker, detail) VALUES (?, ?, ?, ?, ?)",
+            (time.time(), task_id, kind, worker, detail),
+        )
+
+    # -- submitting -----------------------------------------------------------------------------
+
+    def submit(self, paths: Sequence[Path | str], spec: JobSpec) -> int:
+        """Queues one job: every audio file in `paths` (folders searched recursively) becomes a
+        task. Returns the job id. Raises ValueError naming a missing path, a folder without audio,
+        or two inputs that would write the same outputs."""
+        from asr.audio import find_audio_files
+
+        spec.validate()
+        sources = [Path(p).expanduser().resolve() for p in paths]
+        if not sources:
+            raise ValueError("nothing to submit: give at least one file or folder")
+        missing = [str(p) for p in sources if not p.exists()]
+        if missing:
+            raise ValueError(f"no such file or folder: {', '.join(missing)}")
+        empty = [str(p) for p in sources if p.is_dir() and not find_audio_files([p])]
+        if empty:
+            raise ValueError(f"no audio files in {', '.join(empty)}")
+        output_dir = spec.output_dir.expanduser().resolve()
+        files = find_audio_files(sources)
+        by_stem: dict[Path, Path] = {}
+        for path, stem in files:
+            if stem in by_stem:
+                raise ValueError(
+                    f"{by_stem[stem]} and {path} would both write {output_dir / stem}.*; "
+                    "submit them as separate jobs with different output folders"
+                )
+            by_stem[stem] = path
+        with self._write() as db:
+            job_id = db.execute(
+                "INSERT INTO jobs"
+                " (created, sources, output_dir, formats, options, model, overwrite)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    time.time(),
+                    json.dumps([str(p) for p in sources]),
+                    str(output_dir),
+                    json.dumps(list(spec.formats)),
+                    _options_to_json(spec.options),
+                    spec.model,
+                    int(spec.overwrite),
+                ),
+            ).lastrowid
+            db.executemany(
+                "INSERT INTO tasks (job_id, path, stem, output_key, state) "
+                "VALUES (?, ?, ?, ?, 'pending')",
+                [(job_id, str(p), str(s), str(output_dir / s)) for s, p in by_stem.items()],
+            )
+        return job_id
+
+    # -- claiming and holding -------------------------------------------------------------------
+
+    def claim(
+        self, worker: WorkerId, model: str, *, lease: float = 30.0, max_attempts: int = 3
+    ) -> ClaimedTask | None:
+        """Takes the oldest task this worker may run: pending, or running under a lease that ran
+        out (or whose worker on this host is gone). None when there is none.
+
+        A task is not handed out while another running task writes the same outputs, and one
+        whose workers died `max_attempts` times fails instead of killing a fifth worker.
+        """
+        now = time.time()
+        with self._write() as db:
+            # 1. Claims of dead workers on this machine end now instead of at lease expiry.
+            local = db.execute(
+                "SELECT id, worker_pid FROM tasks WHERE state = 'running' AND worker_host = ?"
+                " AND lease_until >= ?",
+                (worker.host, now),
+            ).fetchall()
+            dead = [row["id"] for row in local if _process_is_gone(row["worker_pid"])]
+            db.executemany("UPDATE tasks SET lease_until = 0 WHERE id = ?", [(i,) for i in dead])
+            # 2. A task that has already taken down max_attempts workers fails.
+            for row in db.execute(
+                "SELECT id, attempts, worker FROM tasks WHERE state = 'running'"
+                " AND lease_until < ? AND attempts >= ?",
+                (now, max_attempts),
+            ).fetchall():
+                error = (
+                    f"the worker running it stopped {row['attempts']} times without finishing "
+                    f"(crash, kill or lost lease; last {row['worker']})"
+                )
+                db.execute(
+                    "UPDATE tasks SET state = 'failed', error = ?, finished = ?, token = NULL"
+                    " WHERE id = ?",
+                    (error, now, row["id"]),
+                )
+                self._event(db, row["id"], "failed", worker.name, error)
+            # 3. The oldest runnable task whose outputs nobody is writing right now.
+            row = db.execute(
+                """
+                SELECT t.*, j.output_dir, j.formats, j.options, j.model, j.overwrite
+                FROM tasks t JOIN jobs j ON j.id = t.job_id
+                WHERE (t.state = 'pending' OR (t.state = 'running' AND t.lease_until < :now))
+                  AND (j.model IS NULL OR j.model = :model)
+                  AND NOT EXISTS (
+                      SELECT 1 FROM tasks r
+                      WHERE r.output_key = t.output_key AND r.id != t.id
+                        AND r.state = 'running' AND r.lease_until >= :now)
+                ORDER BY t.id LIMIT 1
+                """,
+                {"now": now, "model": model},
+            ).fetchone()
+            if row is None:
+                return None
+            token = uuid.uuid4().hex
+            first_started = row["first_started"] or now
+            db.execute(
+                "UPDATE tasks SET state = 'running', attempts = attempts + 1, token = ?,"
+                " worker = ?, worker_host = ?, worker_pid = ?, lease_until = ?,"
+                " first_started = ?, started = ?, stage = NULL, completed = NULL, total = NULL"
+                " WHERE id = ?",
+                (
+                    token,
+                    worker.name,
+                    worker.host,
+                    worker.pid,
+                    now + lease,
+                    first_started,
+                    now,
+                    row["id"],
+                ),
+            )
+            kind = "reclaimed" if row["state"] == "running" else "claimed"
+            detail = f"from {row['worker']}" if kind == "reclaimed" else None
+            self._event(db, row["id"], kind, worker.name, detail)
+        spec = JobSpec(
+            output_dir=Path(row["output_dir"]),
+            formats=tuple(json.loads(row["formats"])),
+            options=_options_from_json(row["options"]),
+            model=row["model"],
+            overwrite=bool(row["overwrite"]),
+        )
+        return ClaimedTask(
+            id=row["id"],
+            job_id=row["job_id"],
+            path=Path(row["path"]),
+            stem=Path(row["stem"]),
+            spec=spec,
+            attempt=row["attempts"] + 1,
+            token=token,
+            first_started=first_started,
+        )
+
+    def renew(self, task: ClaimedTask, lease: float) -> bool:
+        """Heartbeat: extends the lease. False when the claim was lost (reclaimed elsewhere)."""
+        cursor = self._connection().execute(
+            "UPDATE tasks SET lease_until = ? WHERE id = ? AND token = ? AND state = 'running'",
+            (time.time() + lease, task.id, task.token),
+        )
+        return cursor.rowcount == 1
+
+    def holds(self, task: ClaimedTask) -> bool:
+        """Whether this claim is still the task's current one and its lease has not run out."""
+        row = (
+            self._connection()
+            .execute(
+                "SELECT 1 FROM tasks WHERE id = ? AND token = ? AND state = 'running'"
+                " AND lease_until >= ?",
+                (task.id, task.token, time.time()),
+            )
+            .fetchone()
+        )
+        return row is not None
+
+    def progress(self, task: ClaimedTask, stage: str, completed: int, total: int) -> None:
+        self._connection().execute(
+            "UPDATE tasks SET stage = ?, completed = ?, total = ? WHERE id = ? AND token = ?",
+            (stage, completed, total, task.id, task.token),
+        )
+
+    # -- finishing ------------------------------------------------------------------------------
+
+    def _finish(
+        self, task: ClaimedTask, state: str, kind: str, worker: str, fields: dict[str, Any]
+    ) -> bool:
+        """One transition out of `running`, recorded with its event in one transaction; only the
+        current claim can make it, so a task completes at most once per claim."""
+        assignments = ", ".join(f"{name} = :{name}" for name in fields)
+        with self._write() as db:
+            cursor = db.execute(
+                f"UPDATE tasks SET state = :state, token = NULL, {assignments}"
+                " WHERE id = :id AND token = :token AND state = 'running'",
+                {**fields, "state": state, "id": task.id, "token": task.token},
+            )
+            if cursor.rowcount != 1:
+                return False
+            detail = fields.get("note") or fields.get("error")
+            self._event(db, task.id, kind, worker, detail)
+        return True
+
+    def complete(self, task: ClaimedTask, worker: WorkerId, seconds: float, note: str) -> bool:
+        """Marks the task done (its outputs are written). False when the claim was lost."""
+        fields = {"finished": time.time(), "seconds": round(seconds, 3), "note": note}
+        return self._finish(task, "done", "done", worker.name, {**fields, "error": None})
+
+    def fail(self, task: ClaimedTask, worker: WorkerId, error: str, seconds: float = 0.0) -> bool:
+        """Marks the task failed with its reason; it is not retried (resubmit to try again)."""
+        fields = {"finished": time.time(), "seconds": round(seconds, 3), "error": error}
+        return self._finish(task, "failed", "failed", worker.name, fields)
+
+    def release(
+        self, task: ClaimedTask, worker: WorkerId, reason: str, *, count_attempt: bool = False
+    ) -> bool:
+        """Hands the task back: pending again. A worker shutting down does not count the attempt
+        towards max_attempts; a decoder process that died (count_attempt) does."""
+        attempts = task.attempt if count_attempt else task.attempt - 1
+        fields = {"attempts": attempts, "lease_until": None, "note": reason}
+        return self._finish(task, "pending", "released", worker.name, fields)
+
+    def record_lost(self, task: ClaimedTask, worker: WorkerId, detail: str) -> None:
+        with self._write() as db:
+            self._event(db, task.id, "lost", worker.name, detail)
+
+    # -- status ---------------------------------------------------------------------------------
+
+    def has_work(self, model: str) -> bool:
+        """Whether a task this model's workers could run is pending or running anywhere."""
+        row = (
+            self._connection()
+            .execute(
+                "SELECT 1 FROM tasks t JOIN jobs j ON j.id = t.job_id"
+                " WHERE t.state IN ('pending', 'running') AND (j.model IS NULL OR j.model = ?)"
+                " LIMIT 1",
+                (model,),
+            )
+            .fetchone()
+        )
+        return row is not None
+
+    def jobs(self, ids: Sequence[int] = ()) -> list[JobStatus]:
+        """Jobs (all, or those with these ids) with their task counts, oldest first."""
+        db = self._connection()
+        where = f"WHERE id IN ({','.join('?' * len(ids))})" if ids else ""
+        rows = db.execute(f"SELECT * FROM jobs {where} ORDER BY id", tuple(ids)).fetchall()
+        counts: dict[int, dict[str, int]] = {}
+        for job_id, state, number in db.execute(
+            "SELECT job_id, state, COUNT(*) FROM tasks GROUP BY job_id, state"
+        ):
+            counts.setdefault(job_id, {})[state] = number
+        return [
+            JobStatus(
+                id=row["id"],
+                created=row["created"],
+                sources=tuple(json.loads(row["sources"])),
+                output_dir=Path(row["output_dir"]),
+                formats=tuple(json.loads(row["formats"])),
+                model=row["model"],
+                counts=counts.get(row["id"], {}),
+            )
+            for row in rows
+        ]
+
+    def tasks(self, job_id: int | None = None) -> list[TaskStatus]:
+        where, arguments = ("WHERE job_id = ?", (job_id,)) if job_id is not None else ("", ())
+        rows = self._connection().execute(f"SELECT * FROM tasks {where} ORDER BY id", arguments)
+        names = {item.name for item in dataclasses.fields(TaskStatus)}
+        return [
+            TaskStatus(
+                **{
+                    **{name: row[name] for name in names},
+                    "path": Path(row["path"]),
+                    "stem": Path(row["stem"]),
+                }
+            )
+            for row in rows
+        ]
+
+    def events(self, task_id: int | None = None) -> list[Event]:
+        where, arguments = ("WHERE task_id = ?", (task_id,)) if task_id is not None else ("", ())
+        rows = self._connection().execute(f"SELECT * FROM events {where} ORDER BY id", arguments)
+        return [Event(**dict(row)) for row in rows]

@@ -1,0 +1,425 @@
+"""The web UI: a Gradio app that talks to the TranscriptionService only.
+
+Upload or record audio, choose the language, task, speakers, draft and word timestamps, then read
+the transcript (times and speaker labels), the decode statistics, and download txt/srt/vtt/json
+(and rttm when speakers were labelled).
+
+Concurrency: the service runs one request at a time (its models are not re-entrant, so it holds a
+lock), and the transcribe event has a concurrency limit of 1 to match. What Gradio's queue adds is
+fairness and feedback, not parallel decoding: requests wait in arrival order instead of holding
+a worker thread blocked on the lock, each waiting user sees their position and an estimated wait,
+a running request streams its progress bar, and a bounded queue (`queue_size`) turns a flood into
+a clear "queue is full" message rather than a pile of stalled connections. Page loads, uploads and
+downloads are not queued, so they stay responsive while a long file decodes.
+
+Nothing is fetched from the internet: analytics are off (app.config), the default theme uses
+fonts that Gradio serves itself, and server-side rendering (which needs a Node server) is off.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import gradio as gr
+
+from app.service import ServiceOptions, TranscriptionService
+from asr.audio import AudioLoadError
+from asr.types import ProgressHook, Transcript
+from asr.writers import output_paths, write_outputs
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7860
+DOWNLOAD_FORMATS = ("txt", "srt", "vtt", "json")  # + rttm when the request labelled speakers
+AUTO_LANGUAGE = "auto"
+KEEP_OUTPUTS_SECONDS = 3600  # a request's download files are removed after this long
+
+
+# -- pure formatting helpers (unit-tested without a browser) ------------------------------
+
+
+def clock(seconds: float) -> str:
+    """12.34 -> "00:12.3"; with hours when there are any: 3725.0 -> "1:02:05.0"."""
+    tenths = round(seconds * 10)
+    hours, tenths = divmod(tenths, 36_000)
+    minutes, tenths = divmod(tenths, 600)
+    text = f"{minutes:02d}:{tenths // 10:02d}.{tenths % 10}"
+    return f"{hours}:{text}" if hours else text
+
+
+def transcript_text(transcript: Transcript) -> str:
+    """One line per segment: "[00:06.7 → 00:07.2] SPEAKER_00: Hello?"."""
+    lines = []
+    for segment in transcript.segments:
+        text = " ".join(segment.text.split())
+        if not text:
+            continue
+        speaker = f"{segment.speaker}: " if segment.speaker else ""
+        lines.append(f"[{clock(segment.start)} → {clock(segment.end)}] {speaker}{text}")
+    return "\n".join(lines)
+
+
+def mean_accepted(histogram: Sequence[int]) -> float:
+    """Mean drafted tokens accepted per verify step; histogram[n] = steps that accepted n."""
+    steps = sum(histogram)
+    return sum(n * count for n, count in enumerate(histogram)) / steps if steps else 0.0
+
+
+def stats_markdown(transcript: Transcript) -> str:
+    """The decode statistics as a short Markdown list.
+
+    Plain greedy decoding makes one target call per generated token, so with a draft the target
+    calls saved are `generated_tokens - target_calls`. Wall time saved is not shown: it needs
+    the same request decoded without the draft (`specscribe bench asr` measures that).
+    """
+    stats, options = transcript.stats, transcript.options
+    tokens, calls = stats.get("generated_tokens", 0), stats.get("target_calls", 0)
+    total = stats.get("total_seconds", 0.0)
+    model = options.get("model", "?")
+    lines = [
+        f"- **{tokens} tokens**, {transcript.duration:.1f} s of audio, language "
+        f"`{transcript.language}`, model `{model}`",
+    ]
+    if options.get("assistant"):
+        saved = tokens - calls
+        share = f" ({saved / tokens:.0%})" if tokens else ""
+        lines += [
+            f"- **Draft** `{options['assistant']}`: "
+            f"{stats.get('tokens_per_target_call', 0.0):.2f} tokens per target call, "
+            f"{mean_accepted(stats.get('accepted_histogram', ())):.2f} drafted tokens accepted "
+            f"per verify step",
+            f"- **Target calls saved**: {saved}{share} — {calls} calls instead of {tokens}, "
+            f"for {stats.get('draft_calls', 0)} draft calls",
+        ]
+    else:
+        lines.append(f"- No draft: {calls} target calls, one per token")
+    lines.append(
+        f"- **Time**: {total:.1f} s decoding (encoder {stats.get('encoder_seconds', 0.0):.1f} s, "
+        f"draft {stats.get('draft_seconds', 0.0):.1f} s, "
+        f"target {stats.get('verify_seconds', 0.0):.1f} s)"
+        + (f", real-time factor {total / transcript.duration:.2f}" if transcript.duration else "")
+    )
+    if "speakers" in stats:
+        lines.append(
+            f"- **Speakers**: {stats['speakers']} (diarization {stats['diarize_seconds']:.1f} s)"
+        )
+    return "\n".join(lines)
+
+
+def describe_progress(stage: str, completed: int, total: int) -> tuple[float, str]:
+    """The service's progress(stage, completed, total) -> (fraction in [0, 1], label)."""
+    fraction = min(max(completed / total, 0.0), 1.0) if total > 0 else 0.0
+    if stage == "transcribe":
+        label = "Transcribing"
+    elif stage.startswith("diarize"):
+        step = stage.removeprefix("diarize").strip()
+        label = f"Finding speakers ({step})" if step else "Finding speakers"
+    else:
+        label = stage[:1].upper() + stage[1:]
+    return fraction, label
+
+
+def request_options(
+    language: str | None,
+    task: str,
+    word_timestamps: bool,
+    use_draft: bool,
+    diarize: bool,
+    num_speakers: float | None,
+    min_speakers: float | None,
+    max_speakers: float | None,
+) -> ServiceOptions:
+    """The form's values -> validated ServiceOptions (ValueError names a bad field).
+
+    Speaker counts of 0 or empty mean "not set"; they are ignored unless `diarize`, since the
+    form hides them then.
+    """
+
+    def count(value: float | None, name: str) -> int | None:
+        if not diarize or value is None or value == 0:
+            return None
+        if value != int(value):
+            raise ValueError(f"{name} must be a whole number, not {value}")
+        return int(value)
+
+    return ServiceOptions(
+        language=None if language in (None, "", AUTO_LANGUAGE) else language,
+        task=task,
+        word_timestamps=word_timestamps,
+        use_assistant=use_draft,
+        diarize=diarize,
+        num_speakers=count(num_speakers, "num_speakers"),
+        min_speakers=count(min_speakers, "min_speakers"),
+        max_speakers=count(max_speakers, "max_speakers"),
+    ).validate()
+
+
+def safe_stem(path: str | Path) -> str:
+    """A download file name stem from an upload's name: letters, digits, '.', '-' and '_'."""
+    stem = re.sub(r"[^\w.-]+", "_", Path(path).stem).strip("._")
+    return stem or "audio"
+
+
+def language_choices(codes: Sequence[str]) -> list[tuple[str, str]]:
+    """Whisper language codes -> dropdown (label, value) pairs, "Detect" first."""
+    try:
+        from transformers.models.whisper.tokenization_whisper import LANGUAGES
+    except ImportError:  # names are a nicety; codes alone still work
+        LANGUAGES = {}
+    named = sorted((f"{LANGUAGES.get(code, code).title()} ({code})", code) for code in codes)
+    return [("Detect", AUTO_LANGUAGE), *named]
+
+
+# -- the app --------------------------------------------------------------------------------
+
+
+class WebApp:
+    """The request handler behind the page: form values in, transcript and files out.
+
+    outputs_dir: where each request's download files are written (one sub-folder per request,
+    removed after KEEP_OUTPUTS_SECONDS; Gradio serves copies from its own cache).
+    """
+
+    def __init__(self, service: TranscriptionService, outputs_dir: Path) -> None:
+        self.service = service
+        self.outputs_dir = outputs_dir
+
+    @property
+    def has_draft(self) -> bool:
+        return self.service.assistant is not None
+
+    def transcribe(
+        self,
+        audio: str | None,
+        language: str,
+        task: str,
+        use_draft: bool,
+        word_timestamps: bool,
+        diarize: bool,
+        num_speakers: float | None,
+        min_speakers: float | None,
+        max_speakers: float | None,
+        progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's way to ask for a bar)
+    ) -> tuple[str, str, list[str]]:
+        """One click: returns (transcript text, stats Markdown, download file paths)."""
+        # 1. Check the request before any work.
+        if not audio:
+            raise gr.Error("Upload or record some audio first.", print_exception=False)
+        try:
+            options = request_options(
+                language,
+                task,
+                word_timestamps,
+                use_draft,
+                diarize,
+                num_speakers,
+                min_speakers,
+                max_speakers,
+            )
+        except ValueError as error:
+            raise gr.Error(
+                html.escape(str(error)), title="Invalid options", print_exception=False
+            ) from None
+
+        # 2. Transcribe; errors become messages, never tracebacks.
+        try:
+            transcript = self.service.run(audio, options, progress=gradio_progress(progress))
+        except AudioLoadError as error:
+            # The message names the upload's temporary path; the user knows it by its name.
+            message = str(error).replace(str(audio), Path(audio).name)
+            raise gr.Error(
+                f"Could not read the audio: {html.escape(message)}", print_exception=False
+            ) from None
+        except ValueError as error:
+            raise gr.Error(html.escape(str(error)), print_exception=False) from None
+        except Exception as error:
+            log.exception("transcription of %s failed", audio)
+            raise gr.Error(
+                f"Transcription failed ({type(error).__name__}); the server log has the details.",
+                print_exception=False,
+            ) from None
+
+        # 3. Warnings for results that are empty or unlabelled, then the files.
+        text = transcript_text(transcript)
+        if not text:
+            gr.Warning("No speech was found in this recording.")
+        elif diarize and not any(segment.speaker for segment in transcript.segments):
+            gr.Warning("No speaker turns were found: the transcript is not labelled.")
+        files = self.write_downloads(transcript, safe_stem(audio), diarize)
+        return text, stats_markdown(transcript), [str(path) for path in files]
+
+    def write_downloads(self, transcript: Transcript, stem: str, speakers: bool) -> list[Path]:
+        """Writes STEM.txt/.srt/.vtt/.json (+ .rttm) into a fresh folder, atomically."""
+        self._remove_old_outputs()
+        formats = [*DOWNLOAD_FORMATS, *(["rttm"] if speakers else [])]
+        folder = self.outputs_dir / uuid.uuid4().hex
+        paths = output_paths(folder, Path(stem), formats)
+        write_outputs(transcript, paths)
+        return list(paths.values())
+
+    def _remove_old_outputs(self) -> None:
+        cutoff = time.time() - KEEP_OUTPUTS_SECONDS
+        for folder in self.outputs_dir.glob("*"):
+            if folder.is_dir() and folder.stat().st_mtime < cutoff:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def gradio_progress(progress: gr.Progress) -> ProgressHook:
+    """Adapts the service's progress(stage, completed, total) hook to a Gradio progress bar."""
+
+    def hook(stage: str, completed: int, total: int) -> None:
+        fraction, label = describe_progress(stage, completed, total)
+        progress(fraction, desc=label)
+
+    return hook
+
+
+def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int = 16) -> gr.Blocks:
+    """The page, wired to `service`; its models are loaded here if they were not already."""
+    app = WebApp(service, outputs_dir)
+    model = service.model
+    multilingual = model.special.multilingual
+    codes = sorted(model.special.language_ids) if multilingual else ["en"]
+    draft_name = service.assistant_model_name if app.has_draft else None
+
+    # delete_cache: every 30 min, Gradio drops uploads and served copies older than 1 h.
+    with gr.Blocks(
+        title="specscribe", analytics_enabled=False, delete_cache=(1800, KEEP_OUTPUTS_SECONDS)
+    ) as demo:
+        gr.Markdown(
+            "# specscribe\nSpeech to text with speculative decoding: the output is the "
+            f"model's own greedy transcript, only faster. Model `{service.asr_model_name}`"
+            + (f", draft `{draft_name}`." if draft_name else ", no draft.")
+        )
+        with gr.Row():
+            with gr.Column(scale=2):
+                audio = gr.Audio(
+                    sources=["upload", "microphone"],
+                    type="filepath",
+                    label="Audio",
+                    buttons=["download"],  # no "share": that posts to Hugging Face Spaces
+                    elem_id="audio",
+                )
+                with gr.Row():
+                    language = gr.Dropdown(
+                        language_choices(codes),
+                        value=AUTO_LANGUAGE,
+                        label="Language",
+                        elem_id="language",
+                    )
+                    task = gr.Radio(
+                        ["transcribe", "translate"],
+                        value="transcribe",
+                        label="Task",
+                        info=None if multilingual else "English-only model: transcribe only",
+                        interactive=multilingual,
+                        elem_id="task",
+                    )
+                with gr.Row():
+                    use_draft = gr.Checkbox(
+                        value=app.has_draft,
+                        label="Speculative draft",
+                        info=f"draft with {draft_name}"
+                        if draft_name
+                        else "start the server with --assistant NAME to enable",
+                        interactive=app.has_draft,
+                        elem_id="draft",
+                    )
+                    word_timestamps = gr.Checkbox(
+                        label="Word timestamps", info="in the JSON download", elem_id="words"
+                    )
+                diarize = gr.Checkbox(
+                    label="Label speakers", info="speaker diarization", elem_id="diarize"
+                )
+                with gr.Row(visible=False) as speaker_counts:
+                    number = {"precision": 0, "minimum": 0, "value": 0}
+                    num_speakers = gr.Number(label="Speakers (0: detect)", **number)
+                    min_speakers = gr.Number(label="At least (0: any)", **number)
+                    max_speakers = gr.Number(label="At most (0: any)", **number)
+                button = gr.Button("Transcribe", variant="primary", elem_id="transcribe")
+            with gr.Column(scale=3):
+                transcript = gr.Textbox(
+                    label="Transcript",
+                    lines=14,
+                    max_lines=40,
+                    interactive=False,
+                    buttons=["copy"],
+                    elem_id="transcript",
+                )
+                stats = gr.Markdown(elem_id="stats")
+                downloads = gr.File(
+                    label="Downloads", file_count="multiple", interactive=False, elem_id="downloads"
+                )
+
+        diarize.change(
+            lambda on: gr.Row(visible=on),
+            diarize,
+            speaker_counts,
+            queue=False,
+            api_visibility="private",
+        )
+        button.click(
+            app.transcribe,
+            [
+                audio,
+                language,
+                task,
+                use_draft,
+                word_timestamps,
+                diarize,
+                num_speakers,
+                min_speakers,
+                max_speakers,
+            ],
+            [transcript, stats, downloads],
+            api_name="transcribe",
+            show_progress_on=[transcript],
+            concurrency_limit=1,  # the service decodes one request at a time anyway
+            concurrency_id="service",
+        )
+    return demo.queue(max_size=queue_size, default_concurrency_limit=1)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def serve(
+    service: TranscriptionService,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    queue_size: int = 16,
+) -> None:
+    """Loads the models, then serves the page until SIGINT or SIGTERM (blocks)."""
+    service.load(diarization=True)  # the first request should not wait for model loading
+    if threading.current_thread() is threading.main_thread():
+        # Gradio closes its server on KeyboardInterrupt; make `docker stop` (SIGTERM) and a
+        # SIGINT that a background launch inherited as ignored do the same.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _interrupt)
+    outputs_dir = Path(tempfile.mkdtemp(prefix="specscribe-ui-"))
+    try:
+        demo = build_app(service, outputs_dir, queue_size)
+        demo.launch(
+            server_name=host,
+            server_port=port,
+            share=False,
+            ssr_mode=False,  # client-side rendering: no Node server, nothing fetched
+            show_error=False,  # unexpected errors are turned into messages by WebApp
+            allowed_paths=[str(outputs_dir)],
+            max_file_size=service.settings.max_audio_bytes,
+            footer_links=["api", "settings"],
+        )
+    finally:
+        shutil.rmtree(outputs_dir, ignore_errors=True)

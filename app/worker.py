@@ -1,0 +1,297 @@
+"""The batch worker: runs the tasks of a `JobStore` with models loaded once.
+
+Every engine follows one life cycle per task, written once here:
+
+1. claim a task (app/jobs.py: a lease that a heartbeat thread renews);
+2. `prepare`: remove temporary files a killed attempt left beside the outputs; a task whose
+   outputs all exist (and overwrite is off, or an earlier attempt of this task wrote them) is
+   done without decoding;
+3. decode: `execute` here (the local engine), or on a Ray actor (app/ray_engine.py);
+4. `finish`: only while the claim still holds, write each output atomically, then record the
+   task done in the store; or record it failed with the error. A crash between the two makes
+   the next attempt find the outputs and finish at step 2.
+
+`LocalWorker` is the embedded engine: one process, one file at a time; start several on one
+store to use more cores.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.jobs import ClaimedTask, JobStore, WorkerId
+from app.service import ServiceOptions, TranscriptionService
+from asr.types import ProgressHook, Transcript, no_progress
+
+Log = Callable[[str], None]
+
+
+def log_to_stderr(message: str) -> None:
+    print(f"specscribe worker: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a worker uses the store (not what a job asks for: that is JobSpec)."""
+
+    lease: float = 30.0  # seconds a claim lasts without a heartbeat
+    poll: float = 1.0  # seconds between looks at an empty queue
+    until_idle: bool = False  # exit once nothing this worker could run is pending or running
+    max_attempts: int = 3  # a task whose workers died this often fails
+
+    def validate(self) -> WorkerOptions:
+        if self.lease < 1.0:
+            raise ValueError(f"lease must be at least 1 second, not {self.lease}")
+        if self.poll <= 0:
+            raise ValueError(f"poll must be positive, not {self.poll}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, not {self.max_attempts}")
+        return self
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What decoding one file gave: a transcript, or the error that names the cause."""
+
+    transcript: Transcript | None
+    error: str | None
+    seconds: float
+
+
+class Shutdown(BaseException):
+    """SIGTERM or SIGINT: hand the current task back and stop. A BaseException, like
+    KeyboardInterrupt, so that `except Exception` around decoding does not swallow it."""
+
+
+# -- the steps every engine shares --------------------------------------------------------------
+
+
+def describe_error(error: BaseException) -> str:
+    from asr.audio import AudioLoadError
+
+    # AudioLoadError messages already name the file and the cause.
+    return str(error) if isinstance(error, AudioLoadError) else f"{type(error).__name__}: {error}"
+
+
+def execute(
+    service: TranscriptionService,
+    audio: Path | bytes,
+    label: str,
+    options: ServiceOptions,
+    progress: ProgressHook = no_progress,
+) -> Outcome:
+    """Decodes one file (a path, or its bytes named `label` in errors). Any error becomes a
+    failed Outcome: one bad file must not stop the worker."""
+    from asr.audio import load_audio
+
+    started = time.perf_counter()
+    try:
+        source = load_audio(audio, name=label) if isinstance(audio, bytes) else audio
+        transcript = service.run(source, options, progress)
+    except Exception as error:
+        return Outcome(None, describe_error(error), time.perf_counter() - started)
+    return Outcome(transcript, None, time.perf_counter() - started)
+
+
+def _temporary_leftovers(task: ClaimedTask) -> list[Path]:
+    """write_atomically's temporaries (.NAME.*.tmp) beside this task's outputs."""
+    found: list[Path] = []
+    for path in task.outputs.values():
+        if path.parent.is_dir():
+            found.extend(path.parent.glob(f".{path.name}.*.tmp"))
+    return found
+
+
+def prepare(store: JobStore, task: ClaimedTask, worker: WorkerId, log: Log) -> bool:
+    """Step 2. True when the task still needs decoding; False when it was finished here."""
+    for leftover in _temporary_leftovers(task):
+        leftover.unlink(missing_ok=True)  # half an output from an attempt that was killed
+    outputs = list(task.outputs.values())
+    if not all(path.exists() for path in outputs):
+        return True
+    if not task.spec.overwrite:
+        note = "outputs existed"
+    elif task.attempt > 1 and min(p.stat().st_mtime for p in outputs) >= task.first_started:
+        note = "outputs written by an earlier attempt"  # it died after writing, before recording
+    else:
+        return True
+    if store.complete(task, worker, 0.0, note):
+        log(f"task {task.id} (job {task.job_id}) done: {note}: {task.path}")
+    return False
+
+
+def finish(
+    store: JobStore, task: ClaimedTask, worker: WorkerId, outcome: Outcome, log: Log
+) -> None:
+    """Step 4: outputs first, then the record, so `done` always means the outputs exist."""
+    from asr.writers import write_outputs
+
+    if outcome.transcript is None:
+        if store.fail(task, worker, outcome.error or "unknown error", outcome.seconds):
+            log(f"task {task.id} (job {task.job_id}) failed: {outcome.error}")
+        return
+    if not store.holds(task):
+        # Another worker reclaimed it (this one stalled past its lease): leave it to that one.
+        store.record_lost(task, worker, "lease lost before writing outputs")
+        log(f"task {task.id} (job {task.job_id}): lease lost, result dropped")
+        return
+    write_outputs(outcome.transcript, task.outputs)
+    if store.complete(task, worker, outcome.seconds, "transcribed"):
+        log(f"task {task.id} (job {task.job_id}) done in {outcome.seconds:.1f} s: {task.path}")
+    else:
+        store.record_lost(task, worker, "lease lost after writing outputs")
+
+
+class LeaseKeeper:
+    """A daemon thread that renews the lease of every task a worker holds, every lease/3 s.
+
+    It has its own store connection, so a long decode in the main thread never lets a lease run
+    out; a renewal that fails means the task was reclaimed, which `finish` then notices."""
+
+    def __init__(self, store_path: Path, lease: float) -> None:
+        self.store_path, self.lease = store_path, lease
+        self._held: dict[int, ClaimedTask] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease-keeper", daemon=True)
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @contextmanager
+    def holding(self, task: ClaimedTask) -> Iterator[None]:
+        self.hold(task)
+        try:
+            yield
+        finally:
+            self.drop(task)
+
+    def hold(self, task: ClaimedTask) -> None:
+        with self._lock:
+            self._held[task.id] = task
+
+    def drop(self, task: ClaimedTask) -> None:
+        with self._lock:
+            self._held.pop(task.id, None)
+
+    def _run(self) -> None:
+        store = JobStore(self.store_path)
+        try:
+            while not self._stop.wait(self.lease / 3):
+                with self._lock:
+                    held = list(self._held.values())
+                for task in held:
+                    if not store.renew(task, self.lease):
+                        self.drop(task)
+        finally:
+            store.close()
+
+
+def progress_recorder(store: JobStore, task: ClaimedTask, every: float = 1.0) -> ProgressHook:
+    """A progress hook that records the stage in the store, at most once per `every` seconds
+    (and always at a stage's end), so `specscribe status` can show it."""
+    last = [0.0]
+
+    def record(stage: str, completed: int, total: int) -> None:
+        now = time.monotonic()
+        if completed >= total or now - last[0] >= every:
+            last[0] = now
+            store.progress(task, stage, completed, total)
+
+    return record
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM (docker stop, systemd) and SIGINT raise Shutdown in the main thread."""
+
+    def handler(signum, frame):
+        raise Shutdown(signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach only the main thread; an embedding app stops us its own way
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+# -- the embedded engine ------------------------------------------------------------------------
+
+
+class LocalWorker:
+    """Runs tasks one at a time in this process, with the service's models loaded once."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        service: TranscriptionService,
+        options: WorkerOptions = WorkerOptions(),
+        log: Log = log_to_stderr,
+    ) -> None:
+        self.store, self.service, self.options, self.log = store, service, options.validate(), log
+        self.worker = WorkerId.this_process("local")
+
+    def run(self) -> int:
+        """Works until stopped (or, with until_idle, until the queue is empty). Returns the
+        number of tasks this worker finished (done or failed)."""
+        self.service.load()
+        self.log(f"{self.worker.name} ready ({self.service.asr_model_name}) on {self.store.path}")
+        finished = 0
+        with stop_on_signals(), LeaseKeeper(self.store.path, self.options.lease) as keeper:
+            try:
+                while task := self._next_task():
+                    with keeper.holding(task):
+                        self._run_one(task)
+                    finished += 1
+            except (Shutdown, KeyboardInterrupt) as stop:
+                self.log(f"stopped ({stop or 'interrupt'})")
+        return finished
+
+    def _next_task(self) -> ClaimedTask | None:
+        """The next claim; waits while the queue is empty. None: idle, and until_idle is set."""
+        while True:
+            task = self.store.claim(
+                self.worker,
+                self.service.asr_model_name,
+                lease=self.options.lease,
+                max_attempts=self.options.max_attempts,
+            )
+            if task is not None:
+                return task
+            if self.options.until_idle and not self.store.has_work(self.service.asr_model_name):
+                return None
+            time.sleep(self.options.poll)
+
+    def _run_one(self, task: ClaimedTask) -> None:
+        self.log(f"task {task.id} (job {task.job_id}) running, attempt {task.attempt}: {task.path}")
+        try:
+            if not prepare(self.store, task, self.worker, self.log):
+                return
+            outcome = execute(
+                self.service,
+                task.path,
+                str(task.path),
+                task.spec.options,
+                progress_recorder(self.store, task),
+            )
+            finish(self.store, task, self.worker, outcome, self.log)
+        except (Shutdown, KeyboardInterrupt) as stop:
+            self.store.release(task, self.worker, f"worker stopped ({stop or 'interrupt'})")
+            self.log(f"task {task.id} handed back: worker stopped")
+            raise

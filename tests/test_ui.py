@@ -1,0 +1,359 @@
+"""The web UI: its formatting helpers, its error messages, and a real browser session.
+
+The browser test starts `specscribe serve` as a subprocess and drives Debian's chromium with
+Playwright: upload the 2-speaker sample with speakers on, read the transcript, download the srt.
+Every request the page makes to another host is blocked and recorded, so it also checks that
+the page works offline and fetches nothing from the internet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import gradio as gr
+import pytest
+
+from app.cli import main
+from app.service import TranscriptionService
+from app.ui import (
+    AUTO_LANGUAGE,
+    WebApp,
+    build_app,
+    clock,
+    describe_progress,
+    language_choices,
+    mean_accepted,
+    request_options,
+    safe_stem,
+    stats_markdown,
+    transcript_text,
+)
+from asr.types import Segment, Transcript
+from asr.writers import WRITERS
+from tests.conftest import SAMPLES
+
+CHROMIUM = Path("/usr/bin/chromium")
+SAMPLE = SAMPLES / "pyannote_sample.wav"
+# Words of the sample's reference (pyannote_sample.stm) that whisper-base hears reliably.
+KEY_WORDS = ("hello", "diane", "new jersey", "sheila", "texas", "chicago", "yankee")
+SRT_BLOCK = re.compile(
+    r"(\d+)\n(\d\d):(\d\d):(\d\d),(\d{3}) --> (\d\d):(\d\d):(\d\d),(\d{3})\n\[(SPEAKER_\d+)\] (.+)"
+)
+
+
+def _transcript(*segments: Segment, assistant: str | None = None, **stats) -> Transcript:
+    return Transcript(
+        segments=segments,
+        language="en",
+        duration=30.0,
+        options={"model": "whisper-base", "assistant": assistant},
+        stats={
+            "generated_tokens": 100,
+            "target_calls": 100,
+            "draft_calls": 0,
+            "tokens_per_target_call": 1.0,
+            "accepted_histogram": [100],
+            "encoder_seconds": 0.5,
+            "draft_seconds": 0.0,
+            "verify_seconds": 4.0,
+            "total_seconds": 6.0,
+            **stats,
+        },
+    )
+
+
+# -- formatting helpers ---------------------------------------------------------------------
+
+
+def test_clock_rounds_to_tenths_and_shows_hours_only_when_there_are_any():
+    assert clock(0.0) == "00:00.0"
+    assert clock(6.68) == "00:06.7"
+    assert clock(59.96) == "01:00.0"  # rounding carries into the minutes
+    assert clock(3725.04) == "1:02:05.0"
+
+
+def test_transcript_text_has_times_and_speakers_one_line_per_segment():
+    transcript = _transcript(
+        Segment(6.68, 7.16, " Hello?", speaker="SPEAKER_00"),
+        Segment(7.63, 8.16, "  ", speaker="SPEAKER_01"),  # nothing said: no line
+        Segment(8.4, 9.8, " I didn't know\nyou were there.", speaker="SPEAKER_01"),
+        Segment(10.0, 11.0, " unlabelled"),
+    )
+    assert transcript_text(transcript) == (
+        "[00:06.7 → 00:07.2] SPEAKER_00: Hello?\n"
+        "[00:08.4 → 00:09.8] SPEAKER_01: I didn't know you were there.\n"
+        "[00:10.0 → 00:11.0] unlabelled"
+    )
+    assert transcript_text(_transcript()) == ""
+
+
+def test_mean_accepted_weights_each_length_by_its_count():
+    assert mean_accepted([2, 0, 1, 1]) == pytest.approx((0 * 2 + 2 * 1 + 3 * 1) / 4)
+    assert mean_accepted([]) == 0.0
+
+
+def test_stats_without_a_draft_say_one_call_per_token():
+    text = stats_markdown(_transcript())
+    assert "**100 tokens**, 30.0 s of audio, language `en`, model `whisper-base`" in text
+    assert "No draft: 100 target calls, one per token" in text
+    assert "6.0 s decoding (encoder 0.5 s, draft 0.0 s, target 4.0 s), real-time factor 0.20" in (
+        text
+    )
+    assert "Speakers" not in text and "saved" not in text
+
+
+def test_stats_with_a_draft_count_the_target_calls_saved():
+    transcript = _transcript(
+        assistant="whisper-tiny.en",
+        target_calls=25,
+        draft_calls=90,
+        tokens_per_target_call=4.0,
+        accepted_histogram=[5, 0, 0, 20],  # 20 verify steps accepted 3 drafted tokens
+        speakers=2,
+        diarize_seconds=1.25,
+    )
+    text = stats_markdown(transcript)
+    assert (
+        "**Draft** `whisper-tiny.en`: 4.00 tokens per target call, 2.40 drafted tokens "
+        "accepted per verify step"
+    ) in text
+    assert "**Target calls saved**: 75 (75%) — 25 calls instead of 100, for 90 draft calls" in text
+    assert "**Speakers**: 2 (diarization 1.2 s)" in text
+
+
+def test_progress_is_a_fraction_with_a_readable_label():
+    assert describe_progress("transcribe", 750, 3000) == (0.25, "Transcribing")
+    assert describe_progress("diarize embeddings", 3, 3) == (1.0, "Finding speakers (embeddings)")
+    assert describe_progress("diarize", 5, 0) == (0.0, "Finding speakers")
+    assert describe_progress("download whisper-base (290 MB)", 1, 2) == (
+        0.5,
+        "Download whisper-base (290 MB)",
+    )
+    assert describe_progress("transcribe", 12, 10)[0] == 1.0  # clamped
+
+
+def test_form_values_become_validated_service_options():
+    options = request_options(AUTO_LANGUAGE, "translate", True, False, True, 0, 2, 4.0)
+    assert options.language is None and options.task == "translate"
+    assert options.word_timestamps and not options.use_assistant
+    assert (options.num_speakers, options.min_speakers, options.max_speakers) == (None, 2, 4)
+    # Hidden speaker counts are ignored while speakers are off.
+    plain = request_options("de", "transcribe", False, True, False, 3, None, None)
+    assert plain.language == "de" and plain.num_speakers is None and not plain.diarize
+
+
+def test_bad_form_values_name_the_field():
+    with pytest.raises(ValueError, match=r"min_speakers \(5\) exceeds max_speakers \(2\)"):
+        request_options(AUTO_LANGUAGE, "transcribe", False, False, True, 0, 5, 2)
+    with pytest.raises(ValueError, match=r"num_speakers must be a whole number, not 2\.5"):
+        request_options(AUTO_LANGUAGE, "transcribe", False, False, True, 2.5, 0, 0)
+    with pytest.raises(ValueError, match="num_speakers must be at least 1"):
+        request_options(AUTO_LANGUAGE, "transcribe", False, False, True, -1, 0, 0)
+    with pytest.raises(ValueError, match="task must be"):
+        request_options(AUTO_LANGUAGE, "summarise", False, False, False, 0, 0, 0)
+
+
+def test_download_names_are_safe_stems_of_the_upload():
+    assert safe_stem("/tmp/gradio/ab12/pyannote_sample.wav") == "pyannote_sample"
+    assert safe_stem("/tmp/x/my talk (final)!.mp3") == "my_talk_final"
+    assert safe_stem("/tmp/x/..wav") == "audio"
+
+
+def test_language_choices_put_detect_first_then_named_codes():
+    choices = language_choices(["fr", "en", "xx"])
+    assert choices[0] == ("Detect", AUTO_LANGUAGE)
+    assert ("English (en)", "en") in choices and ("French (fr)", "fr") in choices
+    assert ("Xx (xx)", "xx") in choices  # an unknown code still works
+
+
+# -- the handler, without a browser ---------------------------------------------------------
+
+
+def test_downloads_are_the_writers_output_with_rttm_only_for_speakers(tmp_path, settings):
+    app = WebApp(TranscriptionService(settings), tmp_path)
+    transcript = _transcript(Segment(1.0, 2.5, " Hi there.", speaker="SPEAKER_00"))
+    plain = app.write_downloads(transcript, "talk", speakers=False)
+    assert [path.name for path in plain] == ["talk.txt", "talk.srt", "talk.vtt", "talk.json"]
+    labelled = app.write_downloads(transcript, "talk", speakers=True)
+    assert [path.suffix for path in labelled][-1] == ".rttm"
+    assert plain[0].parent != labelled[0].parent  # one folder per request
+    for path in labelled:
+        assert path.read_text() == WRITERS[path.suffix[1:]](transcript, "talk")
+    assert json.loads(labelled[3].read_text())["text"] == "Hi there."
+
+
+def test_bad_audio_and_missing_audio_are_messages_without_server_paths(tmp_path, settings):
+    # The service reads the audio before it touches a model, so no model loads here.
+    app = WebApp(TranscriptionService(settings), tmp_path)
+    form = (AUTO_LANGUAGE, "transcribe", False, False, False, 0, 0, 0)
+    with pytest.raises(gr.Error, match="Upload or record some audio first"):
+        app.transcribe(None, *form)
+
+    corrupt = tmp_path / "uploads" / "broken.mp3"
+    corrupt.parent.mkdir()
+    corrupt.write_bytes(b"\xff\xfb" + b"\x00garbage" * 100)
+    with pytest.raises(gr.Error) as caught:
+        app.transcribe(str(corrupt), *form)
+    message = caught.value.message
+    assert message.startswith("Could not read the audio: broken.mp3")
+    assert str(corrupt.parent) not in message and "Traceback" not in message
+
+    with pytest.raises(gr.Error) as caught:
+        app.transcribe(str(SAMPLE), AUTO_LANGUAGE, "transcribe", False, False, True, 0, 3, 1)
+    assert caught.value.title == "Invalid options"
+    assert caught.value.message == "min_speakers (3) exceeds max_speakers (1)"
+
+
+def test_serve_refuses_a_bad_port_before_loading_anything(capsys):
+    assert main(["serve", "--port", "70000"]) == 2
+    assert "--port must be in 1..65535, not 70000" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_app_queues_transcriptions_one_at_a_time(tmp_path, settings):
+    demo = build_app(TranscriptionService(settings, assistant_model="none"), tmp_path, 5)
+    (transcribe,) = [fn for fn in demo.fns.values() if fn.api_name == "transcribe"]
+    assert transcribe.concurrency_limit == 1 and transcribe.queue
+    assert demo._queue.max_size == 5
+    assert not demo.analytics_enabled
+
+
+# -- a real browser against `specscribe serve` ----------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _serve_command(port: int) -> list[str]:
+    script = Path(sys.executable).with_name("specscribe")
+    entry = [str(script)] if script.exists() else [sys.executable, "-m", "app.cli"]
+    return [*entry, "serve", "--host", "127.0.0.1", "--port", str(port), "--assistant", "none"]
+
+
+@pytest.fixture
+def server(tmp_path):
+    """`specscribe serve` on a free local port; yields its base URL, then stops it."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(tmp_path),  # its download folders and Gradio's uploads land here
+        "GRADIO_TEMP_DIR": str(tmp_path / "gradio"),
+    }
+    log = (tmp_path / "server.log").open("w")
+    process = subprocess.Popen(
+        _serve_command(port), env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path
+    )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 180  # imports and model loading on a busy 2-core CPU
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"specscribe serve exited ({process.returncode}):\n{_tail(tmp_path)}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"specscribe serve did not answer in 180 s:\n{_tail(tmp_path)}")
+            time.sleep(1)
+        yield url
+    finally:
+        process.send_signal(signal.SIGTERM)  # serve closes Gradio and removes its files
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+    assert process.returncode == 0, _tail(tmp_path)
+    assert not list(tmp_path.glob("specscribe-ui-*")), "serve left its download folder"
+
+
+def _tail(tmp_path: Path) -> str:
+    return (tmp_path / "server.log").read_text(errors="replace")[-3000:]
+
+
+@pytest.mark.slow
+def test_browser_transcribes_with_speakers_and_downloads_the_srt(server, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make setup` installs Debian's chromium")
+    local: list[str] = []
+    outside: list[str] = []
+
+    def local_only(route):
+        if route.request.url.startswith((server, "data:", "blob:")):
+            local.append(route.request.url)
+            route.continue_()
+        else:  # the internet is not there: record the attempt and fail it
+            outside.append(route.request.url)
+            route.abort("internetdisconnected")
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM))
+        try:
+            context = browser.new_context(accept_downloads=True)
+            context.route("**/*", local_only)
+            page = context.new_page()
+            page.goto(server)
+            page.wait_for_selector("#transcribe")
+
+            # 1. No audio yet: a message, not a traceback.
+            page.click("#transcribe")
+            toast = page.locator(".toast-body").filter(has_text="Upload or record some audio")
+            toast.wait_for(timeout=30_000)
+            assert "Traceback" not in toast.inner_text()
+
+            # 2. The 2-speaker sample with speakers on; the progress bar shows the stage.
+            page.set_input_files("#audio input[type=file]", str(SAMPLE))
+            page.check("#diarize input[type=checkbox]")
+            page.locator("#transcribe").click()
+            page.get_by_text("Transcribing").first.wait_for(timeout=60_000)
+            page.wait_for_function(
+                "document.querySelector('#transcript textarea').value.length > 0",
+                timeout=240_000,
+            )
+            text = page.locator("#transcript textarea").input_value()
+            missing = [word for word in KEY_WORDS if word not in text.lower()]
+            assert not missing, f"{missing} not in:\n{text}"
+            lines = text.splitlines()
+            assert all(
+                re.match(r"\[\d\d:\d\d\.\d → \d\d:\d\d\.\d\] SPEAKER_\d\d: ", s) for s in lines
+            )
+            assert len(set(re.findall(r"SPEAKER_\d\d", text))) == 2
+            stats = page.locator("#stats").inner_text()
+            assert "tokens" in stats and "Speakers: 2" in stats
+
+            # 3. The srt download parses and carries the same speaker labels.
+            with page.expect_download() as download:
+                page.click("#downloads a[download='pyannote_sample.srt']")
+            srt = Path(download.value.path()).read_text(encoding="utf-8")
+        finally:
+            browser.close()
+
+    blocks = srt.strip().split("\n\n")
+    matches = [SRT_BLOCK.fullmatch(block) for block in blocks]
+    assert all(matches), f"not SRT:\n{srt}"
+    assert [int(m.group(1)) for m in matches] == list(range(1, len(blocks) + 1))
+    for m in matches:
+        h1, m1, s1, ms1, h2, m2, s2, ms2 = (int(g) for g in m.groups()[1:9])
+        assert (h1, m1, s1, ms1) <= (h2, m2, s2, ms2)
+    assert {m.group(10) for m in matches} == set(re.findall(r"SPEAKER_\d\d", text))
+    assert local, "the offline check saw no requests at all"
+    assert outside == [], f"the page tried to reach the internet: {outside}"

@@ -1,0 +1,387 @@
+"""The batch worker: the SQLite job store's claims and leases, and real worker processes (local
+and Ray) decoding real recordings with whisper-tiny.en, killed mid-job and restarted."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from app.jobs import JobSpec, JobStore, WorkerId
+from app.service import ServiceOptions
+from tests.conftest import REPO, SAMPLES, reference_text, word_error_rate
+
+MODEL = "whisper-tiny.en"
+CLIPS = (
+    SAMPLES / "jfk.wav",
+    SAMPLES / "librispeech_1089-134686-0002.wav",
+    SAMPLES / "librispeech_61-70968-0000.flac",
+)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def copy_clips(folder: Path, count: int, clips: tuple[Path, ...] = CLIPS) -> dict[str, Path]:
+    """`count` real recordings named f00, f01, ... (cycling through clips) -> {stem: original}."""
+    folder.mkdir(parents=True, exist_ok=True)
+    originals = {}
+    for index in range(count):
+        clip = clips[index % len(clips)]
+        stem = f"f{index:02d}"
+        shutil.copyfile(clip, folder / f"{stem}{clip.suffix}")
+        originals[stem] = clip
+    return originals
+
+
+def specscribe(*args: str | Path, log: Path) -> subprocess.Popen:
+    """A real `specscribe` process (one torch thread), its output in `log`."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with log.open("ab") as stream:
+        return subprocess.Popen(
+            [sys.executable, "-m", "app.cli", *map(str, args)],
+            cwd=REPO,
+            env=env,
+            stdout=stream,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def wait_for(condition, timeout: float, what: str, process=None, log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            tail = log.read_text()[-3000:] if log else ""
+            raise AssertionError(f"worker exited ({process.returncode}) before {what}:\n{tail}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def finish(process: subprocess.Popen, log: Path, timeout: float) -> None:
+    try:
+        code = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        tail = log.read_text()[-3000:]
+        raise AssertionError(f"worker still running after {timeout} s:\n{tail}") from None
+    assert code == 0, log.read_text()[-3000:]
+
+
+def parse_srt(text: str) -> list[tuple[str, str, str]]:
+    """(start, end, text) per cue; raises AssertionError on any malformed block."""
+    cues = []
+    for number, block in enumerate(text.strip().split("\n\n"), start=1):
+        index, times, *lines = block.split("\n")
+        assert index == str(number), block
+        match = re.fullmatch(r"(\d\d:\d\d:\d\d,\d{3}) --> (\d\d:\d\d:\d\d,\d{3})", times)
+        assert match, block
+        cues.append((match[1], match[2], " ".join(lines)))
+    return cues
+
+
+def check_outputs(output_dir: Path, originals: dict[str, Path]) -> None:
+    """Every file's json and srt exist, parse, agree with each other and hold the right text;
+    no temporary (half-written) file is left."""
+    for stem, original in originals.items():
+        data = json.loads((output_dir / f"{stem}.json").read_text(encoding="utf-8"))
+        cues = parse_srt((output_dir / f"{stem}.srt").read_text(encoding="utf-8"))
+        assert len(cues) == len(data["segments"]) > 0
+        assert [cue[2] for cue in cues] == [" ".join(s["text"].split()) for s in data["segments"]]
+        assert data["options"]["model"] == MODEL
+        assert word_error_rate(reference_text(original), data["text"]) < 0.25, data["text"]
+    leftovers = [p.name for p in output_dir.rglob("*") if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def completions(store: JobStore) -> Counter:
+    return Counter(event.task_id for event in store.events() if event.kind == "done")
+
+
+def submit(store: JobStore, folder: Path, output_dir: Path, *formats: str) -> int:
+    spec = JobSpec(output_dir, formats or ("json", "srt"), ServiceOptions(language="en"), MODEL)
+    return store.submit([folder], spec)
+
+
+def dummy_files(folder: Path, count: int) -> None:
+    """Files the store only lists (their content is never decoded in these tests)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for index in range(count):
+        (folder / f"a{index:03d}.wav").write_bytes(b"not decoded")
+
+
+# -- the store: claims, leases, reclaims (no models) -------------------------------------------
+
+
+def _claim_all(store_path: str, name: str, start, results) -> None:
+    store = JobStore(store_path)
+    worker = WorkerId("host-" + name, os.getpid(), name)
+    claimed = []
+    start.wait()  # every process imported and connected: they claim at the same time
+    while (task := store.claim(worker, MODEL, lease=60)) is not None:
+        claimed.append(task.id)
+        assert store.complete(task, worker, 0.0, "test")
+    results.put((name, claimed))
+
+
+def test_claims_from_several_processes_never_overlap(tmp_path):
+    dummy_files(tmp_path / "in", 200)
+    store = JobStore(tmp_path / "jobs.db")
+    job = submit(store, tmp_path / "in", tmp_path / "out")
+    context = multiprocessing.get_context("spawn")
+    results, start = context.Queue(), context.Barrier(4)
+    processes = [
+        context.Process(target=_claim_all, args=(str(store.path), f"w{i}", start, results))
+        for i in range(4)
+    ]
+    for process in processes:
+        process.start()
+    claimed = dict(results.get(timeout=120) for _ in processes)
+    for process in processes:
+        process.join(timeout=30)
+        assert process.exitcode == 0
+    every_claim = [task for tasks in claimed.values() for task in tasks]
+    assert sorted(every_claim) == sorted(t.id for t in store.tasks(job))  # each exactly once
+    assert sum(1 for tasks in claimed.values() if tasks) >= 2, claimed  # they did compete
+    assert set(completions(store).values()) == {1}
+    (status,) = store.jobs([job])
+    assert status.state == "done" and status.counts == {"done": 200}
+
+
+def test_expired_lease_is_reclaimed_and_the_stale_claim_cannot_finish(tmp_path):
+    dummy_files(tmp_path / "in", 1)
+    store = JobStore(tmp_path / "jobs.db")
+    submit(store, tmp_path / "in", tmp_path / "out")
+    stalled, other = WorkerId("h1", 1, "stalled"), WorkerId("h2", 2, "other")
+    first = store.claim(stalled, MODEL, lease=0.3)
+    assert store.claim(other, MODEL, lease=0.3) is None  # held
+    time.sleep(0.4)
+    second = store.claim(other, MODEL, lease=30)
+    assert second.id == first.id and second.attempt == 2
+    assert not store.holds(first) and not store.renew(first, 30)
+    assert not store.complete(first, stalled, 1.0, "late")  # fenced by the token
+    assert store.complete(second, other, 1.0, "transcribed")
+    kinds = [(e.kind, e.worker) for e in store.events(first.id)]
+    assert kinds == [("claimed", "stalled"), ("reclaimed", "other"), ("done", "other")]
+
+
+def test_a_dead_worker_on_this_host_is_reclaimed_without_waiting_for_its_lease(tmp_path):
+    dummy_files(tmp_path / "in", 1)
+    store = JobStore(tmp_path / "jobs.db")
+    submit(store, tmp_path / "in", tmp_path / "out")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    here = WorkerId.this_process()
+    dead = WorkerId(here.host, gone.pid, "dead")
+    store.claim(dead, MODEL, lease=3600)
+    alive_elsewhere = WorkerId("another-host", gone.pid, "remote")
+    assert store.claim(alive_elsewhere, MODEL, lease=60) is None  # other hosts wait for the lease
+    task = store.claim(here, MODEL, lease=60)
+    assert task is not None and task.attempt == 2
+
+
+def test_a_task_that_keeps_killing_workers_fails(tmp_path):
+    dummy_files(tmp_path / "in", 1)
+    store = JobStore(tmp_path / "jobs.db")
+    job = submit(store, tmp_path / "in", tmp_path / "out")
+    for attempt in range(3):
+        task = store.claim(WorkerId("h", attempt, f"w{attempt}"), MODEL, lease=0.05)
+        assert task.attempt == attempt + 1
+        time.sleep(0.1)
+    assert store.claim(WorkerId("h", 9, "w9"), MODEL, lease=60, max_attempts=3) is None
+    (status,) = store.tasks(job)
+    assert status.state == "failed" and "stopped 3 times" in status.error
+
+
+def test_two_jobs_writing_the_same_outputs_never_run_at_once(tmp_path):
+    from app.worker import prepare
+
+    dummy_files(tmp_path / "in", 1)
+    store = JobStore(tmp_path / "jobs.db")
+    submit(store, tmp_path / "in", tmp_path / "out")
+    submit(store, tmp_path / "in", tmp_path / "out")
+    one, two = WorkerId("h", 1, "one"), WorkerId("h", 2, "two")
+    first = store.claim(one, MODEL, lease=60)
+    assert store.claim(two, MODEL, lease=60) is None  # same outputs are being written
+    for path in first.outputs.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("written by the first job")
+    leftover = first.spec.output_dir / f".{first.stem}.json.abc123.tmp"
+    leftover.write_text("half")
+    assert store.complete(first, one, 1.0, "transcribed")
+    second = store.claim(two, MODEL, lease=60)
+    assert second.job_id != first.job_id
+    assert prepare(store, second, two, log=lambda message: None) is False  # outputs existed
+    assert not leftover.exists()
+    assert [t.note for t in store.tasks(second.job_id)] == ["outputs existed"]
+
+
+def test_submit_names_what_is_wrong(tmp_path):
+    store = JobStore(tmp_path / "jobs.db")
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"no such file or folder: .*missing"):
+        store.submit([tmp_path / "missing"], JobSpec(out))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"no audio files in .*empty"):
+        store.submit([tmp_path / "empty"], JobSpec(out))
+    for name in ("a", "b"):
+        dummy_files(tmp_path / name, 1)
+    with pytest.raises(ValueError, match="would both write"):
+        store.submit([tmp_path / "a" / "a000.wav", tmp_path / "b" / "a000.wav"], JobSpec(out))
+    with pytest.raises(ValueError, match="unknown format docx"):
+        store.submit([tmp_path / "a"], JobSpec(out, ("txt", "docx")))
+    with pytest.raises(ValueError, match="num_speakers needs diarize"):
+        store.submit([tmp_path / "a"], JobSpec(out, options=ServiceOptions(num_speakers=2)))
+    assert store.jobs() == []
+
+
+def test_a_file_that_is_not_a_store_is_refused(tmp_path):
+    from app.jobs import JobStoreError
+
+    bad = tmp_path / "jobs.db"
+    bad.write_text("this is not a database, " * 100)
+    with pytest.raises(JobStoreError, match="not a usable job store"):
+        JobStore(bad)
+
+
+# -- real workers, real models, real audio -------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_job_loses_nothing_and_finishes_each_file_once(tmp_path):
+    originals = copy_clips(tmp_path / "in", 4)
+    store = JobStore(tmp_path / "jobs.db")
+    job = submit(store, tmp_path / "in", tmp_path / "out")
+    log = tmp_path / "worker.log"
+    worker_args = ("worker", "--store", store.path, "--model", MODEL, "--lease", "5")
+
+    # 1. A worker finishes one file and is SIGKILLed while it decodes the next.
+    first = specscribe(*worker_args, "--poll", "0.2", log=log)
+    try:
+
+        def one_done_one_decoding():
+            tasks = store.tasks(job)
+            decoding = [t for t in tasks if t.state == "running" and t.stage == "transcribe"]
+            done = [t for t in tasks if t.state == "done"]
+            return done and decoding and decoding[0].completed < decoding[0].total
+
+        wait_for(one_done_one_decoding, 240, "a finished and a decoding task", first, log)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    (killed,) = [t for t in store.tasks(job) if t.state == "running"]
+    assert killed.worker.endswith(f":{first.pid}")
+
+    # 2. A new worker reclaims it (the dead pid frees it at once) and runs the rest.
+    second = specscribe(*worker_args, "--poll", "0.2", "--until-idle", log=log)
+    finish(second, log, timeout=300)
+
+    tasks = store.tasks(job)
+    assert [t.state for t in tasks] == ["done"] * 4
+    assert set(completions(store).values()) == {1} and len(completions(store)) == 4
+    (again,) = [t for t in tasks if t.id == killed.id]
+    assert again.attempts == 2
+    assert [e.kind for e in store.events(killed.id)] == ["claimed", "reclaimed", "done"]
+    check_outputs(tmp_path / "out", originals)
+
+
+@pytest.mark.slow
+def test_two_workers_process_twenty_queued_files_each_once(tmp_path):
+    originals = copy_clips(tmp_path / "in", 20, CLIPS[1:])  # the two shortest, 5 s and 7 s
+    store_path = tmp_path / "jobs.db"
+    submitted = subprocess.run(
+        [sys.executable, "-m", "app.cli", "submit", tmp_path / "in", "--output-dir",
+         tmp_path / "out", "--format", "json,srt", "--model", MODEL, "--language", "en",
+         "--store", store_path],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    job = int(re.match(r"job (\d+): 20 files queued", submitted.stdout)[1])
+
+    logs = [tmp_path / "worker1.log", tmp_path / "worker2.log"]
+    args = ("worker", "--store", store_path, "--model", MODEL, "--until-idle", "--poll", "0.2")
+    workers = [specscribe(*args, log=log) for log in logs]
+    for worker, log in zip(workers, logs, strict=True):
+        finish(worker, log, timeout=480)
+
+    store = JobStore(store_path)
+    (status,) = store.jobs([job])
+    assert status.state == "done" and status.counts == {"done": 20}
+    events = store.events()
+    assert Counter(e.kind for e in events) == {"claimed": 20, "done": 20}  # no reclaim, no twice
+    assert set(completions(store).values()) == {1}
+    by_worker = Counter(t.worker for t in store.tasks(job))
+    assert len(by_worker) == 2, by_worker  # both processes took files from the one queue
+    check_outputs(tmp_path / "out", originals)
+
+
+@pytest.mark.slow
+def test_a_corrupt_file_fails_with_its_reason_and_the_others_complete(tmp_path, settings, capsys):
+    from app.cli import main
+    from app.service import TranscriptionService
+    from app.worker import LocalWorker, WorkerOptions
+
+    originals = copy_clips(tmp_path / "in", 2)
+    (tmp_path / "in" / "noise.wav").write_bytes(os.urandom(6000))
+    (tmp_path / "in" / "empty.mp3").write_bytes(b"")
+    store = JobStore(tmp_path / "jobs.db")
+    job = submit(store, tmp_path / "in", tmp_path / "out")
+    service = TranscriptionService(settings, asr_model=MODEL, assistant_model="none")
+    messages: list[str] = []
+    options = WorkerOptions(until_idle=True, poll=0.1)
+    assert LocalWorker(store, service, options, log=messages.append).run() == 4
+
+    tasks = {t.path.name: t for t in store.tasks(job)}
+    assert {name: t.state for name, t in tasks.items()} == {
+        "empty.mp3": "failed",
+        "f00.wav": "done",
+        "f01.wav": "done",
+        "noise.wav": "failed",
+    }
+    assert tasks["empty.mp3"].error.endswith("empty.mp3: empty file (0 bytes)")
+    assert "noise.wav: ffmpeg could not decode it" in tasks["noise.wav"].error
+    assert not list((tmp_path / "out").glob("noise.*")) and not list(
+        (tmp_path / "out").glob("empty.*")
+    )
+    check_outputs(tmp_path / "out", originals)
+    assert any("failed" in m and "noise.wav" in m for m in messages)
+
+    # What `specscribe status` shows of it, as text and as JSON.
+    assert main(["status", "--store", str(store.path)]) == 0
+    assert re.search(rf"{job}\s+failed\s+4\s+2\s+2\s+0\s+0", capsys.readouterr().out)
+    assert main(["status", str(job), "--store", str(store.path), "--json"]) == 0
+    (shown,) = json.loads(capsys.readouterr().out)["jobs"]
+    assert shown["state"] == "failed"
+    assert sorted(t["error"] is None for t in shown["tasks"]) == [False, False, True, True]
+
+
+@pytest.mark.slow
+def test_the_ray_engine_processes_a_folder_on_a_local_instance(tmp_path):
+    originals = copy_clips(tmp_path / "in", 3)
+    (tmp_path / "in" / "noise.flac").write_bytes(os.urandom(6000))
+    store = JobStore(tmp_path / "jobs.db")
+    job = submit(store, tmp_path / "in", tmp_path / "out")
+    log = tmp_path / "ray-worker.log"
+    args = ("worker", "--engine", "ray", "--store", store.path, "--model", MODEL, "--until-idle")
+    finish(specscribe(*args, "--poll", "0.2", log=log), log, timeout=480)
+
+    tasks = {t.path.name: t for t in store.tasks(job)}
+    assert [tasks[f"{stem}{o.suffix}"].state for stem, o in originals.items()] == ["done"] * 3
+    assert tasks["noise.flac"].state == "failed"
+    assert "noise.flac: ffmpeg could not decode it" in tasks["noise.flac"].error
+    assert {t.worker.split("@")[0] for t in tasks.values()} == {"ray"}
+    assert set(completions(store).values()) == {1} and len(completions(store)) == 3
+    check_outputs(tmp_path / "out", originals)
+    assert "Ray actors (whisper-tiny.en)" in log.read_text()
