@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from asr.types import Segment
 from asr.whisper import FRAMES_PER_SECOND, INPUT_STRIDE, TIME_PRECISION, WhisperModel
 from asr.window_decoder import WindowResult
+
+
+@dataclass(frozen=True)
+class WindowSplit:
+    """A decoded window's segments, each with the tokens it came from.
+
+    tokens[i]: segment i's tokens, timestamps included. consumed: mel frames the window used up
+    (where the next sequential window starts, relative to this one). single_timestamp_ending:
+    the tokens end in one timestamp, so nothing is left unfinished. time_offset: the window's
+    start (s); frames: its content frames (mel frames of audio, not padding).
+    """
+
+    segments: tuple[Segment, ...]
+    tokens: tuple[tuple[int, ...], ...]
+    consumed: int
+    single_timestamp_ending: bool
+    time_offset: float
+    frames: int
 
 
 def split_segments(
@@ -14,8 +34,8 @@ def split_segments(
     window_frames: int,
     duration: float,
     keep_unfinished: bool = False,
-) -> tuple[list[Segment], int]:
-    """Splits a window's tokens at timestamp pairs; returns segments and frames consumed.
+) -> WindowSplit:
+    """Splits a window's tokens at timestamp pairs into segments.
 
     Text after the last complete segment is left for the next window, which starts there
     (frames consumed < window_frames), unless `keep_unfinished`: independent windows have no
@@ -31,38 +51,49 @@ def split_segments(
     )
     window_end = time_offset + window_frames / FRAMES_PER_SECOND
 
-    def segment(sliced: list[int], start: float, end: float) -> Segment:
+    def segment(sliced: list[int], start: float, end: float) -> tuple[Segment, tuple[int, ...]]:
         # A window near the end holds padding: no segment may run past the recording.
-        return Segment(
+        found = Segment(
             start=round(min(start, duration), 3),
             end=round(min(end, duration), 3),
             text=model.text_of(sliced),
             avg_logprob=result.avg_logprob,
             no_speech_prob=result.no_speech_prob,
         )
+        return found, tuple(sliced)
+
+    def done(pieces: list[tuple[Segment, tuple[int, ...]]], consumed: int) -> WindowSplit:
+        return WindowSplit(
+            segments=tuple(found for found, _ in pieces),
+            tokens=tuple(sliced for _, sliced in pieces),
+            consumed=consumed,
+            single_timestamp_ending=single_timestamp_ending,
+            time_offset=time_offset,
+            frames=window_frames,
+        )
 
     if boundaries:
         slices = boundaries if not single_timestamp_ending else [*boundaries, len(tokens)]
-        segments, last = [], 0
+        pieces, last = [], 0
         for current in slices:
             sliced = tokens[last:current]
             start = time_offset + (sliced[0] - begin) * TIME_PRECISION
             end = time_offset + (sliced[-1] - begin) * TIME_PRECISION
-            segments.append(segment(sliced, start, end))
+            pieces.append(segment(sliced, start, end))
             last = current
         if single_timestamp_ending:
-            return segments, window_frames  # nothing left unfinished in this window
+            return done(pieces, window_frames)  # nothing left unfinished in this window
         if keep_unfinished:
             rest = tokens[last:]
             start = time_offset + (rest[0] - begin) * TIME_PRECISION
-            return [*segments, segment(rest, start, window_end)], window_frames
+            return done([*pieces, segment(rest, start, window_end)], window_frames)
         # Seek to the last complete segment's end; the rest is decoded again in context.
-        return segments, (tokens[last - 1] - begin) * INPUT_STRIDE
+        return done(pieces, (tokens[last - 1] - begin) * INPUT_STRIDE)
 
     length = window_frames / FRAMES_PER_SECOND
     timestamps = [t for t in tokens if t >= begin]
     if timestamps and timestamps[-1] != begin:
         length = (timestamps[-1] - begin) * TIME_PRECISION
-    text_tokens = [t for t in tokens if t < begin]
-    segments = [segment(text_tokens, time_offset, time_offset + length)] if text_tokens else []
-    return segments, window_frames
+    has_text = any(t < begin for t in tokens)
+    pieces = [segment(tokens, time_offset, time_offset + length)] if has_text else []
+    return done(pieces, window_frames)

@@ -8,6 +8,10 @@ Two ways to lay out windows (`TranscribeOptions.windows`):
   (`asr.silence`), which decode `batch_size` at a time; text after a chunk's last complete
   segment ends with the chunk.
 A draft (`assistant`) changes how many target calls a window takes, never its tokens.
+
+With `word_timestamps`, every decided window gets one more decoder pass for its words'
+times (`asr.word_timing`); segment times follow the words and, as in OpenAI's transcribe, a
+sequential window that ends unfinished hands over at its last word's end.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 
 from asr.audio import SAMPLE_RATE
 from asr.logit_rules import LogitRules
-from asr.segments import split_segments
+from asr.segments import WindowSplit, split_segments
 from asr.silence import chunk_window, split_at_silence
 from asr.types import ProgressHook, Segment, Transcript, no_progress
 from asr.whisper import FRAMES_PER_SECOND, N_FRAMES, EncodedAudio, WhisperModel
@@ -34,6 +38,7 @@ from asr.window_decoder import (
     compression_ratio,
     decode_window,
 )
+from asr.word_timing import add_word_timestamps
 from decoding import DecodeStats, Heuristic, LookaheadPolicy
 
 Task = Literal["transcribe", "translate"]
@@ -54,7 +59,9 @@ class TranscribeOptions:
     language: str | None = None  # None: detected from the first window
     task: Task = "transcribe"
     timestamps: bool = True
-    word_timestamps: bool = False  # per-word times from the alignment heads (needs timestamps)
+    # Per-word times from the alignment heads; with timestamps=False too (as OpenAI): each
+    # window is then one segment, timed by its words.
+    word_timestamps: bool = False
     condition_on_previous_text: bool = True
     initial_prompt: str | None = None  # "silence" windows: the prompt of every chunk
     # Temperature fallback: a window whose greedy text repeats itself (compression ratio) or
@@ -84,6 +91,11 @@ class TranscribeOptions:
             raise ValueError(f"temperatures must be non-negative, not {self.temperatures}")
         if not 1 <= self.max_new_tokens <= 224:
             raise ValueError(f"max_new_tokens must be in 1..224, not {self.max_new_tokens}")
+        if self.word_timestamps and not model.alignment_heads:
+            raise ValueError(
+                f"word_timestamps: model {model.name} has no alignment_heads in its "
+                "generation_config"
+            )
         if self.windows not in ("seek", "silence"):
             raise ValueError(f"windows must be 'seek' or 'silence', not {self.windows!r}")
         if self.batch_size < 1:
@@ -163,6 +175,8 @@ class _Session:
             self.initial_prompt = model.tokenizer.encode(text, add_special_tokens=False)
         self.stats = DecodeStats()
         self.encoder_seconds = 0.0
+        self.word_seconds = 0.0
+        self.last_speech = 0.0  # where the last timed word ended (s)
 
     def encode(self, windows: list[tuple[int, int]], padded: bool) -> tuple[EncodedAudio, ...]:
         """The target's (and the draft's) view of frame ranges [start, end): full 30 s from
@@ -224,14 +238,69 @@ class _Session:
                 break
         return results
 
-    def segments(
-        self, result: WindowResult, start: int, frames: int, unfinished: bool
-    ) -> tuple[list[Segment], int]:
-        """A spoken window's segments (empty and zero-length ones dropped), frames consumed."""
-        found, consumed = split_segments(
-            self.model, result, start / FRAMES_PER_SECOND, frames, self.duration, unfinished
+    def split(
+        self,
+        encoded: EncodedAudio,
+        decoded: list[tuple[WindowResult, int, int]],
+        unfinished: bool,
+    ) -> list[WindowSplit]:
+        """Spoken windows -> their segments, timed word by word when the options ask for it.
+
+        decoded: per window, its result, first frame and content frames; `encoded` has one row
+        per window, in the same order.
+        """
+        splits = [
+            split_segments(
+                self.model, result, start / FRAMES_PER_SECOND, frames, self.duration, unfinished
+            )
+            for result, start, frames in decoded
+        ]
+        if not self.options.word_timestamps or not splits:
+            return splits
+        started = time.perf_counter()
+        splits, self.last_speech = add_word_timestamps(
+            self.model,
+            encoded,
+            splits,
+            self.language,
+            self.options.task,
+            self.duration,
+            self.last_speech,
         )
-        return [s for s in found if s.text.strip() and s.end > s.start], consumed
+        self.word_seconds += time.perf_counter() - started
+        return splits
+
+
+def _keeps(segment: Segment) -> bool:
+    """Whether a segment has text and a duration (OpenAI clears the others)."""
+    return bool(segment.text.strip()) and segment.end > segment.start
+
+
+def _kept(split: WindowSplit) -> list[Segment]:
+    return [s for s in split.segments if _keeps(s)]
+
+
+def _context(split: WindowSplit) -> list[int]:
+    """What a window adds to the next prompt (OpenAI's all_tokens): its kept segments' tokens.
+    The unfinished text after its last complete segment is not among them: the next window
+    decodes that audio again, and must not find it in its prompt as already said."""
+    pairs = zip(split.segments, split.tokens, strict=True)
+    return [token for segment, tokens in pairs if _keeps(segment) for token in tokens]
+
+
+def _consumed(split: WindowSplit, seek: int, total: int, word_timestamps: bool) -> int:
+    """Frames a sequential window used up. OpenAI: when its text does not end in a single
+    timestamp and words are timed, the next window starts at the last word's end (not at the
+    last timestamp, nor after the whole window). Unlike OpenAI, a window that used all its
+    frames up to the end of the recording keeps them: its text runs to the end, and decoding
+    the last second again only invites a repeat of the prompt."""
+    frames = split.frames
+    reaches_the_end = split.consumed == frames and seek + frames >= total
+    if word_timestamps and not split.single_timestamp_ending and not reaches_the_end:
+        ends = [s.words[-1].end for s in split.segments if s.words]
+        if ends and ends[-1] > seek / FRAMES_PER_SECOND:
+            return min(round(ends[-1] * FRAMES_PER_SECOND) - seek, frames)
+    return split.consumed
 
 
 def _seek_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
@@ -248,12 +317,12 @@ def _seek_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
         if _is_silent(result, options):
             seek += frames  # skipped, and its text does not become context
         else:
-            found, consumed = session.segments(result, seek, frames, unfinished=False)
-            segments.extend(found)
-            seek += max(consumed, 1)
+            [split] = session.split(encoded, [(result, seek, frames)], unfinished=False)
+            segments.extend(_kept(split))
+            seek += max(_consumed(split, seek, total, options.word_timestamps), 1)
             # Text sampled hot is a poor prompt: OpenAI resets the context after it.
             if options.condition_on_previous_text and result.temperature <= 0.5:
-                previous.extend(result.tokens)
+                previous.extend(_context(split))
             else:
                 previous = []
         progress("transcribe", min(seek, total), total)
@@ -272,9 +341,16 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
         results = session.decode(
             WindowBatch(encoded, prompts, draft), seeds=[options.seed + s for s, _ in group]
         )
-        for (start, end), result in zip(group, results, strict=True):
-            if not _is_silent(result, options):
-                segments.extend(session.segments(result, start, end - start, unfinished=True)[0])
+        spoken = [
+            (row, (result, start, end - start))
+            for row, ((start, end), result) in enumerate(zip(group, results, strict=True))
+            if not _is_silent(result, options)
+        ]
+        if spoken:
+            rows = torch.tensor([row for row, _ in spoken], device=encoded.features.device)
+            decoded = [window for _, window in spoken]
+            for split in session.split(encoded.rows(rows), decoded, unfinished=True):
+                segments.extend(_kept(split))
         progress("transcribe", group[-1][1], total)
     return segments
 
@@ -323,6 +399,7 @@ def transcribe(
             "tokens_per_target_call": round(stats.tokens_per_target_call, 3),
             "accepted_histogram": list(stats.accepted_histogram),
             "encoder_seconds": round(session.encoder_seconds, 3),
+            "word_timing_seconds": round(session.word_seconds, 3),
             "draft_seconds": round(stats.draft_seconds, 3),
             "verify_seconds": round(stats.verify_seconds, 3),
             "total_seconds": round(time.perf_counter() - started, 3),

@@ -1,0 +1,330 @@
+"""Word timestamps (asr.word_timing): DTW, filters and punctuation merging on hand-made inputs;
+real recordings with whisper-base against transformers' own word timestamps; speculative
+decoding, batched windows, writers and speaker assignment with real word times."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import itertools
+import json
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from asr.audio import load_audio
+from asr.transcribe import TranscribeOptions, transcribe
+from asr.types import Segment, Transcript
+from asr.whisper_drafters import pair_assistant
+from asr.word_timing import WordPiece, dtw, median_filter, merge_punctuations, split_words
+from asr.writers import WRITERS
+from tests.conftest import SAMPLES
+
+JFK = SAMPLES / "jfk.wav"
+LIBRISPEECH = SAMPLES / "librispeech_1089-134686-0002.wav"
+WORDS = TranscribeOptions(language="en", word_timestamps=True)
+# Median |our start - transformers' start| over matched words: measured 0.000 s on both clips
+# (means 0.037 s and 0.019 s); the largest gaps are pauses, which OpenAI's punctuation merge
+# leaves before a word and transformers gives to it (" ask" after "Americans,": 0.70 s).
+MAX_MEDIAN_START_DIFFERENCE = 0.05
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+# -- pure logic ----------------------------------------------------------------------------------
+
+
+def _reference_dtw(cost: np.ndarray) -> tuple[list[int], list[int]]:
+    """The textbook double loop with OpenAI's tie order (diagonal, up, else left)."""
+    n, m = cost.shape
+    acc = np.full((n + 1, m + 1), np.inf)
+    acc[0, 0] = 0
+    move = np.zeros((n + 1, m + 1), dtype=int)
+    for j in range(1, m + 1):
+        for i in range(1, n + 1):
+            c0, c1, c2 = acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1]
+            if c0 < c1 and c0 < c2:
+                best, move[i, j] = c0, 0
+            elif c1 < c0 and c1 < c2:
+                best, move[i, j] = c1, 1
+            else:
+                best, move[i, j] = c2, 2
+            acc[i, j] = cost[i - 1, j - 1] + best
+    move[0, :], move[:, 0] = 2, 1
+    path, i, j = [], n, m
+    while i > 0 or j > 0:
+        path.append((i - 1, j - 1))
+        i, j = (i - 1, j - 1) if move[i, j] == 0 else (i - 1, j) if move[i, j] == 1 else (i, j - 1)
+    rows, columns = zip(*reversed(path), strict=True)
+    return list(rows), list(columns)
+
+
+def test_dtw_follows_the_cheap_cells_of_a_hand_made_matrix():
+    # Three tokens over six frames: token 0 is cheap in frames 0-1, token 1 in 2-3, token 2 in
+    # 4-5; the path must stay on the zeros.
+    cost = np.array(
+        [
+            [0, 0, 9, 9, 9, 9],
+            [9, 9, 0, 0, 9, 9],
+            [9, 9, 9, 9, 0, 0],
+        ],
+        dtype=float,
+    )
+    rows, columns = dtw(cost)
+    assert list(rows) == [0, 0, 1, 1, 2, 2]
+    assert list(columns) == [0, 1, 2, 3, 4, 5]
+    # A token's start is the frame where the path first reaches its row.
+    jumps = np.diff(rows, prepend=-1).astype(bool)
+    assert list(columns[jumps]) == [0, 2, 4]
+
+    # More tokens than frames: rows advance without columns (a vertical step).
+    rows, columns = dtw(np.array([[0.0, 5.0], [0.0, 5.0], [5.0, 0.0]]))
+    assert list(zip(rows, columns, strict=True)) == [(0, 0), (1, 0), (2, 1)]
+
+
+def test_dtw_matches_the_textbook_loop_including_ties():
+    generator = np.random.default_rng(0)
+    for shape in [(1, 1), (1, 7), (7, 1), (5, 9), (12, 40), (30, 31)]:
+        cost = generator.normal(size=shape)
+        assert [list(a) for a in dtw(cost)] == list(_reference_dtw(cost))
+    ties = np.zeros((4, 6))  # every path costs the same: the tie order alone decides
+    assert [list(a) for a in dtw(ties)] == list(_reference_dtw(ties))
+    with pytest.raises(ValueError, match="non-empty"):
+        dtw(np.zeros((0, 3)))
+
+
+def test_median_filter_matches_scipy_with_mirrored_edges():
+    from scipy.ndimage import median_filter as scipy_median
+
+    x = torch.randn(2, 3, 20, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    expected = scipy_median(x.numpy(), size=(1, 1, 7), mode="mirror")
+    np.testing.assert_array_equal(median_filter(x, 7).numpy(), expected)
+    short = torch.arange(3.0)
+    assert torch.equal(median_filter(short, 7), short)  # too short to reflect: unchanged
+    with pytest.raises(ValueError, match="odd"):
+        median_filter(x, 4)
+
+
+def _pieces(*spans: tuple[str, float, float]) -> list[WordPiece]:
+    return [
+        WordPiece(text, (index,), start, end, 0.5) for index, (text, start, end) in enumerate(spans)
+    ]
+
+
+def test_punctuation_joins_its_neighbouring_word():
+    words = _pieces(
+        (' "', 0.0, 0.2),
+        (" Hello", 0.2, 0.6),
+        (",", 0.6, 1.4),
+        (" world", 1.4, 1.8),
+        (".", 1.8, 2.0),
+        ('"', 2.0, 2.1),
+        (" (", 2.1, 2.2),
+        (" yes", 2.2, 2.5),
+        (")", 2.5, 2.6),
+    )
+    merged = merge_punctuations(words)
+    assert [w.text for w in merged] == [' " Hello,', ' world."', " ( yes)"]
+    assert "".join(w.text for w in merged) == "".join(w.text for w in words)
+    # The merged word keeps its word's times and tokens in text order.
+    assert [(w.start, w.end) for w in merged] == [(0.2, 0.6), (1.4, 1.8), (2.2, 2.5)]
+    assert [w.tokens for w in merged] == [(0, 1, 2), (3, 4, 5), (6, 7, 8)]
+    # Closing marks after a space, and opening marks without one, stay words of their own.
+    assert [w.text for w in merge_punctuations(_pieces((" a", 0, 1), (" ,", 1, 2)))] == [
+        " a",
+        " ,",
+    ]
+    assert [w.text for w in merge_punctuations(_pieces((" a", 0, 1), ("(", 1, 2)))] == [" a", "("]
+
+
+@pytest.mark.slow
+def test_split_words_keeps_characters_whole_and_punctuation_apart(whisper_base):
+    text = " Hello, naïve world! 東京"
+    tokens = whisper_base.tokenizer.encode(text, add_special_tokens=False)
+    words = split_words(whisper_base, tokens, "en")
+    assert "".join(w.text for w in words) == text
+    assert [w.text for w in words][:4] == [" Hello", ",", " naïve", " world"]
+    assert sum(len(w.tokens) for w in words) == len(tokens)
+    # Without spaces between words every whole character is a word, even one whose UTF-8
+    # bytes are split over two tokens.
+    chinese = whisper_base.tokenizer.encode("東京鑫", add_special_tokens=False)
+    assert len(chinese) == 5  # 鑫's three UTF-8 bytes are three tokens
+    pieces = split_words(whisper_base, chinese, "zh")
+    assert [(w.text, len(w.tokens)) for w in pieces] == [("東", 1), ("京", 1), ("鑫", 3)]
+    spaced_tokens = whisper_base.tokenizer.encode(" 鑫鑫 ok", add_special_tokens=False)
+    spaced = split_words(whisper_base, spaced_tokens, "en")
+    assert [w.text for w in spaced] == [" 鑫鑫", " ok"]
+
+
+@pytest.mark.slow
+def test_a_model_without_alignment_heads_is_refused(whisper_base):
+    headless = copy.copy(whisper_base)
+    headless.alignment_heads = ()
+    with pytest.raises(ValueError, match=r"word_timestamps: model .* has no alignment_heads"):
+        WORDS.validate(headless)
+
+
+# -- real recordings --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def timed(whisper_base) -> dict[str, Transcript]:
+    with torch.inference_mode():
+        return {
+            path.name: transcribe(whisper_base, load_audio(path), WORDS)
+            for path in (JFK, LIBRISPEECH)
+        }
+
+
+def assert_well_formed(segments: tuple[Segment, ...], duration: float) -> None:
+    words = [w for s in segments for w in s.words]
+    assert words
+    for segment in segments:
+        assert segment.words, f"segment without words: {segment.text!r}"
+        assert "".join(w.text for w in segment.words) == segment.text
+        for word in segment.words:
+            assert segment.start <= word.start <= word.end <= segment.end <= duration
+            assert 0.0 < word.probability <= 1.0
+    for before, after in itertools.pairwise(words):
+        assert before.end <= after.start, (before, after)
+    assert all(a.end <= b.start for a, b in itertools.pairwise(segments))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [JFK.name, LIBRISPEECH.name])
+def test_words_tile_their_segments_in_order(timed, name):
+    transcript = timed[name]
+    assert_well_formed(transcript.segments, transcript.duration)
+    words = [w for s in transcript.segments for w in s.words]
+    # Nearly all of the clip is covered by words (no long silence in either).
+    assert words[0].start < 0.5 and words[-1].end > transcript.duration - 1.0
+    if name == JFK.name:
+        # openai/whisper's own test: "Americans" is being said at 1.8 s.
+        [americans] = [w for w in words if w.text.strip(" ,") == "Americans"]
+        assert americans.start <= 1.8 <= americans.end
+
+
+def _normalised(text: str) -> str:
+    return re.sub(r"[^\w']", "", text.lower())
+
+
+@pytest.mark.slow
+def test_starts_agree_with_transformers_word_timestamps(registry, timed):
+    """transformers' pipeline computes its own DTW over the same checkpoint's attention (from
+    generation, eager attention): an independent implementation of the same idea."""
+    from transformers import pipeline
+
+    recognizer = pipeline(
+        "automatic-speech-recognition",
+        model=str(registry.resolve("whisper-base")),
+        dtype=torch.float32,
+        model_kwargs={"attn_implementation": "eager"},
+        device="cpu",
+    )
+    for path in (JFK, LIBRISPEECH):
+        theirs = recognizer(
+            {"raw": load_audio(path), "sampling_rate": 16000},
+            return_timestamps="word",
+            generate_kwargs={"language": "en", "task": "transcribe"},
+        )["chunks"]
+        ours = [w for s in timed[path.name].segments for w in s.words]
+        matcher = difflib.SequenceMatcher(
+            a=[_normalised(w.text) for w in ours],
+            b=[_normalised(c["text"]) for c in theirs],
+            autojunk=False,
+        )
+        differences = [
+            abs(ours[block.a + k].start - theirs[block.b + k]["timestamp"][0])
+            for block in matcher.get_matching_blocks()
+            for k in range(block.size)
+        ]
+        assert len(differences) >= 0.9 * len(ours)
+        assert np.median(differences) <= MAX_MEDIAN_START_DIFFERENCE, differences
+        assert np.mean(np.array(differences) <= 0.1) >= 0.9, differences
+
+
+@pytest.mark.slow
+def test_speculative_decoding_gives_the_same_words(whisper_base, timed):
+    assistant = pair_assistant(whisper_base, whisper_base)  # drafts for itself
+    speculative = transcribe(whisper_base, load_audio(JFK), WORDS, assistant=assistant)
+    plain = timed[JFK.name]
+    assert speculative.stats["draft_calls"] > 0
+    assert [(s.start, s.end, s.text, s.words) for s in speculative.segments] == [
+        (s.start, s.end, s.text, s.words) for s in plain.segments
+    ]
+
+
+@pytest.mark.slow
+def test_without_timestamp_tokens_one_segment_is_timed_by_its_words(whisper_base, timed):
+    options = replace(WORDS, timestamps=False)
+    [segment] = transcribe(whisper_base, load_audio(JFK), options).segments
+    with_timestamps = [w for s in timed[JFK.name].segments for w in s.words]
+    assert [w.text for w in segment.words] == [w.text for w in with_timestamps]
+    assert (segment.start, segment.end) == (segment.words[0].start, segment.words[-1].end)
+    starts = np.array([w.start for w in segment.words])
+    assert np.median(np.abs(starts - [w.start for w in with_timestamps])) <= 0.02
+
+
+@pytest.mark.slow
+def test_batched_independent_windows_time_their_words(whisper_base):
+    # Two silence-cut chunks of real speech, aligned in one batched decoder pass.
+    samples = np.concatenate([load_audio(p) for p in (LIBRISPEECH, JFK, LIBRISPEECH, JFK)])
+    options = replace(WORDS, windows="silence", condition_on_previous_text=False)
+    one = transcribe(whisper_base, samples, options)
+    two = transcribe(whisper_base, samples, replace(options, batch_size=2))
+    duration = len(samples) / 16000
+    assert_well_formed(one.segments, duration)
+    assert_well_formed(two.segments, duration)
+    assert [w.text for s in two.segments for w in s.words] == [
+        w.text for s in one.segments for w in s.words
+    ]
+    one_starts = np.array([w.start for s in one.segments for w in s.words])
+    two_starts = np.array([w.start for s in two.segments for w in s.words])
+    # Another batch shape sums in another order: at most one 20 ms step apart.
+    assert np.abs(one_starts - two_starts).max() <= 0.02
+    assert one.segments[-1].end > duration - 12.0  # the second chunk's words are there
+
+
+@pytest.mark.slow
+def test_writers_json_carries_words_and_the_others_stay_segment_level(timed):
+    transcript = timed[JFK.name]
+    document = json.loads(WRITERS["json"](transcript, "jfk"))
+    words = [w for s in document["segments"] for w in s["words"]]
+    assert [w["text"] for w in words] == [w.text for s in transcript.segments for w in s.words]
+    assert set(words[0]) == {"start", "end", "text", "probability", "speaker"}
+    without = replace(transcript, segments=tuple(replace(s, words=()) for s in transcript.segments))
+    for fmt in ("txt", "srt", "vtt", "tsv", "rttm"):
+        assert WRITERS[fmt](transcript, "jfk") == WRITERS[fmt](without, "jfk")
+
+
+@pytest.mark.slow
+def test_speakers_are_assigned_per_word_end_to_end(whisper_base, diarizer):
+    from diarize.merge import assign_speakers
+    from diarize.scoring import read_rttm
+
+    audio = SAMPLES / "pyannote_sample.wav"
+    samples = load_audio(audio)
+    transcript = transcribe(whisper_base, samples, WORDS)
+    labelled = assign_speakers(transcript.segments, diarizer.diarize(samples))
+    words = [w for s in labelled for w in s.words]
+    assert [w.text for w in words] == [w.text for s in transcript.segments for w in s.words]
+    assert all(w.speaker == s.speaker for s in labelled for w in s.words)
+    assert len({s.speaker for s in labelled}) == 2
+    assert len(labelled) > len(transcript.segments)  # some segment changes speaker mid-way
+
+    # Against the reference turns: the word's speaker (best label mapping) speaks at its middle.
+    reference = read_rttm(audio.with_suffix(".rttm"))
+
+    def speaking(seconds: float) -> set[str]:
+        return {t.speaker for t in reference if t.start <= seconds <= t.end}
+
+    ours = sorted({w.speaker for w in words})
+    agreement = 0.0
+    for names in itertools.permutations(sorted({t.speaker for t in reference})):
+        mapping = dict(zip(ours, names, strict=False))
+        right = [mapping[w.speaker] in speaking((w.start + w.end) / 2) for w in words]
+        agreement = max(agreement, float(np.mean(right)))
+    assert agreement >= 0.95  # measured 0.986 (69 of 70 words)
