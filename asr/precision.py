@@ -1,0 +1,108 @@
+"""Precision settled in one place: (device, precision name) -> the torch dtype models load in.
+
+- "auto": float32 on CPU, float16 on CUDA (tensor cores; Whisper was trained in fp16).
+- "fp32": everywhere.
+- "bf16": CPU (fast where the CPU has AVX512-BF16 or AMX; emulated, and slower, elsewhere) and
+  CUDA devices that support it (Ampere and later).
+- "mixed": the encoder in half precision (bf16 on CPU, fp16 on CUDA), the decoder in float32.
+  The encoder is most of the work for short files and gains the most from half precision
+  (whisper-base, one 30 s window on this CPU: 1.47 s fp32, 0.82 s bf16), while a float32
+  decoder keeps speculative decoding token-for-token lossless (below).
+- "fp16": CUDA only. It is refused on CPU: x86 CPUs without AVX512-FP16/AMX-FP16 (most,
+  including AVX512-BF16 ones) have no fp16 arithmetic, so PyTorch converts every operand and a
+  float16 Whisper runs slower than float32 there; bfloat16 is the CPU's half format, with
+  float32's exponent range besides.
+
+Logits always leave the model in at least float32 (`asr.whisper.WhisperModel.logits`), so the
+logit rules, verification and log-probabilities never run in half precision.
+
+Speculative decoding is token-for-token lossless in float32. In half precision a position's
+logits depend on how many tokens the call scores (kernels accumulate in another order for
+another block width): whisper-base in bf16 differs by up to 0.25 in a logit between one token
+and a 9-token block, against 6e-5 in fp32. A draft then changes which calls score a position,
+so where two tokens are that close (typically a timestamp against a text token) the drafted
+output can differ from plain bf16 greedy; `bench.asr` counts the files where it does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Precision = Literal["auto", "fp32", "bf16", "fp16", "mixed"]
+PRECISIONS: tuple[Precision, ...] = ("auto", "fp32", "bf16", "fp16", "mixed")
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class Dtypes:
+    """The dtypes a Whisper runs its encoder and its decoder in."""
+
+    encoder: torch.dtype
+    decoder: torch.dtype
+
+    @property
+    def name(self) -> str:
+        if self.encoder == self.decoder:
+            return precision_name(self.decoder)
+        return f"{precision_name(self.encoder)} encoder, {precision_name(self.decoder)} decoder"
+
+
+def resolve_precision(device: str | torch.device, precision: str = "auto") -> Dtypes:
+    """The encoder's and the decoder's dtype on `device` for a precision name."""
+    if precision == "mixed":
+        half = resolve_dtype(device, "fp16" if _kind(device) == "cuda" else "bf16")
+        return Dtypes(encoder=half, decoder=torch.float32)
+    dtype = resolve_dtype(device, precision)
+    return Dtypes(encoder=dtype, decoder=dtype)
+
+
+def _kind(device: str | torch.device) -> str:
+    try:
+        return torch.device(device).type
+    except RuntimeError as error:
+        raise ValueError(f"unknown device {device!r}: {error}") from None
+
+
+def resolve_dtype(device: str | torch.device, precision: str = "auto") -> torch.dtype:
+    """The dtype for weights and activations of a model on `device` ("cpu", "cuda", "cuda:1");
+    for "mixed", the decoder's (float32).
+
+    Raises ValueError naming the device and precision when the pair is unknown or unsupported.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    kind = _kind(device)
+    if precision == "mixed":
+        return torch.float32
+    if precision == "auto":
+        return torch.float16 if kind == "cuda" else torch.float32
+    if kind == "cpu" and precision == "fp16":
+        raise ValueError(
+            "precision fp16 on device cpu is not supported: CPUs without AVX512-FP16/AMX-FP16 "
+            "have no fp16 arithmetic, so it runs slower than fp32; use bf16 (or fp32) on CPU"
+        )
+    if kind == "cuda" and precision == "bf16" and not _cuda_supports_bf16(device):
+        raise ValueError(
+            f"precision bf16 on device {device}: this GPU has no bfloat16 support "
+            "(needs compute capability 8.0 or later); use fp16"
+        )
+    return DTYPES[precision]
+
+
+def precision_name(dtype: torch.dtype) -> str:
+    """The name ("fp32", "bf16", "fp16") of a dtype `resolve_dtype` returns; others: str(dtype)."""
+    return next((name for name, known in DTYPES.items() if known == dtype), str(dtype))
+
+
+def _cuda_supports_bf16(device: str | torch.device) -> bool:
+    if not torch.cuda.is_available():
+        return True  # loading will fail with CUDA's own, clearer error
+    with torch.cuda.device(torch.device(device)):
+        return torch.cuda.is_bf16_supported()
