@@ -161,7 +161,7 @@ def test_a_draft_with_other_mel_bins_hears_its_own_mel(randoms):
     assert [(s.start, s.end, s.text) for s in speculative.segments] == [
         (s.start, s.end, s.text) for s in plain.segments
     ]
-    assert speculative.stats["generated_tokens"] == plain.stats["generated_tokens"] > 2 * 12
+    assert speculative.stats["generated_tokens"] == plain.stats["generated_tokens"] >= 2 * 12
     assert speculative.stats["draft_calls"] > 0
 
 
