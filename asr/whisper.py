@@ -112,7 +112,7 @@ class WhisperModel:
         self.alignment_heads = tuple(map(tuple, model.generation_config.alignment_heads or ()))
         # A distilled draft scores only these token ids (asr.draft_checkpoint); None: all.
         self.output_vocabulary: torch.Tensor | None = None
-        self._head_weight: torch.Tensor | None = None
+        self._head_columns: torch.Tensor | None = None  # (d_model, head size), made on first use
         # A distilled draft's layer i reads the target's layer cross_from_target[i] keys/values.
         self.cross_from_target: tuple[int, ...] | None = None
 
@@ -157,9 +157,7 @@ class WhisperModel:
         model, vocabulary, layers = load_draft_module(path, target.model, target.dtype)
         draft = cls(model, target.tokenizer, target.mel_filters, name=str(path))
         draft.cross_from_target = layers
-        if vocabulary is not None:
-            draft.output_vocabulary = vocabulary
-            draft._head_weight = model.proj_out.weight[vocabulary].detach()
+        draft.output_vocabulary = vocabulary
         return draft
 
     @property
@@ -304,11 +302,19 @@ class WhisperModel:
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """Tensor, shape = (..., d_model) -> logits, Tensor, shape = (..., vocab); at least
         float32 (half-precision models), float64 for float64 models (tests keep ties away)."""
+        if self._head_columns is None:
+            # The head's weight, transposed once: a (tokens, d_model) @ (d_model, vocab) product
+            # runs about twice as fast on CPU for 1-3 tokens as the linear layer's
+            # (tokens, d_model) @ (vocab, d_model).T (measured: 9 ms against 20 ms for one
+            # token of whisper-base's 51865-token head, one thread).
+            weight = self.model.proj_out.weight
+            if self.output_vocabulary is not None:
+                weight = weight[self.output_vocabulary]
+            self._head_columns = weight.detach().T.contiguous()
+        head = states @ self._head_columns
         if self.output_vocabulary is None:
-            logits = self.model.proj_out(states)
-            return logits.to(torch.promote_types(logits.dtype, torch.float32))
+            return head.to(torch.promote_types(head.dtype, torch.float32))
         # A reduced head: tokens outside it get -inf, so they are never drafted.
-        head = states @ self._head_weight.T
         dtype = torch.promote_types(head.dtype, torch.float32)
         logits = head.new_full(
             (*states.shape[:-1], self.config.vocab_size), -torch.inf, dtype=dtype

@@ -45,6 +45,10 @@ class WhisperAssistant:
         windows (unused by a shared-encoder draft).
         """
         if self.shape == "shared-encoder":
+            layers = self.model.cross_from_target
+            if layers is not None:  # a distilled draft: the target's projections, reused
+                cross = tuple(target_encoded.cross[layer] for layer in layers)
+                return EncodedAudio(features=target_encoded.features, cross=cross)
             return self.model.cross_attention(target_encoded.features)
         if mel is None:
             raise ValueError(f"draft {self.model.name} has its own encoder and needs a mel")
@@ -79,6 +83,20 @@ def _draft_language(draft: WhisperModel, language: str | None) -> str | None:
     if not draft.special.multilingual:
         return None
     return language if language in draft.special.language_ids else "en"
+
+
+def load_assistant(
+    target: WhisperModel, path: str, shape: DraftShape | None = None
+) -> WhisperAssistant:
+    """Loads a draft from a model directory or hub id and pairs it with `target`; a distilled
+    draft (asr.draft_checkpoint) borrows the target's embeddings."""
+    from asr.draft_checkpoint import is_distilled_draft
+
+    if is_distilled_draft(path):
+        draft = WhisperModel.load_draft(path, target)
+    else:
+        draft = WhisperModel.load(path, target.device, target.dtype)
+    return pair_assistant(target, draft, shape)
 
 
 def pair_assistant(

@@ -1,0 +1,142 @@
+"""The distilled-draft file format: a decoder-only Whisper that borrows its target's embeddings.
+
+A draft directory is a transformers WhisperForCausalLM checkpoint minus the tensors it shares
+with its target (token and position embeddings, the output head tied to them, and each layer's
+cross-attention key/value projections, which are the target's kept layers' own), plus the
+tokenizer files and, under config.json's `specscribe_draft` key, the target it was made for,
+which target layers it kept, and the token ids its reduced output head scores. Loading it
+needs the loaded target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+DRAFT_KEY = "specscribe_draft"
+SHARED_TENSORS = (
+    "model.decoder.embed_tokens.weight",
+    "model.decoder.embed_positions.weight",
+    "proj_out.weight",
+)
+# Name parts of the tensors a draft never trains: the shared ones above, and the cross-attention
+# key/value projections (the target's, so the draft reads the target's projected encoder output).
+FROZEN_PARTS = (
+    "embed_tokens",
+    "embed_positions",
+    "proj_out",
+    "encoder_attn.k_proj",
+    "encoder_attn.v_proj",
+)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+)
+
+
+def is_distilled_draft(path: str | Path) -> bool:
+    config = Path(path) / "config.json"
+    return config.is_file() and DRAFT_KEY in json.loads(config.read_text())
+
+
+def save_draft(
+    draft,
+    vocabulary: torch.Tensor,
+    layers: tuple[int, ...],
+    target_dir: Path,
+    out_dir: Path,
+    recipe: dict,
+) -> None:
+    """Writes the draft's own tensors (float16), config, tokenizer files and recipe.json to
+    out_dir, atomically (a temporary sibling directory renamed into place)."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        state = {
+            name: tensor.detach().to(torch.float16).contiguous()
+            for name, tensor in draft.state_dict().items()
+            if not any(part in name for part in FROZEN_PARTS)
+        }
+        save_file(state, staging / "model.safetensors", metadata={"format": "pt"})
+        config = draft.config.to_dict()
+        config["dtype"] = "float16"
+        config[DRAFT_KEY] = {
+            "target": recipe.get("target"),
+            "cross_from_target_layers": list(layers),
+            "output_vocabulary": vocabulary.tolist(),
+        }
+        (staging / "config.json").write_text(json.dumps(config, indent=1))
+        for name in TOKENIZER_FILES:
+            if (Path(target_dir) / name).exists():
+                shutil.copy2(Path(target_dir) / name, staging / name)
+        (staging / "recipe.json").write_text(json.dumps(recipe, indent=1))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def load_draft_module(path: str | Path, target_module, dtype: torch.dtype):
+    """The draft's WhisperForCausalLM with the target's shared tensors, its head's token ids,
+    and the target layers whose cross-attention keys/values its layers reuse.
+
+    target_module: the target's transformers model (WhisperForConditionalGeneration).
+    Returns (model, vocabulary: Tensor, shape = (head size,) or None for the full vocabulary,
+    layers: tuple of target layer indices, one per draft layer).
+    Raises ValueError when the draft does not fit this target.
+    """
+    from safetensors.torch import load_file
+    from transformers import GenerationConfig, WhisperConfig, WhisperForCausalLM
+
+    path = Path(path)
+    raw = json.loads((path / "config.json").read_text())
+    meta = raw.pop(DRAFT_KEY)
+    config = WhisperConfig.from_dict(raw)
+    source = target_module.model.decoder
+    for field in ("d_model", "vocab_size", "max_target_positions", "num_mel_bins"):
+        ours, theirs = getattr(config, field), getattr(target_module.config, field)
+        if ours != theirs:
+            raise ValueError(
+                f"draft {path} was made for {meta.get('target')}: its {field} is {ours}, "
+                f"the target's is {theirs}"
+            )
+    layers = tuple(meta["cross_from_target_layers"])
+    if len(layers) != config.decoder_layers or max(layers) >= len(source.layers):
+        raise ValueError(
+            f"draft {path}: its layers come from target layers {list(layers)}, which do not fit "
+            f"a {len(source.layers)}-layer target"
+        )
+    state = load_file(path / "model.safetensors")
+    for new, old in enumerate(layers):
+        attention = source.layers[old].encoder_attn
+        for name, tensor in (("k_proj", attention.k_proj), ("v_proj", attention.v_proj)):
+            for kind, value in tensor.state_dict().items():
+                state[f"model.decoder.layers.{new}.encoder_attn.{name}.{kind}"] = value
+    model = WhisperForCausalLM(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - set(SHARED_TENSORS):
+        raise ValueError(f"draft {path}: unexpected {unexpected}, missing {missing}")
+    model = model.to(dtype=dtype, device=target_module.device).eval()
+    decoder = model.model.decoder
+    decoder.embed_tokens.weight = source.embed_tokens.weight
+    decoder.embed_positions.weight = source.embed_positions.weight
+    model.proj_out.weight = source.embed_tokens.weight
+    model.generation_config = GenerationConfig.from_pretrained(str(path))
+    vocabulary = meta.get("output_vocabulary")
+    if vocabulary is not None and len(vocabulary) < config.vocab_size:
+        vocabulary = torch.tensor(vocabulary, dtype=torch.long, device=target_module.device)
+    else:
+        vocabulary = None
+    return model, vocabulary, layers

@@ -1,0 +1,186 @@
+"""The distilled draft: training data hygiene, the file format, training, and losslessness."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from asr.audio import SAMPLE_RATE, load_audio
+from asr.distill import (
+    DistillConfig,
+    build_draft,
+    choose_vocabulary,
+    distill,
+    label_windows,
+)
+from asr.distill_data import (
+    TrainingClip,
+    generate_sentences,
+    is_reported,
+    sentences_from_text,
+    speak,
+    synthetic_clips,
+)
+from asr.draft_checkpoint import save_draft
+from asr.transcribe import TranscribeOptions, transcribe
+from asr.whisper_drafters import load_assistant
+from bench.asr_data import SPEECH, held_out_files
+from tests.conftest import SAMPLES
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_no_benchmark_or_reported_file_can_be_training_data():
+    manifest = (SPEECH / "manifest.tsv").read_text().splitlines()[1:]
+    listed = {row.split("\t")[0] for row in manifest}
+    held_out = {
+        str(path.relative_to(SPEECH)) for path in held_out_files() if path.is_relative_to(SPEECH)
+    }
+    assert held_out <= listed  # the benchmark's files are in the manifest training reads
+    assert all(is_reported(relative) for relative in held_out)
+    for reported in ("multi/pyannote_sample.wav", "multi/ami_es2004_1min_mixture.wav"):
+        assert is_reported(reported)
+    trainable = [relative for relative in listed if not is_reported(relative)]
+    assert "en_single/ljspeech/LJ001-0010.wav" in trainable
+    assert "multi/ami_pyannote_debug/trn03.flac" in trainable
+
+
+def test_generated_text_is_cut_into_speakable_sentences():
+    text = "Bees live in hives.\nA queen lays eggs — thousands of them! Ok.\n\nhttp://x.y #tag"
+    assert sentences_from_text(text) == [
+        "Bees live in hives.",
+        "A queen lays eggs thousands of them!",
+    ]
+
+
+def test_espeak_speech_is_packed_into_windows_of_at_most_28_seconds():
+    sentences = ["The bridge was built in the spring of that year."] * 12
+    clips = synthetic_clips(sentences, seed=1)
+    assert len(clips) >= 2
+    assert all(len(c.samples) <= 28 * SAMPLE_RATE and c.source == "synthetic" for c in clips)
+    total = sum(len(c.samples) for c in clips)
+    one = len(speak(sentences[0], "en-us", 165, Path("/tmp")))
+    assert total > 12 * one * 0.8  # every sentence is in some window
+
+
+@pytest.mark.slow
+def test_the_language_model_writes_sentences_for_synthetic_speech(registry):
+    from app.llm import load_language_model
+
+    writer = load_language_model(registry, "smollm2-135m")
+    sentences = generate_sentences(writer, 5, seed=3)
+    assert len(sentences) == 5
+    assert all(4 <= len(s.split()) <= 40 for s in sentences)
+    assert sentences == generate_sentences(writer, 5, seed=3)  # seeded: the recipe repeats
+
+
+@pytest.fixture(scope="module")
+def labelled(whisper_base):
+    clips = [
+        TrainingClip(name, load_audio(SAMPLES / name), "real")
+        for name in ("jfk.wav", "librispeech_61-70968-0000.flac")
+    ]
+    return label_windows(whisper_base, clips, keep_layers=(0, 5), seed=0)
+
+
+@pytest.mark.slow
+def test_labels_are_the_targets_own_transcriptions(whisper_base, labelled):
+    texts = [whisper_base.text_of(list(w.labels)) for w in labelled]
+    assert "ask not what your country can do for you" in texts[0]
+    for window in labelled:
+        assert window.tokens[-1] == whisper_base.special.eot
+        assert window.tokens[window.first_loss] in (
+            whisper_base.special.transcribe,
+            whisper_base.special.no_timestamps,
+        )
+        assert window.teacher_ids.shape[0] == len(window.labels)
+        # The teacher's most probable token is the label wherever no timestamp rule intervened.
+        top = window.teacher_ids[:, 0].tolist()
+        agree = sum(t == label for t, label in zip(top, window.labels, strict=True))
+        assert agree >= 0.9 * len(top)
+        assert len(window.cross) == 2 and window.cross[0][0].shape[1] == 1500
+
+
+@pytest.mark.slow
+def test_vocabulary_keeps_special_tokens_and_frequent_text(whisper_base, labelled):
+    vocabulary = choose_vocabulary(whisper_base, labelled, head_tokens=1000)
+    eot, size = whisper_base.special.eot, whisper_base.config.vocab_size
+    assert len(vocabulary) == 1000 + (size - eot)
+    assert set(range(eot, size)) <= set(vocabulary.tolist())  # specials and timestamps
+    assert {t for w in labelled for t in w.labels} <= set(vocabulary.tolist())
+    assert torch.equal(vocabulary, vocabulary.sort().values)
+
+
+@pytest.mark.slow
+def test_training_raises_agreement_and_the_saved_draft_is_lossless(
+    whisper_base, labelled, tmp_path
+):
+    target_dir = Path(whisper_base.name)
+    config = DistillConfig(epochs=4, batch_size=2, head_tokens=2000, validation_fraction=0)
+    seconds = {"real_speech": 16.0, "synthetic_speech": 0.0, "make_speech": 0.0, "label": 0.0}
+    report = distill(whisper_base, target_dir, tmp_path / "draft", config, labelled, seconds)
+    assert report.agreement_after > report.agreement_before + 0.2
+    recipe = json.loads((tmp_path / "draft" / "recipe.json").read_text())
+    assert recipe["layers"] == [0, 5] and recipe["report"]["head_size"] == report.head_size
+
+    assistant = load_assistant(whisper_base, str(tmp_path / "draft"))
+    assert assistant.shape == "shared-encoder"
+    assert assistant.model.output_vocabulary is not None
+    audio = load_audio(SAMPLES / "librispeech_1089-134686-0002.wav")
+    for timestamps in (True, False):
+        options = TranscribeOptions(timestamps=timestamps)
+        plain = transcribe(whisper_base, audio, options)
+        speculative = transcribe(whisper_base, audio, options, assistant=assistant)
+        assert [(s.start, s.end, s.text) for s in speculative.segments] == [
+            (s.start, s.end, s.text) for s in plain.segments
+        ]
+        assert speculative.stats["draft_calls"] > 0
+
+
+@pytest.mark.slow
+def test_saved_draft_loads_with_the_targets_shared_tensors(whisper_base, tmp_path):
+    draft = build_draft(whisper_base, (0, 5))
+    vocabulary = torch.arange(whisper_base.config.vocab_size)
+    save_draft(draft, vocabulary, (0, 5), Path(whisper_base.name), tmp_path / "d", {"target": "t"})
+    files = {p.name for p in (tmp_path / "d").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "recipe.json"} <= files
+    size = (tmp_path / "d" / "model.safetensors").stat().st_size
+    assert size < 20e6  # the embeddings and cross-attention projections are not stored
+    loaded = load_assistant(whisper_base, str(tmp_path / "d")).model
+    target_layer = whisper_base.model.model.decoder.layers[5].encoder_attn.k_proj.weight
+    assert torch.equal(
+        loaded.model.model.decoder.layers[1].encoder_attn.k_proj.weight, target_layer
+    )
+    tokens = torch.tensor([[whisper_base.special.sot, 440, 1029]])
+    features = torch.randn(1, 1500, 512)
+    with torch.no_grad():
+        ours = draft.model.decoder(input_ids=tokens, encoder_hidden_states=features)
+        theirs = loaded.model.model.decoder(input_ids=tokens, encoder_hidden_states=features)
+    # float16 storage of the draft's own tensors
+    torch.testing.assert_close(
+        ours.last_hidden_state, theirs.last_hidden_state, atol=0.05, rtol=0.01
+    )
+
+
+@pytest.mark.slow
+def test_shipped_draft_is_small_and_pairs_with_its_target(registry, whisper_base):
+    # Its losslessness and acceptance on a >2 min recording: tests/test_long_form.py.
+    path = Path(registry.resolve("whisper-base-draft"))
+    assert sum(f.stat().st_size for f in path.iterdir()) < 30e6
+    assistant = load_assistant(whisper_base, str(path))
+    assert assistant.shape == "shared-encoder"
+    assert assistant.model.cross_from_target == (0, 5)
+    recipe = json.loads((path / "recipe.json").read_text())
+    trained_on = " ".join(recipe["real_training_windows"])
+    assert "librispeech" not in trained_on and "jfk" not in trained_on
+
+
+@pytest.mark.slow
+def test_config_rejects_layers_the_target_lacks(whisper_tiny_en):
+    with pytest.raises(ValueError, match="keep_layers"):
+        DistillConfig(keep_layers=(0, 9)).validate(whisper_tiny_en)
+    with pytest.raises(ValueError, match="increasing"):
+        DistillConfig(keep_layers=(1, 0)).validate(whisper_tiny_en)
