@@ -85,12 +85,55 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+class OutputHead:
+    """A causal LM's output layer as states @ (d_model, vocab) columns, transposed once.
+
+    On CPU a (tokens, d_model) @ (d_model, vocab) product runs about twice as fast for 1-3 tokens
+    as the linear layer's (tokens, d_model) @ (vocab, d_model).T, and the output layer is the
+    largest matrix of a small LM (Gemma 3 270M: 262144 x 640). `of` returns None for models
+    whose head is not a plain linear layer (a quantized one, say); they keep their own forward.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, softcap: float | None):
+        self.weight, self.bias, self.softcap = weight, bias, softcap
+        self.columns: torch.Tensor | None = None  # made on first use
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> OutputHead | None:
+        head = getattr(model, "lm_head", None)
+        if type(head) is not torch.nn.Linear or not hasattr(model, "model"):
+            return None
+        softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+        return cls(head.weight, head.bias, softcap)
+
+    def __call__(self, states: torch.Tensor) -> torch.Tensor:
+        """states: Tensor, shape = (batch, n, d_model) -> logits, shape = (batch, n, vocab)."""
+        if self.columns is None:
+            self.columns = self.weight.detach().T.contiguous()
+        logits = states @ self.columns
+        if self.bias is not None:
+            logits = logits + self.bias
+        if self.softcap:  # Gemma 2's final logit soft-capping, as its own forward applies it
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+def _forward(model, head: OutputHead | None, keep: int, **inputs):
+    """(logits of the last `keep` positions, cache): through `head` when there is one."""
+    if head is None:
+        output = model(**inputs, logits_to_keep=keep)
+        return output.logits, output.past_key_values
+    output = model.model(**inputs)
+    return head(output.last_hidden_state[:, -keep:]), output.past_key_values
+
+
 class CausalLM:
     """A Target over a transformers causal LM instance (AutoModelForCausalLM, in eval mode)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.device = _device_of(model)
+        self.head = OutputHead.of(model)
         self.cache = None
         self.layout: CacheLayout | None = None
 
@@ -105,17 +148,18 @@ class CausalLM:
             self.layout = CacheLayout(tokens.shape[0], self.device)
         _check_window(self.cache, self.layout.width + tokens.shape[1])
         mask_is_full = bool(mask.all())
-        output = self.model(
+        logits, self.cache = _forward(
+            self.model,
+            self.head,
+            keep,
             input_ids=tokens,
             position_ids=positions,
             attention_mask=attention_mask([self.layout], mask, mask_is_full),
             past_key_values=self.cache,
             use_cache=True,
-            logits_to_keep=keep,
         )
-        self.cache = output.past_key_values
         self.layout.append(positions, mask, mask_is_full)
-        return output.logits
+        return logits
 
     def rollback(self, lengths: torch.Tensor) -> None:
         if self.layout is not None:
@@ -189,18 +233,20 @@ class EarlyExitLM:
         shared = self.target.cache
         layouts = [self._extension] if shared is None else [self.target.layout, self._extension]
         mask_is_full = bool(mask.all())
-        output = self.view(
+        logits, cache = _forward(
+            self.view,
+            self.target.head,  # the target's own head, already transposed
+            keep,
             input_ids=tokens,
             position_ids=positions,
             attention_mask=attention_mask(layouts, mask, mask_is_full),
             past_key_values=self._private_cache if shared is None else shared,
             use_cache=True,
-            logits_to_keep=keep,
         )
         if shared is None:
-            self._private_cache = output.past_key_values
+            self._private_cache = cache
         self._extension.append(positions, mask, mask_is_full)
-        return output.logits
+        return logits
 
     def discard(self) -> None:
         """Drops everything drafted since the last discard, leaving the target's cache as it was."""
