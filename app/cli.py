@@ -383,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument(
         "--assistant",
         help="draft model for speculative decoding (embedded name, directory or hub id; "
-        "another tokenizer is re-encoded), or none; default: $ASSISTANT_MODEL, else none. "
+        "another tokenizer is re-encoded), auto (the draft distilled for --model, if any) or "
+        "none; default: $ASSISTANT_MODEL, else none. "
         "The output does not change.",
     )
     transcribe.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cpu)")

@@ -79,11 +79,24 @@ class ServiceOptions:
         )
 
 
+def _choose_assistant(requested: str, asr_model: str) -> str:
+    """The requested draft; for "auto", the shipped draft distilled for this ASR model when one
+    is built (asr.models.SHIPPED_DRAFTS, e.g. whisper-base-draft for whisper-base), else none."""
+    if requested != "auto":
+        return requested
+    from asr.models import SHIPPED_DRAFTS, SHIPPED_DRAFTS_DIR
+
+    name = f"{asr_model}-draft"
+    built = name in SHIPPED_DRAFTS and (SHIPPED_DRAFTS_DIR / name / "config.json").is_file()
+    return name if built else "none"
+
+
 class TranscriptionService:
     """Models loaded once; `run` turns one request into a Transcript.
 
     asr_model / assistant_model / diarization_model: embedded names, local directories or hub
-    ids (None: the settings' choice). assistant_model "none" decodes without a draft;
+    ids (None: the settings' choice). assistant_model "none" decodes without a draft, "auto"
+    with the shipped draft distilled for the ASR model, if there is one;
     diarization_model "embedded" is the offline segmentation-3.0 + CAM++ pipeline.
     precision: auto | fp32 | bf16 | fp16 (`asr.precision`) for the target and the draft.
     """
@@ -101,7 +114,9 @@ class TranscriptionService:
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.asr_model_name = asr_model or self.settings.asr_model
-        self.assistant_model_name = assistant_model or self.settings.assistant_model
+        self.assistant_model_name = _choose_assistant(
+            assistant_model or self.settings.assistant_model, self.asr_model_name
+        )
         self.diarization_model_name = diarization_model or self.settings.diarization_model
         self.device = device or self.settings.device
         from asr.precision import resolve_precision

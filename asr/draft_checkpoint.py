@@ -80,6 +80,10 @@ def save_draft(
             if (Path(target_dir) / name).exists():
                 shutil.copy2(Path(target_dir) / name, staging / name)
         (staging / "recipe.json").write_text(json.dumps(recipe, indent=1))
+        # mkdtemp made the directory private; a draft is as readable as any installed file.
+        staging.chmod(0o755)
+        for file in staging.iterdir():
+            file.chmod(0o644)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(staging, out_dir)
