@@ -458,16 +458,31 @@ def word_error_rate(references: list[str], hypotheses: list[str]) -> float:
     return jiwer.wer([r for r, _ in pairs], [h for _, h in pairs])
 
 
-def measure(configs: list[Config], files: list[Utterance], audio: dict, repeats: int) -> dict:
-    """{(file name, config name): [Measured per repeat]}, interleaved round-robin."""
+def measure(
+    configs: list[Config], files: list[Utterance], audio: dict, repeats: int
+) -> tuple[dict, dict]:
+    """({(file name, config name): [Measured per repeat]}, {(file, config): error}),
+    interleaved round-robin. A configuration that fails on a file is not run on it again; its
+    row then covers the files it transcribed and names the others."""
     warm_up = load_audio(WARM_UP)[: 5 * SAMPLE_RATE]
     for config in configs:  # loads the models and pages in the weights; not measured
         config.run(warm_up)
     runs: dict[tuple[str, str], list[Measured]] = {}
+    failures: dict[tuple[str, str], str] = {}
     for repeat in range(repeats):
         for utterance in files:
             for config in configs:
-                measured = config.run(audio[utterance.name])
+                if (utterance.name, config.name) in failures:
+                    continue
+                try:
+                    measured = config.run(audio[utterance.name])
+                except Exception as error:  # a baseline that cannot do this file: reported
+                    failures[(utterance.name, config.name)] = f"{type(error).__name__}: {error}"
+                    print(
+                        f"bench.asr: {config.name} failed on {utterance.name}: {error}",
+                        file=sys.stderr,
+                    )
+                    continue
                 runs.setdefault((utterance.name, config.name), []).append(measured)
                 print(
                     f"[{repeat + 1}/{repeats}] {utterance.name:32} {config.name:44} "
@@ -475,7 +490,7 @@ def measure(configs: list[Config], files: list[Utterance], audio: dict, repeats:
                     file=sys.stderr,
                     flush=True,
                 )
-    return runs
+    return runs, failures
 
 
 def _median(values: list) -> float | None:
@@ -494,12 +509,15 @@ def _wer(group: list[Utterance], texts: dict[str, str]) -> float | None:
 
 
 def summarise(
-    configs: list[Config], files: list[Utterance], audio: dict, runs: dict
+    configs: list[Config], files: list[Utterance], audio: dict, runs: dict, failures: dict
 ) -> dict[str, dict]:
     durations = {u.name: len(audio[u.name]) / SAMPLE_RATE for u in files}
-    total_audio = sum(durations.values())
     rows: dict[str, dict] = {}
+    all_files = files
     for config in configs:
+        # A configuration that failed on some files is summarised over the others.
+        files = [u for u in all_files if (u.name, config.name) in runs]
+        total_audio = sum(durations[u.name] for u in files)
         per_file = {u.name: runs[(u.name, config.name)] for u in files}
         seconds = {name: statistics.median(r.seconds for r in rs) for name, rs in per_file.items()}
         total = sum(seconds.values())
@@ -528,8 +546,11 @@ def summarise(
         }
         if config.notes:
             row["notes"] = list(config.notes)
+        failed = {f: e for (f, c), e in failures.items() if c == config.name}
+        if failed:
+            row["failed_files"] = failed
         rows[config.name] = row
-    _compare(configs, files, runs, rows)
+    _compare(configs, all_files, runs, rows)
     return rows
 
 
@@ -542,8 +563,9 @@ def _compare(configs: list[Config], files: list[Utterance], runs: dict, rows: di
         )
         if reference not in rows:
             reference = "ours greedy"
-        greedy = {u.name: runs[(u.name, reference)][0] for u in files}
-        mine = {u.name: runs[(u.name, config.name)] for u in files}
+        covered = [u for u in files if (u.name, config.name) in runs]
+        greedy = {u.name: runs[(u.name, reference)][0] for u in covered}
+        mine = {u.name: runs[(u.name, config.name)] for u in covered}
         if config.family == "ours":
             differing = [
                 name
@@ -560,8 +582,11 @@ def _compare(configs: list[Config], files: list[Utterance], runs: dict, rows: di
             ("speedup_vs_transformers_generate", "transformers generate"),
             ("speedup_vs_faster_whisper_int8", "faster-whisper int8"),
         ):
-            if baseline in rows:
-                row[key] = round(rows[baseline]["total_seconds"] / row["total_seconds"], 3)
+            if baseline in rows:  # over the files both transcribed
+                both = [u.name for u in covered if u.name in rows[baseline]["per_file"]]
+                theirs = sum(rows[baseline]["per_file"][n]["seconds"] for n in both)
+                ours_ = sum(row["per_file"][n]["seconds"] for n in both)
+                row[key] = round(theirs / ours_, 3) if ours_ else None
 
 
 def fastest_speculative(configs: list[Config], rows: dict) -> Config | None:
@@ -665,14 +690,16 @@ def main(argv: list[str] | None = None) -> int:
 
     # 2. Measure, then the bf16 rows for the fastest speculative configuration.
     started = time.perf_counter()
-    runs = measure(configs, files, audio, args.repeats)
-    rows = summarise(configs, files, audio, runs)
+    runs, failures = measure(configs, files, audio, args.repeats)
+    rows = summarise(configs, files, audio, runs, failures)
     best = fastest_speculative(configs, rows)
     for precision in args.precision:
         extra = precision_configs(models, args, best, precision)
-        runs.update(measure(extra, files, audio, args.repeats))
+        extra_runs, extra_failures = measure(extra, files, audio, args.repeats)
+        runs.update(extra_runs)
+        failures.update(extra_failures)
         configs += extra
-        rows = summarise(configs, files, audio, runs)
+        rows = summarise(configs, files, audio, runs, failures)
 
     # 3. Report.
     report = {
