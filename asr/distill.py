@@ -39,9 +39,9 @@ from asr.window_decoder import WindowBatch, WindowDecoder
 class DistillConfig:
     keep_layers: tuple[int, ...] | None = None  # target decoder layers kept; None: first, last
     head_tokens: int = 4096  # most frequent text tokens in the output head; 0: full vocabulary
-    synthetic_sentences: int = 700
+    synthetic_sentences: int = 900
     real_speech: bool = True
-    epochs: int = 12
+    epochs: int = 30
     batch_size: int = 8
     learning_rate: float = 3e-4
     kl_weight: float = 0.8  # distil-whisper's weighting of KL against pseudo-label CE
