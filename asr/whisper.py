@@ -124,8 +124,9 @@ class WhisperModel:
         dtype: torch.dtype = torch.float32,
         encoder_dtype: torch.dtype | None = None,
     ):
-        """dtype: the weights' and activations' dtype, from `asr.precision.resolve_dtype`. The
-        log-mel is always float32 (cast at the encoder input) and logits leave in float32."""
+        """dtype: the weights' and activations' dtype; encoder_dtype: the encoder's when it
+        differs ("mixed"); both from `asr.precision.resolve_precision`. The log-mel is always
+        float32 (cast at the encoder input) and logits leave in float32."""
         from transformers import (
             AutoConfig,
             WhisperFeatureExtractor,

@@ -327,8 +327,9 @@ class Diarizer:
 
 def audio_file(samples: np.ndarray, uri: str = "audio") -> dict[str, Any]:
     """samples (n_samples,) float32 at 16 kHz -> the in-memory file pyannote pipelines take
-    (shares memory with `samples`)."""
-    waveform = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))[None]
+    (shares memory with `samples` unless they are read-only: torch cannot wrap those)."""
+    waveform = torch.from_numpy(np.require(samples, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
+    waveform = waveform[None]
     return {"waveform": waveform, "sample_rate": SAMPLE_RATE, "uri": uri}
 
 
