@@ -159,16 +159,12 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
 
 def _cmd_distill(args: argparse.Namespace, settings: Settings) -> int:
     import json
-    import random
-
-    import torch
 
     from asr.distill import DistillConfig, distill, prepare_windows
     from asr.models import SHIPPED_DRAFTS_DIR, ModelRegistry
     from asr.whisper import WhisperModel
 
-    torch.manual_seed(args.seed)
-    random.seed(args.seed)
+    # Every random step (sentences, voices, labelling modes, training) takes config.seed.
     config = DistillConfig(
         keep_layers=tuple(args.layers) if args.layers else None,
         head_tokens=args.head_tokens,

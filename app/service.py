@@ -84,11 +84,10 @@ def _choose_assistant(requested: str, asr_model: str) -> str:
     is built (asr.models.SHIPPED_DRAFTS, e.g. whisper-base-draft for whisper-base), else none."""
     if requested != "auto":
         return requested
-    from asr.models import SHIPPED_DRAFTS, SHIPPED_DRAFTS_DIR
+    from asr.models import shipped_draft_ready
 
     name = f"{asr_model}-draft"
-    built = name in SHIPPED_DRAFTS and (SHIPPED_DRAFTS_DIR / name / "config.json").is_file()
-    return name if built else "none"
+    return name if shipped_draft_ready(name) else "none"
 
 
 class TranscriptionService:

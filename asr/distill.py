@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from asr.audio import SAMPLE_RATE
-from asr.draft_checkpoint import FROZEN_PARTS, SHARED_TENSORS, save_draft
+from asr.draft_checkpoint import FROZEN_PARTS, SHARED_TENSORS, save_draft, share_target_tensors
 from asr.logit_rules import LogitRules
 from asr.types import ProgressHook, no_progress
 from asr.whisper import N_FRAMES, WhisperModel
@@ -283,10 +283,7 @@ def build_draft(target: WhisperModel, keep_layers: tuple[int, ...]):
     missing, unexpected = draft.load_state_dict(state, strict=False)
     if unexpected or set(missing) - set(SHARED_TENSORS):
         raise RuntimeError(f"draft initialisation: missing {missing}, unexpected {unexpected}")
-    decoder = draft.model.decoder
-    decoder.embed_tokens.weight = source.embed_tokens.weight
-    decoder.embed_positions.weight = source.embed_positions.weight
-    draft.proj_out.weight = source.embed_tokens.weight
+    share_target_tensors(draft, source)
     draft.generation_config = target.model.generation_config
     return draft
 
@@ -395,8 +392,11 @@ def train_draft(
     head: _Head,
     config: DistillConfig,
     progress: ProgressHook = no_progress,
-) -> list[dict]:
-    """AdamW with warm-up and cosine decay; keeps the epoch with the best validation agreement."""
+) -> tuple[list[dict], float, float]:
+    """AdamW with warm-up and cosine decay; keeps the epoch with the best validation agreement.
+
+    Returns (per-epoch history, validation agreement before training, and of the kept draft).
+    """
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     parameters = trainable_parameters(draft)
@@ -411,7 +411,8 @@ def train_draft(
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learning_rate)
     history = []
-    best_score, best_state = agreement(draft, target, validation, head), None
+    before = agreement(draft, target, validation, head)
+    best_score, best_state, score = before, None, before
     step = 0
     for epoch in range(config.epochs):
         draft.train()
@@ -443,7 +444,8 @@ def train_draft(
             best_state = {k: v.detach().clone() for k, v in draft.state_dict().items()}
     if best_state is not None:
         draft.load_state_dict(best_state)
-    return history
+        score = best_score
+    return history, before, score
 
 
 # 6. The whole recipe ----------------------------------------------------------------------
@@ -512,11 +514,9 @@ def distill(
 
     draft = build_draft(target, layers)
     head = _Head.of(draft, vocabulary)
-    before = agreement(draft, target, validation, head)
     started = time.perf_counter()
-    history = train_draft(draft, target, train, validation, head, config, progress)
+    history, before, after = train_draft(draft, target, train, validation, head, config, progress)
     train_seconds = time.perf_counter() - started
-    after = agreement(draft, target, validation, head)
 
     labels = torch.tensor([t for w in validation for t in w.labels])
     report = DistillReport(

@@ -41,6 +41,15 @@ TOKENIZER_FILES = (
 )
 
 
+def share_target_tensors(draft, target_decoder) -> None:
+    """Points the draft's SHARED_TENSORS at the target decoder's own (no copies): token and
+    position embeddings, and the output head tied to the token embeddings."""
+    decoder = draft.model.decoder
+    decoder.embed_tokens.weight = target_decoder.embed_tokens.weight
+    decoder.embed_positions.weight = target_decoder.embed_positions.weight
+    draft.proj_out.weight = target_decoder.embed_tokens.weight
+
+
 def is_distilled_draft(path: str | Path) -> bool:
     config = Path(path) / "config.json"
     return config.is_file() and DRAFT_KEY in json.loads(config.read_text())
@@ -133,10 +142,7 @@ def load_draft_module(path: str | Path, target_module, dtype: torch.dtype):
     if unexpected or set(missing) - set(SHARED_TENSORS):
         raise ValueError(f"draft {path}: unexpected {unexpected}, missing {missing}")
     model = model.to(dtype=dtype, device=target_module.device).eval()
-    decoder = model.model.decoder
-    decoder.embed_tokens.weight = source.embed_tokens.weight
-    decoder.embed_positions.weight = source.embed_positions.weight
-    model.proj_out.weight = source.embed_tokens.weight
+    share_target_tensors(model, source)
     model.generation_config = GenerationConfig.from_pretrained(str(path))
     vocabulary = meta.get("output_vocabulary")
     if vocabulary is not None and len(vocabulary) < config.vocab_size:

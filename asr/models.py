@@ -255,6 +255,11 @@ SHIPPED_DRAFTS: dict[str, str] = {
 }
 
 
+def shipped_draft_ready(name: str) -> bool:
+    """Whether the shipped draft `name` is built in this checkout (needs no model cache)."""
+    return name in SHIPPED_DRAFTS and (SHIPPED_DRAFTS_DIR / name / "config.json").is_file()
+
+
 class ModelRegistry:
     """Resolves model names and keeps the converted embedded models in `cache_dir`."""
 
@@ -267,7 +272,7 @@ class ModelRegistry:
 
     def is_ready(self, name: str) -> bool:
         if name in SHIPPED_DRAFTS:
-            return (SHIPPED_DRAFTS_DIR / name / "config.json").is_file()
+            return shipped_draft_ready(name)
         manifest = self.path_of(name) / MANIFEST
         if not manifest.is_file():
             return False
