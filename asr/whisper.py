@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from asr.audio import SAMPLE_RATE
+from decoding.projection import OutputProjection
 
 N_FFT = 400
 HOP_LENGTH = 160
@@ -112,7 +113,7 @@ class WhisperModel:
         self.alignment_heads = tuple(map(tuple, model.generation_config.alignment_heads or ()))
         # A distilled draft scores only these token ids (asr.draft_checkpoint); None: all.
         self.output_vocabulary: torch.Tensor | None = None
-        self._head_columns: torch.Tensor | None = None  # (d_model, head size), made on first use
+        self._head: OutputProjection | None = None  # made on first use
         # A distilled draft's layer i reads the target's layer cross_from_target[i] keys/values.
         self.cross_from_target: tuple[int, ...] | None = None
 
@@ -303,16 +304,12 @@ class WhisperModel:
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """Tensor, shape = (..., d_model) -> logits, Tensor, shape = (..., vocab); at least
         float32 (half-precision models), float64 for float64 models (tests keep ties away)."""
-        if self._head_columns is None:
-            # The head's weight, transposed once: a (tokens, d_model) @ (d_model, vocab) product
-            # runs about twice as fast on CPU for 1-3 tokens as the linear layer's
-            # (tokens, d_model) @ (vocab, d_model).T (measured: 9 ms against 20 ms for one
-            # token of whisper-base's 51865-token head, one thread).
+        if self._head is None:
             weight = self.model.proj_out.weight
             if self.output_vocabulary is not None:
-                weight = weight[self.output_vocabulary]
-            self._head_columns = weight.detach().T.contiguous()
-        head = states @ self._head_columns
+                weight = weight[self.output_vocabulary].contiguous()
+            self._head = OutputProjection(weight)
+        head = self._head(states)
         if self.output_vocabulary is None:
             return head.to(torch.promote_types(head.dtype, torch.float32))
         # A reduced head: tokens outside it get -inf, so they are never drafted.

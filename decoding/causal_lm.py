@@ -22,6 +22,8 @@ import copy
 
 import torch
 
+from decoding.projection import OutputProjection
+
 
 class CacheLayout:
     """Which cache column holds which position, per row.
@@ -86,17 +88,15 @@ def _device_of(model: torch.nn.Module) -> torch.device:
 
 
 class OutputHead:
-    """A causal LM's output layer as states @ (d_model, vocab) columns, transposed once.
+    """A causal LM's output layer (an OutputProjection), then Gemma 2's logit soft-capping.
 
-    On CPU a (tokens, d_model) @ (d_model, vocab) product runs about twice as fast for 1-3 tokens
-    as the linear layer's (tokens, d_model) @ (vocab, d_model).T, and the output layer is the
-    largest matrix of a small LM (Gemma 3 270M: 262144 x 640). `of` returns None for models
-    whose head is not a plain linear layer (a quantized one, say); they keep their own forward.
+    `of` returns None for models whose head is not a plain linear layer (a quantized one, say);
+    they keep their own forward.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, softcap: float | None):
-        self.weight, self.bias, self.softcap = weight, bias, softcap
-        self.columns: torch.Tensor | None = None  # made on first use
+        self.projection = OutputProjection(weight, bias)
+        self.softcap = softcap
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> OutputHead | None:
@@ -108,11 +108,7 @@ class OutputHead:
 
     def __call__(self, states: torch.Tensor) -> torch.Tensor:
         """states: Tensor, shape = (batch, n, d_model) -> logits, shape = (batch, n, vocab)."""
-        if self.columns is None:
-            self.columns = self.weight.detach().T.contiguous()
-        logits = states @ self.columns
-        if self.bias is not None:
-            logits = logits + self.bias
+        logits = self.projection(states)
         if self.softcap:  # Gemma 2's final logit soft-capping, as its own forward applies it
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

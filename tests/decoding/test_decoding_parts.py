@@ -1,4 +1,5 @@
-"""Policies, the n-gram lookup, the early-exit view and the torch-only import rule."""
+"""Policies, the n-gram lookup, the early-exit view, the output projection and the torch-only
+import rule."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from decoding import (
     PromptLookupDrafter,
     greedy_accept,
 )
+from decoding.projection import OutputProjection
 from decoding.protocols import NO_TOKEN
 
 DECODING_DIR = pathlib.Path(decoding.__file__).parent
@@ -167,3 +169,14 @@ def test_early_exit_view_shares_weights_and_leaves_the_model_whole(models):
     assert early.view.model.layers[1] is models.target.model.layers[1]
     with pytest.raises(ValueError, match="exit_layer"):
         target.early_exit(4)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 12])
+def test_output_projection_matches_the_linear_layer_for_every_row_count(rows):
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(1000, 64, generator=generator)
+    bias = torch.randn(1000, generator=generator)
+    states = torch.randn(1, rows, 64, generator=generator)
+    projected = OutputProjection(weight, bias)(states)
+    assert projected.shape == (1, rows, 1000)
+    torch.testing.assert_close(projected, torch.nn.functional.linear(states, weight, bias))
