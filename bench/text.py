@@ -13,6 +13,7 @@ how repetitive its greedy output is. The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import statistics
@@ -53,6 +54,34 @@ PROMPTS = {
 TARGET = "gemma-3-270m"
 CROSS_ASSISTANT = "smollm2-135m"
 LOOKUP_TOKENS = 4  # transformers' prompt_lookup_num_tokens and our draft length for it
+
+
+# transformers reads the draft length, its schedule and the confidence threshold from the
+# *assistant's* generation_config (generate's own keyword arguments of those names are ignored for
+# assisted decoding), and tunes the threshold in place from call to call; so every assisted run
+# sets all three there, these defaults included, and restores them afterwards.
+TRANSFORMERS_ASSISTED_DEFAULTS = dict(
+    num_assistant_tokens=20,
+    num_assistant_tokens_schedule="constant",
+    assistant_confidence_threshold=0.4,
+)
+
+
+@contextlib.contextmanager
+def assistant_settings(assistant, settings: dict):
+    """Sets generation_config attributes of the assistant model for one run."""
+    if assistant is None or not settings:
+        yield
+        return
+    config = assistant.generation_config
+    saved = {name: getattr(config, name, None) for name in settings}
+    for name, value in settings.items():
+        setattr(config, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(config, name, value)
 
 
 @dataclass(frozen=True)
@@ -104,15 +133,17 @@ def build_configs(models: dict) -> list[Config]:
 
         return run
 
-    def transformers(**kwargs) -> Callable[[list[int], int], Run]:
+    def transformers(drafting: dict | None = None, **kwargs) -> Callable[[list[int], int], Run]:
         def run(ids: list[int], new_tokens: int) -> Run:
             prompt = torch.tensor([ids])
-            started = time.perf_counter()
-            with torch.inference_mode():
-                out = target.model.generate(
-                    prompt, max_new_tokens=new_tokens, do_sample=False, **kwargs
-                )
-            return Run(time.perf_counter() - started, tuple(out[0, len(ids) :].tolist()))
+            with assistant_settings(kwargs.get("assistant_model"), drafting or {}):
+                started = time.perf_counter()
+                with torch.inference_mode():
+                    out = target.model.generate(
+                        prompt, max_new_tokens=new_tokens, do_sample=False, **kwargs
+                    )
+                seconds = time.perf_counter() - started
+            return Run(seconds, tuple(out[0, len(ids) :].tolist()))
 
         return run
 
@@ -121,6 +152,7 @@ def build_configs(models: dict) -> list[Config]:
     # threshold of 0.4 (its ConfidenceStop), which our "confidence" policy mirrors.
     lookup = dict(prompt_lookup=LOOKUP_TOKENS, ngram=2)  # transformers matches 2-grams
     int8_fixed = dict(num_assistant_tokens=4, assistant_confidence_threshold=0.0)
+    default = TRANSFORMERS_ASSISTED_DEFAULTS
     configs = [
         Config("ours greedy", "ours", "transformers generate", ours(DraftOptions())),
         Config("ours prompt-lookup constant", "ours", "transformers prompt-lookup",
@@ -145,15 +177,15 @@ def build_configs(models: dict) -> list[Config]:
         Config("transformers prompt-lookup", "transformers", None,
                transformers(prompt_lookup_num_tokens=LOOKUP_TOKENS, max_matching_ngram_size=2)),
         Config("transformers int8-draft constant", "transformers", None,
-               transformers(assistant_model=int8.model, num_assistant_tokens_schedule="constant",
-                            **int8_fixed)),
+               transformers(dict(num_assistant_tokens_schedule="constant", **int8_fixed),
+                            assistant_model=int8.model)),
         Config("transformers int8-draft heuristic", "transformers", None,
-               transformers(assistant_model=int8.model,
-                            num_assistant_tokens_schedule="heuristic_transient", **int8_fixed)),
+               transformers(dict(num_assistant_tokens_schedule="heuristic_transient", **int8_fixed),
+                            assistant_model=int8.model)),
         Config("transformers int8-draft default", "transformers", None,
-               transformers(assistant_model=int8.model)),
+               transformers(default, assistant_model=int8.model)),
         Config("transformers smollm2-draft default", "transformers", None,
-               transformers(assistant_model=smol.model, tokenizer=target.tokenizer,
+               transformers(default, assistant_model=smol.model, tokenizer=target.tokenizer,
                             assistant_tokenizer=smol.tokenizer)),
     ]  # fmt: skip
     return configs
