@@ -39,10 +39,18 @@ class LogitRules:
             if not tokens:  # SuppressBlank: no leading space or immediate end
                 logits[row, [BLANK_TOKEN, special.eot]] = -torch.inf
             if self.timestamps:
-                self._timestamp_rules(logits[row], tokens)
+                self._timestamp_grammar(logits[row], tokens)
+        if self.timestamps:
+            # Sample a timestamp when their total probability beats any single text token
+            # (row by row, as OpenAI; one batched log-softmax over the rows).
+            begin = special.timestamp_begin
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            timestamp_wins = logprobs[:, begin:].logsumexp(dim=-1) > logprobs[:, :begin].amax(-1)
+            logits[timestamp_wins, :begin] = -torch.inf
         return logits
 
-    def _timestamp_rules(self, logits: torch.Tensor, tokens: list[int]) -> None:
+    def _timestamp_grammar(self, logits: torch.Tensor, tokens: list[int]) -> None:
+        """Pairing, monotonic and initial-timestamp rules for one row, in place."""
         begin = self.special.timestamp_begin
         last_was_timestamp = len(tokens) >= 1 and tokens[-1] >= begin
         penultimate_was_timestamp = len(tokens) < 2 or tokens[-2] >= begin
@@ -63,8 +71,3 @@ class LogitRules:
             logits[:begin] = -torch.inf
             if self.max_initial_timestamp_index is not None:
                 logits[begin + self.max_initial_timestamp_index + 1 :] = -torch.inf
-
-        # Sample a timestamp when their total probability beats any single text token.
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        if logprobs[begin:].logsumexp(dim=-1) > logprobs[:begin].max():
-            logits[:begin] = -torch.inf

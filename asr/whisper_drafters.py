@@ -86,14 +86,24 @@ def _draft_language(draft: WhisperModel, language: str | None) -> str | None:
 
 
 def load_assistant(
-    target: WhisperModel, path: str, shape: DraftShape | None = None
+    target: WhisperModel,
+    path: str,
+    shape: DraftShape | None = None,
+    int8: bool | None = None,
 ) -> WhisperAssistant:
     """Loads a draft from a model directory or hub id and pairs it with `target`; a distilled
-    draft (asr.draft_checkpoint) borrows the target's embeddings."""
+    draft (asr.draft_checkpoint) borrows the target's embeddings.
+
+    int8: run a distilled draft's decoder layers in int8 (`asr.precision.quantize_draft_decoder`);
+    None: on CPU. The output stays the target's either way; only the speed changes.
+    """
     from asr.draft_checkpoint import is_distilled_draft
+    from asr.precision import quantize_draft_decoder
 
     if is_distilled_draft(path):
         draft = WhisperModel.load_draft(path, target)
+        if int8 if int8 is not None else draft.device.type == "cpu":
+            quantize_draft_decoder(draft.model)
     else:
         draft = WhisperModel.load(path, target.device, target.dtype)
     return pair_assistant(target, draft, shape)

@@ -149,7 +149,7 @@ def test_saved_draft_loads_with_the_targets_shared_tensors(whisper_base, tmp_pat
     assert {"config.json", "model.safetensors", "tokenizer.json", "recipe.json"} <= files
     size = (tmp_path / "d" / "model.safetensors").stat().st_size
     assert size < 20e6  # the embeddings and cross-attention projections are not stored
-    loaded = load_assistant(whisper_base, str(tmp_path / "d")).model
+    loaded = load_assistant(whisper_base, str(tmp_path / "d"), int8=False).model
     target_layer = whisper_base.model.model.decoder.layers[5].encoder_attn.k_proj.weight
     assert torch.equal(
         loaded.model.model.decoder.layers[1].encoder_attn.k_proj.weight, target_layer
@@ -162,6 +162,18 @@ def test_saved_draft_loads_with_the_targets_shared_tensors(whisper_base, tmp_pat
     # float16 storage of the draft's own tensors
     torch.testing.assert_close(
         ours.last_hidden_state, theirs.last_hidden_state, atol=0.05, rtol=0.01
+    )
+    # On CPU a draft's layers run in int8 by default: still close to the float draft.
+    quantized = load_assistant(whisper_base, str(tmp_path / "d")).model
+    fc1 = quantized.model.model.decoder.layers[0].fc1
+    assert isinstance(fc1, torch.ao.nn.quantized.dynamic.Linear)
+    with torch.no_grad():
+        int8 = quantized.model.model.decoder(input_ids=tokens, encoder_hidden_states=features)
+    assert (
+        torch.nn.functional.cosine_similarity(
+            int8.last_hidden_state, ours.last_hidden_state, dim=-1
+        ).min()
+        > 0.99
     )
 
 
