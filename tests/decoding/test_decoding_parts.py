@@ -171,7 +171,7 @@ def test_early_exit_view_shares_weights_and_leaves_the_model_whole(models):
         target.early_exit(4)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 12])
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 12, 13])
 def test_output_projection_matches_the_linear_layer_for_every_row_count(rows):
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(1000, 64, generator=generator)
