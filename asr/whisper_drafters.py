@@ -102,7 +102,8 @@ def load_assistant(
 
     if is_distilled_draft(path):
         draft = WhisperModel.load_draft(path, target)
-        if int8 if int8 is not None else draft.device.type == "cpu":
+        quantize = draft.device.type == "cpu" if int8 is None else int8
+        if quantize:
             quantize_draft_decoder(draft.model)
     else:
         draft = WhisperModel.load(path, target.device, target.dtype)
