@@ -6,7 +6,6 @@ loaded and wrapped (`decoding.CausalLM`) and where a drafter is chosen from user
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Literal
 
@@ -113,13 +112,10 @@ def load_language_model(registry: ModelRegistry, name: str) -> LanguageModel:
 
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    import warnings
+    """A copy of `model` with int8 linear layers; the model itself is left as it is."""
+    from asr.precision import int8_linear_layers
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the API still works
-        return torch.ao.quantization.quantize_dynamic(
-            copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8
-        )
+    return int8_linear_layers(model)
 
 
 def make_policy(options: DraftOptions) -> LookaheadPolicy:

@@ -108,6 +108,18 @@ def _cuda_supports_bf16(device: str | torch.device) -> bool:
         return torch.cuda.is_bf16_supported()
 
 
+def int8_linear_layers(module: torch.nn.Module, inplace: bool = False) -> torch.nn.Module:
+    """`module` with every nn.Linear quantized to int8 (torch.ao dynamic quantization: int8
+    weights, activations quantized on the fly); a quantized copy unless `inplace`."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the API still works
+        return torch.ao.quantization.quantize_dynamic(
+            module, {torch.nn.Linear}, dtype=torch.qint8, inplace=inplace
+        )
+
+
 def quantize_draft_decoder(model: torch.nn.Module) -> torch.nn.Module:
     """A draft Whisper's decoder layers with int8 linear layers (dynamic quantization), on CPU.
 
@@ -118,12 +130,5 @@ def quantize_draft_decoder(model: torch.nn.Module) -> torch.nn.Module:
     the target's, or small); the cross-attention keys and values stay float (the target's).
     `model` is the draft's transformers module; changed in place and returned.
     """
-    import warnings
-
-    decoder = model.model.decoder
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the API still works
-        decoder.layers = torch.ao.quantization.quantize_dynamic(
-            decoder.layers, {torch.nn.Linear}, dtype=torch.qint8
-        )
+    int8_linear_layers(model.model.decoder.layers, inplace=True)
     return model

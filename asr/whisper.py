@@ -307,7 +307,7 @@ class WhisperModel:
         if self._head is None:
             weight = self.model.proj_out.weight
             if self.output_vocabulary is not None:
-                weight = weight[self.output_vocabulary].contiguous()
+                weight = weight[self.output_vocabulary]
             self._head = OutputProjection(weight)
         head = self._head(states)
         if self.output_vocabulary is None:

@@ -513,12 +513,11 @@ def summarise(
 ) -> dict[str, dict]:
     durations = {u.name: len(audio[u.name]) / SAMPLE_RATE for u in files}
     rows: dict[str, dict] = {}
-    all_files = files
     for config in configs:
         # A configuration that failed on some files is summarised over the others.
-        files = [u for u in all_files if (u.name, config.name) in runs]
-        total_audio = sum(durations[u.name] for u in files)
-        per_file = {u.name: runs[(u.name, config.name)] for u in files}
+        covered = [u for u in files if (u.name, config.name) in runs]
+        total_audio = sum(durations[u.name] for u in covered)
+        per_file = {u.name: runs[(u.name, config.name)] for u in covered}
         seconds = {name: statistics.median(r.seconds for r in rs) for name, rs in per_file.items()}
         total = sum(seconds.values())
         texts = {name: rs[0].text for name, rs in per_file.items()}
@@ -530,9 +529,9 @@ def summarise(
             "total_seconds": round(total, 3),
             "median_file_seconds": round(statistics.median(seconds.values()), 3),
             "rtf": round(total / total_audio, 4),
-            "wer": _wer(files, texts),
-            "wer_utterances": _wer([u for u in files if not u.long_form], texts),
-            "wer_long_form": _wer([u for u in files if u.long_form], texts),
+            "wer": _wer(covered, texts),
+            "wer_utterances": _wer([u for u in covered if not u.long_form], texts),
+            "wer_long_form": _wer([u for u in covered if u.long_form], texts),
         }
         for key in SUMMED:
             values = [_median([getattr(r, key) for r in rs]) for rs in per_file.values()]
@@ -550,7 +549,7 @@ def summarise(
         if failed:
             row["failed_files"] = failed
         rows[config.name] = row
-    _compare(configs, all_files, runs, rows)
+    _compare(configs, files, runs, rows)
     return rows
 
 
