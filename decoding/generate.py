@@ -72,6 +72,8 @@ class _Committed:
     """What one commit did, read back to the host in a single transfer."""
 
     histogram: tuple[int, ...]
+    reached: tuple[int, ...]  # per drafted column: rows that verified it, all before it accepted
+    kept: tuple[int, ...]  # per drafted column: rows that accepted it
     proposed: int
     accepted: int
     rejections: int
@@ -168,13 +170,24 @@ class _Rows:
                 generated.masked_fill(finished, self.max_new_tokens).min(),
             ]
         )
+        drafted = columns[: proposals.shape[1]].unsqueeze(1)  # (k, 1) against rows
+        reached = ((proposed > drafted) & (verdict.accepted >= drafted)).sum(dim=1)
+        kept = (verdict.accepted > drafted).sum(dim=1)
         histogram = torch.bincount(verdict.accepted, minlength=width)
-        *histogram, proposed, accepted, rejections, new, n_finished, least = torch.cat(
-            [histogram, totals]
-        ).tolist()
+        values = torch.cat([reached, kept, histogram, totals]).tolist()
+        k = proposals.shape[1]
+        *histogram, proposed, accepted, rejections, new, n_finished, least = values[2 * k :]
         self.max_budget = self.max_new_tokens - least
         return _Committed(
-            tuple(histogram), proposed, accepted, rejections, new, finished, n_finished > 0
+            tuple(histogram),
+            tuple(values[:k]),
+            tuple(values[k : 2 * k]),
+            proposed,
+            accepted,
+            rejections,
+            new,
+            finished,
+            n_finished > 0,
         )
 
     def retire(self, finished: torch.Tensor) -> torch.Tensor:
@@ -313,6 +326,8 @@ def generate(
                         proposed=step.proposed,
                         accepted=step.accepted,
                         rejections=step.rejections,
+                        reached=step.reached,
+                        kept=step.kept,
                         draft_seconds=drafted - started,
                         verify_seconds=verified - drafted,
                         includes_prefill=first_step,

@@ -23,6 +23,10 @@ class BlockOutcome:
     draft_seconds: float
     verify_seconds: float
     includes_prefill: bool  # the first step of a generation also processed the prompts
+    # Per drafted column i: rows whose i-th draft was verified with every earlier one accepted,
+    # and rows that accepted it (empty when the caller does not count them).
+    reached: tuple[int, ...] = ()
+    kept: tuple[int, ...] = ()
 
 
 class LookaheadPolicy(Protocol):
@@ -99,25 +103,33 @@ class ConfidenceStop:
 class Adaptive:
     """The k that maximises expected committed tokens per unit of time.
 
-    If each drafted token is accepted with probability alpha (the i.i.d. model of Leviathan et
-    al.), a block of k drafts commits on average
+    A block of k drafts commits the accepted drafts plus the target's own token:
 
-        E(k) = 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha)
+        E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k
 
-    tokens (the accepted drafts plus the target's own token) and takes k*d + v(k) seconds: k draft
-    steps of d seconds and one target call v(k) that verifies them. With the cost ratio
-    c = d / v(k) this is the textbook rule
+    where a_i is the probability that draft i is accepted given that drafts 1..i-1 were (its
+    survival rate). The step takes k*d + v(k) seconds: k draft steps of d seconds and one target
+    call v(k) that verifies them. The policy drafts
 
-        k* = argmax_{0 <= k <= k_max} E(k) / (v(k) * (k*c + 1)).
+        k* = argmax_{0 <= k <= k_max} E(k) / (k*d + v(k)).
 
-    alpha is the geometric maximum-likelihood estimate with exponential forgetting: accepted
-    drafts are successes and rejections failures. A block accepted to its end has no failure,
-    which keeps the estimate unbiased although blocks are truncated at k. Pseudo-counts from
-    `prior_alpha` start it off and fade within a few blocks.
+    With a constant a_i = alpha this is the textbook rule of Leviathan et al. Real acceptance is
+    not that memoryless: easy stretches (a quoted passage, boilerplate code) run long, and a
+    draft that has been right for five tokens is more likely to be right on the sixth than on
+    the first. So a_i is measured per position: among rows whose i-th draft was verified, the
+    share that accepted it. Positions with few observations lean on the pooled alpha (it enters
+    each a_i as `prior_weight` pseudo-observations), so far positions start as the geometric
+    model and move away from it only as evidence arrives.
 
-    d and v(k) are exponential moving averages of measured times. v is kept per block width
-    because it grows with k where the target is compute-bound (CPUs) and hardly at all where it
-    is memory-bound (GPUs); an untried k borrows the nearest tried width's time, so longer blocks
+    The pooled alpha is the geometric maximum-likelihood estimate: accepted drafts are successes
+    and rejections failures (a block accepted to its end has no failure, which keeps the
+    estimate unbiased although blocks are truncated at k). Pseudo-counts from `prior_alpha`
+    start it off. Every count forgets with `decay` per block.
+
+    d is an exponential moving average of measured draft-step times. v(k) grows with k where the
+    target is compute-bound (CPUs) and hardly at all where it is memory-bound (GPUs): each
+    verified width keeps a moving average of its call times, and v is the least-squares line
+    through them (never falling), so an untried k is priced by extrapolation and longer blocks
     get tried once shorter ones pay. Before any measurement v = 1 and d = prior_cost. Times from
     a generation's first step (prompt prefill) are ignored.
 
@@ -147,8 +159,11 @@ class Adaptive:
         self.probe_every = _check_k("probe_every", probe_every)
         self.decay = decay
         self.prior_cost = prior_cost
+        self.prior_weight = prior_weight
         self.successes = prior_alpha * prior_weight
         self.failures = (1 - prior_alpha) * prior_weight
+        self.position_reached = [0.0] * self.k_max  # forgetful counts per drafted position
+        self.position_kept = [0.0] * self.k_max
         self.draft_step: float | None = None  # seconds per draft step
         self.verify: dict[int, float] = {}  # drafted columns -> seconds per target call
         self._plain_steps = 0
@@ -157,17 +172,46 @@ class Adaptive:
     def alpha(self) -> float:
         return self.successes / (self.successes + self.failures)
 
+    def survival(self, position: int) -> float:
+        """a_i for the 0-based drafted position i: measured, shrunk towards the pooled alpha."""
+        if position >= self.k_max:
+            return self.alpha
+        prior = self.prior_weight
+        kept = self.position_kept[position] + prior * self.alpha
+        return kept / (self.position_reached[position] + prior)
+
     def expected_tokens(self, k: int) -> float:
-        alpha = min(self.alpha, 1 - 1e-9)
-        return (1 - alpha ** (k + 1)) / (1 - alpha)
+        expected, surviving = 1.0, 1.0
+        for position in range(k):
+            surviving *= self.survival(position)
+            expected += surviving
+        return expected
 
     def seconds(self, k: int) -> float:
         """Estimated time of a step that drafts k tokens (relative units before measurements)."""
         if not self.verify:
             return k * self.prior_cost + 1
-        verify = self.verify[min(self.verify, key=lambda width: (abs(width - k), width))]
+        verify = self.verify_seconds(k)
         draft = self.prior_cost * verify if self.draft_step is None else self.draft_step
         return k * draft + verify
+
+    def verify_seconds(self, width: int) -> float:
+        """v(width) from the line through the measured widths (flat while only one is known).
+
+        A line rather than each width's own average: every width is measured only now and then,
+        so its own average is noisy, and one unlucky call must not keep the policy off a width
+        for good; a line also extrapolates sensibly to widths not tried yet.
+        """
+        points = self.verify.items()
+        if len(points) == 1:
+            return next(iter(self.verify.values()))
+        mean_width = sum(w for w, _ in points) / len(points)
+        mean_time = sum(t for _, t in points) / len(points)
+        spread = sum((w - mean_width) ** 2 for w, _ in points)
+        slope = sum((w - mean_width) * (t - mean_time) for w, t in points) / spread
+        estimate = mean_time + max(slope, 0.0) * (width - mean_width)
+        # Extrapolating below the cheapest measured call must not make short blocks look free.
+        return max(estimate, min(self.verify.values()) / 2)
 
     def next_k(self) -> int:
         candidates = range(self.k_max + 1)
@@ -181,6 +225,12 @@ class Adaptive:
         if outcome.proposed:
             self.successes = self.decay * self.successes + outcome.accepted
             self.failures = self.decay * self.failures + outcome.rejections
+            for position in range(self.k_max):
+                reached = outcome.reached[position] if position < len(outcome.reached) else 0
+                kept = outcome.kept[position] if position < len(outcome.kept) else 0
+                self.position_reached[position] = self.decay * self.position_reached[position]
+                self.position_reached[position] += reached
+                self.position_kept[position] = self.decay * self.position_kept[position] + kept
         if outcome.includes_prefill:
             return
         if outcome.k:

@@ -12,11 +12,18 @@ operands' layout, and no single layout is fast for every row count. Measured on 
     F.linear               47 (7.4)    93 (14.8)   89 (12.6)   93 (20.3)  112 (16.6)
 
 so one row goes through the transposed copy and 2-8 rows through the weight as it is stored,
-which makes a 5-token verification 2.5x cheaper than either layout alone. 9-12 rows go through
-the stored weight in two balanced parts (2 threads, interleaved runs: 72 against 126 ms for 12
-rows of the large head, 12 against 14 ms of Whisper's); beyond that the layouts are within noise
-of each other and the transposed copy is used. Both layouts give the same values up to float
-rounding, as any two BLAS kernels do.
+which makes a 5-token verification 2.5x cheaper than either layout alone. 9-17 rows (up to 16
+drafts and the bonus row) go through the stored weight in balanced parts of at most 8 rows. With
+2 threads that is clearly faster for the large head, milliseconds, median of 9 runs:
+
+    rows                      9     12     13     16     17
+    states @ columns        132    101    109    107    110
+    weight @ parts            41     61     68     71     82
+    F.linear                  95     77     94     87    109
+
+and within noise for Whisper's (12-17 rows: 10-14 ms either way); with one thread, 13-17 rows
+are within noise (134-171 against 139-163 ms). Beyond 17 rows the parts lose and the transposed
+copy is used. Both layouts give the same values up to float rounding, as any two BLAS kernels do.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import torch.nn.functional as F
 
 # Row counts for which (weight @ states.T).T, in parts of at most _PART_ROWS rows, beats
 # states @ columns on CPU (table above).
-_ROW_MAJOR_ROWS = range(2, 13)
+_ROW_MAJOR_ROWS = range(2, 18)
 _PART_ROWS = 8
 
 

@@ -70,6 +70,36 @@ def test_plain_greedy_equals_transformers_generate_float32():
     assert batched.stats.accepted_histogram == (24 * len(PROMPTS),)
 
 
+class RecordingPolicy(ConstantK):
+    """ConstantK that keeps every BlockOutcome it is given."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.outcomes = []
+
+    def update(self, outcome) -> None:
+        self.outcomes.append(outcome)
+
+
+def test_block_outcomes_count_each_drafted_position_per_row(models):
+    target = CausalLM(models.target)
+    policy = RecordingPolicy(3)
+
+    generate(target, PROMPTS, ModelDrafter(CausalLM(models.unrelated)), policy, max_new_tokens=9)
+
+    drafted = [outcome for outcome in policy.outcomes if outcome.width]
+    assert drafted
+    for outcome in drafted:
+        reached, kept = outcome.reached, outcome.kept
+        assert len(reached) == len(kept) == outcome.width
+        assert reached[0] <= len(PROMPTS)
+        # A row verifies a later draft only if it kept every one before it.
+        assert all(later <= earlier for later, earlier in zip(reached[1:], kept, strict=False))
+        assert sum(kept) == outcome.accepted
+        # A row verified a draft it did not keep exactly where its block was rejected.
+        assert sum(r - k for r, k in zip(reached, kept, strict=True)) == outcome.rejections
+
+
 def test_draft_equal_to_target_accepts_every_token(models, references):
     target = CausalLM(models.target)
     drafter = ModelDrafter(CausalLM(models.target))

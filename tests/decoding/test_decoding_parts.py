@@ -129,6 +129,48 @@ def test_adaptive_drafts_less_when_wider_blocks_cost_more_to_verify():
     assert 1 <= policy.next_k() < 8
 
 
+def test_adaptive_drafts_longer_when_survival_grows_along_the_block():
+    """Same pooled alpha, same costs: acceptance that is bursty (a draft that was right so far
+    tends to stay right) makes long blocks pay, where the geometric model stops early."""
+    geometric, bursty = Adaptive(k_max=12), Adaptive(k_max=12)
+    for policy in (geometric, bursty):
+        policy.successes, policy.failures = 8.0, 2.0  # alpha = 0.8
+        policy.draft_step = 0.05
+        policy.verify = {0: 1.0, **{k: 1.0 + 0.05 * k for k in range(1, 13)}}
+    # Each position seen 100 times: the first draft is often wrong, the later ones rarely.
+    bursty.position_reached = [100.0] * 12
+    bursty.position_kept = [60.0] + [99.0] * 11
+
+    assert geometric.survival(5) == pytest.approx(0.8)
+    assert bursty.survival(0) < 0.65 and bursty.survival(5) > 0.95
+    assert bursty.next_k() > geometric.next_k() + 2
+
+
+def test_adaptive_learns_survival_per_position_from_block_outcomes():
+    policy = Adaptive(k_max=4, decay=0.99)
+    for _ in range(50):  # one row: drafts 1 and 2 always kept, draft 3 always rejected
+        policy.update(
+            BlockOutcome(4, 4, 4, 2, 1, 0.01, 0.1, False, reached=(1, 1, 1, 0), kept=(1, 1, 0, 0))
+        )
+
+    assert policy.survival(0) > 0.9 and policy.survival(1) > 0.9
+    assert policy.survival(2) < 0.2
+    assert policy.survival(3) == pytest.approx(policy.alpha)  # never reached: the pooled value
+
+
+def test_adaptive_prices_untried_widths_on_the_line_through_measured_ones():
+    policy = Adaptive()
+    policy.verify = {2: 1.2}
+    assert policy.verify_seconds(9) == 1.2  # one width known: flat
+    policy.verify = {2: 1.2, 4: 1.4, 6: 1.6}
+    assert policy.verify_seconds(10) == pytest.approx(2.0)
+    assert policy.verify_seconds(0) == pytest.approx(1.0)
+    policy.verify = {2: 1.5, 4: 1.0}  # noise that slopes down is taken as flat, not as free
+    assert policy.verify_seconds(12) == pytest.approx(1.25)
+    policy.verify = {1: 0.1, 2: 1.0}
+    assert policy.verify_seconds(0) == pytest.approx(0.05)  # never below half the cheapest
+
+
 def test_adaptive_ignores_the_prefill_step_time():
     policy = Adaptive()
     policy.update(BlockOutcome(4, 4, 4, 4, 0, 5.0, 50.0, includes_prefill=True))
@@ -171,7 +213,7 @@ def test_early_exit_view_shares_weights_and_leaves_the_model_whole(models):
         target.early_exit(4)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 12, 13])
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 12, 13, 17, 18])
 def test_output_projection_matches_the_linear_layer_for_every_row_count(rows):
     generator = torch.Generator().manual_seed(rows)
     weight = torch.randn(1000, 64, generator=generator)
