@@ -117,9 +117,11 @@ class Adaptive:
     not that memoryless: easy stretches (a quoted passage, boilerplate code) run long, and a
     draft that has been right for five tokens is more likely to be right on the sixth than on
     the first. So a_i is measured per position: among rows whose i-th draft was verified, the
-    share that accepted it. Positions with few observations lean on the pooled alpha (it enters
-    each a_i as `prior_weight` pseudo-observations), so far positions start as the geometric
-    model and move away from it only as evidence arrives.
+    share that accepted it. A position with few observations leans on its predecessor's rate
+    (which enters as `prior_weight` pseudo-observations; the first position leans on the pooled
+    alpha): neighbouring positions behave alike, and the pooled alpha, dominated by the
+    failures of first drafts, would understate how long a run that has started goes on. With
+    no observations at all this is the geometric model.
 
     The pooled alpha is the geometric maximum-likelihood estimate: accepted drafts are successes
     and rejections failures (a block accepted to its end has no failure, which keeps the
@@ -172,18 +174,19 @@ class Adaptive:
     def alpha(self) -> float:
         return self.successes / (self.successes + self.failures)
 
-    def survival(self, position: int) -> float:
-        """a_i for the 0-based drafted position i: measured, shrunk towards the pooled alpha."""
-        if position >= self.k_max:
-            return self.alpha
-        prior = self.prior_weight
-        kept = self.position_kept[position] + prior * self.alpha
-        return kept / (self.position_reached[position] + prior)
+    def survival_rates(self) -> list[float]:
+        """a_i for the 0-based drafted positions 0..k_max-1: each measured rate shrunk towards
+        the one before it (the first towards the pooled alpha)."""
+        rates, previous = [], self.alpha
+        for reached, kept in zip(self.position_reached, self.position_kept, strict=True):
+            previous = (kept + self.prior_weight * previous) / (reached + self.prior_weight)
+            rates.append(previous)
+        return rates
 
     def expected_tokens(self, k: int) -> float:
         expected, surviving = 1.0, 1.0
-        for position in range(k):
-            surviving *= self.survival(position)
+        for rate in self.survival_rates()[:k]:
+            surviving *= min(rate, 1.0)
             expected += surviving
         return expected
 

@@ -141,8 +141,8 @@ def test_adaptive_drafts_longer_when_survival_grows_along_the_block():
     bursty.position_reached = [100.0] * 12
     bursty.position_kept = [60.0] + [99.0] * 11
 
-    assert geometric.survival(5) == pytest.approx(0.8)
-    assert bursty.survival(0) < 0.65 and bursty.survival(5) > 0.95
+    assert geometric.survival_rates()[5] == pytest.approx(0.8)
+    assert bursty.survival_rates()[0] < 0.65 and bursty.survival_rates()[5] > 0.95
     assert bursty.next_k() > geometric.next_k() + 2
 
 
@@ -153,9 +153,10 @@ def test_adaptive_learns_survival_per_position_from_block_outcomes():
             BlockOutcome(4, 4, 4, 2, 1, 0.01, 0.1, False, reached=(1, 1, 1, 0), kept=(1, 1, 0, 0))
         )
 
-    assert policy.survival(0) > 0.9 and policy.survival(1) > 0.9
-    assert policy.survival(2) < 0.2
-    assert policy.survival(3) == pytest.approx(policy.alpha)  # never reached: the pooled value
+    first, second, third, fourth = policy.survival_rates()
+    assert first > 0.9 and second > 0.9
+    assert third < 0.2
+    assert fourth == pytest.approx(third)  # never reached: its predecessor's rate
 
 
 def test_adaptive_prices_untried_widths_on_the_line_through_measured_ones():
