@@ -183,11 +183,12 @@ class Adaptive:
             rates.append(previous)
         return rates
 
-    def expected_tokens(self, k: int) -> float:
-        expected, surviving = 1.0, 1.0
-        for rate in self.survival_rates()[:k]:
+    def expected_tokens(self) -> list[float]:
+        """E(k) for k = 0..k_max."""
+        expected, surviving = [1.0], 1.0
+        for rate in self.survival_rates():
             surviving *= min(rate, 1.0)
-            expected += surviving
+            expected.append(expected[-1] + surviving)
         return expected
 
     def seconds(self, k: int) -> float:
@@ -217,8 +218,8 @@ class Adaptive:
         return max(estimate, min(self.verify.values()) / 2)
 
     def next_k(self) -> int:
-        candidates = range(self.k_max + 1)
-        best = max(candidates, key=lambda k: self.expected_tokens(k) / self.seconds(k))
+        expected = self.expected_tokens()
+        best = max(range(self.k_max + 1), key=lambda k: expected[k] / self.seconds(k))
         if best > 0:
             return best
         self._plain_steps += 1
