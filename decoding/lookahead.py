@@ -108,12 +108,13 @@ class Adaptive:
         E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k
 
     where a_i is the probability that draft i is accepted given that drafts 1..i-1 were (its
-    survival rate). The step takes k*d + v(k) seconds: k draft steps of d seconds and one target
-    call v(k) that verifies them. The policy drafts
+    survival rate). The step takes d(k) + v(k) seconds: a draft call that proposes k tokens and
+    one target call that verifies them. The policy drafts
 
-        k* = argmax_{0 <= k <= k_max} E(k) / (k*d + v(k)).
+        k* = argmax_{0 <= k <= k_max} E(k) / (d(k) + v(k)).
 
-    With a constant a_i = alpha this is the textbook rule of Leviathan et al. Real acceptance is
+    With a constant a_i = alpha and d(k) = k*d this is the textbook rule of Leviathan et al.
+    Real acceptance is
     not that memoryless: easy stretches (a quoted passage, boilerplate code) run long, and a
     draft that has been right for five tokens is more likely to be right on the sixth than on
     the first. So a_i is measured per position: among rows whose i-th draft was verified, the
@@ -128,12 +129,18 @@ class Adaptive:
     estimate unbiased although blocks are truncated at k). Pseudo-counts from `prior_alpha`
     start it off. Every count forgets with `decay` per block.
 
-    d is an exponential moving average of measured draft-step times. v(k) grows with k where the
-    target is compute-bound (CPUs) and hardly at all where it is memory-bound (GPUs): each
-    verified width keeps a moving average of its call times, and v is the least-squares line
-    through them (never falling), so an untried k is priced by extrapolation and longer blocks
-    get tried once shorter ones pay. Before any measurement v = 1 and d = prior_cost. Times from
-    a generation's first step (prompt prefill) are ignored.
+    Both costs are lines fitted to measured calls: each block length (for d) and verified width
+    (for v) keeps an exponential moving average of its call times, and the cost of any k is read
+    off the least-squares line through those averages (never falling). A line rather than each
+    k's own average, because every k is measured only now and then, one unlucky call must not
+    keep the policy off a k for good, and untried lengths get a price by extrapolation, so
+    longer blocks are tried once shorter ones pay. v(k) grows with k where the target is
+    compute-bound (CPUs) and hardly at all where it is memory-bound (GPUs). d(k) has a fixed
+    part besides its k draft steps: the draft first catches up on the tokens committed since its
+    last call, and a draft with another tokenizer re-encodes text each call, which makes short
+    blocks dearer per token than long ones. Before any measurement v = 1 and d(k) = k *
+    prior_cost * v; with one block length measured, d is proportional to k. Times from a
+    generation's first step (prompt prefill) are ignored.
 
     k = 0 is plain decoding (E(0) = 1, nothing drafted), chosen when drafting does not pay; every
     `probe_every`-th such step still drafts one token so that alpha can recover.
@@ -166,7 +173,7 @@ class Adaptive:
         self.failures = (1 - prior_alpha) * prior_weight
         self.position_reached = [0.0] * self.k_max  # forgetful counts per drafted position
         self.position_kept = [0.0] * self.k_max
-        self.draft_step: float | None = None  # seconds per draft step
+        self.draft: dict[int, float] = {}  # block length k -> seconds per draft call
         self.verify: dict[int, float] = {}  # drafted columns -> seconds per target call
         self._plain_steps = 0
 
@@ -195,27 +202,25 @@ class Adaptive:
         """Estimated time of a step that drafts k tokens (relative units before measurements)."""
         if not self.verify:
             return k * self.prior_cost + 1
-        verify = self.verify_seconds(k)
-        draft = self.prior_cost * verify if self.draft_step is None else self.draft_step
-        return k * draft + verify
+        return self.draft_seconds(k) + self.verify_seconds(k)
 
     def verify_seconds(self, width: int) -> float:
-        """v(width) from the line through the measured widths (flat while only one is known).
-
-        A line rather than each width's own average: every width is measured only now and then,
-        so its own average is noisy, and one unlucky call must not keep the policy off a width
-        for good; a line also extrapolates sensibly to widths not tried yet.
-        """
-        points = self.verify.items()
-        if len(points) == 1:
+        """v(width): flat while only one width is measured."""
+        if len(self.verify) == 1:
             return next(iter(self.verify.values()))
-        mean_width = sum(w for w, _ in points) / len(points)
-        mean_time = sum(t for _, t in points) / len(points)
-        spread = sum((w - mean_width) ** 2 for w, _ in points)
-        slope = sum((w - mean_width) * (t - mean_time) for w, t in points) / spread
-        estimate = mean_time + max(slope, 0.0) * (width - mean_width)
         # Extrapolating below the cheapest measured call must not make short blocks look free.
-        return max(estimate, min(self.verify.values()) / 2)
+        return max(_line(self.verify, width), min(self.verify.values()) / 2)
+
+    def draft_seconds(self, k: int) -> float:
+        """d(k): nothing for k = 0, proportional to k while only one block length is measured."""
+        if k == 0:
+            return 0.0
+        if not self.draft:
+            return k * self.prior_cost * self.verify_seconds(k)
+        if len(self.draft) == 1:
+            ((measured, seconds),) = self.draft.items()
+            return seconds * k / measured
+        return max(_line(self.draft, k), 0.0)
 
     def next_k(self) -> int:
         expected = self.expected_tokens()
@@ -238,7 +243,8 @@ class Adaptive:
         if outcome.includes_prefill:
             return
         if outcome.k:
-            self.draft_step = self._average(self.draft_step, outcome.draft_seconds / outcome.k)
+            previous = self.draft.get(outcome.k)
+            self.draft[outcome.k] = self._average(previous, outcome.draft_seconds)
         previous = self.verify.get(outcome.width)
         self.verify[outcome.width] = self._average(previous, outcome.verify_seconds)
 
@@ -246,3 +252,12 @@ class Adaptive:
         if average is None:
             return observed
         return self.decay * average + (1 - self.decay) * observed
+
+
+def _line(points: dict[int, float], x: int) -> float:
+    """The least-squares line through {x_i: y_i} (two or more x_i), slope at least 0, at x."""
+    mean_x = sum(points) / len(points)
+    mean_y = sum(points.values()) / len(points)
+    spread = sum((x_i - mean_x) ** 2 for x_i in points)
+    slope = sum((x_i - mean_x) * (y_i - mean_y) for x_i, y_i in points.items()) / spread
+    return mean_y + max(slope, 0.0) * (x - mean_x)

@@ -112,7 +112,7 @@ def test_adaptive_stops_drafting_when_drafts_do_not_pay_but_keeps_probing():
 def test_adaptive_with_flat_verify_cost_is_the_textbook_optimum():
     policy = Adaptive(k_max=12)
     policy.successes, policy.failures = 8.0, 2.0  # alpha = 0.8
-    policy.draft_step, policy.verify = 0.05, {1: 1.0}  # c = 0.05 at every k
+    policy.draft, policy.verify = {1: 0.05}, {1: 1.0}  # c = 0.05 at every k
 
     def textbook(k: int) -> float:
         return (1 - 0.8 ** (k + 1)) / (1 - 0.8) / (k * 0.05 + 1)
@@ -123,7 +123,7 @@ def test_adaptive_with_flat_verify_cost_is_the_textbook_optimum():
 def test_adaptive_drafts_less_when_wider_blocks_cost_more_to_verify():
     policy = Adaptive(k_max=12)
     policy.successes, policy.failures = 8.0, 2.0
-    policy.draft_step = 0.05
+    policy.draft = {1: 0.05}
     policy.verify = {0: 1.0, **{k: 1.0 + 0.15 * k for k in range(1, 13)}}  # a CPU-bound target
 
     assert 1 <= policy.next_k() < 8
@@ -135,7 +135,7 @@ def test_adaptive_drafts_longer_when_survival_grows_along_the_block():
     geometric, bursty = Adaptive(k_max=12), Adaptive(k_max=12)
     for policy in (geometric, bursty):
         policy.successes, policy.failures = 8.0, 2.0  # alpha = 0.8
-        policy.draft_step = 0.05
+        policy.draft = {1: 0.05}
         policy.verify = {0: 1.0, **{k: 1.0 + 0.05 * k for k in range(1, 13)}}
     # Each position seen 100 times: the first draft is often wrong, the later ones rarely.
     bursty.position_reached = [100.0] * 12
@@ -172,11 +172,24 @@ def test_adaptive_prices_untried_widths_on_the_line_through_measured_ones():
     assert policy.verify_seconds(0) == pytest.approx(0.05)  # never below half the cheapest
 
 
+def test_adaptive_prices_draft_calls_with_their_fixed_part():
+    """A draft call that costs 0.6 + 0.4 k (catching up, re-encoding) makes one-token blocks a
+    loss and long ones a gain, where a per-token average would condemn every block."""
+    policy = Adaptive(k_max=12)
+    policy.successes, policy.failures = 19.0, 1.0  # alpha = 0.95
+    policy.verify = {0: 1.0, 1: 1.1, 2: 1.2}
+    policy.draft = {1: 1.0, 2: 1.4}
+
+    assert policy.draft_seconds(10) == pytest.approx(4.6)
+    assert policy.expected_tokens()[1] / policy.seconds(1) < 1.0  # worse than plain decoding
+    assert policy.next_k() >= 8
+
+
 def test_adaptive_ignores_the_prefill_step_time():
     policy = Adaptive()
     policy.update(BlockOutcome(4, 4, 4, 4, 0, 5.0, 50.0, includes_prefill=True))
 
-    assert policy.verify == {} and policy.draft_step is None
+    assert policy.verify == {} and policy.draft == {}
     assert policy.alpha > 0.7
 
 
