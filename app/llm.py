@@ -124,7 +124,7 @@ def make_policy(options: DraftOptions) -> LookaheadPolicy:
         "constant": lambda: ConstantK(k),
         "heuristic": lambda: Heuristic(start=k),
         "confidence": lambda: ConfidenceStop(k, options.confidence),
-        "adaptive": lambda: Adaptive(k_max=max(k, 16), confidence_stop=True),
+        "adaptive": lambda: Adaptive(k_max=max(k, 16)),
     }
     if options.policy not in policies:
         raise ValueError(f"policy must be one of {', '.join(policies)} (got {options.policy!r})")

@@ -145,19 +145,11 @@ class Adaptive:
     k = 0 is plain decoding (E(0) = 1, nothing drafted), chosen when drafting does not pay; every
     `probe_every`-th such step still drafts one token so that alpha can recover.
 
-    With `confidence_stop`, a block also ends before a draft token whose confidence (the draft
-    distribution's top probability, a proxy for its chance of acceptance) does not pay for what
-    drafting and verifying one more token costs at the rate the policy expects:
-
-        stop_below = rate(k*) * (d(k*+1) - d(k*) + v(k*+1) - v(k*)),  rate(k) = E(k) / (d(k) + v(k))
-
-    so the threshold tunes itself to the measured costs instead of being a fixed 0.4. E(k) is
-    then measured on the drafts that passed the threshold, and k* becomes the longest block worth
-    drafting while the draft stays sure of itself.
-
     Block lengths follow the clock, so a seeded sampling run is only repeatable with the other,
     clock-free policies (greedy output is the same whatever the policy).
     """
+
+    stop_below = 0.0
 
     def __init__(
         self,
@@ -167,15 +159,12 @@ class Adaptive:
         prior_cost: float = 0.1,
         prior_weight: float = 4.0,
         probe_every: int = 8,
-        confidence_stop: bool = False,
     ) -> None:
         if not 0 < decay < 1:
             raise ValueError(f"decay must be in (0, 1) (got {decay})")
         if not 0 < prior_alpha < 1:
             raise ValueError(f"prior_alpha must be in (0, 1) (got {prior_alpha})")
         self.k_max = _check_k("k_max", k_max)
-        self.confidence_stop = confidence_stop
-        self.stop_below = 0.0
         self.probe_every = _check_k("probe_every", probe_every)
         self.decay = decay
         self.prior_cost = prior_cost
@@ -184,7 +173,7 @@ class Adaptive:
         self.failures = (1 - prior_alpha) * prior_weight
         self.position_reached = [0.0] * self.k_max  # forgetful counts per drafted position
         self.position_kept = [0.0] * self.k_max
-        self.draft: dict[int, float] = {}  # drafted columns -> seconds per draft call
+        self.draft: dict[int, float] = {}  # block length k -> seconds per draft call
         self.verify: dict[int, float] = {}  # drafted columns -> seconds per target call
         self._plain_steps = 0
 
@@ -237,10 +226,6 @@ class Adaptive:
         expected = self.expected_tokens()
         best = max(range(self.k_max + 1), key=lambda k: expected[k] / self.seconds(k))
         if best > 0:
-            if self.confidence_stop and self.verify:
-                rate = expected[best] / self.seconds(best)
-                marginal = self.seconds(best + 1) - self.seconds(best)
-                self.stop_below = min(max(rate * marginal, 0.0), 0.9)
             return best
         self._plain_steps += 1
         return 1 if self._plain_steps % self.probe_every == 0 else 0
@@ -257,9 +242,9 @@ class Adaptive:
                 self.position_kept[position] = self.decay * self.position_kept[position] + kept
         if outcome.includes_prefill:
             return
-        if outcome.width:  # keyed by the block drafted: confidence or the budget can end it early
-            previous = self.draft.get(outcome.width)
-            self.draft[outcome.width] = self._average(previous, outcome.draft_seconds)
+        if outcome.k:
+            previous = self.draft.get(outcome.k)
+            self.draft[outcome.k] = self._average(previous, outcome.draft_seconds)
         previous = self.verify.get(outcome.width)
         self.verify[outcome.width] = self._average(previous, outcome.verify_seconds)
 

@@ -185,20 +185,6 @@ def test_adaptive_prices_draft_calls_with_their_fixed_part():
     assert policy.next_k() >= 8
 
 
-def test_adaptive_confidence_stop_is_the_rate_times_the_marginal_cost():
-    policy = Adaptive(k_max=12, confidence_stop=True)
-    assert policy.stop_below == 0.0  # nothing measured: no threshold
-    policy.successes, policy.failures = 19.0, 1.0
-    policy.verify = {0: 1.0, 1: 1.1, 2: 1.2}  # +0.1 per column
-    policy.draft = {1: 0.2, 2: 0.4}  # +0.2 per column
-
-    k = policy.next_k()
-    rate = policy.expected_tokens()[k] / policy.seconds(k)
-    assert policy.stop_below == pytest.approx(rate * 0.3)
-    assert 0 < policy.stop_below < 0.9
-    assert Adaptive(k_max=12).stop_below == 0.0  # off unless asked for
-
-
 def test_adaptive_ignores_the_prefill_step_time():
     policy = Adaptive()
     policy.update(BlockOutcome(4, 4, 4, 4, 0, 5.0, 50.0, includes_prefill=True))
