@@ -170,12 +170,12 @@ class _Rows:
                 generated.masked_fill(finished, self.max_new_tokens).min(),
             ]
         )
-        drafted = columns[: proposals.shape[1]].unsqueeze(1)  # (k, 1) against rows
+        k = proposals.shape[1]
+        drafted = columns[:k].unsqueeze(1)  # (k, 1) against rows
         reached = ((proposed > drafted) & (verdict.accepted >= drafted)).sum(dim=1)
         kept = (verdict.accepted > drafted).sum(dim=1)
         histogram = torch.bincount(verdict.accepted, minlength=width)
         values = torch.cat([reached, kept, histogram, totals]).tolist()
-        k = proposals.shape[1]
         *histogram, proposed, accepted, rejections, new, n_finished, least = values[2 * k :]
         self.max_budget = self.max_new_tokens - least
         return _Committed(

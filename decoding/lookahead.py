@@ -114,15 +114,14 @@ class Adaptive:
         k* = argmax_{0 <= k <= k_max} E(k) / (d(k) + v(k)).
 
     With a constant a_i = alpha and d(k) = k*d this is the textbook rule of Leviathan et al.
-    Real acceptance is
-    not that memoryless: easy stretches (a quoted passage, boilerplate code) run long, and a
-    draft that has been right for five tokens is more likely to be right on the sixth than on
-    the first. So a_i is measured per position: among rows whose i-th draft was verified, the
-    share that accepted it. A position with few observations leans on its predecessor's rate
-    (which enters as `prior_weight` pseudo-observations; the first position leans on the pooled
-    alpha): neighbouring positions behave alike, and the pooled alpha, dominated by the
-    failures of first drafts, would understate how long a run that has started goes on. With
-    no observations at all this is the geometric model.
+    Real acceptance is not that memoryless: easy stretches (a quoted passage, boilerplate code)
+    run long, and a draft that has been right for five tokens is more likely to be right on the
+    sixth than on the first. So a_i is measured per position: among rows whose i-th draft was
+    verified, the share that accepted it. A position with few observations leans on its
+    predecessor's rate (which enters as `prior_weight` pseudo-observations; the first position
+    leans on the pooled alpha): neighbouring positions behave alike, and the pooled alpha,
+    dominated by the failures of first drafts, would understate how long a run that has started
+    goes on. With no observations at all this is the geometric model.
 
     The pooled alpha is the geometric maximum-likelihood estimate: accepted drafts are successes
     and rejections failures (a block accepted to its end has no failure, which keeps the
@@ -234,12 +233,8 @@ class Adaptive:
         if outcome.proposed:
             self.successes = self.decay * self.successes + outcome.accepted
             self.failures = self.decay * self.failures + outcome.rejections
-            for position in range(self.k_max):
-                reached = outcome.reached[position] if position < len(outcome.reached) else 0
-                kept = outcome.kept[position] if position < len(outcome.kept) else 0
-                self.position_reached[position] = self.decay * self.position_reached[position]
-                self.position_reached[position] += reached
-                self.position_kept[position] = self.decay * self.position_kept[position] + kept
+            self.position_reached = self._forget_and_add(self.position_reached, outcome.reached)
+            self.position_kept = self._forget_and_add(self.position_kept, outcome.kept)
         if outcome.includes_prefill:
             return
         if outcome.k:
@@ -247,6 +242,11 @@ class Adaptive:
             self.draft[outcome.k] = self._average(previous, outcome.draft_seconds)
         previous = self.verify.get(outcome.width)
         self.verify[outcome.width] = self._average(previous, outcome.verify_seconds)
+
+    def _forget_and_add(self, counts: list[float], observed: tuple[int, ...]) -> list[float]:
+        """Per-position counts decayed, plus this block's (positions it did not reach add 0)."""
+        padded = (tuple(observed) + (0,) * self.k_max)[: self.k_max]
+        return [self.decay * count + new for count, new in zip(counts, padded, strict=True)]
 
     def _average(self, average: float | None, observed: float) -> float:
         if average is None:
