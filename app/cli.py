@@ -10,6 +10,9 @@ from pathlib import Path
 
 from app.config import Settings
 
+# asr.precision.PRECISIONS, spelled out so that parsing arguments does not import torch
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "mixed", "int8")
+
 
 def _print_progress(stage: str, completed: int, total: int) -> None:
     print(f"specscribe: {stage}: {completed}/{total}", file=sys.stderr, flush=True)
@@ -386,10 +389,10 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cpu)")
     transcribe.add_argument(
         "--precision",
-        choices=("auto", "fp32", "bf16", "fp16", "mixed"),
+        choices=PRECISIONS,
         help="compute dtype: auto (fp32 on CPU, fp16 on CUDA), fp32, bf16, fp16 (CUDA only), "
-        "or mixed (half-precision encoder, fp32 decoder: lossless drafting); "
-        "default: $SPECSCRIBE_PRECISION, else auto",
+        "mixed (half-precision encoder, fp32 decoder: lossless drafting) or int8 (CPU: bf16 "
+        "encoder, int8 decoder, lossless drafting); default: $SPECSCRIBE_PRECISION, else auto",
     )
     transcribe.add_argument(
         "--output-dir", type=Path, help="write STEM.FORMAT files here (default: print only)"
@@ -502,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--model", help="ASR model (embedded name, directory or hub id)")
     worker.add_argument("--assistant", help="draft model for speculative decoding, or none")
     worker.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cpu)")
-    worker.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"))
+    worker.add_argument("--precision", choices=PRECISIONS)
     worker.add_argument("--diarization-pipeline", metavar="ID", help="pyannote pipeline id")
     worker.add_argument(
         "--engine",

@@ -32,7 +32,7 @@ class Settings:
     llm_model: str
     device: str
     hf_token: str | None = None  # for pyannote pipelines on the hub, never needed offline
-    precision: str = "auto"  # auto | fp32 | bf16 | fp16; asr.precision turns it into a dtype
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16 | mixed | int8 (asr.precision)
     max_audio_bytes: int = 100_000_000  # endpoint: largest audio file a request may send
     max_audio_seconds: float = 10_800.0  # endpoint: longest recording a request may send
 

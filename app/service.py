@@ -148,7 +148,11 @@ class TranscriptionService:
 
             path = self.registry.resolve(self.asr_model_name)
             self._model = WhisperModel.load(
-                path, self.device, self.dtypes.decoder, encoder_dtype=self.dtypes.encoder
+                path,
+                self.device,
+                self.dtypes.decoder,
+                encoder_dtype=self.dtypes.encoder,
+                int8_decoder=self.dtypes.int8_decoder,
             )
         return self._model
 

@@ -118,7 +118,10 @@ def detect_language(model: WhisperModel, encoded: EncodedAudio) -> str:
         return "en"
     first = encoded.rows(torch.tensor([0], device=encoded.features.device))
     tokens = torch.tensor([[special.sot]], device=model.device)
-    logits = model.decode(tokens, first.features, model.new_cache(first))[0, -1]
+    positions = torch.zeros_like(tokens)
+    cache = model.new_cache(first)
+    logits = model.logits(model.decoder_states(tokens, positions, None, first.features, cache))
+    logits = logits[0, -1]
     language_ids = torch.tensor(list(special.language_ids.values()), device=model.device)
     return model.language_code(int(language_ids[logits[language_ids].argmax()]))
 

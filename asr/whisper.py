@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from asr.audio import SAMPLE_RATE
+from asr.int8 import Int8Linear, quantize_linears
 from decoding.projection import OutputProjection
 
 N_FFT = 400
@@ -113,7 +114,10 @@ class WhisperModel:
         self.alignment_heads = tuple(map(tuple, model.generation_config.alignment_heads or ()))
         # A distilled draft scores only these token ids (asr.draft_checkpoint); None: all.
         self.output_vocabulary: torch.Tensor | None = None
-        self._head: OutputProjection | None = None  # made on first use
+        self._head: OutputProjection | Int8Linear | None = None  # made on first use
+        self.int8_head = False  # a draft's head on CPU (asr.precision.quantize_draft)
+        # Decoder layers and head in int8 ("int8" precision): `asr.int8_decoder` runs it.
+        self.int8_decoder = False
         # A distilled draft's layer i reads the target's layer cross_from_target[i] keys/values.
         self.cross_from_target: tuple[int, ...] | None = None
 
@@ -124,10 +128,12 @@ class WhisperModel:
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         encoder_dtype: torch.dtype | None = None,
+        int8_decoder: bool = False,
     ):
         """dtype: the weights' and activations' dtype; encoder_dtype: the encoder's when it
-        differs ("mixed"); both from `asr.precision.resolve_precision`. The log-mel is always
-        float32 (cast at the encoder input) and logits leave in float32."""
+        differs ("mixed"); int8_decoder: the decoder's linear layers and head in int8 ("int8");
+        all from `asr.precision.resolve_precision`. The log-mel is always float32 (cast at the
+        encoder input) and logits leave in float32."""
         from transformers import (
             AutoConfig,
             WhisperFeatureExtractor,
@@ -148,7 +154,13 @@ class WhisperModel:
         filters = torch.from_numpy(np.asarray(features.mel_filters, dtype=np.float32)).T
         if encoder_dtype is not None and encoder_dtype != dtype and hasattr(model.model, "encoder"):
             model.model.encoder.to(encoder_dtype)  # "mixed" precision (asr.precision)
-        return cls(model, tokenizer, filters, name=str(path))
+        whisper = cls(model, tokenizer, filters, name=str(path))
+        if int8_decoder:
+            if whisper.device.type != "cpu":
+                raise ValueError(f"an int8 decoder runs on CPU only, not on {whisper.device}")
+            quantize_linears(model.model.decoder)
+            whisper.int8_decoder = whisper.int8_head = True
+        return whisper
 
     @classmethod
     def load_draft(cls, path: str | Path, target: WhisperModel) -> WhisperModel:
@@ -219,6 +231,13 @@ class WhisperModel:
         """An empty self-attention cache; its cross-attention part is `encoded`'s when given."""
         from transformers import DynamicCache, EncoderDecoderCache
 
+        if self.int8_decoder:
+            from asr.int8_decoder import SlotCache
+
+            if encoded is None:
+                raise ValueError("an int8 decoder's cache needs the windows' EncodedAudio")
+            layers = self.config.decoder_layers
+            return SlotCache(encoded.cross, layers, self.max_context)
         if encoded is None:
             return EncoderDecoderCache(DynamicCache(), DynamicCache())
         empty = [(keys[..., :0, :], values[..., :0, :]) for keys, values in encoded.cross]
@@ -247,6 +266,18 @@ class WhisperModel:
         `new_cache(encoded)` already holds their cross-attention keys and values.
         Returns Tensor, shape = (batch, n_new, d_model); `logits` turns it into logits.
         """
+        if self.int8_decoder:
+            from asr import int8_decoder
+
+            n_new = tokens.shape[1]
+            mask = (
+                torch.ones_like(tokens, dtype=torch.bool)
+                if attention_mask is None
+                else attention_mask[:, -n_new:].bool()
+            )
+            return int8_decoder.decoder_states(
+                self.model.model.decoder, tokens, positions, mask, cache
+            )
         out = self.model.model.decoder(
             input_ids=tokens,
             position_ids=positions,
@@ -308,7 +339,7 @@ class WhisperModel:
             weight = self.model.proj_out.weight
             if self.output_vocabulary is not None:
                 weight = weight[self.output_vocabulary]
-            self._head = OutputProjection(weight)
+            self._head = Int8Linear(weight) if self.int8_head else OutputProjection(weight)
         head = self._head(states)
         if self.output_vocabulary is None:
             return head.to(torch.promote_types(head.dtype, torch.float32))

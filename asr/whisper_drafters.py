@@ -94,17 +94,17 @@ def load_assistant(
     """Loads a draft from a model directory or hub id and pairs it with `target`; a distilled
     draft (asr.draft_checkpoint) borrows the target's embeddings.
 
-    int8: run a distilled draft's decoder layers in int8 (`asr.precision.quantize_draft_decoder`);
+    int8: run a distilled draft's decoder layers and head in int8 (`asr.precision.quantize_draft`);
     None: on CPU. The output stays the target's either way; only the speed changes.
     """
     from asr.draft_checkpoint import is_distilled_draft
-    from asr.precision import quantize_draft_decoder
+    from asr.precision import quantize_draft
 
     if is_distilled_draft(path):
         draft = WhisperModel.load_draft(path, target)
         quantize = draft.device.type == "cpu" if int8 is None else int8
         if quantize:
-            quantize_draft_decoder(draft.model)
+            quantize_draft(draft)
     else:
         draft = WhisperModel.load(path, target.device, target.dtype)
     return pair_assistant(target, draft, shape)

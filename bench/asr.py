@@ -142,7 +142,7 @@ class Models:
     _faster: dict = field(default_factory=dict)
 
     def target(self, precision: str = "fp32"):
-        """The target in a precision of `asr.precision` ("fp32", "bf16", "mixed")."""
+        """The target in a precision of `asr.precision` ("fp32", "bf16", "mixed", "int8")."""
         from asr.precision import resolve_precision
         from asr.whisper import WhisperModel
 
@@ -150,7 +150,11 @@ class Models:
             dtypes = resolve_precision("cpu", precision)
             path = self.registry.resolve(TARGET)
             self._whisper[precision] = WhisperModel.load(
-                path, "cpu", dtypes.decoder, encoder_dtype=dtypes.encoder
+                path,
+                "cpu",
+                dtypes.decoder,
+                encoder_dtype=dtypes.encoder,
+                int8_decoder=dtypes.int8_decoder,
             )
         return self._whisper[precision]
 
@@ -639,8 +643,8 @@ def _parser() -> argparse.ArgumentParser:
         "--precision",
         type=lambda v: [s.strip() for s in v.split(",") if s.strip() and s.strip() != "fp32"],
         default=[],
-        help="comma list of bf16, mixed (bf16 encoder, fp32 decoder): adds our greedy and "
-        "fastest speculative configuration in each",
+        help="comma list of bf16, mixed (bf16 encoder, fp32 decoder), int8 (bf16 encoder, int8 "
+        "decoder): adds our greedy and fastest speculative configuration in each",
     )
     parser.add_argument("--only", help="regex: run only configurations that match (+ ours greedy)")
     parser.add_argument("--max-files", type=int, help="the first N files only (a quick run)")

@@ -152,7 +152,12 @@ class _Rows:
         dropped = columns >= count.unsqueeze(1)
         new_tokens = verdict.tokens.masked_fill(dropped, PAD)
         logprobs = logits.float().log_softmax(dim=-1).gather(-1, new_tokens.unsqueeze(-1))
-        self.sum_logprobs += logprobs.squeeze(-1).masked_fill(dropped, 0).sum(dim=1)
+        logprobs = logprobs.squeeze(-1).masked_fill(dropped, 0).double()
+        # Token by token, as plain decoding adds them: float sums depend on their order, and a
+        # model whose logits do not depend on the block (asr.int8_decoder) then gives the
+        # very same log-probability drafted or not.
+        for column in range(width):
+            self.sum_logprobs += logprobs[:, column]
         self._ensure_capacity(self.longest_prompt + self.max_new_tokens + width)
         self.committed.scatter_(1, self.lengths.unsqueeze(1) + columns, new_tokens)
         self.lengths += count

