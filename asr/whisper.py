@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from asr import int8_decoder
 from asr.audio import SAMPLE_RATE
 from asr.int8 import Int8Linear, quantize_linears
 from decoding.projection import OutputProjection
@@ -232,12 +233,10 @@ class WhisperModel:
         from transformers import DynamicCache, EncoderDecoderCache
 
         if self.int8_decoder:
-            from asr.int8_decoder import SlotCache
-
             if encoded is None:
                 raise ValueError("an int8 decoder's cache needs the windows' EncodedAudio")
             layers = self.config.decoder_layers
-            return SlotCache(encoded.cross, layers, self.max_context)
+            return int8_decoder.SlotCache(encoded.cross, layers, self.max_context)
         if encoded is None:
             return EncoderDecoderCache(DynamicCache(), DynamicCache())
         empty = [(keys[..., :0, :], values[..., :0, :]) for keys, values in encoded.cross]
@@ -267,8 +266,6 @@ class WhisperModel:
         Returns Tensor, shape = (batch, n_new, d_model); `logits` turns it into logits.
         """
         if self.int8_decoder:
-            from asr import int8_decoder
-
             n_new = tokens.shape[1]
             mask = (
                 torch.ones_like(tokens, dtype=torch.bool)
