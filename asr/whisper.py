@@ -336,7 +336,13 @@ class WhisperModel:
             weight = self.model.proj_out.weight
             if self.output_vocabulary is not None:
                 weight = weight[self.output_vocabulary]
-            self._head = Int8Linear(weight) if self.int8_head else OutputProjection(weight)
+            if self.int8_head:
+                # Most of an int8 target's error is its head's input rounding (Int8Linear), so
+                # the target quantizes it twice; a draft's head only proposes, and stays cheap.
+                passes = 2 if self.int8_decoder else 1
+                self._head = Int8Linear(weight, input_passes=passes)
+            else:
+                self._head = OutputProjection(weight)
         head = self._head(states)
         if self.output_vocabulary is None:
             return head.to(torch.promote_types(head.dtype, torch.float32))
