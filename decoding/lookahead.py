@@ -142,7 +142,13 @@ class Adaptive:
     generation's first step (prompt prefill) are ignored.
 
     k = 0 is plain decoding (E(0) = 1, nothing drafted), chosen when drafting does not pay; every
-    `probe_every`-th such step still drafts one token so that alpha can recover.
+    `probe_every`-th such step still drafts one token so that alpha can recover, and a probe
+    accepted whole is followed at once by one twice as long (up to k_max). One-token probes
+    alone would recover slowly from a few early rejections, and would measure only the dearest
+    block per token of a draft whose call has a fixed part (a draft with another tokenizer
+    re-encodes text on every call): measured here, SmolLM2 drafting for Gemma on the summarise
+    prompt either reached 16-token blocks or, after two early rejections, stayed at 1.3 tokens
+    per target call for the whole generation.
 
     Block lengths follow the clock, so a seeded sampling run is only repeatable with the other,
     clock-free policies (greedy output is the same whatever the policy).
@@ -175,6 +181,8 @@ class Adaptive:
         self.draft: dict[int, float] = {}  # block length k -> seconds per draft call
         self.verify: dict[int, float] = {}  # drafted columns -> seconds per target call
         self._plain_steps = 0
+        self._probe_sent = 0  # length of the probe that next_k last returned (0: none)
+        self._probe_next = 0  # length of the probe to send next (0: none)
 
     @property
     def alpha(self) -> float:
@@ -224,12 +232,23 @@ class Adaptive:
     def next_k(self) -> int:
         expected = self.expected_tokens()
         best = max(range(self.k_max + 1), key=lambda k: expected[k] / self.seconds(k))
+        self._probe_sent = 0
         if best > 0:
+            self._probe_next = 0
             return best
-        self._plain_steps += 1
-        return 1 if self._plain_steps % self.probe_every == 0 else 0
+        if self._probe_next:  # the last probe was accepted whole: a longer one now
+            self._probe_sent, self._probe_next = self._probe_next, 0
+        else:
+            self._plain_steps += 1
+            if self._plain_steps % self.probe_every == 0:
+                self._probe_sent = 1
+        return self._probe_sent
 
     def update(self, outcome: BlockOutcome) -> None:
+        if self._probe_sent and outcome.k == self._probe_sent:
+            if outcome.proposed and outcome.accepted == outcome.proposed:
+                self._probe_next = min(2 * outcome.k, self.k_max)
+            self._probe_sent = 0
         if outcome.proposed:
             self.successes = self.decay * self.successes + outcome.accepted
             self.failures = self.decay * self.failures + outcome.rejections

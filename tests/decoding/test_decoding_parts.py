@@ -109,6 +109,25 @@ def test_adaptive_stops_drafting_when_drafts_do_not_pay_but_keeps_probing():
     assert expensive.next_k() == 0
 
 
+def test_adaptive_probes_twice_as_long_after_a_probe_accepted_whole():
+    policy = Adaptive(k_max=10, probe_every=3)
+    for _ in range(30):  # drafts rejected at once: plain decoding pays
+        policy.update(outcome(k=2, accepted=0, rejections=1, draft=0.02, verify=0.1))
+    assert [policy.next_k() for _ in range(3)] == [0, 0, 1]
+    policy.update(outcome(k=1, accepted=1, draft=0.02, verify=0.1))  # from now on, all right
+    lengths = []
+    for _ in range(6):
+        k = policy.next_k()
+        lengths.append(k)
+        policy.update(outcome(k=k, accepted=k, draft=0.02 * k, verify=0.1))
+    # A longer probe follows at once (before, plain decoding until the next probe_every-th
+    # step), and drafting goes on while the drafts keep being right.
+    assert lengths[0] == 2
+    assert min(lengths) >= 2
+    policy.update(outcome(k=lengths[-1], accepted=0, rejections=1, draft=0.02, verify=0.1))
+    assert policy._probe_next == 0  # an ordinary block starts no probe
+
+
 def test_adaptive_with_flat_verify_cost_is_the_textbook_optimum():
     policy = Adaptive(k_max=12)
     policy.successes, policy.failures = 8.0, 2.0  # alpha = 0.8
