@@ -103,8 +103,15 @@ class OutputHead:
         head = getattr(model, "lm_head", None)
         if type(head) is not torch.nn.Linear or not hasattr(model, "model"):
             return None
+        # One per weight: its OutputProjection copies the weight once (decoding.projection),
+        # and a drafter wraps its model anew for every generation.
+        cached = getattr(head, "_specscribe_output_head", None)
+        if cached is not None and cached.projection.weight.data_ptr() == head.weight.data_ptr():
+            return cached
         softcap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
-        return cls(head.weight, head.bias, softcap)
+        built = cls(head.weight, head.bias, softcap)
+        head._specscribe_output_head = built
+        return built
 
     def __call__(self, states: torch.Tensor) -> torch.Tensor:
         """states: Tensor, shape = (batch, n, d_model) -> logits, shape = (batch, n, vocab)."""

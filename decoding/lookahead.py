@@ -146,9 +146,10 @@ class Adaptive:
     accepted whole is followed at once by one twice as long (up to k_max). One-token probes
     alone would recover slowly from a few early rejections, and would measure only the dearest
     block per token of a draft whose call has a fixed part (a draft with another tokenizer
-    re-encodes text on every call): measured here, SmolLM2 drafting for Gemma on the summarise
-    prompt either reached 16-token blocks or, after two early rejections, stayed at 1.3 tokens
-    per target call for the whole generation.
+    re-encodes text on every call). In one text benchmark run, SmolLM2 drafting for Gemma on the
+    summarise prompt stayed at 1.3 tokens per target call under this policy, against 10.7 under
+    the heuristic one; traced alone, the same generation reached 16-token blocks after two early
+    rejections.
 
     Block lengths follow the clock, so a seeded sampling run is only repeatable with the other,
     clock-free policies (greedy output is the same whatever the policy).

@@ -4,6 +4,7 @@ import rule."""
 from __future__ import annotations
 
 import ast
+import copy
 import importlib
 import pathlib
 import sys
@@ -244,6 +245,14 @@ def test_early_exit_view_shares_weights_and_leaves_the_model_whole(models):
     assert early.view.model.layers[1] is models.target.model.layers[1]
     with pytest.raises(ValueError, match="exit_layer"):
         target.early_exit(4)
+
+
+def test_a_model_wrapped_again_reuses_its_output_head(models):
+    """The head's transposed copy is made once per weight, not once per drafter."""
+    first, second = CausalLM(models.target), CausalLM(models.target)
+    assert first.head is not None and second.head is first.head
+    copied = copy.deepcopy(models.target)  # the cached head comes along, with the old weight
+    assert CausalLM(copied).head.projection.weight.data_ptr() == copied.lm_head.weight.data_ptr()
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 12, 13, 17, 18])
