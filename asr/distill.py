@@ -6,6 +6,11 @@ keeps), shares the target's token and position embeddings (frozen, and not store
 file holds only its own layers), and may score a reduced output vocabulary: the target's most
 frequent output tokens plus every special and timestamp token. A token outside that head is
 simply never drafted; verification then takes the target's own token, so nothing is lost.
+Training always scores the whole vocabulary (the head's rows are the target's frozen
+embeddings, so the saved head is any subset of them): restricted to a 5704-token head during
+training as well, the draft agreed with whisper-base on 73.7 % of held-out tokens; trained on
+the whole vocabulary, 78.6 %, and drafting with a head of the 16384 most frequent text tokens
+kept most of that at a fraction of the full head's cost per step.
 
 Training is knowledge distillation on pseudo-labels: the target transcribes each training
 window greedily (as transcription will: with and without timestamps, with and without previous
@@ -38,7 +43,7 @@ from asr.window_decoder import WindowBatch, WindowDecoder
 @dataclass(frozen=True)
 class DistillConfig:
     keep_layers: tuple[int, ...] | None = None  # target decoder layers kept; None: first, last
-    head_tokens: int = 4096  # most frequent text tokens in the output head; 0: full vocabulary
+    head_tokens: int = 16384  # most frequent text tokens in the saved head; 0: full vocabulary
     synthetic_sentences: int = 900
     real_speech: bool = True
     epochs: int = 30
@@ -107,8 +112,9 @@ class DistillReport:
     labelled_tokens: int
     head_size: int
     head_coverage: float  # share of validation labels the head can draft
-    agreement_before: float  # validation top-1 agreement with the pseudo-labels
+    agreement_before: float  # validation top-1 agreement with the pseudo-labels, every token
     agreement_after: float
+    agreement_after_with_head: float  # the same, scored by the saved head only
     epochs: list[dict] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -513,10 +519,14 @@ def distill(
     vocabulary = choose_vocabulary(target, train, config.head_tokens)
 
     draft = build_draft(target, layers)
-    head = _Head.of(draft, vocabulary)
+    every_token = _Head.of(draft, torch.arange(draft.config.vocab_size))
     started = time.perf_counter()
-    history, before, after = train_draft(draft, target, train, validation, head, config, progress)
+    history, before, after = train_draft(
+        draft, target, train, validation, every_token, config, progress
+    )
     train_seconds = time.perf_counter() - started
+    head = _Head.of(draft, vocabulary)
+    after_head = agreement(draft, target, validation, head)  # what drafting will see
 
     labels = torch.tensor([t for w in validation for t in w.labels])
     report = DistillReport(
@@ -530,6 +540,7 @@ def distill(
         head_coverage=round(float((head.row_of[labels] >= 0).float().mean()), 4),
         agreement_before=round(before, 4),
         agreement_after=round(after, 4),
+        agreement_after_with_head=round(after_head, 4),
         epochs=history,
         seconds={
             "make_speech": round(data_seconds["make_speech"], 1),

@@ -82,7 +82,10 @@ def save_draft(
         config[DRAFT_KEY] = {
             "target": recipe.get("target"),
             "cross_from_target_layers": list(layers),
-            "output_vocabulary": vocabulary.tolist(),
+            # None: the whole vocabulary (no id list to store)
+            "output_vocabulary": (
+                None if len(vocabulary) == draft.config.vocab_size else vocabulary.tolist()
+            ),
         }
         (staging / "config.json").write_text(json.dumps(config, indent=1))
         for name in TOKENIZER_FILES:

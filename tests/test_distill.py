@@ -123,6 +123,7 @@ def test_training_raises_agreement_and_the_saved_draft_is_lossless(
     seconds = {"real_speech": 16.0, "synthetic_speech": 0.0, "make_speech": 0.0, "label": 0.0}
     report = distill(whisper_base, target_dir, tmp_path / "draft", config, labelled, seconds)
     assert report.agreement_after > report.agreement_before + 0.2
+    assert 0.0 < report.agreement_after_with_head <= 1.0  # trained on every token, saved head
     recipe = json.loads((tmp_path / "draft" / "recipe.json").read_text())
     assert recipe["layers"] == [0, 5] and recipe["report"]["head_size"] == report.head_size
 
