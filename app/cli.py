@@ -382,8 +382,9 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument(
         "--assistant",
         help="draft model for speculative decoding (embedded name, directory or hub id; "
-        "another tokenizer is re-encoded), auto (the draft distilled for --model, if any) or "
-        "none; default: $ASSISTANT_MODEL, else none. "
+        "another tokenizer is re-encoded), auto (the draft distilled for --model, if any, "
+        "except with --precision int8, where it does not pay) or none; default: "
+        "$ASSISTANT_MODEL, else auto. "
         "The output does not change.",
     )
     transcribe.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cpu)")
@@ -477,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--port", type=int, default=7860)
     web.add_argument("--model", help="embedded name, local directory or hub id")
     web.add_argument(
-        "--assistant", help="draft model, or none (default: $ASSISTANT_MODEL, else none)"
+        "--assistant", help="draft model, auto or none (default: $ASSISTANT_MODEL, else auto)"
     )
     web.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cpu)")
     web.add_argument(

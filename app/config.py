@@ -27,7 +27,7 @@ for _name, _value in _OFFLINE_DEFAULTS.items():
 class Settings:
     cache_dir: Path
     asr_model: str
-    assistant_model: str  # "none": decode without a draft
+    assistant_model: str  # "auto": the shipped draft where it pays (app.service); "none": no draft
     diarization_model: str  # "embedded": the offline segmentation-3.0 + CAM++ pipeline
     llm_model: str
     device: str
@@ -42,7 +42,7 @@ class Settings:
         return cls(
             cache_dir=Path(cache).expanduser() / "models",
             asr_model=os.environ.get("ASR_MODEL", "whisper-base"),
-            assistant_model=os.environ.get("ASSISTANT_MODEL", "none"),
+            assistant_model=os.environ.get("ASSISTANT_MODEL", "auto"),
             diarization_model=os.environ.get("DIARIZATION_MODEL", "embedded"),
             llm_model=os.environ.get("LLM_MODEL", "gemma-3-270m"),
             device=os.environ.get("SPECSCRIBE_DEVICE", "cpu"),
