@@ -83,8 +83,8 @@ def _choose_assistant(requested: str, asr_model: str, int8_decoder: bool = False
     """The requested draft; for "auto", the shipped draft distilled for this ASR model when one
     is built (asr.models.SHIPPED_DRAFTS, e.g. whisper-base-draft for whisper-base), else none.
 
-    Not under the int8 decoder: a decoder step there costs about a third of an fp32 one, and
-    the draft lost to plain int8 decoding in every benchmark run (bench/results: 18.3 against
+    Not under the int8 decoder: a decoder step there costs about half of an fp32 one, and the
+    draft lost to plain int8 decoding in every benchmark run (bench/results: 18.3 against
     15.3 s), where in fp32 and mixed precision it won (1.11x and 1.20x)."""
     if requested != "auto":
         return requested

@@ -9,8 +9,8 @@ simply never drafted; verification then takes the target's own token, so nothing
 Training always scores the whole vocabulary (the head's rows are the target's frozen
 embeddings, so the saved head is any subset of them): restricted to a 5704-token head during
 training as well, the draft agreed with whisper-base on 73.7 % of held-out tokens; trained on
-the whole vocabulary, 78.6 %, and drafting with a head of the 16384 most frequent text tokens
-kept most of that at a fraction of the full head's cost per step.
+the whole vocabulary, 78.6 %, and 77.3 % through a head of the 16384 most frequent text tokens
+(17992 of 51865 rows), which costs about 0.75 ms less per draft step than the whole head.
 
 Training is knowledge distillation on pseudo-labels: the target transcribes each training
 window greedily (as transcription will: with and without timestamps, with and without previous
