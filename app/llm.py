@@ -60,7 +60,7 @@ class DraftOptions:
     early_exit: int | None = None  # decoder layers the draft runs
     policy: PolicyName = "heuristic"
     k: int = 4  # block length for constant / confidence, start for heuristic, max for adaptive
-    confidence: float = 0.4
+    confidence: float = 0.4  # the confidence policy's per-token stop; adaptive's joint one
 
     def validate(self) -> DraftOptions:
         chosen = [
@@ -124,11 +124,19 @@ def make_policy(options: DraftOptions) -> LookaheadPolicy:
         "constant": lambda: ConstantK(k),
         "heuristic": lambda: Heuristic(start=k),
         "confidence": lambda: ConfidenceStop(k, options.confidence),
-        "adaptive": lambda: Adaptive(k_max=max(k, 16)),
+        "adaptive": lambda: _adaptive(options),
     }
     if options.policy not in policies:
         raise ValueError(f"policy must be one of {', '.join(policies)} (got {options.policy!r})")
     return policies[options.policy]()
+
+
+def _adaptive(options: DraftOptions) -> Adaptive:
+    """A model draft's confidence ends its blocks (up to 20 tokens, transformers' default cap);
+    prompt lookup has no confidence, so its blocks are the policy's k* (up to 16)."""
+    if options.prompt_lookup is not None:
+        return Adaptive(k_max=max(options.block, 16))
+    return Adaptive(k_max=max(options.block, 20), confidence_stop=options.confidence)
 
 
 def make_drafter(

@@ -20,6 +20,7 @@ def draft_block(
     k: int,
     stop_below: float = 0.0,
     sampler: Sampler | None = None,
+    stop_joint: bool = False,
 ) -> Draft:
     """Drafts up to k tokens per row, one model step each, after first feeding what is uncached.
 
@@ -35,6 +36,7 @@ def draft_block(
     logits = model.score(committed.gather(1, positions), positions, mask, keep=1)[:, -1]
 
     drafting = torch.ones_like(lengths, dtype=torch.bool)
+    joint = torch.ones(lengths.shape, device=lengths.device)  # product of the block's confidences
     every_column = torch.ones_like(drafting).unsqueeze(1)
     tokens, q = [], []
     for j in range(k):
@@ -47,6 +49,9 @@ def draft_block(
             confidence = probs.amax(dim=-1)
             q.append(probs)
         if stop_below:
+            if stop_joint:
+                joint = joint * confidence
+                confidence = joint
             drafting &= confidence >= stop_below
             token = torch.where(drafting, token, NO_TOKEN)
         tokens.append(token)
@@ -87,10 +92,13 @@ class ModelDrafter:
         k: int,
         stop_below: float = 0.0,
         sampler: Sampler | None = None,
+        stop_joint: bool = False,
     ) -> Draft:
         if self._cached is None:
             self._cached = torch.zeros_like(lengths)
-        draft = draft_block(self.model, committed, lengths, self._cached, k, stop_below, sampler)
+        draft = draft_block(
+            self.model, committed, lengths, self._cached, k, stop_below, sampler, stop_joint
+        )
         fed_drafts = draft.tokens[:, : draft.steps - 1].clamp(min=0)
         width = int(lengths.max()) + fed_drafts.shape[1]
         fed = _pad_columns(committed, width)[:, :width].clone()
@@ -152,9 +160,12 @@ class EarlyExitDrafter:
         k: int,
         stop_below: float = 0.0,
         sampler: Sampler | None = None,
+        stop_joint: bool = False,
     ) -> Draft:
         cached = self.model.cached_lengths(lengths)
-        draft = draft_block(self.model, committed, lengths, cached, k, stop_below, sampler)
+        draft = draft_block(
+            self.model, committed, lengths, cached, k, stop_below, sampler, stop_joint
+        )
         self.model.discard()
         return draft
 
@@ -188,6 +199,7 @@ class PromptLookupDrafter:
         k: int,
         stop_below: float = 0.0,
         sampler: Sampler | None = None,
+        stop_joint: bool = False,
     ) -> Draft:
         tokens = torch.full((len(lengths), k), NO_TOKEN, dtype=torch.long, device=lengths.device)
         for row, length in enumerate(lengths.tolist()):
@@ -272,6 +284,7 @@ class CrossTokenizerDrafter:
         k: int,
         stop_below: float = 0.0,
         sampler: Sampler | None = None,
+        stop_joint: bool = False,
     ) -> Draft:
         if not self._rows:
             self._rows = [_RowText() for _ in range(len(lengths))]
@@ -283,7 +296,9 @@ class CrossTokenizerDrafter:
         ]
         draft_committed, draft_lengths = _stack_rows(contexts, committed.device)
         self.drafter.rollback(draft_committed, draft_lengths)
-        inner = self.drafter.propose(draft_committed, draft_lengths, k, stop_below, None)
+        inner = self.drafter.propose(
+            draft_committed, draft_lengths, k, stop_below, None, stop_joint
+        )
 
         tokens = torch.full((len(lengths), k), NO_TOKEN, dtype=torch.long)
         for row, drafted in enumerate(inner.tokens.tolist()):

@@ -292,7 +292,9 @@ def generate(
             started = _clock(device)
             k = 0 if policy is None else min(policy.next_k(), rows.max_budget - 1)
             if k > 0:
-                draft = drafter.propose(rows.committed, rows.lengths, k, policy.stop_below, sampler)
+                draft = drafter.propose(
+                    rows.committed, rows.lengths, k, policy.stop_below, sampler, policy.stop_joint
+                )
             else:
                 draft = Draft(tokens=torch.empty((rows.count, 0), dtype=torch.long, device=device))
             drafted = _clock(device)
@@ -336,6 +338,7 @@ def generate(
                         draft_seconds=drafted - started,
                         verify_seconds=verified - drafted,
                         includes_prefill=first_step,
+                        draft_steps=draft.steps,
                     )
                 )
             first_step = False

@@ -74,12 +74,15 @@ class Drafter(Protocol):
         k: int,
         stop_below: float = 0.0,
         sampler: Sampler | None = None,
+        stop_joint: bool = False,
     ) -> Draft:
         """Drafts continuations of committed[r, : lengths[r]].
 
         committed: Tensor, shape = (batch, capacity); lengths: Tensor, shape = (batch,).
         stop_below: a row's block ends before a token whose top draft probability is lower.
         sampler: None for greedy drafts; otherwise draft tokens are sampled and `q` returned.
+        stop_joint: stop_below bounds the product of the block's top probabilities so far (the
+            draft's own estimate that the whole block up to this token is accepted) instead.
         """
 
     def rollback(self, committed: torch.Tensor, lengths: torch.Tensor) -> None:

@@ -31,6 +31,7 @@ POLICIES = {
     "heuristic": lambda: Heuristic(start=2, high=8),
     "confidence": lambda: ConfidenceStop(k=5, threshold=0.5),
     "adaptive": lambda: Adaptive(k_max=6),
+    "adaptive-confident": lambda: Adaptive(k_max=6, confidence_stop=0.5),
 }
 
 

@@ -23,6 +23,7 @@ from decoding import (
     PromptLookupDrafter,
     greedy_accept,
 )
+from decoding.drafters import draft_block
 from decoding.projection import OutputProjection
 from decoding.protocols import NO_TOKEN
 
@@ -205,12 +206,72 @@ def test_adaptive_prices_draft_calls_with_their_fixed_part():
     assert policy.next_k() >= 8
 
 
+def test_adaptive_with_a_confidence_stop_leaves_block_ends_to_the_draft():
+    policy = Adaptive(k_max=12, confidence_stop=0.4)
+    assert policy.stop_below == 0.4 and policy.stop_joint
+    for _ in range(20):  # cheap drafts, mostly accepted: drafting pays
+        k = policy.next_k()
+        policy.update(outcome(k=k, accepted=3, rejections=1, draft=0.01, verify=0.1, width=4))
+    assert policy.next_k() == 12  # the confidence stop, not k*, ends the block
+
+    for _ in range(30):  # now every draft is rejected
+        policy.update(outcome(k=12, accepted=0, rejections=1, draft=0.6, verify=0.1, width=4))
+    assert policy.next_k() == 0
+    with pytest.raises(ValueError, match="confidence_stop"):
+        Adaptive(confidence_stop=1.0)
+
+
+def test_adaptive_prices_a_draft_call_by_the_steps_it_took():
+    policy = Adaptive(k_max=12, confidence_stop=0.4)
+    stopped_early = BlockOutcome(12, 2, 2, 2, 0, 0.03, 0.1, includes_prefill=False, draft_steps=3)
+    policy.update(stopped_early)
+
+    assert policy.draft == {3: 0.03}
+
+
+def test_adaptive_without_a_confidence_stop_never_stops_on_confidence():
+    assert Adaptive().stop_below == 0
+
+
 def test_adaptive_ignores_the_prefill_step_time():
     policy = Adaptive()
     policy.update(BlockOutcome(4, 4, 4, 4, 0, 5.0, 50.0, includes_prefill=True))
 
     assert policy.verify == {} and policy.draft == {}
     assert policy.alpha > 0.7
+
+
+class ScriptedConfidenceModel:
+    """A draft model whose top next-token probability follows a script, one value per call."""
+
+    vocab = 5
+
+    def __init__(self, tops: list[float]) -> None:
+        self.tops = tops
+        self.calls = 0
+
+    def score(self, tokens, positions, mask, keep=1):
+        top = self.tops[self.calls]
+        self.calls += 1
+        probs = torch.full((self.vocab,), (1 - top) / (self.vocab - 1))
+        probs[2] = top
+        return probs.log().expand(tokens.shape[0], keep, self.vocab)
+
+
+@pytest.mark.parametrize(
+    ("stop_joint", "drafted"),
+    [(False, 4), (True, 2)],  # tops 0.9, 0.8, 0.9, 0.9: joint 0.9, 0.72, 0.65, 0.58
+)
+def test_draft_block_stops_on_each_tokens_or_the_joint_confidence(stop_joint, drafted):
+    model = ScriptedConfidenceModel([0.9, 0.8, 0.9, 0.9, 0.3, 0.3])
+    committed, lengths = torch.tensor([[1, 1, 0, 0]]), torch.tensor([2])
+
+    draft = draft_block(model, committed, lengths, torch.zeros(1, dtype=torch.long), k=6,
+                        stop_below=0.7, stop_joint=stop_joint)  # fmt: skip
+
+    assert draft.tokens[0, :drafted].tolist() == [2] * drafted
+    assert draft.tokens[0, drafted:].tolist() == [NO_TOKEN] * (draft.steps - drafted)
+    assert draft.steps == drafted + 1  # the step that found the unsure token
 
 
 def test_prompt_lookup_proposes_what_followed_the_latest_match():

@@ -123,7 +123,7 @@ class MarkovDrafter:
     def reset(self) -> None:
         """Stateless."""
 
-    def propose(self, committed, lengths, k, stop_below=0.0, sampler=None):
+    def propose(self, committed, lengths, k, stop_below=0.0, sampler=None, stop_joint=False):
         token = committed.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)
         tokens, qs = [], []
         for _ in range(k):
