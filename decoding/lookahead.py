@@ -181,6 +181,8 @@ class Adaptive:
     clock-free policies (greedy output is the same whatever the policy).
     """
 
+    stop_joint = True  # confidence_stop bounds the block's joint confidence
+
     def __init__(
         self,
         k_max: int = 12,
@@ -199,7 +201,6 @@ class Adaptive:
             raise ValueError(f"confidence_stop must be in [0, 1) (got {confidence_stop})")
         self.k_max = _check_k("k_max", k_max)
         self.stop_below = confidence_stop
-        self.stop_joint = True
         self.probe_every = _check_k("probe_every", probe_every)
         self.decay = decay
         self.prior_cost = prior_cost
