@@ -459,14 +459,14 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument(
         "--head-tokens", type=int, default=16384, help="text tokens in the head (0: all)"
     )
-    dist.add_argument("--synthetic-sentences", type=int, default=900)
+    dist.add_argument("--synthetic-sentences", type=int, default=1800)
     dist.add_argument(
         "--work-dir",
         type=Path,
         help="keep the labelled training windows here and reuse them when only training "
         "options change",
     )
-    dist.add_argument("--epochs", type=int, default=30)
+    dist.add_argument("--epochs", type=int, default=20)
     dist.add_argument("--batch-size", type=int, default=8)
     dist.add_argument("--learning-rate", type=float, default=3e-4)
     dist.add_argument("--seed", type=int, default=0)

@@ -44,9 +44,9 @@ from asr.window_decoder import WindowBatch, WindowDecoder
 class DistillConfig:
     keep_layers: tuple[int, ...] | None = None  # target decoder layers kept; None: first, last
     head_tokens: int = 16384  # most frequent text tokens in the saved head; 0: full vocabulary
-    synthetic_sentences: int = 900
+    synthetic_sentences: int = 1800
     real_speech: bool = True
-    epochs: int = 30
+    epochs: int = 20
     batch_size: int = 8
     learning_rate: float = 3e-4
     kl_weight: float = 0.8  # distil-whisper's weighting of KL against pseudo-label CE
@@ -326,10 +326,9 @@ class _Head:
         return cls(vocabulary, weight, row_of)
 
 
-def _batch_loss(draft, target: WhisperModel, windows, head: _Head, kl_weight: float):
-    """Mean over trained positions of CE(pseudo-label) + kl_weight * KL(teacher || draft),
-    the teacher restricted to its top tokens inside the head and renormalised; also returns
-    (positions where the draft's top token is the label, positions)."""
+def _draft_states(draft, target: WhisperModel, windows) -> torch.Tensor:
+    """The draft's last hidden states along each window's tokens (teacher forcing), shape =
+    (windows, longest window, d_model); rows past a window's end are padding."""
     from asr.whisper import EncodedAudio
 
     width = max(len(w.tokens) for w in windows)
@@ -338,7 +337,7 @@ def _batch_loss(draft, target: WhisperModel, windows, head: _Head, kl_weight: fl
     for row, window in enumerate(windows):
         tokens[row, : len(window.tokens)] = torch.tensor(window.tokens)
         mask[row, : len(window.tokens)] = 1
-    dtype = head.weight.dtype
+    dtype = draft.model.decoder.embed_tokens.weight.dtype
     cross = tuple(
         (
             torch.stack([w.cross[layer][0] for w in windows]).to(dtype),
@@ -351,13 +350,20 @@ def _batch_loss(draft, target: WhisperModel, windows, head: _Head, kl_weight: fl
     # of the encoder output's shape to take its cross-attention path.
     features = keys.new_zeros(()).expand(len(windows), keys.shape[2], draft.config.d_model)
     cache = target.new_cache(EncodedAudio(features, cross))
-    states = draft.model.decoder(
+    return draft.model.decoder(
         input_ids=tokens,
         attention_mask=mask,
         encoder_hidden_states=features,
         past_key_values=cache,
         use_cache=True,
     ).last_hidden_state
+
+
+def _batch_loss(draft, target: WhisperModel, windows, head: _Head, kl_weight: float):
+    """Mean over trained positions of CE(pseudo-label) + kl_weight * KL(teacher || draft),
+    the teacher restricted to its top tokens inside the head and renormalised; also returns
+    (positions where the draft's top token is the label, positions)."""
+    states = _draft_states(draft, target, windows)
     total, agree, count = states.new_zeros(()), 0, 0
     for row, window in enumerate(windows):
         trained = states[row, window.first_loss : len(window.tokens) - 1]
@@ -388,6 +394,24 @@ def agreement(draft, target, windows, head: _Head, batch_size: int = 8) -> float
             _, a, c = _batch_loss(draft, target, windows[first : first + batch_size], head, 0.0)
             agree, count = agree + a, count + c
     return agree / max(count, 1)
+
+
+@torch.no_grad()
+def draft_predictions(draft, target, windows, vocabulary=None, batch_size: int = 8) -> list:
+    """The draft's top token at each labelled position of each window, with the target's tokens
+    as context (teacher forcing): one Tensor per window, aligned with `window.labels`.
+    vocabulary: the token ids its head scores (as `load_draft_module` returns); None: all."""
+    if vocabulary is None:
+        vocabulary = torch.arange(draft.config.vocab_size)
+    head = _Head.of(draft, vocabulary)
+    predicted = []
+    for first in range(0, len(windows), batch_size):
+        group = windows[first : first + batch_size]
+        states = _draft_states(draft, target, group)
+        for row, window in enumerate(group):
+            trained = states[row, window.first_loss : len(window.tokens) - 1]
+            predicted.append(head.vocabulary[(trained @ head.weight.T).argmax(dim=-1)])
+    return predicted
 
 
 def train_draft(

@@ -1,0 +1,124 @@
+"""How often a distilled draft's next token is the target's, on the benchmark's real speech.
+
+Teacher forcing, as `specscribe distill` scores its held-out windows, but on the speech that
+`bench.asr` reports (`bench.asr_data`, never trained on) instead of a mostly synthetic split:
+the target (whisper-base, fp32) transcribes each 28 s piece greedily, as `distill` labels its
+windows (with and without timestamps and previous-text prompts, seeded), and each draft predicts
+every one of those tokens from the target's own context. Agreement is reported over all tokens
+and by kind: the first generated token, text, timestamps, and the end token. It predicts the
+tokens per target call that drafting reaches (each call accepts drafted tokens up to the first
+disagreement) without timing anything, so it is not disturbed by a busy machine. The last line
+printed is one JSON object.
+
+    python -m bench.draft_agreement [--draft NAME=PATH ...] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+
+import torch
+
+import app.config  # first: switches the libraries offline before they load
+from asr.audio import SAMPLE_RATE, load_audio
+from asr.distill import draft_predictions, label_windows
+from asr.distill_data import TrainingClip
+from asr.draft_checkpoint import load_draft_module
+from asr.models import ModelRegistry
+from asr.whisper import WhisperModel
+from bench.asr_data import benchmark_files
+
+PIECE_SECONDS = 28  # distill's window length
+
+
+def benchmark_clips() -> list[TrainingClip]:
+    """The benchmark's recordings cut into pieces of at most 28 s (the last piece of a long
+    file kept if it holds at least a second)."""
+    piece = PIECE_SECONDS * SAMPLE_RATE
+    clips = []
+    for item in benchmark_files():
+        samples = load_audio(item.audio)
+        for start in range(0, len(samples), piece):
+            part = samples[start : start + piece]
+            if len(part) >= SAMPLE_RATE:
+                clips.append(TrainingClip(f"{item.name}@{start // SAMPLE_RATE}s", part, "real"))
+    return clips
+
+
+def token_kind(position: int, token: int, special) -> str:
+    if token == special.eot:
+        return "end"
+    if token >= special.timestamp_begin:
+        return "timestamp"
+    return "first" if position == 0 else "text"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--draft",
+        action="append",
+        metavar="NAME=PATH",
+        help="a distilled draft directory (repeatable); default: whisper-base-draft",
+    )
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--seed", type=int, default=0, help="decoding modes and prompts")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    registry = ModelRegistry(app.config.Settings.from_env().cache_dir)
+    drafts = dict(spec.split("=", 1) for spec in args.draft or [])
+    if not drafts:
+        drafts = {"whisper-base-draft": registry.resolve("whisper-base-draft")}
+    target = WhisperModel.load(registry.resolve("whisper-base"), "cpu", torch.float32)
+    loaded = {
+        name: load_draft_module(path, target.model, torch.float32) for name, path in drafts.items()
+    }
+    layer_sets = {layers for _, _, layers in loaded.values()}
+    clips = benchmark_clips()
+    started = time.perf_counter()
+    # The labelled windows keep the cross-attention of the layers a draft reads; drafts made
+    # from other target layers need their own labelling (same seed: the same transcriptions).
+    windows_of = {
+        layers: label_windows(target, clips, layers, seed=args.seed) for layers in layer_sets
+    }
+    label_seconds = time.perf_counter() - started
+
+    report = {
+        "benchmark": "draft_agreement",
+        "target": "whisper-base",
+        "pieces": len(clips),
+        "label_seconds": round(label_seconds, 1),
+        "drafts": {},
+    }
+    for name, (module, vocabulary, layers) in loaded.items():
+        windows = windows_of[layers]
+        predicted = draft_predictions(module.eval(), target, windows, vocabulary)
+        agree, count = Counter(), Counter()
+        for window, guesses in zip(windows, predicted, strict=True):
+            for position, (label, guess) in enumerate(
+                zip(window.labels, guesses.tolist(), strict=True)
+            ):
+                kind = token_kind(position, label, target.special)
+                count[kind] += 1
+                agree[kind] += int(label == guess)
+        report["drafts"][name] = {
+            "path": str(drafts[name]),
+            "tokens": sum(count.values()),
+            "agreement": round(sum(agree.values()) / max(sum(count.values()), 1), 4),
+            "by_kind": {
+                kind: {"agreement": round(agree[kind] / count[kind], 4), "tokens": count[kind]}
+                for kind in sorted(count)
+            },
+        }
+        print(f"{name}: agreement {report['drafts'][name]['agreement']:.3f}", flush=True)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
