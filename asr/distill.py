@@ -385,17 +385,6 @@ def _batch_loss(draft, target: WhisperModel, windows, head: _Head, kl_weight: fl
     return total / max(count, 1), agree, count
 
 
-def agreement(draft, target, windows, head: _Head, batch_size: int = 8) -> float:
-    """Top-1 agreement of the draft with the pseudo-labels (teacher-forced): a proxy for the
-    share of drafted tokens the target accepts."""
-    agree = count = 0
-    with torch.no_grad():
-        for first in range(0, len(windows), batch_size):
-            _, a, c = _batch_loss(draft, target, windows[first : first + batch_size], head, 0.0)
-            agree, count = agree + a, count + c
-    return agree / max(count, 1)
-
-
 @torch.no_grad()
 def draft_predictions(draft, target, windows, vocabulary=None, batch_size: int = 8) -> list:
     """The draft's top token at each labelled position of each window, with the target's tokens
@@ -412,6 +401,17 @@ def draft_predictions(draft, target, windows, vocabulary=None, batch_size: int =
             trained = states[row, window.first_loss : len(window.tokens) - 1]
             predicted.append(head.vocabulary[(trained @ head.weight.T).argmax(dim=-1)])
     return predicted
+
+
+def agreement(draft, target, windows, head: _Head, batch_size: int = 8) -> float:
+    """Top-1 agreement of the draft with the pseudo-labels (teacher-forced): a proxy for the
+    share of drafted tokens the target accepts."""
+    predicted = draft_predictions(draft, target, windows, head.vocabulary, batch_size)
+    hits = sum(
+        int((guesses == torch.tensor(w.labels)).sum())
+        for guesses, w in zip(predicted, windows, strict=True)
+    )
+    return hits / max(sum(len(w.labels) for w in windows), 1)
 
 
 def train_draft(
