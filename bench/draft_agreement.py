@@ -26,19 +26,17 @@ import torch
 import app.config  # first: switches the libraries offline before they load
 from asr.audio import SAMPLE_RATE, load_audio
 from asr.distill import draft_predictions, label_windows
-from asr.distill_data import TrainingClip
+from asr.distill_data import MAX_WINDOW_SECONDS, TrainingClip
 from asr.draft_checkpoint import load_draft_module
 from asr.models import ModelRegistry
 from asr.whisper import WhisperModel
 from bench.asr_data import benchmark_files
 
-PIECE_SECONDS = 28  # distill's window length
-
 
 def benchmark_clips() -> list[TrainingClip]:
     """The benchmark's recordings cut into pieces of at most 28 s (the last piece of a long
     file kept if it holds at least a second)."""
-    piece = PIECE_SECONDS * SAMPLE_RATE
+    piece = int(MAX_WINDOW_SECONDS * SAMPLE_RATE)  # distill's window length
     clips = []
     for item in benchmark_files():
         samples = load_audio(item.audio)
