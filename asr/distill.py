@@ -13,10 +13,10 @@ held-out tokens; trained on the whole vocabulary, 78.6 %, and 77.3 % through a h
 most frequent text tokens (17992 of 51865 rows), which costs about 0.75 ms less per draft step
 than the whole head. Doubling the synthetic speech (the default, 1800 sentences) raised the
 agreement on the benchmark's real speech from 72.6 % to 76.1 % (bench/draft_agreement.py).
-Doubling it again did not: with three layers (0, 2, 5), 3600 sentences gave 77.4 % and 1800
-gave 77.5 %, so beyond this espeak-ng's few voices, not their amount, limit what the draft
-learns about real speech. (Three layers draft about 6 % more tokens per target call than two,
-but a step costs about 1 ms more, and the two-layer draft decodes faster.)
+Doubling it again did not: with three layers (0, 2, 5), 3600 sentences (15 epochs) gave
+77.4 % and 1800 gave 77.5 %, so beyond this espeak-ng's few voices, not their amount, limit what
+the draft learns about real speech. (Three layers draft about 6 % more tokens per target call
+than two, but a step costs about 1 ms more, and the two-layer draft decodes faster.)
 
 Training is knowledge distillation on pseudo-labels: the target transcribes each training
 window greedily (as transcription will: with and without timestamps, with and without previous
