@@ -55,11 +55,20 @@ def token_kind(position: int, token: int, special) -> str:
     return "first" if position == 0 else "text"
 
 
+def named_path(spec: str) -> tuple[str, str]:
+    """NAME=PATH -> (NAME, PATH); anything else is a usage error naming the expected form."""
+    name, separator, path = spec.partition("=")
+    if not (separator and name and path):
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {spec!r}")
+    return name, path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--draft",
         action="append",
+        type=named_path,
         metavar="NAME=PATH",
         help="a distilled draft directory (repeatable); default: whisper-base-draft",
     )
@@ -69,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     registry = ModelRegistry(app.config.Settings.from_env().cache_dir)
-    drafts = dict(spec.split("=", 1) for spec in args.draft or [])
+    drafts = dict(args.draft or [])
     if not drafts:
         drafts = {"whisper-base-draft": registry.resolve("whisper-base-draft")}
     target = WhisperModel.load(registry.resolve("whisper-base"), "cpu", torch.float32)
