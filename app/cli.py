@@ -457,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--layers", type=int, nargs="+", help="target layers kept (default: first, last)"
     )
     dist.add_argument(
-        "--head-tokens", type=int, default=16384, help="text tokens in the head (0: all)"
+        "--head-tokens", type=int, default=32768, help="text tokens in the head (0: all)"
     )
     dist.add_argument("--synthetic-sentences", type=int, default=1800)
     dist.add_argument(

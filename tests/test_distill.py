@@ -113,8 +113,20 @@ def test_vocabulary_keeps_special_tokens_and_frequent_text(whisper_base, labelle
     eot, size = whisper_base.special.eot, whisper_base.config.vocab_size
     assert len(vocabulary) == 1000 + (size - eot)
     assert set(range(eot, size)) <= set(vocabulary.tolist())  # specials and timestamps
-    assert {t for w in labelled for t in w.labels} <= set(vocabulary.tolist())
+    labels = {t for w in labelled for t in w.labels}
+    assert labels <= set(vocabulary.tolist())
     assert torch.equal(vocabulary, vocabulary.sort().values)
+    # The rest is English text in id order: pieces of other scripts are skipped, not kept.
+    text = [t for t in vocabulary.tolist() if t < eot]
+
+    def english(token: int) -> bool:
+        piece = whisper_base.tokenizer.decode([token])
+        return bool(piece) and piece.isascii() and piece.isprintable()
+
+    assert all(t in labels or english(t) for t in text)
+    filled_up_to = max(t for t in text if t not in labels)
+    skipped = set(range(filled_up_to)) - set(text)
+    assert skipped and not any(english(t) for t in skipped)
 
 
 @pytest.mark.slow
