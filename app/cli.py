@@ -12,6 +12,15 @@ from app.config import Settings
 
 # asr.precision.PRECISIONS, spelled out so that parsing arguments does not import torch
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "mixed", "int8")
+# `specscribe distill` options that map one to one onto asr.distill.DistillConfig fields.
+DISTILL_OPTIONS = (
+    "head_tokens",
+    "synthetic_sentences",
+    "epochs",
+    "batch_size",
+    "learning_rate",
+    "seed",
+)
 
 
 def _print_progress(stage: str, completed: int, total: int) -> None:
@@ -167,16 +176,14 @@ def _cmd_distill(args: argparse.Namespace, settings: Settings) -> int:
     from asr.models import SHIPPED_DRAFTS_DIR, ModelRegistry
     from asr.whisper import WhisperModel
 
-    # Every random step (sentences, voices, labelling modes, training) takes config.seed.
+    # Options left out keep DistillConfig's defaults (the recipe of the shipped draft), so
+    # they live in one place. Every random step (sentences, voices, labelling modes, training)
+    # takes config.seed.
+    given = {name: getattr(args, name) for name in DISTILL_OPTIONS}
     config = DistillConfig(
         keep_layers=tuple(args.layers) if args.layers else None,
-        head_tokens=args.head_tokens,
-        synthetic_sentences=args.synthetic_sentences,
         real_speech=args.speech_dir is not None and args.speech_dir.is_dir(),
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
-        seed=args.seed,
+        **{name: value for name, value in given.items() if value is not None},
     )
     registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
     target_dir = Path(registry.resolve(args.target))
@@ -440,7 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     default_speech = Path(__file__).resolve().parents[2] / "shared" / "speech"
     dist = commands.add_parser(
-        "distill", help="train a small shared-encoder draft for a Whisper target (asr/distill.py)"
+        "distill",
+        help="train a small shared-encoder draft for a Whisper target (asr/distill.py)",
+        description="Options left out take the shipped draft's recipe (asr.distill.DistillConfig).",
     )
     dist.add_argument("--target", default="whisper-base", help="the Whisper to distil")
     dist.add_argument(
@@ -456,20 +465,18 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument(
         "--layers", type=int, nargs="+", help="target layers kept (default: first, last)"
     )
-    dist.add_argument(
-        "--head-tokens", type=int, default=32768, help="text tokens in the head (0: all)"
-    )
-    dist.add_argument("--synthetic-sentences", type=int, default=1800)
+    dist.add_argument("--head-tokens", type=int, help="text tokens in the head (0: all)")
+    dist.add_argument("--synthetic-sentences", type=int)
     dist.add_argument(
         "--work-dir",
         type=Path,
         help="keep the labelled training windows here and reuse them when only training "
         "options change",
     )
-    dist.add_argument("--epochs", type=int, default=20)
-    dist.add_argument("--batch-size", type=int, default=8)
-    dist.add_argument("--learning-rate", type=float, default=3e-4)
-    dist.add_argument("--seed", type=int, default=0)
+    dist.add_argument("--epochs", type=int)
+    dist.add_argument("--batch-size", type=int)
+    dist.add_argument("--learning-rate", type=float)
+    dist.add_argument("--seed", type=int)
     dist.add_argument("--device", help="cpu, cuda, ... (default: cpu)")
     dist.set_defaults(run=_cmd_distill)
 
