@@ -39,7 +39,7 @@ from asr.window_decoder import (
     decode_window,
 )
 from asr.word_timing import add_word_timestamps
-from decoding import DecodeStats, Heuristic, LookaheadPolicy
+from decoding import DecodeStats, Heuristic, LookaheadPolicy, device_clock
 
 Task = Literal["transcribe", "translate"]
 Windows = Literal["seek", "silence"]
@@ -184,7 +184,7 @@ class _Session:
     def encode(self, windows: list[tuple[int, int]], padded: bool) -> tuple[EncodedAudio, ...]:
         """The target's (and the draft's) view of frame ranges [start, end): full 30 s from
         start (the mel ends with 30 s of silence), or only [start, end) padded with silence."""
-        started = time.perf_counter()
+        started = device_clock(self.model.device)
 
         def stack(mel: torch.Tensor) -> torch.Tensor:
             if padded:
@@ -196,7 +196,7 @@ class _Session:
         if self.assistant is not None:
             draft_mel = None if self.draft_mel is None else stack(self.draft_mel)
             draft = self.assistant.encode(encoded, draft_mel)
-        self.encoder_seconds += time.perf_counter() - started
+        self.encoder_seconds += device_clock(self.model.device) - started
         if self.language is None:
             self.language = detect_language(self.model, encoded)
         return encoded, draft

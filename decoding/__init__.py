@@ -7,7 +7,7 @@ from decoding.drafters import (
     ModelDrafter,
     PromptLookupDrafter,
 )
-from decoding.generate import DecodeStats, GenerationResult, generate
+from decoding.generate import DecodeStats, GenerationResult, device_clock, generate
 from decoding.lookahead import (
     Adaptive,
     BlockOutcome,
@@ -46,6 +46,7 @@ __all__ = [
     "Target",
     "Verdict",
     "apply_sampling",
+    "device_clock",
     "generate",
     "greedy_accept",
     "speculative_sample",

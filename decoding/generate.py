@@ -237,7 +237,8 @@ def _stop_ids(eos_token_id: int | Sequence[int] | None, device: torch.device) ->
     return torch.tensor(ids, dtype=torch.long, device=device)
 
 
-def _clock(device: torch.device) -> float:
+def device_clock(device: torch.device) -> float:
+    """perf_counter once `device` has finished the work queued on it."""
     if device.type == "cuda":  # kernels run asynchronously; time what they did, not the launch
         torch.cuda.synchronize(device)
     return time.perf_counter()
@@ -289,7 +290,7 @@ def generate(
     with torch.inference_mode():
         while rows.count:
             # 2. Draft up to k tokens per row (none without a drafter, or with one token to go).
-            started = _clock(device)
+            started = device_clock(device)
             k = 0 if policy is None else min(policy.next_k(), rows.max_budget - 1)
             if k > 0:
                 draft = drafter.propose(
@@ -297,7 +298,7 @@ def generate(
                 )
             else:
                 draft = Draft(tokens=torch.empty((rows.count, 0), dtype=torch.long, device=device))
-            drafted = _clock(device)
+            drafted = device_clock(device)
 
             # 3. Score the uncached tails plus the proposals in one target call, then verify.
             draft = rows.admissible(draft)
@@ -314,7 +315,7 @@ def generate(
             kept = rows.retire(step.finished) if step.any_finished else None
             if rows.count:
                 _roll_back(target, drafter, rows, kept)
-            verified = _clock(device)
+            verified = device_clock(device)
 
             # 5. Account, and let the policy learn.
             stats = stats + DecodeStats(
