@@ -20,6 +20,8 @@ prompting the next (condition on previous text):
   beam 1, temperature 0 only, its default thresholds (the same values), each in a child process
   of its own: CTranslate2's bundled OpenMP runtime slows torch down in a shared process
   (bench.faster_whisper_process).
+- `--device cuda` runs every configuration on a GPU: faster-whisper as int8_float16 and
+  float16 instead of int8 and float32, timings synchronised with the GPU.
 - `--precision bf16,mixed` adds ours greedy and our fastest speculative configuration in
   bfloat16, and with a bf16 encoder and fp32 decoder ("mixed"), each compared with greedy in
   the same precision (see asr.precision for why bf16 drafting can differ from bf16 greedy).
@@ -33,7 +35,8 @@ encoders' forward; faster-whisper by timing its `encode`), whether ours equal ou
 same precision (segment times and text, every file), and speedups against our greedy,
 transformers generate and faster-whisper int8. The last line printed is one JSON object.
 
-    python -m bench.asr [--repeats 3] [--threads 2] [--assistants whisper-tiny.en]
+    python -m bench.asr [--repeats 3] [--threads 2] [--device cuda] [--speech DIR]
+        [--assistants whisper-tiny.en]
         [--policies heuristic,constant:4,adaptive] [--no-timestamps] [--precision bf16,mixed]
         [--only REGEX] [--max-files N] [--save]
 """
@@ -58,14 +61,18 @@ import torch
 import app.config  # noqa: F401  (switches the libraries offline before they load)
 from asr.audio import SAMPLE_RATE, load_audio
 from asr.models import ModelRegistry
+from asr.precision import resolve_precision
 from asr.whisper import N_SAMPLES
 from bench.asr_data import SPEECH, Utterance, benchmark_files
 from bench.faster_whisper_process import FasterWhisperProcess
+from decoding import device_clock
 
 TARGET = "whisper-base"
 DEFAULT_ASSISTANTS = ("whisper-base-draft", "whisper-tiny.en")
 DEFAULT_POLICIES = ("heuristic", "constant:4", "adaptive")
-WARM_UP = SPEECH / "en_single" / "ljspeech" / "LJ001-0010.wav"  # not in the evaluation set
+WARM_UP = Path("en_single") / "ljspeech" / "LJ001-0010.wav"  # in SPEECH, not in the set
+# faster-whisper's compute types per device kind: the int8 one first (the speedup baseline).
+FASTER_WHISPER_TYPES = {"cpu": ("int8", "float32"), "cuda": ("int8_float16", "float16")}
 RESULTS = Path(__file__).resolve().parent / "results"
 # OpenAI's transcribe defaults, which ours uses; transformers is given the same.
 FALLBACK = {
@@ -115,18 +122,20 @@ class Config:
 
 
 class ModuleTimer:
-    """Seconds spent in, and calls of, a torch module's forward (hooks; reset per run)."""
+    """Seconds spent in, and calls of, a torch module's forward (hooks; reset per run). On a
+    GPU both ends wait for the queued kernels, so the seconds are the module's work."""
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.seconds, self.calls, self._started = 0.0, 0, 0.0
+        self._device = next(module.parameters()).device
         module.register_forward_pre_hook(self._enter)
         module.register_forward_hook(self._leave)
 
     def _enter(self, *_) -> None:
-        self._started = time.perf_counter()
+        self._started = device_clock(self._device)
 
     def _leave(self, *_) -> None:
-        self.seconds += time.perf_counter() - self._started
+        self.seconds += device_clock(self._device) - self._started
         self.calls += 1
 
     def reset(self) -> None:
@@ -139,22 +148,23 @@ class Models:
 
     registry: ModelRegistry
     threads: int
+    device: str = "cpu"
     _whisper: dict = field(default_factory=dict)
     _pairs: dict = field(default_factory=dict)
     _timers: dict = field(default_factory=dict)
     _faster: dict = field(default_factory=dict)
 
     def target(self, precision: str = "fp32"):
-        """The target in a precision of `asr.precision` ("fp32", "bf16", "mixed", "int8")."""
-        from asr.precision import resolve_precision
+        """The target in a precision of `asr.precision` ("fp32", "bf16", "fp16", "mixed",
+        "int8") on the benchmark's device."""
         from asr.whisper import WhisperModel
 
         if precision not in self._whisper:
-            dtypes = resolve_precision("cpu", precision)
+            dtypes = resolve_precision(self.device, precision)
             path = self.registry.resolve(TARGET)
             self._whisper[precision] = WhisperModel.load(
                 path,
-                "cpu",
+                self.device,
                 dtypes.decoder,
                 encoder_dtype=dtypes.encoder,
                 int8_decoder=dtypes.int8_decoder,
@@ -186,7 +196,9 @@ class Models:
         """faster-whisper in a process of its own (see bench.faster_whisper_process)."""
         if compute_type not in self._faster:
             path = self.registry.pull_ct2(TARGET)
-            self._faster[compute_type] = FasterWhisperProcess(path, compute_type, self.threads)
+            self._faster[compute_type] = FasterWhisperProcess(
+                path, compute_type, self.threads, self.device
+            )
         return self._faster[compute_type]
 
     def close(self) -> None:
@@ -296,11 +308,13 @@ def transformers_generate(models: Models, timestamps: bool, draft: str | None):
         for timer in (encoder, decoder, *draft_timers):
             if timer is not None:
                 timer.reset()
-        started = time.perf_counter()
+        started = device_clock(target.device)
         features, masks = _input_features(features_of["extractor"], samples)
+        features = features.to(target.device, target.model.model.encoder.dtype)
+        masks = {name: mask.to(target.device) for name, mask in masks.items()}
         with torch.inference_mode():
             out = target.model.generate(features, **masks, **settings, **extras)
-        seconds = time.perf_counter() - started
+        seconds = device_clock(target.device) - started
         special = target.special  # text tokens lie below eot, timestamps above no_timestamps
         tokens = [t for t in out[0].tolist() if t < special.eot or t > special.no_timestamps]
         draft_encoder, draft_decoder = draft_timers
@@ -379,7 +393,7 @@ def build_configs(models: Models, args, drafts: list[str]) -> list[Config]:
                 notes=(ASSISTED_NOTE,),
             )
         )  # fmt: skip
-    for compute_type in ("int8", "float32"):
+    for compute_type in FASTER_WHISPER_TYPES[_device_kind(models.device)]:
         configs.append(
             Config(
                 f"faster-whisper {compute_type}", "faster-whisper",
@@ -442,12 +456,12 @@ def word_error_rate(references: list[str], hypotheses: list[str]) -> float:
 
 
 def measure(
-    configs: list[Config], files: list[Utterance], audio: dict, repeats: int
+    configs: list[Config], files: list[Utterance], audio: dict, repeats: int, warm_up: np.ndarray
 ) -> tuple[dict, dict]:
     """({(file name, config name): [Measured per repeat]}, {(file, config): error}),
-    interleaved round-robin. A configuration that fails on a file is not run on it again; its
-    row then covers the files it transcribed and names the others."""
-    warm_up = load_audio(WARM_UP)[: 5 * SAMPLE_RATE]
+    interleaved round-robin after one unmeasured run of each on `warm_up`. A configuration
+    that fails on a file is not run on it again; its row then covers the files it transcribed
+    and names the others."""
     for config in configs:  # loads the models and pages in the weights; not measured
         config.run(warm_up)
     runs: dict[tuple[str, str], list[Measured]] = {}
@@ -562,7 +576,7 @@ def _compare(configs: list[Config], files: list[Utterance], runs: dict, rows: di
         for key, baseline in (
             ("speedup_vs_our_greedy", "ours greedy"),
             ("speedup_vs_transformers_generate", "transformers generate"),
-            ("speedup_vs_faster_whisper_int8", "faster-whisper int8"),
+            ("speedup_vs_faster_whisper_int8", _faster_whisper_int8(rows)),
         ):
             if baseline in rows:  # over the files both transcribed
                 both = [u.name for u in covered if u.name in rows[baseline]["per_file"]]
@@ -607,6 +621,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="torch and CTranslate2 threads")
     parser.add_argument(
+        "--device",
+        default="cpu",
+        type=_checked_device,
+        help="cpu, cuda, cuda:1, ... (default: cpu); faster-whisper runs on the same device",
+    )
+    parser.add_argument(
+        "--speech",
+        type=Path,
+        default=SPEECH,
+        help=f"the shared speech folder the set is read from (default: {SPEECH})",
+    )
+    parser.add_argument(
         "--assistants",
         type=lambda v: [s.strip() for s in v.split(",") if s.strip()],
         help=f"comma list of drafts (default: the ready ones of {', '.join(DEFAULT_ASSISTANTS)})",
@@ -622,15 +648,31 @@ def _parser() -> argparse.ArgumentParser:
         "--precision",
         type=lambda v: [s.strip() for s in v.split(",") if s.strip() and s.strip() != "fp32"],
         default=[],
-        help="comma list of bf16, mixed (bf16 encoder, fp32 decoder), int8 (bf16 encoder, int8 "
-        "decoder): adds our greedy and fastest speculative configuration in each",
+        help="comma list of bf16, fp16 (CUDA), mixed (half-precision encoder, fp32 decoder), "
+        "int8 (CPU: bf16 encoder, int8 decoder): adds our greedy and fastest speculative "
+        "configuration in each",
     )
     parser.add_argument("--only", help="regex: run only configurations that match (+ ours greedy)")
     parser.add_argument("--max-files", type=int, help="the first N files only (a quick run)")
     parser.add_argument(
-        "--save", action="store_true", help="write bench/results/asr-DATE-cpuN.json"
+        "--save",
+        action="store_true",
+        help="write bench/results/asr-DATE-cpuN.json (asr-DATE-cuda-GPU.json on a GPU)",
     )
     return parser
+
+
+def _checked_device(value: str) -> str:
+    """A device torch knows and, for CUDA, one this machine has (else an argparse error)."""
+    try:
+        device = torch.device(value)
+    except RuntimeError as error:
+        raise argparse.ArgumentTypeError(f"unknown device {value!r}: {error}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"device {value!r}: expected cpu or cuda[:N]")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"device {value!r}: torch sees no CUDA device here")
+    return value
 
 
 def _drafts(registry: ModelRegistry, requested: list[str] | None) -> tuple[list[str], list[str]]:
@@ -653,6 +695,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     for policy in args.policies:
         make_policy(policy)  # a bad policy fails before any model loads
+    for precision in args.precision:  # so does a precision the device cannot run
+        resolve_precision(args.device, precision)
     torch.set_num_threads(args.threads)
     import transformers
 
@@ -662,23 +706,24 @@ def main(argv: list[str] | None = None) -> int:
 
     # 1. The set, the drafts that exist, the configurations.
     registry = ModelRegistry(Settings.from_env().cache_dir)
-    files = benchmark_files()
+    files = benchmark_files(args.speech)
+    warm_up = load_audio(args.speech / WARM_UP)[: 5 * SAMPLE_RATE]
     if args.max_files:
         files = files[: args.max_files]
     audio = {u.name: load_audio(u.audio) for u in files}
     drafts, skipped = _drafts(registry, args.assistants)
-    models = Models(registry, args.threads)
+    models = Models(registry, args.threads, args.device)
     configs = build_configs(models, args, drafts)
 
     # 2. Measure, then the other precisions' rows for the fastest speculative configuration.
     started = time.perf_counter()
     try:
-        runs, failures = measure(configs, files, audio, args.repeats)
+        runs, failures = measure(configs, files, audio, args.repeats, warm_up)
         rows = summarise(configs, files, audio, runs, failures)
         best = fastest_speculative(configs, rows)
         for precision in args.precision:
             extra = precision_configs(models, args, best, precision)
-            extra_runs, extra_failures = measure(extra, files, audio, args.repeats)
+            extra_runs, extra_failures = measure(extra, files, audio, args.repeats, warm_up)
             runs.update(extra_runs)
             failures.update(extra_failures)
             configs += extra
@@ -692,6 +737,7 @@ def main(argv: list[str] | None = None) -> int:
         "target": TARGET,
         "date": datetime.date.today().isoformat(),
         "threads": args.threads,
+        "device": device_name(args.device),
         "repeats": args.repeats,
         "timestamps": not args.no_timestamps,
         "decoding": {"language": "en", "task": "transcribe", "greedy": True, **FALLBACK},
@@ -711,23 +757,57 @@ def main(argv: list[str] | None = None) -> int:
     }
     print_table(rows)
     if args.save:
-        _save(report, args.threads)
+        _save(report, args.device)
     print(json.dumps(report))
     return 0
 
 
 def _versions() -> dict[str, str]:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    return {
-        name: version(name) for name in ("torch", "transformers", "faster-whisper", "ctranslate2")
-    }
+    versions: dict[str, str | None] = {}
+    for name in ("torch", "transformers", "faster-whisper", "ctranslate2"):
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:  # faster-whisper is not installed where it was not run
+            versions[name] = None
+    return versions
 
 
-def _save(report: dict, threads: int) -> Path:
+def device_name(device: str) -> str:
+    """What the benchmark ran on, for its report: "cpu" or the GPU's name."""
+    if _device_kind(device) == "cuda":
+        return torch.cuda.get_device_name(torch.device(device))
+    return "cpu"
+
+
+def result_file_name(date: str, device: str, threads: int) -> str:
+    """asr-DATE-cpuN.json on CPU (N threads), asr-DATE-cuda-GPU.json on a GPU."""
+    if _device_kind(device) == "cpu":
+        return f"asr-{date}-cpu{threads}.json"
+    return f"asr-{date}-cuda-{gpu_tag(device_name(device))}.json"
+
+
+def gpu_tag(name: str) -> str:
+    """A GPU's model for file names: "NVIDIA H100 80GB HBM3" -> "h100", "Tesla T4" -> "t4";
+    without such a word, the whole name ("nvidia-geforce-rtx-4090")."""
+    words = re.findall(r"[a-z0-9]+", name.lower())
+    return next((w for w in words if re.fullmatch(r"[a-z]+\d+[a-z0-9]*", w)), "-".join(words))
+
+
+def _device_kind(device: str) -> str:
+    return torch.device(device).type
+
+
+def _faster_whisper_int8(rows: dict) -> str:
+    """The name of the int8 faster-whisper row on whichever device ran (the speedup baseline)."""
+    return next((n for n in rows if re.fullmatch(r"faster-whisper int8\w*", n)), "")
+
+
+def _save(report: dict, device: str) -> Path:
     from asr.writers import write_atomically
 
-    path = RESULTS / f"asr-{report['date']}-cpu{threads}.json"
+    path = RESULTS / result_file_name(report["date"], device, report["threads"])
     write_atomically(path, json.dumps(report, indent=1) + "\n")
     print(f"bench.asr: saved {path}", file=sys.stderr)
     return path

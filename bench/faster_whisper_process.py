@@ -30,12 +30,19 @@ class FasterWhisperResult:
     encoder_seconds: float
 
 
-def _serve(connection, model_dir: str, compute_type: str, threads: int) -> None:
+def _serve(connection, model_dir: str, compute_type: str, threads: int, device: str) -> None:
     """The child's loop: one request (samples, timestamps) in, one result or error out; None
     ends it."""
     from faster_whisper import WhisperModel
 
-    model = WhisperModel(model_dir, device="cpu", compute_type=compute_type, cpu_threads=threads)
+    kind, _, index = device.partition(":")
+    model = WhisperModel(
+        model_dir,
+        device=kind,
+        device_index=int(index or 0),
+        compute_type=compute_type,
+        cpu_threads=threads,
+    )
     encoder = {"seconds": 0.0}
     encode = model.encode
 
@@ -79,12 +86,14 @@ def _serve(connection, model_dir: str, compute_type: str, threads: int) -> None:
 class FasterWhisperProcess:
     """A faster-whisper model served by a spawned child process (see the module docstring)."""
 
-    def __init__(self, model_dir: Path, compute_type: str, threads: int) -> None:
+    def __init__(
+        self, model_dir: Path, compute_type: str, threads: int, device: str = "cpu"
+    ) -> None:
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no torch state
         self._connection, child_end = context.Pipe()
         self._process = context.Process(
             target=_serve,
-            args=(child_end, str(model_dir), compute_type, threads),
+            args=(child_end, str(model_dir), compute_type, threads, device),
             daemon=True,  # never outlives the benchmark
             name=f"faster-whisper-{compute_type}",
         )

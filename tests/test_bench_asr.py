@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from app.cli import main as cli_main
 from bench import asr as bench_asr
@@ -51,6 +52,26 @@ def test_policies_parse_and_bad_ones_are_named():
 def test_word_error_rate_normalises_case_and_punctuation():
     assert bench_asr.word_error_rate(["Hello, World!"], ["hello world"]) == 0.0
     assert bench_asr.word_error_rate(["a b c d", "e f"], ["a b c d", "e x"]) == pytest.approx(1 / 6)
+
+
+def test_result_files_are_named_by_device():
+    assert bench_asr.result_file_name("2026-11-23", "cpu", 2) == "asr-2026-11-23-cpu2.json"
+    assert bench_asr.gpu_tag("NVIDIA H100 80GB HBM3") == "h100"
+    assert bench_asr.gpu_tag("NVIDIA A100-SXM4-80GB") == "a100"
+    assert bench_asr.gpu_tag("Tesla T4") == "t4"
+    assert bench_asr.gpu_tag("NVIDIA GeForce RTX 4090") == "nvidia-geforce-rtx-4090"
+
+
+def test_a_device_this_machine_lacks_is_refused_before_anything_loads(capsys):
+    unusable = ["tpu"] if torch.cuda.is_available() else ["tpu", "cuda"]
+    for device in unusable:
+        with pytest.raises(SystemExit) as exit:  # argparse's usage error
+            bench_asr.main(["--device", device])
+        assert exit.value.code == 2
+        assert f"device {device!r}" in capsys.readouterr().err
+    if torch.cuda.is_available():  # the int8 decoder runs on CPU only
+        with pytest.raises(ValueError, match="int8 on device cuda"):
+            bench_asr.main(["--device", "cuda", "--precision", "int8"])
 
 
 def test_unknown_draft_is_skipped_with_a_note(registry):
