@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument(
         "--precision",
         choices=PRECISIONS,
-        help="compute dtype: auto (fp32 on CPU, fp16 on CUDA), fp32, bf16, fp16 (CUDA only), "
+        help="compute dtype: auto (fp32 on CPU, mixed on CUDA), fp32, bf16, fp16 (CUDA only), "
         "mixed (half-precision encoder, fp32 decoder: lossless drafting) or int8 (CPU: bf16 "
         "encoder, int8 decoder, lossless drafting); default: $SPECSCRIBE_PRECISION, else auto",
     )

@@ -1,6 +1,11 @@
 """Precision settled in one place: (device, precision name) -> the torch dtype models load in.
 
-- "auto": float32 on CPU, float16 on CUDA (tensor cores; Whisper was trained in fp16).
+- "auto": float32 on CPU, "mixed" on CUDA. Drafting is lossless in both, and on a GPU an fp16
+  decoder gains nothing a draft would not lose: whisper-base's decoder step there is bound by
+  kernel launches, not arithmetic (H100, the benchmark set, greedy: 5.54 s mixed, 6.71 s fp16,
+  5.85 s fp32), while fp16 drafting changed the long-form file's text against fp16 greedy
+  (`python -m bench.asr --device cuda --precision fp16,mixed`,
+  bench/results/asr-2026-11-23-cuda-h100.json).
 - "fp32": everywhere.
 - "bf16": CPU (fast where the CPU has AVX512-BF16 or AMX; emulated, and slower, elsewhere) and
   CUDA devices that support it (Ampere and later).
@@ -65,6 +70,8 @@ class Dtypes:
 
 def resolve_precision(device: str | torch.device, precision: str = "auto") -> Dtypes:
     """The encoder's and the decoder's dtype on `device` for a precision name."""
+    if precision == "auto" and _kind(device) == "cuda":
+        precision = "mixed"
     if precision == "mixed":
         half = resolve_dtype(device, "fp16" if _kind(device) == "cuda" else "bf16")
         return Dtypes(encoder=half, decoder=torch.float32)
@@ -84,7 +91,7 @@ def _kind(device: str | torch.device) -> str:
 
 def resolve_dtype(device: str | torch.device, precision: str = "auto") -> torch.dtype:
     """The dtype for weights and activations of a model on `device` ("cpu", "cuda", "cuda:1");
-    for "mixed", the decoder's (float32).
+    for "mixed" (and "auto" on CUDA, which is "mixed"), the decoder's: float32.
 
     Raises ValueError naming the device and precision when the pair is unknown or unsupported.
     """
@@ -96,10 +103,8 @@ def resolve_dtype(device: str | torch.device, precision: str = "auto") -> torch.
             f"precision int8 on device {device} is not supported: its int8 decoder runs on "
             "CPU (torch._int_mm); use fp16 or mixed on CUDA"
         )
-    if precision in ("mixed", "int8"):
+    if precision in ("auto", "mixed", "int8"):
         return torch.float32
-    if precision == "auto":
-        return torch.float16 if kind == "cuda" else torch.float32
     if kind == "cpu" and precision == "fp16":
         raise ValueError(
             "precision fp16 on device cpu is not supported: CPUs without AVX512-FP16/AMX-FP16 "

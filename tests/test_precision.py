@@ -24,7 +24,7 @@ JFK = SAMPLES / "jfk.wav"
         ("cpu", "auto", torch.float32),
         ("cpu", "fp32", torch.float32),
         ("cpu", "bf16", torch.bfloat16),
-        ("cuda", "auto", torch.float16),
+        ("cuda", "auto", torch.float32),  # the decoder's: "auto" is "mixed" on CUDA
         ("cuda:1", "fp16", torch.float16),
         ("cuda", "fp32", torch.float32),
     ],
@@ -53,6 +53,12 @@ def test_mixed_precision_is_a_half_encoder_and_a_float32_decoder():
     assert resolve_precision("cuda", "mixed").encoder == torch.float16
     assert cpu.name == "bf16 encoder, fp32 decoder"
     assert resolve_precision("cpu", "bf16").name == "bf16"
+
+
+def test_auto_is_lossless_everywhere_float32_on_cpu_and_mixed_on_cuda():
+    assert resolve_precision("cpu", "auto") == resolve_precision("cpu", "fp32")
+    assert resolve_precision("cuda", "auto") == resolve_precision("cuda", "mixed")
+    assert resolve_precision("cuda:1", "auto").name == "fp16 encoder, fp32 decoder"
 
 
 @pytest.mark.slow
