@@ -1,0 +1,93 @@
+"""On a CUDA GPU: drafting and batching stay lossless in fp32 and in the default precision.
+
+Skipped on machines without CUDA (CI has none); run them where a GPU is:
+`python -m pytest tests/test_cuda.py`. The audio is the samples' 16 kHz WAV/FLAC files joined
+(52 s, several seek windows), so these tests need neither ffmpeg nor ../shared. Greedy only:
+a window that falls back to sampling draws from the same distribution with or without a draft,
+but not the same sample, so the temperature fallback is off.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from asr.audio import load_audio
+from asr.precision import resolve_precision
+from asr.transcribe import TranscribeOptions, transcribe
+from asr.whisper import WhisperModel
+from asr.whisper_drafters import load_assistant
+from tests.conftest import SAMPLES, normalised_words
+from tests.test_transcribe_speculative import assert_same_segments
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+JOINED = (
+    "jfk.wav",
+    "librispeech_1089-134686-0002.wav",
+    "librispeech_61-70968-0000.flac",
+    "pyannote_sample.wav",
+)
+
+
+GREEDY = TranscribeOptions(temperatures=(0.0,))
+
+
+@pytest.fixture(scope="module")
+def speech() -> np.ndarray:
+    return np.concatenate([load_audio(SAMPLES / name) for name in JOINED])
+
+
+@pytest.fixture(scope="module", params=["fp32", "auto"])
+def pair(request, registry):
+    """(whisper-base, its shipped draft, their dtypes) on the GPU in fp32 and in the default
+    precision, which must keep a float32 decoder there ("mixed") for drafting to be lossless."""
+    dtypes = resolve_precision("cuda", request.param)
+    assert dtypes.decoder == torch.float32
+    target = WhisperModel.load(
+        registry.resolve("whisper-base"), "cuda", dtypes.decoder, encoder_dtype=dtypes.encoder
+    )
+    return target, load_assistant(target, registry.resolve("whisper-base-draft")), dtypes
+
+
+def test_drafted_long_form_equals_plain_greedy_on_the_gpu(pair, speech):
+    target, assistant, _ = pair
+    plain = transcribe(target, speech, GREEDY)
+    drafted = transcribe(target, speech, GREEDY, assistant=assistant)
+    assert len(plain.segments) >= 4
+    assert_same_segments(drafted.segments, plain.segments)
+    assert drafted.stats["target_calls"] * 2 < plain.stats["target_calls"]
+    assert "ask not what your country can do for you" in " ".join(normalised_words(plain.text))
+
+
+def test_drafting_a_large_batch_of_windows_equals_plain_greedy_on_the_gpu(pair, speech):
+    target, assistant, dtypes = pair
+    independent = {
+        "windows": "silence",
+        "condition_on_previous_text": False,
+        "temperatures": (0.0,),
+    }
+    # Eight copies of the audio: a few dozen windows, decoded at once by one call per step.
+    eight = np.concatenate([speech] * 8)
+    batched = TranscribeOptions(**independent, batch_size=32)
+    plain = transcribe(target, eight, batched)
+    drafted = transcribe(target, eight, batched, assistant=assistant)
+    assert len(plain.segments) >= 16
+    assert_same_segments(drafted.segments, plain.segments)
+    # Rows share target calls, so the slowest row sets their number: fewer, not 2.8x fewer.
+    assert drafted.stats["target_calls"] < plain.stats["target_calls"]
+
+    # Batching itself keeps the text: each row decodes as it would alone. (In "mixed" the fp16
+    # encoder's sums depend on how many windows it encodes at once, so log-probabilities may
+    # move by a few 1e-4; the fp32 encoder's agree as closely as on the CPU.)
+    alone = transcribe(target, eight, TranscribeOptions(**independent))
+    assert plain.stats["target_calls"] * 8 < alone.stats["target_calls"]
+    assert [(s.start, s.end, s.text) for s in plain.segments] == [
+        (s.start, s.end, s.text) for s in alone.segments
+    ]
+    if dtypes.encoder == torch.float32:
+        assert_same_segments(plain.segments, alone.segments)
