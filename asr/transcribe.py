@@ -16,7 +16,6 @@ sequential window that ends unfinished hands over at its last word's end.
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
@@ -159,10 +158,6 @@ class _Session:
         policy: LookaheadPolicy | None,
     ) -> None:
         self.model, self.options, self.assistant, self.policy = model, options, assistant, policy
-        # Sampled passes start from the policy as it was given: block lengths decide how the
-        # random stream is consumed, so a policy that learned from other windows would make a
-        # window's sampled text depend on them.
-        self.initial_policy = copy.deepcopy(policy)
         self.mel = model.log_mel(samples)  # shape = (n_mels, content frames + 3000)
         self.draft_mel = None
         if assistant is not None and assistant.shape != "shared-encoder":
@@ -209,9 +204,12 @@ class _Session:
     def decode(self, batch: WindowBatch, seeds: list[int]) -> list[WindowResult]:
         """Each window at the first temperature whose result passes the checks (else the last).
 
-        Greedy passes decode the batch at once; sampled passes decode one window at a time with
-        its own seed and a fresh policy, so that a window's text never depends on other windows
-        (with a clock-free policy; see decoding.Adaptive).
+        Greedy passes decode the batch at once, drafted when there is a draft. Sampled passes
+        decode one window at a time with its own seed and without the draft: speculative
+        sampling would draw from the same distribution but consume the random stream
+        differently, so a window that falls back would get another sample than without a draft.
+        Plain sampling keeps the whole transcript the same with and without one, and its text
+        never depends on other windows.
         """
         options = self.options
         decoder = WindowDecoder(
@@ -223,15 +221,15 @@ class _Session:
             self.assistant,
             self.policy,
         )
+        plain = replace(decoder, assistant=None, policy=None)
         results: list[WindowResult | None] = [None] * len(batch.prompts)
         for temperature in options.temperatures:
             pending = [row for row, result in enumerate(results) if result is None]
             groups = [pending] if temperature == 0 else [[row] for row in pending]
             for rows in groups:
                 subset = batch if len(rows) == len(results) else batch.rows(rows)
-                if temperature > 0:
-                    decoder = replace(decoder, policy=copy.deepcopy(self.initial_policy))
-                decoded, stats = decoder.decode(subset, temperature, seeds[rows[0]])
+                chosen = decoder if temperature == 0 else plain
+                decoded, stats = chosen.decode(subset, temperature, seeds[rows[0]])
                 self.stats = self.stats + stats
                 for row, result in zip(rows, decoded, strict=True):
                     last = temperature == options.temperatures[-1]

@@ -3,8 +3,8 @@
 Skipped on machines without CUDA (CI has none); run them where a GPU is:
 `python -m pytest tests/test_cuda.py`. The audio is the samples' 16 kHz WAV/FLAC files joined
 (52 s, several seek windows), so these tests need neither ffmpeg nor ../shared. Greedy only:
-a window that falls back to sampling draws from the same distribution with or without a draft,
-but not the same sample, so the temperature fallback is off.
+windows that fall back to sampling are decoded without the draft (asr.transcribe), so only
+greedy passes exercise drafting.
 """
 
 from __future__ import annotations

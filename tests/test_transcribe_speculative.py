@@ -10,7 +10,7 @@ from asr.silence import chunk_window, split_at_silence
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.types import Segment
 from asr.whisper import N_FRAMES
-from asr.whisper_drafters import pair_assistant
+from asr.whisper_drafters import load_assistant, pair_assistant
 from asr.whisper_text import WhisperTextCodec
 from tests.conftest import SAMPLES
 
@@ -128,3 +128,18 @@ def test_sampled_fallback_of_a_batched_window_does_not_depend_on_its_batch(
     assert_same_segments(batched.segments, one.segments)
     # Every window was decoded twice: greedily, then sampled.
     assert one.stats["generated_tokens"] > 1.5 * independent.stats["generated_tokens"]
+
+
+@pytest.mark.slow
+def test_a_window_that_falls_back_to_sampling_is_the_same_with_a_draft(whisper_base, registry):
+    # A log-probability threshold of 0 fails every greedy window: each is then sampled at 0.5,
+    # without the draft, so the sample is the one plain decoding draws.
+    fallback = TranscribeOptions(temperatures=(0.0, 0.5), logprob_threshold=0.0)
+    jfk = load_audio(SAMPLES / "jfk.wav")
+    assistant = load_assistant(whisper_base, registry.resolve("whisper-base-draft"))
+    plain = transcribe(whisper_base, jfk, fallback)
+    drafted = transcribe(whisper_base, jfk, fallback, assistant=assistant)
+    assert_same_segments(drafted.segments, plain.segments)
+    greedy = transcribe(whisper_base, jfk, TranscribeOptions(temperatures=(0.0,)))
+    assert plain.stats["generated_tokens"] > 1.5 * greedy.stats["generated_tokens"]  # resampled
+    assert drafted.stats["draft_calls"] > 0  # the greedy pass was drafted
