@@ -21,7 +21,8 @@ prompting the next (condition on previous text):
   of its own: CTranslate2's bundled OpenMP runtime slows torch down in a shared process
   (bench.faster_whisper_process).
 - `--device cuda` runs every configuration on a GPU: faster-whisper as int8_float16 and
-  float16 instead of int8 and float32, timings synchronised with the GPU.
+  float16 instead of int8 and float32, timings synchronised with the GPU. A configuration that
+  cannot run at all (faster-whisper not installed, say) is reported as failed, not measured.
 - `--precision bf16,mixed` adds ours greedy and our fastest speculative configuration in
   bfloat16, and with a bf16 encoder and fp32 decoder ("mixed"), each compared with greedy in
   the same precision (see asr.precision for why bf16 drafting can differ from bf16 greedy).
@@ -461,11 +462,17 @@ def measure(
     """({(file name, config name): [Measured per repeat]}, {(file, config): error}),
     interleaved round-robin after one unmeasured run of each on `warm_up`. A configuration
     that fails on a file is not run on it again; its row then covers the files it transcribed
-    and names the others."""
-    for config in configs:  # loads the models and pages in the weights; not measured
-        config.run(warm_up)
+    and names the others; one that fails its warm-up (a baseline not installed here, say) is
+    reported as failed on every file."""
     runs: dict[tuple[str, str], list[Measured]] = {}
     failures: dict[tuple[str, str], str] = {}
+    for config in configs:  # loads the models and pages in the weights; not measured
+        try:
+            config.run(warm_up)
+        except Exception as error:
+            reason = f"{type(error).__name__}: {error}"
+            failures.update({(utterance.name, config.name): reason for utterance in files})
+            print(f"bench.asr: {config.name} cannot run: {reason}", file=sys.stderr)
     for repeat in range(repeats):
         for utterance in files:
             for config in configs:
@@ -513,6 +520,10 @@ def summarise(
     for config in configs:
         # A configuration that failed on some files is summarised over the others.
         covered = [u for u in files if (u.name, config.name) in runs]
+        failed = {f: e for (f, c), e in failures.items() if c == config.name}
+        if not covered:
+            rows[config.name] = {"family": config.family, "failed_files": failed}
+            continue
         total_audio = sum(durations[u.name] for u in covered)
         per_file = {u.name: runs[(u.name, config.name)] for u in covered}
         seconds = {name: statistics.median(r.seconds for r in rs) for name, rs in per_file.items()}
@@ -542,7 +553,6 @@ def summarise(
         }
         if config.notes:
             row["notes"] = list(config.notes)
-        failed = {f: e for (f, c), e in failures.items() if c == config.name}
         if failed:
             row["failed_files"] = failed
         rows[config.name] = row
@@ -554,6 +564,8 @@ def _compare(configs: list[Config], files: list[Utterance], runs: dict, rows: di
     """equals_greedy for ours, same text as our greedy for all, and speedups."""
     for config in configs:
         row = rows[config.name]
+        if "per_file" not in row:  # it ran on no file
+            continue
         reference = (
             "ours greedy" if config.precision == "fp32" else f"ours greedy {config.precision}"
         )
@@ -578,7 +590,7 @@ def _compare(configs: list[Config], files: list[Utterance], runs: dict, rows: di
             ("speedup_vs_transformers_generate", "transformers generate"),
             ("speedup_vs_faster_whisper_int8", _faster_whisper_int8(rows)),
         ):
-            if baseline in rows:  # over the files both transcribed
+            if "per_file" in rows.get(baseline, {}):  # over the files both transcribed
                 both = [u.name for u in covered if u.name in rows[baseline]["per_file"]]
                 theirs = sum(rows[baseline]["per_file"][n]["seconds"] for n in both)
                 ours_ = sum(row["per_file"][n]["seconds"] for n in both)
@@ -587,7 +599,8 @@ def _compare(configs: list[Config], files: list[Utterance], runs: dict, rows: di
 
 def fastest_speculative(configs: list[Config], rows: dict) -> Config | None:
     drafted = [c for c in configs if c.family == "ours" and c.assistant]
-    return min(drafted, key=lambda c: rows[c.name]["total_seconds"], default=None)
+    ran = [c for c in drafted if "total_seconds" in rows[c.name]]
+    return min(ran, key=lambda c: rows[c.name]["total_seconds"], default=None)
 
 
 def _cell(row: dict, key: str, spec: str) -> str:
@@ -613,6 +626,8 @@ def print_table(rows: dict) -> None:
     for name, row in rows.items():
         cells = " ".join(f"{_cell(row, key, spec):>{width[key]}}" for _, key, spec in columns)
         flag = "" if row.get("equals_greedy", True) else "  DIFFERS FROM OUR GREEDY"
+        if "per_file" not in row:
+            flag = f"  DID NOT RUN: {next(iter(row['failed_files'].values()), '')}"
         print(f"{name:48} {cells}{flag}")
 
 
@@ -762,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _versions() -> dict[str, str]:
+def _versions() -> dict[str, str | None]:
     from importlib.metadata import PackageNotFoundError, version
 
     versions: dict[str, str | None] = {}

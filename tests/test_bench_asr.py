@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
 from app.cli import main as cli_main
+from asr.audio import SAMPLE_RATE
 from bench import asr as bench_asr
-from bench.asr_data import LONG_FORM, UTTERANCES, benchmark_files, held_out_files
+from bench.asr_data import LONG_FORM, UTTERANCES, Utterance, benchmark_files, held_out_files
 from decoding import Adaptive, ConstantK, Heuristic
 from tests.conftest import SHARED_SPEECH
 
@@ -72,6 +74,37 @@ def test_a_device_this_machine_lacks_is_refused_before_anything_loads(capsys):
     if torch.cuda.is_available():  # the int8 decoder runs on CPU only
         with pytest.raises(ValueError, match="int8 on device cuda"):
             bench_asr.main(["--device", "cuda", "--precision", "int8"])
+
+
+def test_a_configuration_that_cannot_run_is_reported_and_the_others_go_on(tmp_path, capsys):
+    files = []
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.txt").write_text("ask not")
+        files.append(Utterance(name, tmp_path / f"{name}.wav", long_form=False))
+    audio = {u.name: np.zeros(SAMPLE_RATE, dtype=np.float32) for u in files}
+
+    def transcribes(samples):
+        return bench_asr.Measured(seconds=0.5, text="ask not", segments=((0.0, 1.0, "ask not"),))
+
+    def missing(samples):
+        raise ModuleNotFoundError("No module named 'faster_whisper'")
+
+    configs = [
+        bench_asr.Config("ours greedy", "ours", transcribes),
+        bench_asr.Config("faster-whisper int8", "faster-whisper", missing),
+    ]
+    runs, failures = bench_asr.measure(configs, files, audio, 2, audio["a"])
+    rows = bench_asr.summarise(configs, files, audio, runs, failures)
+    assert rows["ours greedy"]["wer"] == 0.0 and rows["ours greedy"]["total_seconds"] == 1.0
+    assert "speedup_vs_faster_whisper_int8" not in rows["ours greedy"]
+    assert rows["faster-whisper int8"] == {
+        "family": "faster-whisper",
+        "failed_files": dict.fromkeys(
+            ("a", "b"), "ModuleNotFoundError: No module named 'faster_whisper'"
+        ),
+    }
+    bench_asr.print_table(rows)
+    assert "DID NOT RUN: ModuleNotFoundError" in capsys.readouterr().out
 
 
 def test_unknown_draft_is_skipped_with_a_note(registry):
