@@ -1,11 +1,12 @@
 """Precision settled in one place: (device, precision name) -> the torch dtype models load in.
 
-- "auto": float32 on CPU, "mixed" on CUDA. Drafting is lossless in both, and on a GPU an fp16
-  decoder gains nothing a draft would not lose: whisper-base's decoder step there is bound by
-  kernel launches, not arithmetic (H100, the benchmark set, greedy: 5.54 s mixed, 6.71 s fp16,
-  5.85 s fp32), while fp16 drafting changed the long-form file's text against fp16 greedy
-  (`python -m bench.asr --device cuda --precision fp16,mixed`,
-  bench/results/asr-2026-11-23-cuda-h100.json).
+- "auto": float32 on CPU, "mixed" on CUDA: drafting is lossless in both. On a GPU an fp16
+  decoder bought no speed for whisper-base, whose decoder step there is bound by kernel
+  launches rather than arithmetic, and fp16 drafting changed the long-form file's text against
+  fp16 greedy (H100, the benchmark set, greedy: 5.54 s mixed, 6.71 s fp16, 5.85 s fp32;
+  `python -m bench.asr --device cuda --precision fp16,mixed`,
+  bench/results/asr-2026-11-23-cuda-h100.json). A large model whose decoder is bound by
+  reading its weights may run faster in "fp16", which stays available, with that caveat.
 - "fp32": everywhere.
 - "bf16": CPU (fast where the CPU has AVX512-BF16 or AMX; emulated, and slower, elsewhere) and
   CUDA devices that support it (Ampere and later).
