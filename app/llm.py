@@ -113,9 +113,9 @@ def load_language_model(registry: ModelRegistry, name: str) -> LanguageModel:
 
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of `model` with int8 linear layers; the model itself is left as it is."""
-    from asr.precision import int8_linear_layers
+    from asr.int8 import dynamic_int8_layers
 
-    return int8_linear_layers(model)
+    return dynamic_int8_layers(model)
 
 
 def make_policy(options: DraftOptions) -> LookaheadPolicy:

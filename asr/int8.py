@@ -103,3 +103,25 @@ def quantize_linears(module: torch.nn.Module) -> torch.nn.Module:
         else:
             quantize_linears(child)
     return module
+
+
+def dynamic_int8_layers(module: torch.nn.Module, inplace: bool = False) -> torch.nn.Module:
+    """`module` with every nn.Linear quantized by torch.ao's dynamic quantization (fbgemm: int8
+    weights with a scale per tensor, the whole input block quantized with one scale on the fly);
+    a quantized copy unless `inplace`. A call's rows depend on each other, so this is for drafts,
+    whose proposals verification checks, never for a target."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the API still works
+        return torch.ao.quantization.quantize_dynamic(
+            module, {torch.nn.Linear}, dtype=torch.qint8, inplace=inplace
+        )
+
+
+def dynamic_int8_linear(weight: torch.Tensor) -> torch.nn.Module:
+    """x @ weight.T through `dynamic_int8_layers`: float32 in and out."""
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    linear.weight.data = weight.detach().float()
+    # torch.ao swaps the children of the module it is given, not the module itself
+    return dynamic_int8_layers(torch.nn.Sequential(linear))[0]

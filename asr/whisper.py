@@ -16,7 +16,7 @@ import torch
 
 from asr import int8_decoder
 from asr.audio import SAMPLE_RATE
-from asr.int8 import Int8Linear, quantize_linears
+from asr.int8 import Int8Linear, dynamic_int8_linear, quantize_linears
 from decoding.projection import OutputProjection
 
 N_FFT = 400
@@ -115,7 +115,7 @@ class WhisperModel:
         self.alignment_heads = tuple(map(tuple, model.generation_config.alignment_heads or ()))
         # A distilled draft scores only these token ids (asr.draft_checkpoint); None: all.
         self.output_vocabulary: torch.Tensor | None = None
-        self._head: OutputProjection | Int8Linear | None = None  # made on first use
+        self._head: OutputProjection | torch.nn.Module | None = None  # made on first use
         self.int8_head = False  # a draft's head on CPU (asr.precision.quantize_draft)
         # Decoder layers and head in int8 ("int8" precision): `asr.int8_decoder` runs it.
         self.int8_decoder = False
@@ -336,11 +336,15 @@ class WhisperModel:
             weight = self.model.proj_out.weight
             if self.output_vocabulary is not None:
                 weight = weight[self.output_vocabulary]
-            if self.int8_head:
-                # Most of an int8 target's error is its head's input rounding (Int8Linear), so
-                # the target quantizes it twice; a draft's head only proposes, and stays cheap.
-                passes = 2 if self.int8_decoder else 1
-                self._head = Int8Linear(weight, input_passes=passes)
+            if self.int8_decoder:
+                # Most of an int8 target's error is its head's input rounding, so the target
+                # quantizes it twice (Int8Linear: rows independent of the call, as verification
+                # needs).
+                self._head = Int8Linear(weight, input_passes=2)
+            elif self.int8_head:
+                # A draft's head only proposes, so it may depend on its call: fbgemm's dynamic
+                # int8 reads the head at twice Int8Linear's speed for one row from memory.
+                self._head = dynamic_int8_linear(weight)
             else:
                 self._head = OutputProjection(weight)
         head = self._head(states)

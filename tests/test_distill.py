@@ -197,6 +197,8 @@ def test_saved_draft_loads_with_the_targets_shared_tensors(whisper_base, tmp_pat
         exact = loaded.logits(theirs.last_hidden_state)
         approximate = quantized.logits(theirs.last_hidden_state)
     assert torch.nn.functional.cosine_similarity(approximate, exact, dim=-1).min() > 0.99
+    # fbgemm's int8 head: a draft's head may depend on its call, so it takes the faster kernel.
+    assert isinstance(quantized._head, torch.ao.nn.quantized.dynamic.Linear)
 
 
 @pytest.mark.slow
