@@ -143,6 +143,11 @@ def quantize_draft(draft) -> None:
     """
     from asr.int8 import dynamic_int8_layers
 
+    if draft.dtype != torch.float32 or draft.device.type != "cpu":
+        raise ValueError(
+            f"an int8 draft needs a float32 decoder on CPU, not {precision_name(draft.dtype)} "
+            f"on {draft.device}"
+        )
     dynamic_int8_layers(draft.model.model.decoder.layers, inplace=True)
     # whisper-base-draft's 34376-token head, one row, 2 threads, caches flushed: 0.65 ms in
     # fbgemm's int8 against 1.3 ms in asr.int8.Int8Linear. Over the ASR benchmark's 16 files

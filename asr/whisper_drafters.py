@@ -95,15 +95,17 @@ def load_assistant(
     draft (asr.draft_checkpoint) borrows the target's embeddings.
 
     int8: run a distilled draft's decoder layers and head in int8 (`asr.precision.quantize_draft`);
-    None: on CPU. The output stays the target's either way; only the speed changes.
+    None: when it runs in float32 on CPU. The output stays the target's either way; only the
+    speed changes.
     """
     from asr.draft_checkpoint import is_distilled_draft
     from asr.precision import quantize_draft
 
     if is_distilled_draft(path):
         draft = WhisperModel.load_draft(path, target)
-        quantize = draft.device.type == "cpu" if int8 is None else int8
-        if quantize:
+        # fbgemm's int8 kernels take float32 in; a bf16 draft (a bf16 target's) stays in bf16.
+        float32_on_cpu = draft.device.type == "cpu" and draft.dtype == torch.float32
+        if float32_on_cpu if int8 is None else int8:
             quantize_draft(draft)
     else:
         draft = WhisperModel.load(path, target.device, target.dtype)
