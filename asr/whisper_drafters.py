@@ -105,7 +105,8 @@ def load_assistant(
         draft = WhisperModel.load_draft(path, target)
         # fbgemm's int8 kernels take float32 in; a bf16 draft (a bf16 target's) stays in bf16.
         float32_on_cpu = draft.device.type == "cpu" and draft.dtype == torch.float32
-        if float32_on_cpu if int8 is None else int8:
+        quantize = float32_on_cpu if int8 is None else int8
+        if quantize:
             quantize_draft(draft)
     else:
         draft = WhisperModel.load(path, target.device, target.dtype)
