@@ -131,6 +131,12 @@ def _cuda_supports_bf16(device: str | torch.device) -> bool:
         return torch.cuda.is_bf16_supported()
 
 
+def int8_draft_supported(draft) -> bool:
+    """Whether `quantize_draft` can run this draft: fbgemm's int8 kernels take float32 on CPU,
+    so a draft in a half-precision target's dtype (it borrows the target's embeddings) cannot."""
+    return draft.dtype == torch.float32 and draft.device.type == "cpu"
+
+
 def quantize_draft(draft) -> None:
     """Runs a draft Whisper (an `asr.whisper.WhisperModel`) in int8 on CPU: its decoder layers
     and its output head (`asr.int8.dynamic_int8_layers`).
@@ -143,7 +149,7 @@ def quantize_draft(draft) -> None:
     """
     from asr.int8 import dynamic_int8_layers
 
-    if draft.dtype != torch.float32 or draft.device.type != "cpu":
+    if not int8_draft_supported(draft):
         raise ValueError(
             f"an int8 draft needs a float32 decoder on CPU, not {precision_name(draft.dtype)} "
             f"on {draft.device}"

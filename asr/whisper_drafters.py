@@ -99,13 +99,12 @@ def load_assistant(
     speed changes.
     """
     from asr.draft_checkpoint import is_distilled_draft
-    from asr.precision import quantize_draft
+    from asr.precision import int8_draft_supported, quantize_draft
 
     if is_distilled_draft(path):
         draft = WhisperModel.load_draft(path, target)
-        # fbgemm's int8 kernels take float32 in; a bf16 draft (a bf16 target's) stays in bf16.
-        float32_on_cpu = draft.device.type == "cpu" and draft.dtype == torch.float32
-        quantize = float32_on_cpu if int8 is None else int8
+        # A bf16 target's draft stays in bf16.
+        quantize = int8_draft_supported(draft) if int8 is None else int8
         if quantize:
             quantize_draft(draft)
     else:
