@@ -9,7 +9,11 @@ Files: the multi-speaker recordings of ../shared/speech/multi that were NOT used
   runs after one warm-up call on other audio; the cold first call is reported too;
 - the same for the baseline (one run: it is slow): pyannote's stock SpeakerDiarization on the
   same weights, untuned (agglomerative threshold 0.6, min_cluster_size 12, segmentation step
-  0.1, per-(chunk, speaker) CAM++ passes).
+  0.1, per-(chunk, speaker) CAM++ passes);
+- a bound, not a configuration: our pipeline with pyannote's OracleClustering, which gives each
+  (chunk, local speaker) of the segmentation the reference speaker it overlaps most. Its DER is
+  what the segmentation model and the reconstruction leave when clustering makes no mistake, so
+  it tells whether an error is the clustering's to fix.
 On a shared machine, give --threads no more than the idle cores: oversubscribed OpenMP threads
 spin, and a run can take ten times longer.
 On the AMI mixture, whose per-speaker words are given, cpWER (meeteval): whisper-base
@@ -39,13 +43,14 @@ from asr.audio import load_audio
 from asr.models import ModelRegistry
 from asr.types import Segment, SpeakerTurn
 from diarize.merge import assign_speakers
-from diarize.pipeline import Diarizer, EmbeddedParams
-from diarize.scoring import read_rttm, score
+from diarize.pipeline import Diarizer, EmbeddedParams, audio_file, turns_from_annotation
+from diarize.scoring import read_rttm, score, to_annotation
 
 MULTI = Path(__file__).resolve().parent.parent.parent / "shared" / "speech" / "multi"
 FILES = ("pyannote_sample", "ami_es2004_1min_mixture")
 CPWER_FILE = "ami_es2004_1min_mixture"
 COLLARS = (0.0, 0.25)
+ORACLE = "oracle clustering (bound)"
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,37 @@ def stock_diarizer(segmentation: Path, embedding: Path) -> Diarizer:
         }
     )
     return Diarizer(pipeline)
+
+
+def oracle_diarizer(registry: ModelRegistry) -> Diarizer:
+    """The embedded pipeline with pyannote's OracleClustering in place of its own."""
+    from pyannote.audio.pipelines.clustering import OracleClustering
+
+    diarizer = Diarizer.embedded(
+        registry.resolve("pyannote-segmentation-3.0"), registry.resolve("campplus-sv-zh-en")
+    )
+    diarizer.pipeline.clustering = OracleClustering()
+    return diarizer
+
+
+def oracle_turns(
+    diarizer: Diarizer, samples, reference: tuple[SpeakerTurn, ...]
+) -> tuple[SpeakerTurn, ...]:
+    """Turns of `oracle_diarizer`, which reads the reference speakers from the file."""
+    file = audio_file(samples)
+    file["annotation"] = to_annotation(reference)
+    output = diarizer.pipeline(file)
+    return turns_from_annotation(getattr(output, "speaker_diarization", output))
+
+
+def accuracy(reference, turns, duration: float) -> dict:
+    """DER at each collar and the number of speakers found."""
+    entry = {
+        f"der_collar_{collar}": round(score(reference, turns, duration, collar).rate, 4)
+        for collar in COLLARS
+    }
+    entry["speakers_found"] = len({t.speaker for t in turns})
+    return entry
 
 
 def timed(diarizer: Diarizer, samples, segments: tuple[Segment, ...]) -> Run:
@@ -150,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     references = {name: read_rttm(MULTI / f"{name}.rttm") for name in FILES}
     transcripts = transcribe_all(registry, audio)
     diarizers = load_diarizers(registry, baseline=not args.no_baseline)
+    oracle = oracle_diarizer(registry)
 
     warm_up = load_audio(MULTI / "ami_pyannote_debug" / "trn00.flac")[: 15 * 16_000]
     report: dict = {
@@ -174,17 +211,13 @@ def main(argv: list[str] | None = None) -> int:
             repeats = args.repeats if config == "ours" else 1  # the baseline is slow
             runs = [timed(diarizer, samples, transcripts[name]) for _ in range(repeats)]
             seconds = statistics.median(run.seconds for run in runs)
-            turns = runs[0].turns
-            entry = {
-                f"der_collar_{collar}": round(score(reference, turns, duration, collar).rate, 4)
-                for collar in COLLARS
-            }
-            entry["speakers_found"] = len({t.speaker for t in turns})
+            entry = accuracy(reference, runs[0].turns, duration)
             entry["seconds"] = round(seconds, 3)
             entry["rtf"] = round(seconds / duration, 4)
             if name == CPWER_FILE:
                 entry["cpwer"] = cpwer(runs[0].segments, one_speaker=False)
             row[config] = entry
+        row[ORACLE] = accuracy(reference, oracle_turns(oracle, samples, reference), duration)
         if name == CPWER_FILE:
             row["one speaker (cpWER baseline)"] = {
                 "cpwer": cpwer(transcripts[name], one_speaker=True)
@@ -218,6 +251,11 @@ def print_table(report: dict, configs: list[str]) -> None:
             if "cpwer" in entry:
                 line += f" | cpWER {entry['cpwer']['cpwer']:.3f}"
             print(line)
+        bound = row[ORACLE]
+        print(
+            f"  {ORACLE:26} DER {bound['der_collar_0.0']:.3f}"
+            f" | collar 0.25 {bound['der_collar_0.25']:.3f} | speakers {bound['speakers_found']}"
+        )
         if "one speaker (cpWER baseline)" in row:
             baseline = row["one speaker (cpWER baseline)"]["cpwer"]["cpwer"]
             print(f"  {'one speaker':26} cpWER {baseline:.3f}")
