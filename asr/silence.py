@@ -17,19 +17,27 @@ MIN_CHUNK_FRAMES = 20 * int(FRAMES_PER_SECOND)
 SMOOTHING_FRAMES = 21  # 0.2 s: a pause, not a single quiet frame inside a word
 
 
-def split_at_silence(mel: torch.Tensor, content_frames: int) -> list[tuple[int, int]]:
-    """[start, end) frame ranges that cover the first content_frames frames, each <= 30 s.
+def loudness(mel: torch.Tensor, content_frames: int) -> torch.Tensor:
+    """Mean log-mel level per frame, smoothed over 0.2 s.
 
-    mel: Tensor, shape = (n_mels, n_frames); log-mel, louder is larger.
+    mel: Tensor, shape = (n_mels, n_frames); log-mel, louder is larger -> shape (content_frames,).
     """
-    loudness = mel[:, :content_frames].float().mean(dim=0)[None, None]
-    smoothed = torch.nn.functional.avg_pool1d(
-        loudness,
+    level = mel[:, :content_frames].float().mean(dim=0)[None, None]
+    return torch.nn.functional.avg_pool1d(
+        level,
         SMOOTHING_FRAMES,
         stride=1,
         padding=SMOOTHING_FRAMES // 2,
         count_include_pad=False,
     )[0, 0]
+
+
+def split_at_silence(mel: torch.Tensor, content_frames: int) -> list[tuple[int, int]]:
+    """[start, end) frame ranges that cover the first content_frames frames, each <= 30 s.
+
+    mel: Tensor, shape = (n_mels, n_frames); log-mel, louder is larger.
+    """
+    smoothed = loudness(mel, content_frames)
     chunks, start = [], 0
     while content_frames - start > N_FRAMES:
         search = smoothed[start + MIN_CHUNK_FRAMES : start + N_FRAMES]
@@ -48,3 +56,13 @@ def chunk_window(mel: torch.Tensor, start: int, end: int) -> torch.Tensor:
     """
     silence = mel[:, -1:].expand(-1, N_FRAMES - (end - start))
     return torch.cat([mel[:, start:end], silence], dim=1)
+
+
+def sounds_like_speech(level: torch.Tensor, chunk: tuple[int, int], tail_start: int) -> bool:
+    """Whether frames [tail_start, chunk end) reach the chunk's median level somewhere: a tail
+    that never does is a pause, not words the decoder skipped.
+
+    level: `loudness` of the whole recording.
+    """
+    start, end = chunk
+    return bool(level[tail_start:end].max() >= level[start:end].median())

@@ -6,7 +6,8 @@ Two ways to lay out windows (`TranscribeOptions.windows`):
   last complete segment's end. Windows depend on each other, so they decode one at a time.
 - "silence" cuts the recording at its quietest points into independent chunks of at most 30 s
   (`asr.silence`), which decode `batch_size` at a time; text after a chunk's last complete
-  segment ends with the chunk.
+  segment ends with the chunk, and a chunk whose text stops seconds before its audio does has
+  that loud tail decoded as one more window.
 A draft (`assistant`) changes how many target calls a window takes, never its tokens.
 
 With `word_timestamps`, every decided window gets one more decoder pass for its words'
@@ -17,6 +18,7 @@ sequential window that ends unfinished hands over at its last word's end.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
@@ -26,7 +28,7 @@ import torch
 from asr.audio import SAMPLE_RATE
 from asr.logit_rules import LogitRules
 from asr.segments import WindowSplit, split_segments
-from asr.silence import chunk_window, split_at_silence
+from asr.silence import chunk_window, loudness, sounds_like_speech, split_at_silence
 from asr.types import ProgressHook, Segment, Transcript, no_progress
 from asr.whisper import FRAMES_PER_SECOND, N_FRAMES, EncodedAudio, WhisperModel
 from asr.whisper_drafters import WhisperAssistant
@@ -42,6 +44,8 @@ from decoding import DecodeStats, Heuristic, LookaheadPolicy, device_clock
 
 Task = Literal["transcribe", "translate"]
 Windows = Literal["seek", "silence"]
+# A "silence" chunk whose text ends this long before its audio has its tail decoded again.
+MIN_TAIL_SECONDS = 2
 
 __all__ = [
     "TranscribeOptions",
@@ -331,12 +335,19 @@ def _seek_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
 
 
 def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
-    """Independent chunks cut at silences, `batch_size` windows per decoding pass."""
+    """Independent chunks cut at silences, `batch_size` windows per decoding pass.
+
+    A window padded with silence can end its text early, with a final timestamp seconds before
+    its audio ends, although words follow: that tail is queued as a window of its own (as a
+    sequential window would start there), unless it is no louder than a pause.
+    """
     options, total = session.options, session.content_frames
-    chunks = split_at_silence(session.mel, total)
+    level = loudness(session.mel, total)
+    queue = deque(split_at_silence(session.mel, total))
     segments: list[Segment] = []
-    for first in range(0, len(chunks), options.batch_size):
-        group = chunks[first : first + options.batch_size]
+    reached = 0  # frames reported to `progress`: tails go back, the report does not
+    while queue:
+        group = [queue.popleft() for _ in range(min(options.batch_size, len(queue)))]
         encoded, draft = session.encode(group, padded=True)
         prompts = (session.prompt(session.initial_prompt),) * len(group)
         results = session.decode(
@@ -350,10 +361,30 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
         if spoken:
             rows = torch.tensor([row for row, _ in spoken], device=encoded.features.device)
             decoded = [window for _, window in spoken]
-            for split in session.split(encoded.rows(rows), decoded, unfinished=True):
-                segments.extend(_kept(split))
-        progress("transcribe", group[-1][1], total)
-    return segments
+            splits = session.split(encoded.rows(rows), decoded, unfinished=True)
+            tails = []
+            for (_, (_, start, frames)), split in zip(spoken, splits, strict=True):
+                kept = _kept(split)
+                segments.extend(kept)
+                tail = _skipped_tail(kept, start, frames)
+                if tail is not None and sounds_like_speech(level, (start, start + frames), tail):
+                    tails.append((tail, start + frames))
+            queue.extendleft(reversed(tails))  # next, in time order
+        reached = max(reached, *(end for _, end in group))
+        progress("transcribe", reached, total)
+    return sorted(segments, key=lambda s: (s.start, s.end))
+
+
+def _skipped_tail(kept: list[Segment], start: int, frames: int) -> int | None:
+    """First frame of audio after a chunk's text when that text ends at least MIN_TAIL_SECONDS
+    before the chunk does (its last timestamp; unfinished text already runs to the chunk's
+    end), or None."""
+    if not kept:
+        return None
+    tail = round(kept[-1].end * FRAMES_PER_SECOND)
+    if start < tail <= start + frames - MIN_TAIL_SECONDS * FRAMES_PER_SECOND:
+        return tail
+    return None
 
 
 def transcribe(

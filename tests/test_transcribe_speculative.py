@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 import torch
 
 from asr.audio import load_audio
-from asr.silence import chunk_window, split_at_silence
+from asr.silence import chunk_window, sounds_like_speech, split_at_silence
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.types import Segment
 from asr.whisper import N_FRAMES
@@ -66,6 +68,23 @@ def test_batched_independent_windows_equal_one_at_a_time(
     options = TranscribeOptions(**{**vars(INDEPENDENT), "batch_size": 2})
     speculative = transcribe(whisper_base, sonnet, options, assistant=assistant)
     assert_same_segments(speculative.segments, one.segments)
+
+
+@pytest.mark.slow
+def test_a_chunk_whose_text_ends_early_has_its_tail_decoded(independent):
+    # whisper-base ends the first chunk's text (0-27.5 s) with a timestamp at 22.96 s, and the
+    # line spoken after it was lost until the tail became a window of its own.
+    text = " ".join(s.text for s in independent.segments)
+    assert "famine where abundance lies" in text
+    starts = [s.start for s in independent.segments]
+    assert starts == sorted(starts)
+    assert all(later.start - earlier.end < 1.0 for earlier, later in pairwise(independent.segments))
+
+
+def test_a_quiet_tail_is_not_taken_for_speech():
+    level = torch.tensor([0.0] * 10 + [5.0] * 70 + [0.5] * 20 + [4.5, 5.5] * 5 + [0.0] * 10)
+    assert not sounds_like_speech(level, (0, 100), 80)  # a pause after the words
+    assert sounds_like_speech(level, (0, 120), 80)  # words after the pause
 
 
 @pytest.mark.slow
