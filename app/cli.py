@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,7 +67,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
     from app.service import TranscriptionService
-    from asr.audio import AudioLoadError, find_audio_files
+    from asr.audio import AudioLoadError, check_distinct_outputs, find_audio_files
     from asr.writers import output_paths, write_outputs
 
     # 1. What to do: the files, and which of them already have every output.
@@ -74,6 +75,9 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     if not files:
         print("specscribe: no audio files found", file=sys.stderr)
         return 2
+    if args.output_dir:
+        check_distinct_outputs(files, args.output_dir)
+        _check_output_dir(args.output_dir)
     jobs, skipped = [], 0
     for path, stem in files:
         outputs = output_paths(args.output_dir, stem, args.format) if args.output_dir else {}
@@ -112,11 +116,16 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         bar.set_postfix_str(path.name)
         try:
             transcript = service.run(path, options)
+            write_outputs(transcript, outputs)
         except AudioLoadError as error:
             failures.append((path, str(error)))
             tqdm.write(f"specscribe: skipped {error}", file=sys.stderr)
             continue
-        write_outputs(transcript, outputs)
+        except Exception as error:  # one file's failure must not end the run
+            reason = f"{path}: {type(error).__name__}: {error}"
+            failures.append((path, reason))
+            tqdm.write(f"specscribe: failed {reason}", file=sys.stderr)
+            continue
         tqdm.write(f"== {path}\n{transcript.text}")
     bar.close()
 
@@ -130,6 +139,16 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     for _, reason in failures:
         print(f"  failed: {reason}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def _check_output_dir(output_dir: Path) -> None:
+    """Creates `output_dir` and checks that it takes files, before any audio is decoded."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"--output-dir {output_dir}: {error.strerror or error}") from error
+    if not os.access(output_dir, os.W_OK | os.X_OK):
+        raise ValueError(f"--output-dir {output_dir}: not writable")
 
 
 def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
@@ -557,8 +576,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from asr.models import ModelFetchError
 
     args = build_parser().parse_args(argv)
-    settings = Settings.from_env()
     try:
+        settings = Settings.from_env()
         return args.run(args, settings)
     except (ValueError, ModelFetchError, JobStoreError) as error:
         print(f"specscribe: error: {error}", file=sys.stderr)

@@ -304,7 +304,7 @@ class JobStore:
         """Queues one job: every audio file in `paths` (folders searched recursively) becomes a
         task. Returns the job id. Raises ValueError naming a missing path, a folder without audio,
         or two inputs that would write the same outputs."""
-        from asr.audio import find_audio_files
+        from asr.audio import check_distinct_outputs, find_audio_files
 
         spec.validate()
         sources = [Path(p).expanduser().resolve() for p in paths]
@@ -318,14 +318,8 @@ class JobStore:
             raise ValueError(f"no audio files in {', '.join(empty)}")
         output_dir = spec.output_dir.expanduser().resolve()
         files = find_audio_files(sources)
-        by_stem: dict[Path, Path] = {}
-        for path, stem in files:
-            if stem in by_stem:
-                raise ValueError(
-                    f"{by_stem[stem]} and {path} would both write {output_dir / stem}.*; "
-                    "submit them as separate jobs with different output folders"
-                )
-            by_stem[stem] = path
+        check_distinct_outputs(files, output_dir)
+        by_stem = {stem: path for path, stem in files}
         with self._write() as db:
             job_id = db.execute(
                 "INSERT INTO jobs"

@@ -121,10 +121,11 @@ class TranscriptionService:
         self.settings = settings or Settings.from_env()
         self.asr_model_name = asr_model or self.settings.asr_model
         self.diarization_model_name = diarization_model or self.settings.diarization_model
-        self.device = device or self.settings.device
-        from asr.precision import resolve_precision
+        from asr.precision import check_device, resolve_precision
 
-        # Settled once, before any model loads: a bad (device, precision) pair fails here.
+        # Settled once, before any model loads: a device this machine lacks, or a bad
+        # (device, precision) pair, fails here.
+        self.device = check_device(device or self.settings.device)
         self.dtypes = resolve_precision(self.device, precision or self.settings.precision)
         self.assistant_model_name = _choose_assistant(
             assistant_model or self.settings.assistant_model,

@@ -50,6 +50,8 @@ def load_audio(source: str | Path | bytes, name: str | None = None) -> np.ndarra
             samples = _decode_with_ffmpeg(str(path), label)
     if samples.size == 0:
         raise AudioLoadError(f"{label}: contains no audio samples")
+    if not np.isfinite(samples).all():  # float files can hold them; every later stage would fail
+        raise AudioLoadError(f"{label}: contains NaN or infinite samples")
     return samples
 
 
@@ -99,8 +101,23 @@ def find_audio_files(paths: list[Path]) -> list[tuple[Path, Path]]:
     found: list[tuple[Path, Path]] = []
     for path in paths:
         if path.is_dir():
-            audio = sorted(p for p in path.rglob("*") if p.suffix.lower() in AUDIO_EXTENSIONS)
+            audio = sorted(
+                p for p in path.rglob("*") if p.suffix.lower() in AUDIO_EXTENSIONS and p.is_file()
+            )
             found.extend((p, p.relative_to(path).with_suffix("")) for p in audio)
         else:
             found.append((path, Path(path.stem)))
     return found
+
+
+def check_distinct_outputs(files: list[tuple[Path, Path]], output_dir: Path) -> None:
+    """Raises ValueError when two of `find_audio_files`' files would write the same outputs
+    (`a/talk.wav` and `b/talk.mp3` given as files, or `talk.wav` beside `talk.flac`)."""
+    by_stem: dict[Path, Path] = {}
+    for path, stem in files:
+        if stem in by_stem:
+            raise ValueError(
+                f"{by_stem[stem]} and {path} would both write {output_dir / stem}.*; "
+                "transcribe them into different output folders"
+            )
+        by_stem[stem] = path

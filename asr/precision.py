@@ -83,6 +83,23 @@ def resolve_precision(device: str | torch.device, precision: str = "auto") -> Dt
     return Dtypes(encoder=dtype, decoder=dtype)
 
 
+def check_device(device: str) -> str:
+    """`device` when torch knows it and this machine has it (cpu, or cuda[:N] with a GPU there);
+    ValueError otherwise, before any model is sent to it."""
+    kind = _kind(device)
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: expected cpu or cuda[:N]")
+    if kind == "cuda":
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = torch.device(device).index or 0
+        if index >= available:
+            raise ValueError(
+                f"device {device!r}: torch sees {available} CUDA device(s) here "
+                f"(torch {torch.__version__}, CUDA {torch.version.cuda or 'not built in'})"
+            )
+    return device
+
+
 def _kind(device: str | torch.device) -> str:
     try:
         return torch.device(device).type

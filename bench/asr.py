@@ -62,7 +62,7 @@ import torch
 import app.config  # noqa: F401  (switches the libraries offline before they load)
 from asr.audio import SAMPLE_RATE, load_audio
 from asr.models import ModelRegistry
-from asr.precision import resolve_precision
+from asr.precision import check_device, resolve_precision
 from asr.whisper import N_SAMPLES
 from bench.asr_data import SPEECH, Utterance, benchmark_files
 from bench.faster_whisper_process import FasterWhisperProcess
@@ -680,14 +680,9 @@ def _parser() -> argparse.ArgumentParser:
 def _checked_device(value: str) -> str:
     """A device torch knows and, for CUDA, one this machine has (else an argparse error)."""
     try:
-        device = torch.device(value)
-    except RuntimeError as error:
-        raise argparse.ArgumentTypeError(f"unknown device {value!r}: {error}") from None
-    if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"device {value!r}: expected cpu or cuda[:N]")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"device {value!r}: torch sees no CUDA device here")
-    return value
+        return check_device(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _drafts(registry: ModelRegistry, requested: list[str] | None) -> tuple[list[str], list[str]]:

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from asr.audio import SAMPLE_RATE, AudioLoadError, find_audio_files, load_audio
+from asr.audio import (
+    SAMPLE_RATE,
+    AudioLoadError,
+    check_distinct_outputs,
+    find_audio_files,
+    load_audio,
+)
 from tests.conftest import SAMPLES
 
 JFK = SAMPLES / "jfk.wav"
@@ -75,8 +82,28 @@ def test_corrupt_file_is_reported_with_ffmpeg_stderr(tmp_path):
     assert "ffmpeg" in str(error.value)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_samples_are_bad_audio(tmp_path, bad):
+    import soundfile
+
+    samples = np.zeros(SAMPLE_RATE, dtype=np.float32)
+    samples[5000] = bad
+    path = tmp_path / "float.wav"
+    soundfile.write(path, samples, SAMPLE_RATE, subtype="FLOAT")
+    with pytest.raises(AudioLoadError, match=r"float\.wav: contains NaN or infinite samples"):
+        load_audio(path)
+
+
+def test_outputs_that_would_collide_are_refused(tmp_path):
+    files = [(tmp_path / "a" / "talk.wav", Path("talk")), (tmp_path / "talk.mp3", Path("talk"))]
+    with pytest.raises(ValueError, match=r"talk\.wav and .*talk\.mp3 would both write"):
+        check_distinct_outputs(files, tmp_path / "out")
+    check_distinct_outputs(files[:1], tmp_path / "out")  # one is fine
+
+
 def test_find_audio_files_recurses_by_extension(tmp_path):
     (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "folder.wav").mkdir()  # a folder, not a file
     for name in ("a/one.wav", "a/b/two.MP3", "a/readme.txt", "three.flac"):
         (tmp_path / name).write_bytes(b"x")
     found = find_audio_files([tmp_path / "a", tmp_path / "three.flac"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+import torch
 
 from app.cli import main
 from asr.models import EMBEDDED
@@ -23,6 +24,44 @@ def test_unknown_model_is_a_clear_error(capsys, tmp_path):
     assert main(["transcribe", str(tmp_path), "--model", "whisper-huge"]) == 2
     err = capsys.readouterr().err
     assert "unknown model 'whisper-huge'" in err and "whisper-base" in err
+
+
+def test_bad_output_folders_and_devices_are_refused_before_any_work(capsys, tmp_path):
+    # Two inputs that would write the same outputs.
+    shutil.copy(SAMPLES / "jfk.wav", tmp_path / "jfk.wav")
+    both = ["transcribe", str(SAMPLES / "jfk.wav"), str(tmp_path / "jfk.wav")]
+    assert main([*both, "--output-dir", str(tmp_path / "out")]) == 2
+    assert "would both write" in capsys.readouterr().err
+    # An output folder that is a file.
+    occupied = tmp_path / "occupied"
+    occupied.write_text("")
+    jfk = ["transcribe", str(SAMPLES / "jfk.wav")]
+    assert main([*jfk, "--output-dir", str(occupied)]) == 2
+    assert f"--output-dir {occupied}: " in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main([*jfk, "--device", "cuda"]) == 2
+        assert "device 'cuda': torch sees 0 CUDA device(s)" in capsys.readouterr().err
+
+
+def test_a_bad_setting_in_the_environment_is_a_clear_error(capsys, monkeypatch):
+    monkeypatch.setenv("MAX_AUDIO_BYTES", "abc")
+    assert main(["models", "list"]) == 2
+    assert "MAX_AUDIO_BYTES" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_file_whose_outputs_cannot_be_written_fails_alone(capsys, tmp_path):
+    inputs, outputs = tmp_path / "in", tmp_path / "out"
+    (inputs / "nested").mkdir(parents=True)
+    shutil.copy(SAMPLES / "jfk.wav", inputs / "a.wav")
+    shutil.copy(SAMPLES / "librispeech_61-70968-0000.flac", inputs / "nested" / "b.flac")
+    outputs.mkdir()
+    (outputs / "nested").write_text("")  # where nested/b.txt should go
+    assert main(["transcribe", str(inputs), "--output-dir", str(outputs)]) == 1
+    err = capsys.readouterr().err
+    assert "1 transcribed, 0 skipped (outputs exist), 1 failed" in err
+    assert "b.flac: " in err
+    assert (outputs / "a.txt").exists()
 
 
 @pytest.mark.slow
