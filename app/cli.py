@@ -164,9 +164,17 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         policy=args.policy,
         k=args.k,
     ).validate()
+    given = {
+        field: value
+        for field in ("temperature", "top_k", "top_p", "seed")
+        if (value := getattr(args, field)) is not None
+    }
     sampling = None
     if args.sample:
-        sampling = SamplingOptions(args.temperature, args.top_k, args.top_p, args.seed).validate()
+        sampling = SamplingOptions(**given).validate()
+    elif given:
+        named = ", ".join("--" + field.replace("_", "-") for field in given)
+        raise ValueError(f"{named} only apply with --sample (greedy decoding ignores them)")
     registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
     target = load_language_model(registry, args.model or settings.llm_model)
     assistant = load_language_model(registry, args.assistant) if args.assistant else None
@@ -411,7 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
         "another tokenizer is re-encoded), auto (the draft distilled for --model, if any, "
         "except with --precision int8, where it does not pay) or none; default: "
         "$ASSISTANT_MODEL, else auto. "
-        "The output does not change.",
+        "The output does not change (in fp32, mixed and int8; bf16 and fp16 near-ties "
+        "can flip).",
     )
     transcribe.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cpu)")
     transcribe.add_argument(
@@ -458,10 +467,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ngram", type=int, default=3, help="longest n-gram for --prompt-lookup")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--sample", action="store_true", help="sample instead of greedy")
-    gen.add_argument("--temperature", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int)
+    # None marks "not given": without --sample they would be ignored, so they are refused.
+    gen.add_argument("--temperature", type=float, help="with --sample (default 1.0)")
+    gen.add_argument("--top-k", type=int, help="with --sample (default 0: all tokens)")
+    gen.add_argument("--top-p", type=float, help="with --sample (default 1.0)")
+    gen.add_argument("--seed", type=int, help="with --sample")
     gen.set_defaults(run=_cmd_generate)
 
     default_speech = Path(__file__).resolve().parents[2] / "shared" / "speech"

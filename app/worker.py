@@ -142,7 +142,13 @@ def finish(
         store.record_lost(task, worker, "lease lost before writing outputs")
         log(f"task {task.id} (job {task.job_id}): lease lost, result dropped")
         return
-    write_outputs(outcome.transcript, task.outputs)
+    try:
+        write_outputs(outcome.transcript, task.outputs)
+    except OSError as error:  # a full disk, a file where a folder must go: this task's failure
+        reason = f"writing outputs: {describe_error(error)}"
+        if store.fail(task, worker, reason, outcome.seconds):
+            log(f"task {task.id} (job {task.job_id}) failed: {reason}")
+        return
     if store.complete(task, worker, outcome.seconds, "transcribed"):
         log(f"task {task.id} (job {task.job_id}) done in {outcome.seconds:.1f} s: {task.path}")
     else:

@@ -103,6 +103,11 @@ def test_cli_generate_prints_text_and_stats(capsys, gemma, greedy):
     assert f"{NEW_TOKENS} tokens" in captured.err and "tokens per target call" in captured.err
 
 
+def test_cli_refuses_sampling_options_without_sample(capsys):
+    assert main(["generate", "Once upon a time", "--temperature", "0.5", "--seed", "3"]) == 2
+    assert "--temperature, --seed only apply with --sample" in capsys.readouterr().err
+
+
 def test_conflicting_draft_options_are_refused():
     with pytest.raises(ValueError, match="choose one drafter, not assistant and prompt_lookup"):
         DraftOptions(assistant="x", prompt_lookup=3).validate()

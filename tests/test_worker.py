@@ -371,6 +371,30 @@ def test_a_corrupt_file_fails_with_its_reason_and_the_others_complete(tmp_path, 
 
 
 @pytest.mark.slow
+def test_outputs_that_cannot_be_written_fail_their_task_and_the_worker_goes_on(tmp_path, settings):
+    from app.service import TranscriptionService
+    from app.worker import LocalWorker, WorkerOptions
+
+    originals = copy_clips(tmp_path / "in", 1)
+    copy_clips(tmp_path / "in" / "sub", 1)
+    job = submit(JobStore(tmp_path / "jobs.db"), tmp_path / "in", tmp_path / "out")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "sub").write_text("")  # a file where sub/f00.* must go
+    store = JobStore(tmp_path / "jobs.db")
+    service = TranscriptionService(settings, asr_model=MODEL, assistant_model="none")
+    options = WorkerOptions(until_idle=True, poll=0.1)
+    assert LocalWorker(store, service, options, log=lambda _: None).run() == 2
+
+    tasks = {t.path.relative_to(tmp_path / "in").as_posix(): t for t in store.tasks(job)}
+    assert {name: t.state for name, t in tasks.items()} == {
+        "f00.wav": "done",
+        "sub/f00.wav": "failed",
+    }
+    assert tasks["sub/f00.wav"].error.startswith("writing outputs: ")
+    check_outputs(tmp_path / "out", originals)
+
+
+@pytest.mark.slow
 def test_the_ray_engine_processes_a_folder_on_a_local_instance(tmp_path):
     originals = copy_clips(tmp_path / "in", 3)
     (tmp_path / "in" / "noise.flac").write_bytes(os.urandom(6000))
