@@ -363,7 +363,7 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
             decoded = [window for _, window in spoken]
             splits = session.split(encoded.rows(rows), decoded, unfinished=True)
             tails = []
-            for (_, (_, start, frames)), split in zip(spoken, splits, strict=True):
+            for (_, start, frames), split in zip(decoded, splits, strict=True):
                 kept = _kept(split)
                 segments.extend(kept)
                 tail = _skipped_tail(kept, start, frames)
