@@ -100,10 +100,15 @@ def load_language_model(registry: ModelRegistry, name: str) -> LanguageModel:
     The int8 variant (dynamic quantization of every nn.Linear) is a cheap same-vocabulary draft
     for its own full-precision model: on a CPU it reads a quarter of the weight bytes per token.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     base = name.removesuffix(INT8_SUFFIX)
     path = registry.resolve(base)
+    model_type = AutoConfig.from_pretrained(path).model_type
+    # Whisper has a causal-LM class too (its decoder alone), but it needs audio to attend to.
+    if model_type == "whisper" or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(f"{name} is a {model_type} model, not a text language model")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     if name.endswith(INT8_SUFFIX):

@@ -144,6 +144,8 @@ class WhisperModel:
         )
 
         config = AutoConfig.from_pretrained(str(path))
+        if config.model_type != "whisper":
+            raise ValueError(f"{path} holds a {config.model_type} model, not a Whisper model")
         decoder_only = "WhisperForCausalLM" in (config.architectures or ())
         model_class = WhisperForCausalLM if decoder_only else WhisperForConditionalGeneration
         model = model_class.from_pretrained(str(path), dtype=dtype).to(device).eval()

@@ -26,6 +26,14 @@ def test_unknown_model_is_a_clear_error(capsys, tmp_path):
     assert "unknown model 'whisper-huge'" in err and "whisper-base" in err
 
 
+def test_a_model_of_the_wrong_kind_is_a_clear_error(capsys):
+    jfk = str(SAMPLES / "jfk.wav")
+    assert main(["transcribe", jfk, "--model", "smollm2-135m"]) == 2
+    assert "holds a llama model, not a Whisper model" in capsys.readouterr().err
+    assert main(["generate", "--model", "whisper-base", "Hello"]) == 2
+    assert "whisper-base is a whisper model, not a text language model" in capsys.readouterr().err
+
+
 def test_bad_output_folders_and_devices_are_refused_before_any_work(capsys, tmp_path):
     # Two inputs that would write the same outputs.
     shutil.copy(SAMPLES / "jfk.wav", tmp_path / "jfk.wav")
