@@ -3,8 +3,11 @@
 Each word takes the speaker whose turns overlap it longest; a word in a gap between turns takes
 the nearest turn's speaker. Ties (overlapped speech covering a word entirely, or a word midway
 between two turns) keep the previous word's speaker, so a sentence is not cut for nothing, and
-otherwise go to the earlier turn. A segment is split where its words change speaker; every word
-lands in exactly one output segment, in order. Segments without word timestamps are assigned
+otherwise go to the earlier turn. A word of no duration after another word of its segment keeps
+that word's speaker: it has no audio to judge by (Whisper's alignment squeezes words to zero
+length at segment ends), and a speaker change there would leave a cue and an RTTM turn of 0 s.
+A segment is split where its words change speaker; every word lands in exactly one output
+segment, in order. Segments without word timestamps are assigned
 as a whole, by the same rule over the segment's span.
 """
 
@@ -85,7 +88,8 @@ def assign_speakers(
             continue
         words: list[Word] = []
         for word in segment.words:
-            previous = index.speaker(word.start, word.end, previous)
+            if not (words and word.end <= word.start):
+                previous = index.speaker(word.start, word.end, previous)
             words.append(replace(word, speaker=previous))
         result.extend(_split(segment, words))
     return tuple(result)
