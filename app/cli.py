@@ -126,6 +126,8 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             failures.append((path, reason))
             tqdm.write(f"specscribe: failed {reason}", file=sys.stderr)
             continue
+        for warning in transcript.warnings:
+            tqdm.write(f"specscribe: warning: {path}: {warning}", file=sys.stderr)
         tqdm.write(f"== {path}\n{transcript.text}")
     bar.close()
 
@@ -209,6 +211,7 @@ def _cmd_distill(args: argparse.Namespace, settings: Settings) -> int:
     given = {name: getattr(args, name) for name in DISTILL_OPTIONS}
     config = DistillConfig(
         keep_layers=tuple(args.layers) if args.layers else None,
+        **({"speech_engines": tuple(args.speech_engines)} if args.speech_engines else {}),
         real_speech=args.speech_dir is not None and args.speech_dir.is_dir(),
         **{name: value for name, value in given.items() if value is not None},
     )
@@ -496,6 +499,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dist.add_argument("--head-tokens", type=int, help="text tokens in the head (0: all)")
     dist.add_argument("--synthetic-sentences", type=int)
+    dist.add_argument(
+        "--speech-engines",
+        nargs="+",
+        choices=("espeak-ng", "flite"),
+        help="engines speaking the synthetic sentences, an equal share each (default: espeak-ng)",
+    )
     dist.add_argument(
         "--work-dir",
         type=Path,

@@ -232,6 +232,7 @@ def to_response(transcript: Transcript, word_level: bool, seconds: float) -> dic
             "real_time_factor": round(seconds / duration, 4) if duration > 0 else None,
         },
         "options": transcript.options,
+        "warnings": list(transcript.warnings),
     }
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from asr.models import ModelRegistry
     from asr.whisper import WhisperModel
     from asr.whisper_drafters import WhisperAssistant
-    from diarize.pipeline import Diarizer
+    from diarize.pipeline import DiarizeOptions, Diarizer
 
 AudioInput = str | Path | bytes | np.ndarray
 """A path, the bytes of an audio file, or float32 16 kHz mono samples."""
@@ -254,8 +254,11 @@ class TranscriptionService:
         speakers = options.speaker_options()
         started = time.perf_counter()
         turns = self.diarizer.diarize(samples, speakers, progress=progress)
+        found = len({turn.speaker for turn in turns})
+        shortfall = speaker_count_warning(speakers, found)
         return dataclasses.replace(
             transcript,
+            warnings=transcript.warnings + ((shortfall,) if shortfall else ()),
             segments=assign_speakers(transcript.segments, turns),
             options={
                 **transcript.options,
@@ -264,7 +267,24 @@ class TranscriptionService:
             },
             stats={
                 **transcript.stats,
-                "speakers": len({turn.speaker for turn in turns}),
+                "speakers": found,
                 "diarize_seconds": round(time.perf_counter() - started, 3),
             },
         )
+
+
+def speaker_count_warning(options: DiarizeOptions, found: int) -> str | None:
+    """Why the speakers found differ from the count asked, or None when they do not.
+
+    pyannote clusters into the count asked, but a speaker whose cluster is never the most
+    active one in any frame has no turn left, and a short recording has too few speech
+    windows to form many clusters, so an exact or minimum count is a wish, not a promise."""
+    if options.num_speakers is not None and found != options.num_speakers:
+        asked = f"exactly {options.num_speakers}"
+    elif options.min_speakers is not None and found < options.min_speakers:
+        asked = f"at least {options.min_speakers}"
+    elif options.max_speakers is not None and found > options.max_speakers:
+        asked = f"at most {options.max_speakers}"
+    else:
+        return None
+    return f"{asked} speakers were asked for; {found} found in the audio"

@@ -114,6 +114,7 @@ def stats_markdown(transcript: Transcript) -> str:
         lines.append(
             f"- **Speakers**: {stats['speakers']} (diarization {stats['diarize_seconds']:.1f} s)"
         )
+    lines.extend(f"- **Warning**: {warning}" for warning in transcript.warnings)
     return "\n".join(lines)
 
 

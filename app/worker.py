@@ -149,7 +149,8 @@ def finish(
         if store.fail(task, worker, reason, outcome.seconds):
             log(f"task {task.id} (job {task.job_id}) failed: {reason}")
         return
-    if store.complete(task, worker, outcome.seconds, "transcribed"):
+    note = "; ".join(("transcribed", *outcome.transcript.warnings))
+    if store.complete(task, worker, outcome.seconds, note):
         log(f"task {task.id} (job {task.job_id}) done in {outcome.seconds:.1f} s: {task.path}")
     else:
         store.record_lost(task, worker, "lease lost after writing outputs")

@@ -59,6 +59,8 @@ class Transcript:
     duration: float
     options: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
+    # What the user asked for and did not get in full (e.g. fewer speakers than requested).
+    warnings: tuple[str, ...] = ()
 
     @property
     def text(self) -> str:

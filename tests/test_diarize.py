@@ -3,12 +3,14 @@ recordings, and the transcript end to end."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 import pytest
 
 from app.cli import main
+from app.service import speaker_count_warning
 from asr.audio import load_audio
 from asr.types import SpeakerTurn
 from diarize.pipeline import DiarizeOptions, EmbeddedParams, turns_from_annotation
@@ -209,11 +211,25 @@ def test_ami_mixture_end_to_end(diarizer, whisper_base):
 
 
 @pytest.mark.slow
-def test_cli_writes_speaker_labels(tmp_path):
-    # The wiring only (the AMI test above covers several speakers): 11 s, one speaker.
-    command = ["transcribe", str(SAMPLES / "jfk.wav"), "--diarize", "--max-speakers", "3"]
+def test_cli_writes_speaker_labels_and_says_when_the_count_asked_is_not_found(tmp_path, capsys):
+    # The wiring only (the AMI test above covers several speakers): 11 s, one speaker, so
+    # three speakers cannot be found and the user is told so.
+    command = ["transcribe", str(SAMPLES / "jfk.wav"), "--diarize", "--num-speakers", "3"]
     assert main([*command, "--output-dir", str(tmp_path), "--format", "txt,rttm,json"]) == 0
     rttm = read_rttm(tmp_path / "jfk.rttm")
     assert rttm and {t.speaker for t in rttm} == {"SPEAKER_00"}
     assert (tmp_path / "jfk.txt").read_text().startswith("[SPEAKER_00] ")
-    assert '"max_speakers": 3' in (tmp_path / "jfk.json").read_text()
+    saved = json.loads((tmp_path / "jfk.json").read_text())
+    assert saved["options"]["diarize"]["num_speakers"] == 3
+    shortfall = "exactly 3 speakers were asked for; 1 found in the audio"
+    assert saved["warnings"] == [shortfall]
+    assert f"warning: {SAMPLES / 'jfk.wav'}: {shortfall}" in capsys.readouterr().err
+
+
+def test_a_speaker_count_not_met_is_described():
+    assert speaker_count_warning(DiarizeOptions(num_speakers=2), 2) is None
+    assert speaker_count_warning(DiarizeOptions(min_speakers=2, max_speakers=4), 3) is None
+    assert speaker_count_warning(DiarizeOptions(), 7) is None
+    assert "exactly 3 speakers" in speaker_count_warning(DiarizeOptions(num_speakers=3), 2)
+    assert "at least 3 speakers" in speaker_count_warning(DiarizeOptions(min_speakers=3), 1)
+    assert "at most 2 speakers" in speaker_count_warning(DiarizeOptions(max_speakers=2), 3)
