@@ -57,6 +57,7 @@ class DistillConfig:
     keep_layers: tuple[int, ...] | None = None  # target decoder layers kept; None: first, last
     head_tokens: int = 32768  # text tokens in the saved head (see choose_vocabulary); 0: all
     synthetic_sentences: int = 1800
+    speech_engines: tuple[str, ...] = ("espeak-ng",)  # asr.distill_data.ENGINES speaking them
     real_speech: bool = True
     epochs: int = 20
     batch_size: int = 8
@@ -78,6 +79,9 @@ class DistillConfig:
             raise ValueError("epochs, batch_size and learning_rate must be positive")
         if not 0 <= self.validation_fraction < 1:
             raise ValueError("validation_fraction must be in [0, 1)")
+        from asr.distill_data import voices_of
+
+        voices_of(self.speech_engines)  # raises on an unknown or empty list
         return self
 
     def layers_of(self, target: WhisperModel) -> tuple[int, ...]:
@@ -156,7 +160,8 @@ def training_clips(
             if saved is not None:
                 saved.parent.mkdir(parents=True, exist_ok=True)
                 saved.write_text(json.dumps(sentences, indent=0))
-        clips.extend(synthetic_clips(sentences[: config.synthetic_sentences], config.seed))
+        sentences = sentences[: config.synthetic_sentences]
+        clips.extend(synthetic_clips(sentences, config.seed, config.speech_engines))
     return clips
 
 
@@ -519,6 +524,7 @@ def prepare_windows(
         "target": target.name,
         "layers": list(config.layers_of(target)),
         "synthetic_sentences": config.synthetic_sentences,
+        "speech_engines": list(config.speech_engines),
         "real_speech": config.real_speech,
         "seed": config.seed,
     }
@@ -601,7 +607,8 @@ def distill(
         "layers": list(layers),
         "report": asdict(report),
         "real_training_windows": sorted({w.name for w in windows if w.source == "real"}),
-        "synthetic": "SmolLM2-135M sentences (seeded sampling) spoken by espeak-ng",
+        "synthetic": "SmolLM2-135M sentences (seeded sampling) spoken by "
+        + " and ".join(config.speech_engines),
     }
     save_draft(draft, vocabulary, layers, target_dir, out_dir, recipe)
     return report

@@ -3,8 +3,10 @@
 Real: the recordings of ../shared/speech minus every file the project reports figures on (the
 held-out ASR benchmark set, the diarization benchmark files, the samples the tests transcribe).
 Synthetic: sentences written by the embedded SmolLM2 (Apache-2.0; its samples are ours to use)
-and spoken by espeak-ng with varied voices and speeds. Both are packed into windows of at most
-28 s, the way transcription sees speech: several utterances per 30 s window.
+and spoken with varied voices and speeds by espeak-ng (formant synthesis) and, optionally, flite
+(CMU's statistical and diphone voices, built from recordings of real speakers). Both are packed
+into windows of at most 28 s, the way transcription sees speech: several utterances per 30 s
+window.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ REPORTED = (
     "multi/ami_es2004_1min_mixture.wav",
 )
 
+# Speech engines for synthetic speech (Debian packages of the same names).
+ENGINES = ("espeak-ng", "flite")
+
 ESPEAK_VOICES = (
     "en-us",
     "en-us+f3",
@@ -47,6 +52,10 @@ ESPEAK_VOICES = (
     "en-029",
     "en-us+m5",
 )
+
+# flite's English voices: kal16 (diphone, US male), and the clustergen voices awb (Scottish
+# male), rms (US male) and slt (US female).
+FLITE_VOICES = ("kal16", "awb", "rms", "slt")
 
 TOPICS = (
     "the history of bridges",
@@ -170,26 +179,50 @@ def generate_sentences(language_model, count: int, seed: int) -> list[str]:
     return found[:count]
 
 
-def speak(sentence: str, voice: str, words_per_minute: int, workdir: Path) -> np.ndarray:
-    """espeak-ng's rendering of one sentence, float32 16 kHz mono."""
-    if shutil.which("espeak-ng") is None:
-        raise RuntimeError("espeak-ng is not installed (scripts/setup.sh installs it)")
+def speak(sentence: str, engine: str, voice: str, pace: float, workdir: Path) -> np.ndarray:
+    """One sentence spoken by `engine` ("espeak-ng" or "flite") in `voice`, float32 16 kHz mono.
+
+    pace: speaking rate relative to the engine's default (1.2 = 20 % faster)."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown speech engine {engine!r}; known: {', '.join(ENGINES)}")
+    if shutil.which(engine) is None:
+        raise RuntimeError(f"{engine} is not installed (scripts/setup.sh installs it)")
     out = workdir / "sentence.wav"
-    subprocess.run(
-        ["espeak-ng", "-v", voice, "-s", str(words_per_minute), "-w", str(out), sentence],
-        check=True,
-        capture_output=True,
-    )
+    if engine == "espeak-ng":
+        # espeak-ng's default is 175 words per minute.
+        command = ["espeak-ng", "-v", voice, "-s", str(round(175 * pace)), "-w", str(out)]
+        command.append(sentence)
+    else:
+        command = ["flite", "-voice", voice, "--setf", f"duration_stretch={1 / pace:.3f}"]
+        command += ["-t", sentence, "-o", str(out)]
+    subprocess.run(command, check=True, capture_output=True)
     return load_audio(out)
 
 
-def synthetic_clips(sentences: list[str], seed: int) -> list[TrainingClip]:
-    """The sentences spoken with a random voice and speed each, packed into 28 s windows."""
+def voices_of(engines: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(engine, voice) pairs to draw from: each engine gets the same share of sentences."""
+    unknown = [e for e in engines if e not in ENGINES]
+    if not engines or unknown:
+        raise ValueError(f"speech engines must be among {', '.join(ENGINES)}, not {engines}")
+    per_engine = {"espeak-ng": ESPEAK_VOICES, "flite": FLITE_VOICES}
+    return [(engine, voice) for engine in engines for voice in per_engine[engine]]
+
+
+def synthetic_clips(
+    sentences: list[str], seed: int, engines: tuple[str, ...] = ("espeak-ng",)
+) -> list[TrainingClip]:
+    """The sentences spoken with a random engine, voice and pace each, packed into 28 s
+    windows."""
+    per_engine = {e: [pair for pair in voices_of(engines) if pair[0] == e] for e in engines}
     rng = random.Random(seed)
     items = []
-    with tempfile.TemporaryDirectory(prefix="specscribe-espeak-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="specscribe-speech-") as workdir:
         for index, sentence in enumerate(sentences):
-            voice = rng.choice(ESPEAK_VOICES)
-            samples = speak(sentence, voice, rng.randint(140, 190), Path(workdir))
+            # The shipped draft's recipe (espeak-ng alone) draws voice then rate; keep that
+            # order so its speech stays reproducible.
+            engine = engines[0] if len(engines) == 1 else rng.choice(engines)
+            _, voice = rng.choice(per_engine[engine])
+            pace = rng.randint(140, 190) / 175
+            samples = speak(sentence, engine, voice, pace, Path(workdir))
             items.append((f"s{index:04d}", samples))
     return list(_pack("synthetic", items, "synthetic", gap_seconds=rng.uniform(0.3, 0.8)))

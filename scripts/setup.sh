@@ -11,9 +11,9 @@ VENV=${VENV:-.venv}
 say() { printf 'setup: %s\n' "$*"; }
 
 # 1. System packages: ffmpeg decodes every audio container (and torchcodec links to it);
-#    chromium is the real browser the web UI test drives; espeak-ng speaks the synthetic
-#    training sentences of `specscribe distill`.
-declare -A needs=([ffmpeg]=ffmpeg [chromium]=chromium [espeak-ng]=espeak-ng)
+#    chromium is the real browser the web UI test drives; espeak-ng and flite speak the
+#    synthetic training sentences of `specscribe distill`.
+declare -A needs=([ffmpeg]=ffmpeg [chromium]=chromium [espeak-ng]=espeak-ng [flite]=flite)
 missing=()
 for command in "${!needs[@]}"; do
   command -v "$command" >/dev/null || missing+=("${needs[$command]}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,6 +27,7 @@ from asr.distill_data import (
     sentences_from_text,
     speak,
     synthetic_clips,
+    voices_of,
 )
 from asr.draft_checkpoint import load_draft_module, save_draft
 from asr.transcribe import TranscribeOptions, transcribe
@@ -65,8 +67,30 @@ def test_espeak_speech_is_packed_into_windows_of_at_most_28_seconds():
     assert len(clips) >= 2
     assert all(len(c.samples) <= 28 * SAMPLE_RATE and c.source == "synthetic" for c in clips)
     total = sum(len(c.samples) for c in clips)
-    one = len(speak(sentences[0], "en-us", 165, Path("/tmp")))
+    one = len(speak(sentences[0], "espeak-ng", "en-us", 165 / 175, Path("/tmp")))
     assert total > 12 * one * 0.8  # every sentence is in some window
+
+
+def test_flite_speaks_its_share_of_the_sentences_at_the_pace_asked(tmp_path):
+    sentence = "The bridge was built in the spring of that year."
+    slow = speak(sentence, "flite", "slt", 0.8, tmp_path)
+    fast = speak(sentence, "flite", "slt", 1.25, tmp_path)
+    assert 1.3 < len(slow) / len(fast) < 1.8  # about 1.5625: duration scales with 1 / pace
+    assert np.abs(fast).max() > 0.05  # speech, not silence
+    # flite alone: every sentence is flite's, at a pace within the recipe's 140-190 / 175
+    clips = synthetic_clips([sentence] * 4, seed=2, engines=("flite",))
+    assert len(clips) == 1
+    fastest = len(speak(sentence, "flite", "kal16", 190 / 175, tmp_path))
+    slowest = len(speak(sentence, "flite", "rms", 140 / 175, tmp_path))
+    gaps = 3 * 0.8 * SAMPLE_RATE
+    assert 4 * min(fastest, len(fast)) * 0.9 < len(clips[0].samples) < 4 * slowest + gaps
+
+
+def test_unknown_speech_engines_are_refused():
+    with pytest.raises(ValueError, match="speech engines"):
+        voices_of(("festival",))
+    with pytest.raises(ValueError, match="speech engines"):
+        voices_of(())
 
 
 @pytest.mark.slow
