@@ -30,6 +30,7 @@ from asr.distill_data import MAX_WINDOW_SECONDS, TrainingClip
 from asr.draft_checkpoint import load_draft_module
 from asr.models import ModelRegistry
 from asr.whisper import WhisperModel
+from bench import positive_int
 from bench.asr_data import benchmark_files
 
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=PATH",
         help="a distilled draft directory (repeatable); default: whisper-base-draft",
     )
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--threads", type=positive_int, default=torch.get_num_threads())
     parser.add_argument("--seed", type=int, default=0, help="decoding modes and prompts")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)

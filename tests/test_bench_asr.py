@@ -151,3 +151,13 @@ def test_smoke_run_on_two_files_prints_the_report_last(capsys, monkeypatch, tmp_
     theirs = report["configs"]["transformers generate"]
     assert theirs["speedup_vs_transformers_generate"] == 1.0
     assert "speedup_vs_transformers_generate" in ours
+
+
+@pytest.mark.parametrize("suite", ["asr", "diarize", "text"])
+def test_benchmarks_refuse_zero_repeats(suite, capsys):
+    from app.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", suite, "--repeats", "0"])
+    assert exit_.value.code == 2
+    assert "--repeats: must be at least 1, not 0" in capsys.readouterr().err
