@@ -63,14 +63,45 @@ def _formats(value: str) -> list[str]:
     return names
 
 
+def _output_formats(asked: list[str] | None, diarize: bool) -> list[str]:
+    """--format's list (default txt). "all" (every writer) leaves rttm out without --diarize;
+    naming rttm without --diarize is refused: it would be an empty file."""
+    from asr.writers import WRITERS
+
+    formats = asked or ["txt"]
+    if "rttm" in formats and not diarize:
+        if set(formats) != set(WRITERS):
+            raise ValueError("--format rttm needs --diarize: RTTM holds speaker turns")
+        formats = [name for name in formats if name != "rttm"]
+    return formats
+
+
 def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
     from app.service import TranscriptionService
     from asr.audio import AudioLoadError, check_distinct_outputs, find_audio_files
-    from asr.writers import output_paths, write_outputs
+    from asr.writers import output_paths, outputs_state, write_outputs
 
-    # 1. What to do: the files, and which of them already have every output.
+    # 1. The request, checked before anything is read or loaded.
+    if args.diarization_pipeline and not args.diarize:
+        raise ValueError("--diarization-pipeline needs --diarize")
+    options = _request_options(args)
+    if args.format is not None and not args.output_dir:
+        raise ValueError("--format needs --output-dir (without it the transcript is printed)")
+    formats = _output_formats(args.format, options.diarize)
+    service = TranscriptionService(  # names, device and precision settled; nothing loaded yet
+        settings,
+        asr_model=args.model,
+        assistant_model=args.assistant,
+        diarization_model=args.diarization_pipeline,
+        device=args.device,
+        precision=args.precision,
+        progress=_print_progress,
+    )
+    record = service.output_record(options)
+
+    # 2. What to do: the files, and which of them already have every output, made this way.
     files = find_audio_files([Path(p) for p in args.paths])
     if not files:
         print("specscribe: no audio files found", file=sys.stderr)
@@ -80,10 +111,13 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         _check_output_dir(args.output_dir)
     jobs, skipped = [], 0
     for path, stem in files:
-        outputs = output_paths(args.output_dir, stem, args.format) if args.output_dir else {}
-        if outputs and not args.overwrite and all(p.exists() for p in outputs.values()):
+        outputs = output_paths(args.output_dir, stem, formats) if args.output_dir else {}
+        state, changes = outputs_state(outputs, record)
+        if state == "done" and not args.overwrite:
             skipped += 1
             continue
+        if state == "changed" and not args.overwrite:
+            print(f"specscribe: redoing {path}: options changed ({changes})", file=sys.stderr)
         jobs.append((path, outputs))
 
     if not jobs:
@@ -93,30 +127,18 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         )
         return 0
 
-    # 2. The models, loaded once; options checked against them before any work.
-    if args.diarization_pipeline and not args.diarize:
-        raise ValueError("--diarization-pipeline needs --diarize")
-    options = _request_options(args)
-    service = TranscriptionService(
-        settings,
-        asr_model=args.model,
-        assistant_model=args.assistant,
-        diarization_model=args.diarization_pipeline,
-        device=args.device,
-        precision=args.precision,
-        progress=_print_progress,
-    )
+    # 3. The models, loaded once; options checked against them before any work.
     options.transcribe_options().validate(service.model)
     service.load(diarization=options.diarize)
 
-    # 3. Each file: a bad one is reported and skipped, the rest go on.
+    # 4. Each file: a bad one is reported and skipped, the rest go on.
     failures: list[tuple[Path, str]] = []  # (file, reason)
     bar = tqdm(jobs, unit="file", disable=None, file=sys.stderr)
     for path, outputs in bar:
         bar.set_postfix_str(path.name)
         try:
             transcript = service.run(path, options)
-            write_outputs(transcript, outputs)
+            write_outputs(transcript, outputs, record)
         except AudioLoadError as error:
             failures.append((path, str(error)))
             tqdm.write(f"specscribe: skipped {error}", file=sys.stderr)
@@ -131,7 +153,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         tqdm.write(f"== {path}\n{transcript.text}")
     bar.close()
 
-    # 4. Summary; non-zero exit when any file failed.
+    # 5. Summary; non-zero exit when any file failed.
     done = len(jobs) - len(failures)
     print(
         f"specscribe: {done} transcribed, {skipped} skipped (outputs exist), "
@@ -297,19 +319,28 @@ def _request_options(args: argparse.Namespace):
     ).validate()
 
 
-def _store(args: argparse.Namespace):
+def _store(args: argparse.Namespace, create: bool = True):
+    """The --store given, or the default one. create=False: a --store that does not exist is
+    an error (a mistyped path must not become an empty store); the default store is made."""
     from app.jobs import JobStore, default_store_path
 
-    return JobStore(args.store or default_store_path())
+    if args.store is None:
+        return JobStore(default_store_path())
+    return JobStore(args.store, create=create)
 
 
 def _cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     from app.jobs import JobSpec
+    from asr.models import check_model_name
 
+    if args.model is not None:
+        check_model_name(args.model, kind="whisper")  # a job no worker could run waits forever
+
+    options = _request_options(args)
     spec = JobSpec(
         output_dir=args.output_dir,
-        formats=tuple(args.format),
-        options=_request_options(args),
+        formats=tuple(_output_formats(args.format, options.diarize)),
+        options=options,
         model=args.model,
         overwrite=args.overwrite,
     )
@@ -332,7 +363,7 @@ def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         "device": args.device,
         "precision": args.precision,
     }
-    store = _store(args)
+    store = _store(args, create=False)
     if args.engine == "ray":
         from app.ray_engine import RayOptions, RayWorker
 
@@ -349,7 +380,7 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     import json
     import time
 
-    store = _store(args)
+    store = _store(args, create=False)
     jobs = store.jobs(args.jobs)
     missing = sorted(set(args.jobs) - {job.id for job in jobs})
     if missing:
@@ -439,8 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument(
         "--format",
         type=_formats,
-        default=["txt"],
-        help="txt, srt, vtt, tsv, json, rttm, a comma-separated list, or all (default: txt)",
+        help="with --output-dir: txt, srt, vtt, tsv, json, rttm (with --diarize), a "
+        "comma-separated list, or all (default: txt)",
     )
     transcribe.add_argument(
         "--overwrite", action="store_true", help="transcribe files whose outputs exist"
@@ -535,7 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit = commands.add_parser("submit", help="queue files or folders for `specscribe worker`")
     submit.add_argument("paths", nargs="+", help="audio files or folders (searched recursively)")
     submit.add_argument("--output-dir", type=Path, required=True, help="write STEM.FORMAT here")
-    submit.add_argument("--format", type=_formats, default=["txt"], help="as for transcribe")
+    submit.add_argument("--format", type=_formats, help="as for transcribe (default: txt)")
     submit.add_argument(
         "--overwrite", action="store_true", help="transcribe files whose outputs exist"
     )
@@ -601,6 +632,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ModelFetchError, JobStoreError) as error:
         print(f"specscribe: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Outputs are written atomically and a worker hands its task back, so nothing is lost.
+        print("\nspecscribe: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
 
 
 if __name__ == "__main__":

@@ -114,6 +114,8 @@ class JobSpec:
                 f"unknown format {', '.join(unknown)}; choose from {', '.join(WRITERS)}"
             )
         self.options.validate()
+        if "rttm" in self.formats and not self.options.diarize:
+            raise ValueError("format rttm needs diarize: RTTM holds speaker turns")
         return self
 
 
@@ -232,11 +234,22 @@ def _process_is_gone(pid: int) -> bool:
 class JobStore:
     """The queue. One object may be shared by threads: each thread gets its own connection."""
 
-    def __init__(self, path: Path | str, *, busy_timeout: float = 60.0) -> None:
+    def __init__(
+        self, path: Path | str, *, busy_timeout: float = 60.0, create: bool = True
+    ) -> None:
+        """create=False: the store must exist already (a reader given a mistyped path must
+        not make an empty store and report no jobs)."""
         self.path = Path(path).expanduser()
         self.busy_timeout = busy_timeout
         self._local = threading.local()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_dir():
+            raise JobStoreError(f"{self.path} is a folder; the job store is an SQLite file")
+        if not create and not self.path.is_file():
+            raise JobStoreError(f"no job store at {self.path}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise JobStoreError(f"{self.path}: {error.strerror or error}") from None
         self._connection()  # creates the schema, and fails now on a bad file
 
     # -- connection and transactions ----------------------------------------------------------
@@ -245,7 +258,12 @@ class JobStore:
         connection = getattr(self._local, "connection", None)
         if connection is None:
             # isolation_level=None: no implicit transactions; every write below opens its own.
-            connection = sqlite3.connect(self.path, timeout=self.busy_timeout, isolation_level=None)
+            try:
+                connection = sqlite3.connect(
+                    self.path, timeout=self.busy_timeout, isolation_level=None
+                )
+            except sqlite3.Error as error:  # a folder we may not write to, ...
+                raise JobStoreError(f"{self.path}: cannot open the job store ({error})") from None
             connection.row_factory = sqlite3.Row
             try:
                 self._prepare(connection)

@@ -44,8 +44,17 @@ class ServiceOptions:
     batch_size: int = 1  # >1: windows cut at silences, decoded together
 
     def validate(self) -> ServiceOptions:
+        from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"task must be 'transcribe' or 'translate', not {self.task!r}")
+        # Every Whisper's languages are among these codes; a model's own list is checked when
+        # it is loaded (English-only models take "en" alone).
+        if self.language is not None and self.language not in LANGUAGES:
+            raise ValueError(
+                f"language {self.language!r} is not a Whisper language code: "
+                f"{', '.join(sorted(LANGUAGES))}"
+            )
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
         speaker_counts = {
@@ -118,8 +127,11 @@ class TranscriptionService:
         precision: str | None = None,
         progress: ProgressHook = no_progress,
     ) -> None:
+        from asr.models import check_model_name
+
         self.settings = settings or Settings.from_env()
         self.asr_model_name = asr_model or self.settings.asr_model
+        check_model_name(self.asr_model_name, kind="whisper")
         self.diarization_model_name = diarization_model or self.settings.diarization_model
         from asr.precision import check_device, resolve_precision
 
@@ -140,6 +152,14 @@ class TranscriptionService:
         self._model: WhisperModel | None = None
         self._assistant: WhisperAssistant | None = None
         self._diarizer: Diarizer | None = None
+
+    def output_record(self, options: ServiceOptions) -> dict:
+        """What decides a request's outputs, as JSON values: the model, the precision and the
+        request's options (the draft is left out: it never changes the output)."""
+        request = dataclasses.asdict(options)
+        del request["use_assistant"]
+        diarizer = {"diarization_model": self.diarization_model_name} if options.diarize else {}
+        return {"model": self.asr_model_name, "precision": self.precision, **request, **diarizer}
 
     # -- models, each loaded on first use -------------------------------------------------
 

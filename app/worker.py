@@ -109,12 +109,23 @@ def _temporary_leftovers(task: ClaimedTask) -> list[Path]:
     return found
 
 
-def prepare(store: JobStore, task: ClaimedTask, worker: WorkerId, log: Log) -> bool:
-    """Step 2. True when the task still needs decoding; False when it was finished here."""
+def prepare(
+    store: JobStore, task: ClaimedTask, worker: WorkerId, log: Log, record: dict | None = None
+) -> bool:
+    """Step 2. True when the task still needs decoding; False when it was finished here.
+
+    record: what makes this task's outputs (TranscriptionService.output_record); outputs
+    whose record says they were made otherwise are made again."""
+    from asr.writers import outputs_state
+
     for leftover in _temporary_leftovers(task):
         leftover.unlink(missing_ok=True)  # half an output from an attempt that was killed
     outputs = list(task.outputs.values())
-    if not all(path.exists() for path in outputs):
+    state, changes = outputs_state(task.outputs, record)
+    if state == "missing":
+        return True
+    if state == "changed":
+        log(f"task {task.id} (job {task.job_id}): options changed ({changes}): {task.path}")
         return True
     if not task.spec.overwrite:
         note = "outputs existed"
@@ -128,7 +139,12 @@ def prepare(store: JobStore, task: ClaimedTask, worker: WorkerId, log: Log) -> b
 
 
 def finish(
-    store: JobStore, task: ClaimedTask, worker: WorkerId, outcome: Outcome, log: Log
+    store: JobStore,
+    task: ClaimedTask,
+    worker: WorkerId,
+    outcome: Outcome,
+    log: Log,
+    record: dict | None = None,
 ) -> None:
     """Step 4: outputs first, then the record, so `done` always means the outputs exist."""
     from asr.writers import write_outputs
@@ -143,7 +159,7 @@ def finish(
         log(f"task {task.id} (job {task.job_id}): lease lost, result dropped")
         return
     try:
-        write_outputs(outcome.transcript, task.outputs)
+        write_outputs(outcome.transcript, task.outputs, record)
     except OSError as error:  # a full disk, a file where a folder must go: this task's failure
         reason = f"writing outputs: {describe_error(error)}"
         if store.fail(task, worker, reason, outcome.seconds):
@@ -287,8 +303,9 @@ class LocalWorker:
 
     def _run_one(self, task: ClaimedTask) -> None:
         self.log(f"task {task.id} (job {task.job_id}) running, attempt {task.attempt}: {task.path}")
+        record = self.service.output_record(task.spec.options)
         try:
-            if not prepare(self.store, task, self.worker, self.log):
+            if not prepare(self.store, task, self.worker, self.log, record):
                 return
             outcome = execute(
                 self.service,
@@ -297,7 +314,7 @@ class LocalWorker:
                 task.spec.options,
                 progress_recorder(self.store, task),
             )
-            finish(self.store, task, self.worker, outcome, self.log)
+            finish(self.store, task, self.worker, outcome, self.log, record)
         except (Shutdown, KeyboardInterrupt) as stop:
             self.store.release(task, self.worker, f"worker stopped ({stop or 'interrupt'})")
             self.log(f"task {task.id} handed back: worker stopped")

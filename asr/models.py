@@ -212,6 +212,25 @@ class ModelNotFoundError(ValueError):
     """An unknown model name; the message lists the names that are known."""
 
 
+def check_model_name(name: str, kind: ModelKind | None = None) -> None:
+    """Raises ModelNotFoundError unless `name` can name a model (an embedded or shipped name, a
+    local directory or a hub id), without fetching anything; with `kind`, an embedded name must
+    be of that kind."""
+    if name in EMBEDDED:
+        if kind is not None and EMBEDDED[name].kind != kind:
+            raise ModelNotFoundError(f"{name} is a {EMBEDDED[name].kind} model, not a {kind} one")
+        return
+    if name in SHIPPED_DRAFTS or Path(name).expanduser().is_dir():
+        return
+    if name.count("/") == 1 and not name.startswith((".", "/", "~")):
+        return
+    known = ", ".join(sorted(EMBEDDED))
+    raise ModelNotFoundError(
+        f"unknown model {name!r}: not an embedded model, a local directory or a hub id "
+        f"(organisation/name). Embedded models: {known}"
+    )
+
+
 class ModelFetchError(RuntimeError):
     """A download failed or did not match its pinned checksum."""
 
@@ -280,6 +299,7 @@ class ModelRegistry:
 
     def resolve(self, name: str) -> str:
         """A path or hub id that transformers' `from_pretrained` (or pyannote) can load."""
+        check_model_name(name)
         if name in EMBEDDED:
             return str(self.pull(name))
         if name in SHIPPED_DRAFTS:
@@ -291,13 +311,7 @@ class ModelRegistry:
             return str(SHIPPED_DRAFTS_DIR / name)
         if Path(name).expanduser().is_dir():
             return str(Path(name).expanduser())
-        if name.count("/") == 1 and not name.startswith((".", "/", "~")):
-            return name  # a hub id: transformers loads it when the hub is reachable
-        known = ", ".join(sorted(EMBEDDED))
-        raise ModelNotFoundError(
-            f"unknown model {name!r}: not an embedded model, a local directory or a hub id "
-            f"(organisation/name). Embedded models: {known}"
-        )
+        return name  # a hub id: transformers loads it when the hub is reachable
 
     def pull(self, name: str, force: bool = False) -> Path:
         """Fetches, verifies and converts an embedded model unless it is cached already."""

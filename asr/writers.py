@@ -2,6 +2,9 @@
 
 Each writer turns a Transcript into text; `write_outputs` names files after their input
 (`STEM.srt`, ...) and writes each one atomically, so a crash never leaves half a file.
+
+Beside the outputs, a hidden record (`.STEM.specscribe.json`) keeps the options that made them,
+so that a rerun skips a file only when its outputs exist *and* were made the way it asks.
 """
 
 from __future__ import annotations
@@ -120,6 +123,45 @@ def write_atomically(path: Path, content: str) -> None:
         raise
 
 
-def write_outputs(transcript: Transcript, paths: dict[str, Path]) -> None:
+def write_outputs(
+    transcript: Transcript, paths: dict[str, Path], record: dict | None = None
+) -> None:
+    """Each output, then (with `record`: the options that made them, JSON values) the record,
+    last, so a record never vouches for outputs that were not written."""
     for fmt, path in paths.items():
         write_atomically(path, WRITERS[fmt](transcript, path.stem))
+    if record is not None and paths:
+        write_atomically(record_path(paths), json.dumps(record, sort_keys=True, indent=1) + "\n")
+
+
+def record_path(paths: dict[str, Path]) -> Path:
+    """The hidden record beside a file's outputs: .STEM.specscribe.json."""
+    first = next(iter(paths.values()))
+    return first.with_name(f".{first.stem}.specscribe.json")
+
+
+def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[str, str]:
+    """Whether a file's outputs are done: ("missing", ""), ("done", "") or ("changed", what).
+
+    "changed": every output exists, but the record says other options made them (`what` names
+    them: "diarize false -> true"). Outputs without a record (written by hand, or by a version
+    that kept none) count as done: nothing says otherwise."""
+    if not paths or not all(path.exists() for path in paths.values()):
+        return "missing", ""
+    if record is None:
+        return "done", ""
+    try:
+        stored = json.loads(record_path(paths).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "done", ""
+    except (OSError, ValueError):
+        return "changed", "its record is unreadable"
+    wanted = json.loads(json.dumps(record))  # tuples -> lists, as the stored record has them
+    if stored == wanted:
+        return "done", ""
+    differences = [
+        f"{key} {json.dumps(stored.get(key))} -> {json.dumps(wanted.get(key))}"
+        for key in sorted(set(stored) | set(wanted))
+        if stored.get(key) != wanted.get(key)
+    ]
+    return "changed", ", ".join(differences)

