@@ -671,7 +671,9 @@ def _parser() -> argparse.ArgumentParser:
         "configuration in each",
     )
     parser.add_argument("--only", help="regex: run only configurations that match (+ ours greedy)")
-    parser.add_argument("--max-files", type=int, help="the first N files only (a quick run)")
+    parser.add_argument(
+        "--max-files", type=positive_int, help="the first N files only (a quick run)"
+    )
     parser.add_argument(
         "--save",
         action="store_true",
