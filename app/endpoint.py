@@ -29,7 +29,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from app.config import Settings
 from app.service import ServiceOptions, TranscriptionService
-from asr.types import Transcript
+from asr.types import MAX_SPEAKERS, Transcript
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +66,9 @@ class EndpointParameters(BaseModel):
     # None: draft with the ASSISTANT_MODEL when one is configured.
     assistant: bool | None = Field(None, validation_alias=AliasChoices("assistant", "assisted"))
     diarize: bool | None = None  # None: diarize when a speaker count is given
-    num_speakers: int | None = Field(None, ge=1)
-    min_speakers: int | None = Field(None, ge=1)
-    max_speakers: int | None = Field(None, ge=1)
+    num_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
+    min_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
+    max_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
     batch_size: int = Field(1, ge=1)  # >1: windows cut at silences and decoded together
     chunk_length_s: Literal[30] | None = None
     sampling_rate: Literal[16000] | None = None
@@ -279,7 +279,7 @@ class EndpointHandler:
     def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
         """{"inputs": audio, "parameters": {...}} -> the response of `to_response`.
         Raises EndpointError (400/413/422) for a request that cannot be served."""
-        from asr.audio import SAMPLE_RATE, AudioLoadError, load_audio
+        from asr.audio import SAMPLE_RATE, AudioLoadError, AudioTooLongError, load_audio
 
         started = time.perf_counter()
         # 1. The request's shape, then its parameters: both cheap, before any decoding.
@@ -294,16 +294,13 @@ class EndpointHandler:
         # 2. The audio: bytes within the size limit, decodable, within the duration limit.
         audio = read_audio_bytes(data["inputs"], self.settings.max_audio_bytes)
         try:
-            samples = load_audio(audio, name="inputs")
+            # The duration limit stops decoding early: a few MB of Opus can hold hours.
+            samples = load_audio(audio, name="inputs", max_seconds=self.settings.max_audio_seconds)
+        except AudioTooLongError as error:
+            raise EndpointError(413, str(error)) from None
         except AudioLoadError as error:
             raise EndpointError(422, f"not decodable audio: {error}") from None
         duration = samples.size / SAMPLE_RATE
-        if duration > self.settings.max_audio_seconds:
-            raise EndpointError(
-                413,
-                f"inputs: the audio lasts {duration:.1f} s, "
-                f"more than the {self.settings.max_audio_seconds:g} s allowed",
-            )
         # 3. Transcribe (and diarize).
         transcript = self.service.run(samples, options)
         seconds = time.perf_counter() - started

@@ -20,12 +20,21 @@ class AudioLoadError(ValueError):
     """Input that is missing, empty, corrupt or not audio. The message names the source."""
 
 
-def load_audio(source: str | Path | bytes, name: str | None = None) -> np.ndarray:
+class AudioTooLongError(AudioLoadError):
+    """Audio longer than the caller allows (found without decoding the rest of it)."""
+
+
+def load_audio(
+    source: str | Path | bytes, name: str | None = None, max_seconds: float | None = None
+) -> np.ndarray:
     """Decodes `source` (a path or the bytes of a file).
 
     Returns float32 samples in [-1, 1], shape = (n_samples,), mono at 16 kHz.
-    `name` labels bytes input in error messages.
+    `name` labels bytes input in error messages. max_seconds: longer audio raises
+    AudioTooLongError once that much is decoded, so a small, highly compressed upload cannot
+    make the decoder hold hours of samples.
     """
+    limit = None if max_seconds is None else int(max_seconds * SAMPLE_RATE)
     if isinstance(source, bytes | bytearray | memoryview):
         label = name or "<bytes>"
         if len(source) == 0:
@@ -35,7 +44,7 @@ def load_audio(source: str | Path | bytes, name: str | None = None) -> np.ndarra
         with tempfile.NamedTemporaryFile(prefix="specscribe-", suffix=".audio") as spooled:
             spooled.write(source)
             spooled.flush()
-            samples = _decode_with_ffmpeg(spooled.name, label)
+            samples = _decode_with_ffmpeg(spooled.name, label, max_seconds)
     else:
         path = Path(source)
         label = name or str(path)
@@ -44,10 +53,14 @@ def load_audio(source: str | Path | bytes, name: str | None = None) -> np.ndarra
         if path.stat().st_size == 0:
             raise AudioLoadError(f"{label}: empty file (0 bytes)")
         samples = (
-            _decode_with_soundfile(path) if path.suffix.lower() in _SOUNDFILE_EXTENSIONS else None
+            _decode_with_soundfile(path, limit)
+            if path.suffix.lower() in _SOUNDFILE_EXTENSIONS
+            else None
         )
         if samples is None:
-            samples = _decode_with_ffmpeg(str(path), label)
+            samples = _decode_with_ffmpeg(str(path), label, max_seconds)
+    if limit is not None and samples.size > limit:
+        raise AudioTooLongError(f"{label}: the audio lasts more than the {max_seconds:g} s allowed")
     if samples.size == 0:
         raise AudioLoadError(f"{label}: contains no audio samples")
     if not np.isfinite(samples).all():  # float files can hold them; every later stage would fail
@@ -55,26 +68,30 @@ def load_audio(source: str | Path | bytes, name: str | None = None) -> np.ndarra
     return samples
 
 
-def _decode_with_soundfile(path: Path) -> np.ndarray | None:
-    """The fast path for 16 kHz files soundfile can read; None hands over to ffmpeg."""
+def _decode_with_soundfile(path: Path, limit: int | None = None) -> np.ndarray | None:
+    """The fast path for 16 kHz files soundfile can read; None hands over to ffmpeg.
+    limit: read at most one sample more than this (enough to tell the audio is too long)."""
     import soundfile
 
     try:
         info = soundfile.info(str(path))
         if info.samplerate != SAMPLE_RATE:
             return None  # ffmpeg's resampler, so every input goes through one resampler
-        samples, _ = soundfile.read(str(path), dtype="float32", always_2d=True)
+        frames = -1 if limit is None else limit + 1
+        samples, _ = soundfile.read(str(path), frames=frames, dtype="float32", always_2d=True)
     except (RuntimeError, soundfile.LibsndfileError):
         return None  # ffmpeg gives the better error message
     return np.ascontiguousarray(samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0])
 
 
-def _decode_with_ffmpeg(path: str, label: str) -> np.ndarray:
+def _decode_with_ffmpeg(path: str, label: str, max_seconds: float | None = None) -> np.ndarray:
     import ffmpeg
 
+    # With a limit, ffmpeg stops a little past it: enough to tell that the audio is longer.
+    limit = {} if max_seconds is None else {"t": f"{max_seconds + 1:.3f}"}
     stream = (
         ffmpeg.input(path, threads=0)
-        .output("pipe:", format="f32le", acodec="pcm_f32le", ac=1, ar=SAMPLE_RATE)
+        .output("pipe:", format="f32le", acodec="pcm_f32le", ac=1, ar=SAMPLE_RATE, **limit)
         .global_args("-nostdin", "-hide_banner", "-loglevel", "error")
     )
     try:

