@@ -45,6 +45,11 @@ class Segment:
     speaker: str | None = None
 
 
+# The most speakers a request may ask for: pyannote counts speakers per frame in 8-bit
+# integers (256 crashes it), and no recording a person would diarize has more.
+MAX_SPEAKERS = 100
+
+
 @dataclass(frozen=True)
 class SpeakerTurn:
     start: float

@@ -35,7 +35,7 @@ from pyannote.core import Annotation, SlidingWindowFeature
 from pyannote.core import Segment as TimeSpan
 from pyannote.pipeline.parameter import Uniform
 
-from asr.types import ProgressHook, SpeakerTurn, no_progress
+from asr.types import MAX_SPEAKERS, ProgressHook, SpeakerTurn, no_progress
 from diarize.campplus import FRAME_SHIFT, load_campplus, num_frames
 from diarize.embedding import CamPlusPlusEmbedding
 
@@ -55,8 +55,8 @@ class DiarizeOptions:
     def validate(self) -> DiarizeOptions:
         for name in ("num_speakers", "min_speakers", "max_speakers"):
             value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
+            if value is not None and not 1 <= value <= MAX_SPEAKERS:
+                raise ValueError(f"{name} must be in 1..{MAX_SPEAKERS}, got {value}")
         if self.num_speakers is not None and (
             self.min_speakers is not None or self.max_speakers is not None
         ):

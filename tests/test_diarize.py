@@ -31,8 +31,10 @@ def test_options_are_validated():
         DiarizeOptions(num_speakers=2, max_speakers=3).validate()
     with pytest.raises(ValueError, match=r"min_speakers \(5\) exceeds max_speakers \(2\)"):
         DiarizeOptions(min_speakers=5, max_speakers=2).validate()
-    with pytest.raises(ValueError, match="num_speakers must be at least 1"):
+    with pytest.raises(ValueError, match=r"num_speakers must be in 1\.\.100"):
         DiarizeOptions(num_speakers=0).validate()
+    with pytest.raises(ValueError, match=r"max_speakers must be in 1\.\.100, got 256"):
+        DiarizeOptions(max_speakers=256).validate()  # pyannote's 8-bit counts would overflow
     with pytest.raises(ValueError, match="threshold"):
         EmbeddedParams(threshold=2.5).validate()
     with pytest.raises(ValueError, match="min_embedding_speech"):
