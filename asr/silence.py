@@ -58,11 +58,20 @@ def chunk_window(mel: torch.Tensor, start: int, end: int) -> torch.Tensor:
     return torch.cat([mel[:, start:end], silence], dim=1)
 
 
+# Speech rises above the quietest part of its chunk; 0.1 in log-mel units (log10 power / 4)
+# is 4 dB. Without this margin, audio of one constant level (digital silence, a steady hum)
+# "reaches its median" everywhere.
+MIN_RISE = 0.1
+
+
 def sounds_like_speech(level: torch.Tensor, chunk: tuple[int, int], tail_start: int) -> bool:
-    """Whether frames [tail_start, chunk end) reach the chunk's median level somewhere: a tail
-    that never does is a pause, not words the decoder skipped.
+    """Whether frames [tail_start, chunk end) reach the chunk's median level somewhere and rise
+    above its quietest level: a tail that does not is a pause (or silence), not words the
+    decoder skipped.
 
     level: `loudness` of the whole recording.
     """
     start, end = chunk
-    return bool(level[tail_start:end].max() >= level[start:end].median())
+    loudest = level[tail_start:end].max()
+    whole = level[start:end]
+    return bool(loudest >= whole.median() and loudest >= whole.min() + MIN_RISE)

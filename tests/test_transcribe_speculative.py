@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import pairwise
 
+import numpy as np
 import pytest
 import torch
 
@@ -85,6 +87,17 @@ def test_a_quiet_tail_is_not_taken_for_speech():
     level = torch.tensor([0.0] * 10 + [5.0] * 70 + [0.5] * 20 + [4.5, 5.5] * 5 + [0.0] * 10)
     assert not sounds_like_speech(level, (0, 100), 80)  # a pause after the words
     assert sounds_like_speech(level, (0, 120), 80)  # words after the pause
+    assert not sounds_like_speech(torch.full((120,), -1.5), (0, 120), 80)  # digital silence
+
+
+def test_batched_windows_do_not_decode_silence_twice(whisper_tiny_en):
+    # whisper-tiny.en hears "you" in 5 s of digital silence; silence-cut windows used to take
+    # the silent rest after it for a skipped tail and hear it again: "you you".
+    silence = np.zeros(5 * 16_000, dtype=np.float32)
+    sequential = transcribe(whisper_tiny_en, silence)  # seek windows: " you" once
+    for options in (INDEPENDENT, replace(INDEPENDENT, batch_size=2)):
+        decoded = transcribe(whisper_tiny_en, silence, options)
+        assert [s.text for s in decoded.segments] == [s.text for s in sequential.segments]
 
 
 @pytest.mark.slow
