@@ -196,6 +196,13 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     sampling = None
     if args.sample:
         sampling = SamplingOptions(**given).validate()
+        drafting = args.assistant or args.prompt_lookup or args.early_exit
+        if drafting and args.policy == "adaptive" and args.seed is not None:
+            print(
+                "specscribe: warning: --policy adaptive sets block lengths by the clock, so "
+                "--seed does not make this sampled run repeatable (any other policy does)",
+                file=sys.stderr,
+            )
     elif given:
         named = ", ".join("--" + field.replace("_", "-") for field in given)
         raise ValueError(f"{named} only apply with --sample (greedy decoding ignores them)")

@@ -189,15 +189,28 @@ def run_generation(
     max_new_tokens: int = 128,
 ) -> GenerationResult:
     options.validate()
+    prompt_tokens = [prompt_ids(target, p) for p in prompts]
+    check_context(target, max(len(ids) for ids in prompt_tokens), max_new_tokens)
     wrapped = CausalLM(target.model)
     drafter = make_drafter(target, wrapped, options, assistant)
     policy = make_policy(options) if drafter is not None else None
     return generate(
         wrapped,
-        [prompt_ids(target, p) for p in prompts],
+        prompt_tokens,
         drafter,
         policy,
         sampling=sampling,
         max_new_tokens=max_new_tokens,
         eos_token_id=target.tokenizer.eos_token_id,
     )
+
+
+def check_context(target: LanguageModel, prompt_tokens: int, max_new_tokens: int) -> None:
+    """A request longer than the model's context (max_position_embeddings) is refused before
+    any memory is taken for it: the decoder allocates its token buffer up front."""
+    limit = getattr(target.model.config, "max_position_embeddings", None)
+    if limit is not None and prompt_tokens + max_new_tokens > limit:
+        raise ValueError(
+            f"the prompt ({prompt_tokens} tokens) and max_new_tokens ({max_new_tokens}) exceed "
+            f"{target.name}'s context of {limit} tokens"
+        )

@@ -113,3 +113,22 @@ def test_conflicting_draft_options_are_refused():
         DraftOptions(assistant="x", prompt_lookup=3).validate()
     with pytest.raises(ValueError, match="k must be >= 1"):
         DraftOptions(k=0).validate()
+
+
+def test_a_request_longer_than_the_context_is_refused_before_decoding(capsys):
+    from app.cli import main
+
+    assert main(["generate", "Hello there", "--max-new-tokens", "100000000000"]) == 2
+    err = capsys.readouterr().err
+    assert "max_new_tokens (100000000000) exceed gemma-3-270m's context of 32768 tokens" in err
+
+
+@pytest.mark.slow
+def test_a_seeded_adaptive_sampling_run_is_said_not_to_repeat(capsys):
+    from app.cli import main
+
+    command = ["generate", "Once", "--max-new-tokens", "2", "--sample", "--seed", "1"]
+    assert main([*command, "--prompt-lookup", "2", "--policy", "adaptive"]) == 0
+    assert "--seed does not make this sampled run repeatable" in capsys.readouterr().err
+    assert main([*command, "--prompt-lookup", "2", "--policy", "constant"]) == 0
+    assert "repeatable" not in capsys.readouterr().err
