@@ -284,7 +284,9 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
 
 def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     """The ServiceOptions flags, shared by `transcribe` and `submit`."""
-    parser.add_argument("--language", help="language code (default: detected)")
+    parser.add_argument(
+        "--language", help="language code or English name: de, German (default: detected)"
+    )
     parser.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
     parser.add_argument(
         "--word-timestamps", action="store_true", help="time every word (alignment heads + DTW)"
@@ -304,7 +306,7 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _request_options(args: argparse.Namespace):
-    from app.service import ServiceOptions
+    from app.service import ServiceOptions, language_code
 
     counts = {
         "--num-speakers": args.num_speakers,
@@ -315,7 +317,7 @@ def _request_options(args: argparse.Namespace):
     if given and not args.diarize:  # said in the user's own terms, before ServiceOptions does
         raise ValueError(f"{', '.join(given)} needs --diarize")
     return ServiceOptions(
-        language=args.language,
+        language=language_code(args.language),
         task=args.task,
         word_timestamps=args.word_timestamps,
         diarize=args.diarize,

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.config import Settings
-from app.service import ServiceOptions, TranscriptionService
+from app.service import ServiceOptions, TranscriptionService, language_code
 from asr.types import MAX_SPEAKERS, Transcript
 
 logger = logging.getLogger(__name__)
@@ -76,16 +76,7 @@ class EndpointParameters(BaseModel):
     @field_validator("language")
     @classmethod
     def _language_code(cls, value: str | None) -> str | None:
-        """Whisper's language code for a code, an English name or a token; "" and "auto": None.
-        Whether the model knows the language is checked against the model."""
-        if value is None:
-            return None
-        from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
-
-        text = value.strip().lower().removeprefix("<|").removesuffix("|>")
-        if text in ("", "auto"):
-            return None
-        return TO_LANGUAGE_CODE.get(text, text)
+        return language_code(value)
 
     def service_options(self) -> ServiceOptions:
         counts = (self.num_speakers, self.min_speakers, self.max_speakers)
@@ -312,7 +303,9 @@ class EndpointHandler:
         options = parameters.service_options()
         if parameters.assistant and self.service.assistant is None:
             raise EndpointError(
-                422, "assistant: this endpoint has no assistant model (ASSISTANT_MODEL=none)"
+                422,
+                f"assistant: this endpoint has no assistant model (ASSISTANT_MODEL="
+                f"{self.settings.assistant_model}: none for {self.service.asr_model_name})",
             )
         if options.diarize and not self.diarization:
             raise EndpointError(

@@ -29,6 +29,20 @@ AudioInput = str | Path | bytes | np.ndarray
 """A path, the bytes of an audio file, or float32 16 kHz mono samples."""
 
 
+def language_code(value: str | None) -> str | None:
+    """Whisper's language code for a code ("de"), an English name ("German") or a token
+    ("<|de|>"); None, "" and "auto" mean: detect it. Unknown values pass through, for
+    ServiceOptions.validate to refuse."""
+    if value is None:
+        return None
+    from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
+
+    text = value.strip().lower().removeprefix("<|").removesuffix("|>")
+    if text in ("", "auto"):
+        return None
+    return TO_LANGUAGE_CODE.get(text, text)
+
+
 @dataclass(frozen=True)
 class ServiceOptions:
     """What one request asks for; `validate` names the offending field."""

@@ -50,6 +50,9 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
     for flags, reason in refused.items():
         assert main([*jfk, "--output-dir", str(out), *flags]) == 2, flags
         assert reason in capsys.readouterr().err
+    # A language may be named: "German" is "de", which the English-only model refuses.
+    assert main([*jfk, "--model", "whisper-tiny.en", "--language", "German"]) == 2
+    assert "language 'de': model" in capsys.readouterr().err
     assert main([*jfk, "--format", "srt"]) == 2
     assert "--format needs --output-dir" in capsys.readouterr().err
     submit = ["submit", str(SAMPLES / "jfk.wav"), "--output-dir", str(out)]
