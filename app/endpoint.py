@@ -141,6 +141,11 @@ def read_audio_bytes(inputs: Any, max_bytes: int) -> bytes:
     if isinstance(inputs, bytes):
         audio = inputs
     elif isinstance(inputs, str):
+        if re.match(r"\s*(https?|ftp|s3|gs)://", inputs, re.IGNORECASE):
+            # Fetching URLs would let a request make the endpoint call any address.
+            raise EndpointError(
+                400, "inputs is a URL: this endpoint fetches nothing; send the audio file itself"
+            )
         audio = _decode_base64(inputs, max_bytes)
     else:
         raise EndpointError(

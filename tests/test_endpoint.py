@@ -216,6 +216,7 @@ BAD_REQUESTS = [
     ({"inputs": JFK_B64, "parameter": {}}, 400, "unknown request keys ['parameter']"),
     ({"inputs": JFK_B64, "parameters": ["diarize"]}, 400, "parameters must be a JSON object"),
     ({"inputs": JFK_B64, "parameters": {"speed": 2}}, 422, "speed: unknown parameter"),
+    ({"inputs": "https://example.org/talk.mp3"}, 400, "inputs is a URL: this endpoint fetches"),
     ({"inputs": JFK_B64, "parameters": {"num_speakers": "two"}}, 422, "num_speakers: Input"),
     ({"inputs": JFK_B64, "parameters": {"num_speakers": 0}}, 422, "num_speakers: Input should"),
     ({"inputs": JFK_B64, "parameters": {"num_speakers": 1000}}, 422, "num_speakers: Input should"),
