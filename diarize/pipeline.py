@@ -20,6 +20,9 @@ for an hour.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +41,8 @@ from pyannote.pipeline.parameter import Uniform
 from asr.types import MAX_SPEAKERS, ProgressHook, SpeakerTurn, no_progress
 from diarize.campplus import FRAME_SHIFT, load_campplus, num_frames
 from diarize.embedding import CamPlusPlusEmbedding
+
+log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 16_000
 SEGMENTATION_WINDOW = 10.0  # seconds: segmentation-3.0's chunk
@@ -313,13 +318,18 @@ class Diarizer:
 
         Turns of different speakers may overlap (overlapped speech)."""
         options = (options or DiarizeOptions()).validate()
-        output = self.pipeline(
-            audio_file(samples),
-            num_speakers=options.num_speakers,
-            min_speakers=options.min_speakers,
-            max_speakers=options.max_speakers,
-            hook=_pyannote_hook(progress),
-        )
+        # pyannote's clustering print()s when it finds fewer clusters than asked, onto the
+        # stdout that carries our transcript; the caller reports a count not met itself.
+        with contextlib.redirect_stdout(io.StringIO()) as chatter:
+            output = self.pipeline(
+                audio_file(samples),
+                num_speakers=options.num_speakers,
+                min_speakers=options.min_speakers,
+                max_speakers=options.max_speakers,
+                hook=_pyannote_hook(progress),
+            )
+        for line in chatter.getvalue().splitlines():
+            log.info("pyannote: %s", line)
         # Pipelines built with legacy=True return the Annotation itself.
         annotation = getattr(output, "speaker_diarization", output)
         return turns_from_annotation(annotation, self.min_duration_on)
