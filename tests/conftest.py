@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,20 @@ from app.config import Settings
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples"
 SHARED_SPEECH = REPO.parent / "shared" / "speech"
+
+
+def wait_for(condition, timeout: float, what: str, process=None, log: Path | None = None):
+    """Polls `condition` until it holds; fails when `process` exits first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            tail = log.read_text()[-3000:] if log else ""
+            raise AssertionError(f"process exited ({process.returncode}) before {what}:\n{tail}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def reference_text(audio: Path) -> str:

@@ -185,7 +185,7 @@ def test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback(tmp_path):
     import sys
     import time
 
-    from tests.conftest import REPO
+    from tests.conftest import REPO, wait_for
 
     log = tmp_path / "run.log"
     command = [
@@ -207,10 +207,7 @@ def test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback(tmp_path):
             command, cwd=REPO, stdout=stream, stderr=subprocess.STDOUT, preexec_fn=interruptible
         )
     try:
-        deadline = time.monotonic() + 120
-        while "Loading weights: 100%" not in log.read_text() and time.monotonic() < deadline:
-            assert run.poll() is None, log.read_text()[-3000:]
-            time.sleep(0.1)
+        wait_for(lambda: "Loading weights: 100%" in log.read_text(), 120, "the model", run, log)
         time.sleep(1.0)  # decoding now: the sonnet takes several seconds
         run.send_signal(signal.SIGINT)
         code = run.wait(timeout=60)

@@ -20,7 +20,7 @@ import pytest
 from app.jobs import JobSpec, JobStore, WorkerId
 from app.service import ServiceOptions
 from asr.types import Transcript
-from tests.conftest import REPO, SAMPLES, reference_text, word_error_rate
+from tests.conftest import REPO, SAMPLES, reference_text, wait_for, word_error_rate
 
 MODEL = "whisper-tiny.en"
 CLIPS = (
@@ -56,19 +56,6 @@ def specscribe(*args: str | Path, log: Path) -> subprocess.Popen:
             stdout=stream,
             stderr=subprocess.STDOUT,
         )
-
-
-def wait_for(condition, timeout: float, what: str, process=None, log: Path | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if process is not None and process.poll() is not None:
-            tail = log.read_text()[-3000:] if log else ""
-            raise AssertionError(f"worker exited ({process.returncode}) before {what}:\n{tail}")
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def finish(process: subprocess.Popen, log: Path, timeout: float) -> None:
