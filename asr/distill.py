@@ -244,9 +244,7 @@ def _teacher(target: WhisperModel, encoded, tokens: tuple[int, ...], first_loss:
     position from first_loss to the one before the last token."""
     ids = torch.tensor([tokens], device=target.device)
     positions = torch.arange(len(tokens), device=target.device)[None]
-    states = target.decoder_states(
-        ids, positions, None, encoded.features, target.new_cache(encoded)
-    )[0, first_loss:-1]
+    states = target.decoder_states(ids, positions, target.new_cache(encoded))[0, first_loss:-1]
     logprobs = torch.log_softmax(target.logits(states).float(), dim=-1)
     top = logprobs.topk(TEACHER_TOP, dim=-1)
     return top.values.half(), top.indices.int()
@@ -357,7 +355,7 @@ class _Head:
 def _draft_states(draft, target: WhisperModel, windows) -> torch.Tensor:
     """The draft's last hidden states along each window's tokens (teacher forcing), shape =
     (windows, longest window, d_model); rows past a window's end are padding."""
-    from asr.whisper import EncodedAudio
+    from asr.whisper import EncodedAudio, transformers_cache
 
     width = max(len(w.tokens) for w in windows)
     tokens = torch.zeros((len(windows), width), dtype=torch.long)
@@ -377,7 +375,7 @@ def _draft_states(draft, target: WhisperModel, windows) -> torch.Tensor:
     # The cache already holds the cross-attention keys/values; the decoder only needs a tensor
     # of the encoder output's shape to take its cross-attention path.
     features = keys.new_zeros(()).expand(len(windows), keys.shape[2], draft.config.d_model)
-    cache = target.new_cache(EncodedAudio(features, cross))
+    cache = transformers_cache(EncodedAudio(features, cross))
     return draft.model.decoder(
         input_ids=tokens,
         attention_mask=mask,

@@ -138,9 +138,7 @@ def load_draft_module(path: str | Path, target_module, dtype: torch.dtype):
     for new, old in enumerate(layers):
         attention = source.layers[old].encoder_attn
         for name, linear in (("k_proj", attention.k_proj), ("v_proj", attention.v_proj)):
-            # an int8 target ("int8" precision) holds them quantized
-            float_state = getattr(linear, "float_state", linear.state_dict)
-            for kind, value in float_state().items():
+            for kind, value in linear.state_dict().items():
                 state[f"model.decoder.layers.{new}.encoder_attn.{name}.{kind}"] = value
     model = WhisperForCausalLM(config)
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -2,9 +2,10 @@
 
 A decoder step on this CPU is bound by reading weights: whisper-base's decoder reads 88 MB of
 float32 layer weights and a 106 MB output head per call. Int8 weights read a quarter of that,
-and `torch._int_mm` multiplies int8 by int8 into int32 several times faster than float32 GEMM
-for the handful of rows a decoder call scores (whisper-base, 2 threads, caches flushed: the
-51865 x 512 head, 1 row, 0.9 ms against 3.9 ms; a 2048 x 512 layer 50-130 us against 350-415).
+and oneDNN multiplies int8 by int8 into int32 several times faster than float32 GEMM for the
+handful of rows a decoder call scores (the 51865 x 512 head, caches flushed, 2 threads: 1.5 ms
+for 1 to 6 rows and 1.7 ms for 12, where `torch._int_mm`, the fallback without oneDNN, takes
+1.6 ms for 1 row and 3.4 ms for 12).
 
 The layout is what CTranslate2 (faster-whisper's int8) uses: one scale per weight row, and the
 input quantized per row on the fly. That second choice is what makes it usable for speculative
@@ -24,18 +25,25 @@ _TINY = 1e-12  # an all-zero row gets this scale instead of dividing by zero
 
 
 def _quantize_rows(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """values: Tensor, shape = (rows, n), float -> int8 values and float32 scales (rows, 1)."""
-    scales = values.abs().amax(dim=1, keepdim=True).float().clamp(min=_TINY) / _LEVELS
-    quantized = (values.float() / scales).round_().clamp_(-_LEVELS, _LEVELS).to(torch.int8)
-    return quantized, scales
+    """values: Tensor, shape = (rows, n), float32 -> int8 levels (as float32, in -127..127) and
+    float32 scales (rows, 1). |value| / scale never exceeds 127 by more than a rounding, so the
+    rounded levels need no clamp."""
+    largest = torch.linalg.vector_norm(values, ord=torch.inf, dim=1, keepdim=True)
+    scales = largest.clamp_(min=_TINY).div_(_LEVELS)
+    return (values / scales).round_(), scales
+
+
+def onednn_int8_available(device: torch.device | str = "cpu") -> bool:
+    """Whether oneDNN's int8 product (u8 x s8 -> s32, prepacked weight) runs here."""
+    return torch.device(device).type == "cpu" and torch.backends.mkldnn.is_available()
 
 
 class Int8Linear(torch.nn.Module):
     """x @ weight.T + bias with the weight in int8 (a scale per output feature) and x quantized
-    to int8 per row; float32 out. CPU only (`torch._int_mm`).
+    to int8 per row; float32 out. CPU only (oneDNN, or `torch._int_mm` without it).
 
     input_passes=2 quantizes each input row twice: the row, then its rounding error, both
-    multiplied in one `_int_mm` of twice the rows. The input then carries about 15 bits instead
+    multiplied in one product of twice the rows. The input then carries about 15 bits instead
     of 8 for nearly the same time, since a call of a few rows is bound by reading the weight.
     Whisper's output head wants it: teacher-forced on the benchmark's 21 windows (826 tokens),
     its KL to the float32 decoder went from 0.0041 to 0.0021 nats per token, the remainder
@@ -49,12 +57,13 @@ class Int8Linear(torch.nn.Module):
         if input_passes not in (1, 2):
             raise ValueError(f"input_passes is 1 or 2, not {input_passes}")
         self.input_passes = input_passes
-        quantized, scales = _quantize_rows(weight.detach())
-        self.register_buffer("weight_int8", quantized)  # (out_features, in_features)
+        levels, scales = _quantize_rows(weight.detach().float())
+        self.register_buffer("weight_int8", levels.to(torch.int8))  # (out_features, in_features)
         self.register_buffer("weight_scale", scales.reshape(-1))  # (out_features,)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.in_features = weight.shape[1]
         self.out_features = weight.shape[0]
+        self._packed: torch.Tensor | None = None  # oneDNN's layout of weight_int8, made on use
 
     @classmethod
     def of(cls, linear: torch.nn.Linear) -> Int8Linear:
@@ -69,40 +78,40 @@ class Int8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: Tensor, shape = (..., in_features) -> Tensor, shape = (..., out_features)."""
-        flat = x.reshape(-1, self.in_features)
-        quantized, scales = _quantize_rows(flat)
+        flat = x.reshape(-1, self.in_features).float()
+        levels, scales = _quantize_rows(flat)
         if self.input_passes == 1:
-            out = self._products(quantized) * (scales * self.weight_scale)
+            out = self._products(levels).mul_(scales)
         else:
-            residual, residual_scales = _quantize_rows(flat.float() - quantized.float() * scales)
-            if flat.shape[0] == 1:  # _int_mm has a fast path for one row: 2 x 1 row beats 2 rows
-                first, second = self._products(quantized), self._products(residual)
-            else:
-                both = self._products(torch.cat([quantized, residual]))
-                first, second = both[: flat.shape[0]], both[flat.shape[0] :]
-            out = (first * scales + second * residual_scales) * self.weight_scale
+            residual, residual_scales = _quantize_rows(flat - levels * scales)
+            both = self._products(torch.cat([levels, residual]))
+            rows = flat.shape[0]
+            out = both[:rows].mul_(scales).add_(both[rows:].mul_(residual_scales))
         if self.bias is not None:
-            out += self.bias
+            out.add_(self.bias)
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
-    def _products(self, quantized: torch.Tensor) -> torch.Tensor:
-        """Exact int32 products of int8 rows with the weight, as float32."""
-        # The transposed view of the stored weight is the faster operand for few rows.
-        return torch._int_mm(quantized, self.weight_int8.T).float()
+    def _products(self, levels: torch.Tensor) -> torch.Tensor:
+        """Integer products of rows of int8 levels (float32, -127..127) with the weight, times
+        the weight's scales: float32, Tensor, shape = (rows, out_features). The sums are exact
+        integers, so a row gets the same bits in any call, whatever the kernel."""
+        if not onednn_int8_available(levels.device):
+            products = torch._int_mm(levels.to(torch.int8), self.weight_int8.T)
+            return products.float().mul_(self.weight_scale)
+        if self._packed is None:
+            self._packed = torch.ops.onednn.qlinear_prepack(self.weight_int8, [8, self.in_features])
+            self._zero_points = torch.zeros(self.out_features, dtype=torch.long)
+        # oneDNN multiplies unsigned by signed int8 (VNNI): the levels shifted by 128, with
+        # zero point 128 to take it off again; the weight's scales scale its output columns.
+        shifted = levels.add_(128).to(torch.uint8)
+        return torch.ops.onednn.qlinear_pointwise(
+            shifted, 1.0, 128, self._packed, self.weight_scale, self._zero_points, None,
+            1.0, 0, torch.float32, "none", [], "",
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         passes = f", input_passes={self.input_passes}" if self.input_passes != 1 else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, int8{passes}"
-
-
-def quantize_linears(module: torch.nn.Module) -> torch.nn.Module:
-    """Replaces every nn.Linear inside `module` with an Int8Linear, in place; returns it."""
-    for name, child in module.named_children():
-        if isinstance(child, torch.nn.Linear):
-            setattr(module, name, Int8Linear.of(child))
-        else:
-            quantize_linears(child)
-    return module
 
 
 def dynamic_int8_layers(module: torch.nn.Module, inplace: bool = False) -> torch.nn.Module:
@@ -119,9 +128,11 @@ def dynamic_int8_layers(module: torch.nn.Module, inplace: bool = False) -> torch
         )
 
 
-def dynamic_int8_linear(weight: torch.Tensor) -> torch.nn.Module:
-    """x @ weight.T through `dynamic_int8_layers`: float32 in and out."""
-    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+def dynamic_int8_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.nn.Module:
+    """x @ weight.T + bias through `dynamic_int8_layers`: float32 in and out."""
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None)
     linear.weight.data = weight.detach().float()
+    if bias is not None:
+        linear.bias.data = bias.detach().float()
     # torch.ao swaps the children of the module it is given, not the module itself
     return dynamic_int8_layers(torch.nn.Sequential(linear))[0]

@@ -2,11 +2,14 @@
 
 Every rule is a function of the tokens generated so far, so a speculative verifier can apply
 the same rules at each drafted position with that position's own prefix, and the result stays
-token-for-token the same as plain greedy decoding.
+token-for-token the same as plain greedy decoding. What a rule reads of a prefix fits in four
+numbers per position (`Prefixes`), so the rules of every position of a verified block are
+applied in one vectorised pass.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +17,61 @@ import torch
 from asr.whisper import SpecialTokens
 
 BLANK_TOKEN = 220  # " " in both Whisper vocabularies
+NONE = -1  # no such token (an empty or one-token prefix, no timestamp yet)
+
+
+@dataclass(frozen=True)
+class Prefixes:
+    """What the rules read of the generated prefixes of `rows` positions; each Tensor, shape =
+    (rows,), long.
+
+    count: tokens generated so far (only 0, 1 and "2 or more" matter); last, penultimate: the
+    last two of them (NONE where the prefix is shorter); last_timestamp: the last timestamp
+    token among them (NONE when there is none).
+    """
+
+    count: torch.Tensor
+    last: torch.Tensor
+    penultimate: torch.Tensor
+    last_timestamp: torch.Tensor
+
+    @classmethod
+    def of(cls, generated: list[list[int]], timestamp_begin: int, device) -> Prefixes:
+        def pick(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        stamps = [[t for t in tokens if t >= timestamp_begin] for tokens in generated]
+        return cls(
+            count=pick([len(tokens) for tokens in generated]),
+            last=pick([tokens[-1] if tokens else NONE for tokens in generated]),
+            penultimate=pick([tokens[-2] if len(tokens) > 1 else NONE for tokens in generated]),
+            last_timestamp=pick([found[-1] if found else NONE for found in stamps]),
+        )
+
+    @classmethod
+    def from_history(
+        cls, history: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, timestamp_begin: int
+    ) -> Prefixes:
+        """history: Tensor, shape = (batch, columns), the token at each position of each row;
+        row r's generated tokens start at position starts[r] (shape = (batch,)); ends: Tensor,
+        shape = (batch, keep), a prefix ends before each of these positions.
+        Returns the (batch * keep) prefixes, row by row."""
+        width = int(ends.max())
+        history = history[:, :width]
+        columns = torch.arange(width, device=history.device)
+        generated = columns >= starts[:, None]
+        last_index = (ends - 1).clamp(min=0)
+        count = ends - starts[:, None]
+        stamps = torch.where(generated & (history >= timestamp_begin), history, NONE)
+        last_timestamp = stamps.cummax(dim=1).values.gather(1, last_index)
+        last = history.gather(1, last_index)
+        penultimate = history.gather(1, (ends - 2).clamp(min=0))
+        return cls(
+            count=count.reshape(-1),
+            last=torch.where(count >= 1, last, NONE).reshape(-1),
+            penultimate=torch.where(count >= 2, penultimate, NONE).reshape(-1),
+            last_timestamp=torch.where(count >= 1, last_timestamp, NONE).reshape(-1),
+        )
 
 
 @dataclass(frozen=True)
@@ -29,45 +87,60 @@ class LogitRules:
         logits: Tensor, shape = (batch, vocab); generated[b] are the tokens row b sampled after
         the prompt (the SOT sequence). Returns a new tensor; the input is left untouched.
         """
-        logits = logits.clone()
+        begin = self.special.timestamp_begin
+        prefixes = Prefixes.of(generated, begin, logits.device)
+        return self.apply_prefixes(logits.clone(), prefixes)
+
+    def apply_prefixes(self, logits: torch.Tensor, prefixes: Prefixes) -> torch.Tensor:
+        """`apply` for prefixes already summarised, IN PLACE: logits: Tensor, shape = (rows,
+        vocab), returned."""
         special = self.special
-        suppressed = list(self.suppress_tokens)
-        if self.timestamps:
-            suppressed.append(special.no_timestamps)
-        logits[:, suppressed] = -torch.inf
-        for row, tokens in enumerate(generated):
-            if not tokens:  # SuppressBlank: no leading space or immediate end
-                logits[row, [BLANK_TOKEN, special.eot]] = -torch.inf
-            if self.timestamps:
-                self._timestamp_grammar(logits[row], tokens)
-        if self.timestamps:
-            # Sample a timestamp when their total probability beats any single text token
-            # (row by row, as OpenAI; one batched log-softmax over the rows).
-            begin = special.timestamp_begin
-            logprobs = torch.log_softmax(logits.float(), dim=-1)
-            timestamp_wins = logprobs[:, begin:].logsumexp(dim=-1) > logprobs[:, :begin].amax(-1)
-            logits[timestamp_wins, :begin] = -torch.inf
+        begin, eot = special.timestamp_begin, special.eot
+        logits[:, self._suppressed(logits.device)] = -torch.inf
+        empty = (prefixes.count == 0)[:, None]
+        # SuppressBlank: no leading space or immediate end.
+        logits[:, BLANK_TOKEN : BLANK_TOKEN + 1].masked_fill_(empty, -torch.inf)
+        logits[:, eot : eot + 1].masked_fill_(empty, -torch.inf)
+        if not self.timestamps:
+            return logits
+        self._timestamp_grammar(logits, prefixes, empty)
+        # Sample a timestamp when their total probability beats any single text token (row by
+        # row, as OpenAI). Compared on the logits: both sides of OpenAI's comparison of
+        # log-probabilities carry the same normaliser.
+        timestamp_wins = logits[:, begin:].logsumexp(dim=-1) > logits[:, :begin].amax(dim=-1)
+        logits[:, :begin].masked_fill_(timestamp_wins[:, None], -torch.inf)
         return logits
 
-    def _timestamp_grammar(self, logits: torch.Tensor, tokens: list[int]) -> None:
-        """Pairing, monotonic and initial-timestamp rules for one row, in place."""
-        begin = self.special.timestamp_begin
-        last_was_timestamp = len(tokens) >= 1 and tokens[-1] >= begin
-        penultimate_was_timestamp = len(tokens) < 2 or tokens[-2] >= begin
-        if last_was_timestamp:
-            if penultimate_was_timestamp:  # a closed pair: text must follow
-                logits[begin:] = -torch.inf
-            else:  # an open timestamp: another timestamp or the end must follow
-                logits[: self.special.eot] = -torch.inf
+    def _suppressed(self, device) -> torch.Tensor:
+        """The ids always masked: suppress_tokens, and <|notimestamps|> with timestamps."""
+        ids = self.suppress_tokens + ((self.special.no_timestamps,) if self.timestamps else ())
+        return _constant(ids, str(device))
 
-        timestamps = [t for t in tokens if t >= begin]
-        if timestamps:
-            # Monotonic; a closing timestamp may repeat the opening one (empty segment).
-            last = timestamps[-1]
-            floor = last if last_was_timestamp and not penultimate_was_timestamp else last + 1
-            logits[begin:floor] = -torch.inf
+    def _timestamp_grammar(self, logits: torch.Tensor, prefixes: Prefixes, empty) -> None:
+        """Pairing, monotonic and initial-timestamp rules, in place. empty: (rows, 1) bool."""
+        begin, eot = self.special.timestamp_begin, self.special.eot
+        text, stamps = logits[:, :begin], logits[:, begin:]
+        last_was_timestamp = prefixes.last >= begin
+        penultimate_was_timestamp = (prefixes.count < 2) | (prefixes.penultimate >= begin)
+        closed_pair = last_was_timestamp & penultimate_was_timestamp
+        open_pair = last_was_timestamp & ~penultimate_was_timestamp
+        # A closed pair: text must follow. An open timestamp: another timestamp or the end.
+        # Monotonic; a closing timestamp may repeat the opening one (empty segment). All three
+        # mask the timestamps below a floor (all of them for a closed pair).
+        last = prefixes.last_timestamp
+        floor = torch.where(open_pair, last, last + 1) - begin
+        floor = torch.where(closed_pair, stamps.shape[1], floor.clamp(min=0))
+        offsets = _constant(tuple(range(stamps.shape[1])), str(logits.device))
+        stamps.masked_fill_(offsets < floor[:, None], -torch.inf)
+        logits[:, :eot].masked_fill_(open_pair[:, None], -torch.inf)
+        # The first token is a timestamp, no later than max_initial_timestamp.
+        text.masked_fill_(empty, -torch.inf)
+        if self.max_initial_timestamp_index is not None:
+            late = offsets > self.max_initial_timestamp_index
+            stamps.masked_fill_(empty & late, -torch.inf)
 
-        if not tokens:  # the first token is a timestamp, no later than max_initial_timestamp
-            logits[:begin] = -torch.inf
-            if self.max_initial_timestamp_index is not None:
-                logits[begin + self.max_initial_timestamp_index + 1 :] = -torch.inf
+
+@functools.cache
+def _constant(values: tuple[int, ...], device: str) -> torch.Tensor:
+    """A long tensor of `values` on `device`, made once (the rules apply at every step)."""
+    return torch.tensor(values, dtype=torch.long, device=device)

@@ -156,23 +156,16 @@ def int8_draft_supported(draft) -> bool:
 
 def quantize_draft(draft) -> None:
     """Runs a draft Whisper (an `asr.whisper.WhisperModel`) in int8 on CPU: its decoder layers
-    and its output head (`asr.int8.dynamic_int8_layers`).
+    and its output head (`asr.int8.dynamic_int8_linear`, fbgemm).
 
     Verification makes any draft lossless, whatever its precision, so a draft may trade a little
-    agreement with the target for speed. A draft step on this CPU is bound by reading weights:
-    int8 reads a quarter of the bytes, and whisper-base-draft's two layers take 2.2 ms instead of
-    3.9 ms per token (2 threads). The embeddings stay as they are (the target's); so do the
-    cross-attention keys and values (the target's, computed once per window).
+    agreement with the target for speed. A draft step on this CPU is bound by reading weights,
+    and int8 reads a quarter of the bytes. The embeddings stay as they are (the target's); so do
+    the cross-attention keys and values (the target's, computed once per window).
     """
-    from asr.int8 import dynamic_int8_layers
-
     if not int8_draft_supported(draft):
         raise ValueError(
             f"an int8 draft needs a float32 decoder on CPU, not {precision_name(draft.dtype)} "
             f"on {draft.device}"
         )
-    dynamic_int8_layers(draft.model.model.decoder.layers, inplace=True)
-    # whisper-base-draft's 34376-token head, one row, 2 threads, caches flushed: 0.65 ms in
-    # fbgemm's int8 against 1.3 ms in asr.int8.Int8Linear. Over the ASR benchmark's 16 files
-    # a whole draft step went from 4.94 to 4.35 ms (medians of 3, constant blocks of 4).
-    draft.int8_head = True
+    draft.use_linear_kind("dynamic-int8")

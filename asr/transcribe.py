@@ -123,7 +123,7 @@ def detect_language(model: WhisperModel, encoded: EncodedAudio) -> str:
     tokens = torch.tensor([[special.sot]], device=model.device)
     positions = torch.zeros_like(tokens)
     cache = model.new_cache(first)
-    logits = model.logits(model.decoder_states(tokens, positions, None, first.features, cache))
+    logits = model.logits(model.decoder_states(tokens, positions, cache))
     logits = logits[0, -1]
     language_ids = torch.tensor(list(special.language_ids.values()), device=model.device)
     return model.language_code(int(language_ids[logits[language_ids].argmax()]))

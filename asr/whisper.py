@@ -1,4 +1,4 @@
-"""Whisper through transformers: encoder once per window, decoder blocks on a cropable cache.
+"""Whisper: transformers' encoder once per window, our decoder runtime on a slot cache.
 
 This module owns everything that depends on Whisper's vocabulary (special tokens, the
 timestamp grid) and on the transformers model classes; the long-form loop in
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from asr import int8_decoder
 from asr.audio import SAMPLE_RATE
-from asr.int8 import Int8Linear, dynamic_int8_linear, quantize_linears
+from asr.int8 import Int8Linear, dynamic_int8_linear
+from asr.linears import DenseLinear, PackedLinear, packed_linear_available
+from asr.static_decoder import LinearFactory, SlotCache, StaticDecoder
 from decoding.projection import OutputProjection
 
 N_FFT = 400
@@ -80,7 +80,9 @@ class EncodedAudio:
     features: Tensor, shape = (batch, 1500, d_model); the encoder output.
     cross: per decoder layer, (keys, values), each Tensor, shape = (batch, heads, 1500, head_dim);
     the decoder's cross-attention projections of `features`, which every decoder call would
-    otherwise recompute (they depend on the decoder's weights, so each model has its own).
+    otherwise recompute (they depend on the decoder's weights, so each model has its own). The
+    keys are transposed views of contiguous (batch, heads, head_dim, 1500) tensors, the layout
+    `asr.static_decoder` multiplies by.
     """
 
     features: torch.Tensor
@@ -90,15 +92,72 @@ class EncodedAudio:
         """These windows, in this order. rows: Tensor, shape = (n,)."""
         return EncodedAudio(
             features=self.features[rows],
-            cross=tuple((keys[rows], values[rows]) for keys, values in self.cross),
+            # keys: indexed in their stored layout, so they stay transposed views
+            cross=tuple(
+                (keys.transpose(-1, -2)[rows].transpose(-1, -2), values[rows])
+                for keys, values in self.cross
+            ),
         )
+
+
+def transformers_cache(encoded: EncodedAudio | None = None):
+    """An empty transformers EncoderDecoderCache, for code that runs transformers' own decoder
+    (draft training, reference tests); its cross-attention part is `encoded`'s when given."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    if encoded is None:
+        return EncoderDecoderCache(DynamicCache(), DynamicCache())
+    empty = [(keys[..., :0, :], values[..., :0, :]) for keys, values in encoded.cross]
+    cross = DynamicCache(ddp_cache_data=empty)
+    for layer, (keys, values) in zip(cross.layers, encoded.cross, strict=True):
+        # Shared, not copied (filling the cache would copy them): this cache only reads them.
+        layer.keys, layer.values = keys, values
+    # EncoderDecoderCache marks layers whose cross-attention cache is filled as up to date,
+    # so the decoder reuses them instead of projecting the encoder output again.
+    return EncoderDecoderCache(DynamicCache(), cross)
+
+
+LinearKind = str
+"""How a decoder's products run: "packed" (float32 on CPU, `asr.linears.PackedLinear`), "int8"
+(`asr.int8.Int8Linear`, the "int8" precision's target), "dynamic-int8" (fbgemm, a draft's),
+"dense" (`F.linear`: GPUs, half precision)."""
+
+
+def default_linear_kind(device: torch.device, dtype: torch.dtype) -> LinearKind:
+    if dtype == torch.float32 and packed_linear_available(device):
+        return "packed"
+    return "dense"
+
+
+def linear_factory(kind: LinearKind) -> LinearFactory:
+    if kind == "packed":
+        return PackedLinear
+    if kind == "int8":
+        return Int8Linear
+    if kind == "dynamic-int8":
+        return dynamic_int8_linear
+    if kind == "dense":
+        return DenseLinear
+    raise ValueError(f"unknown linear kind {kind!r}")
+
+
+def attention_dtype(kind: LinearKind, dtype: torch.dtype) -> torch.dtype:
+    """What a decoder attends in: the int8 precision's target in bfloat16 where the CPU
+    multiplies it natively (`asr.static_decoder`: any number of query rows then gets the same
+    bits, so verification needs no padded products, and the cross-attention keys and values a
+    step reads in full take half the bytes); else `dtype`."""
+    if kind == "int8" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return torch.bfloat16
+    return dtype
 
 
 class WhisperModel:
     """A loaded Whisper checkpoint with its tokenizer and mel filters.
 
     `model` is a WhisperForConditionalGeneration, or a decoder-only WhisperForCausalLM (a draft
-    that attends to another model's encoder output; it has no `encode`).
+    that attends to another model's encoder output; it has no `encode`). Its encoder runs as
+    transformers has it; its decoder runs on `asr.static_decoder` (`runtime`), over the kernels
+    `linear_kind` names.
     """
 
     def __init__(self, model, tokenizer, mel_filters: torch.Tensor, name: str) -> None:
@@ -115,10 +174,9 @@ class WhisperModel:
         self.alignment_heads = tuple(map(tuple, model.generation_config.alignment_heads or ()))
         # A distilled draft scores only these token ids (asr.draft_checkpoint); None: all.
         self.output_vocabulary: torch.Tensor | None = None
-        self._head: OutputProjection | torch.nn.Module | None = None  # made on first use
-        self.int8_head = False  # a draft's head on CPU (asr.precision.quantize_draft)
-        # Decoder layers and head in int8 ("int8" precision): `asr.int8_decoder` runs it.
-        self.int8_decoder = False
+        self.linear_kind: LinearKind = default_linear_kind(self.device, self.dtype)
+        self._runtime: StaticDecoder | None = None  # made on first use, for linear_kind
+        self._head: torch.nn.Module | OutputProjection | None = None
         # A distilled draft's layer i reads the target's layer cross_from_target[i] keys/values.
         self.cross_from_target: tuple[int, ...] | None = None
 
@@ -161,8 +219,7 @@ class WhisperModel:
         if int8_decoder:
             if whisper.device.type != "cpu":
                 raise ValueError(f"an int8 decoder runs on CPU only, not on {whisper.device}")
-            quantize_linears(model.model.decoder)
-            whisper.int8_decoder = whisper.int8_head = True
+            whisper.linear_kind = "int8"
         return whisper
 
     @classmethod
@@ -176,6 +233,33 @@ class WhisperModel:
         draft.cross_from_target = layers
         draft.output_vocabulary = vocabulary
         return draft
+
+    @property
+    def int8_decoder(self) -> bool:
+        """Whether the decoder runs in the "int8" precision (`asr.int8.Int8Linear`)."""
+        return self.linear_kind == "int8"
+
+    @property
+    def exact_steps(self) -> bool:
+        """Whether this decoder's steps can score a position with the same bits in any call
+        (`asr.static_decoder`'s exact mode over row-invariant kernels)."""
+        return self.linear_kind in ("packed", "int8")
+
+    def use_linear_kind(self, kind: LinearKind) -> None:
+        """Runs the decoder and head on other kernels from now on (`asr.precision`)."""
+        linear_factory(kind)  # refuses unknown kinds
+        self.linear_kind = kind
+        self._runtime = self._head = None
+
+    @property
+    def runtime(self) -> StaticDecoder:
+        if self._runtime is None:
+            self._runtime = StaticDecoder(
+                self.model.model.decoder,
+                linear_factory(self.linear_kind),
+                attention_dtype(self.linear_kind, self.dtype),
+            )
+        return self._runtime
 
     @property
     def max_context(self) -> int:
@@ -223,69 +307,35 @@ class WhisperModel:
         cross = []
         for layer in self.model.model.decoder.layers:
             attention = layer.encoder_attn
-            # The same projection and layout transformers computes on a decoder's first call.
             shape = (features.shape[0], -1, attention.num_heads, attention.head_dim)
-            keys = attention.k_proj(features).view(shape).transpose(1, 2).contiguous()
+            # keys stored (batch, heads, head_dim, 1500), handed out transposed (see EncodedAudio)
+            keys = attention.k_proj(features).view(shape).permute(0, 2, 3, 1).contiguous()
             values = attention.v_proj(features).view(shape).transpose(1, 2).contiguous()
-            cross.append((keys, values))
+            cross.append((keys.transpose(-1, -2), values))
         return EncodedAudio(features=features, cross=tuple(cross))
 
-    def new_cache(self, encoded: EncodedAudio | None = None):
-        """An empty self-attention cache; its cross-attention part is `encoded`'s when given."""
-        from transformers import DynamicCache, EncoderDecoderCache
+    def new_cache(self, encoded: EncodedAudio) -> SlotCache:
+        """An empty self-attention cache for `encoded`'s windows, holding their cross-attention
+        keys and values (shared, not copied)."""
+        return self.runtime.new_cache(encoded.cross)
 
-        if self.int8_decoder:
-            if encoded is None:
-                raise ValueError("an int8 decoder's cache needs the windows' EncodedAudio")
-            layers = self.config.decoder_layers
-            return int8_decoder.SlotCache(encoded.cross, layers, self.max_context)
-        if encoded is None:
-            return EncoderDecoderCache(DynamicCache(), DynamicCache())
-        empty = [(keys[..., :0, :], values[..., :0, :]) for keys, values in encoded.cross]
-        cross = DynamicCache(ddp_cache_data=empty)
-        for layer, (keys, values) in zip(cross.layers, encoded.cross, strict=True):
-            # Shared, not copied (filling the cache would copy them): this cache only reads them.
-            layer.keys, layer.values = keys, values
-        # EncoderDecoderCache marks layers whose cross-attention cache is filled as up to date,
-        # so the decoder reuses them instead of projecting the encoder output again.
-        return EncoderDecoderCache(DynamicCache(), cross)
-
-    @torch.inference_mode()
     def decoder_states(
         self,
         tokens: torch.Tensor,
         positions: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        audio_features: torch.Tensor,
-        cache: Any,
+        cache: SlotCache,
+        *,
+        exact: bool = False,
+        valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Runs the decoder on a block after what `cache` holds (which it extends).
 
-        tokens, positions: Tensor, shape = (batch, n_new); attention_mask: None (attend to every
-        cached column) or Tensor, shape = (batch, cached columns + n_new), 0 hides a column.
-        audio_features: Tensor, shape = (batch, 1500, d_model); a cache from
-        `new_cache(encoded)` already holds their cross-attention keys and values.
-        Returns Tensor, shape = (batch, n_new, d_model); `logits` turns it into logits.
+        tokens, positions: Tensor, shape = (batch, n_new); valid: Tensor[bool], shape =
+        (batch, n_new), False for padding, or None. exact: `asr.static_decoder`'s exact mode
+        (only where `exact_steps`). Returns Tensor, shape = (batch, n_new, d_model); `logits`
+        turns it into logits.
         """
-        if self.int8_decoder:
-            n_new = tokens.shape[1]
-            mask = (
-                torch.ones_like(tokens, dtype=torch.bool)
-                if attention_mask is None
-                else attention_mask[:, -n_new:].bool()
-            )
-            return int8_decoder.decoder_states(
-                self.model.model.decoder, tokens, positions, mask, cache
-            )
-        out = self.model.model.decoder(
-            input_ids=tokens,
-            position_ids=positions,
-            attention_mask=attention_mask,
-            encoder_hidden_states=audio_features,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        return out.last_hidden_state
+        return self.runtime.forward(tokens, positions, cache, exact=exact, valid=valid)
 
     @torch.inference_mode()
     def alignment_scores(
@@ -299,35 +349,15 @@ class WhisperModel:
         Tensor, shape = (batch, len(alignment_heads), n, 1500): query . key / sqrt(head_dim),
         before the softmax, for each (layer, head) of `alignment_heads`.
         """
-        layers = self.model.model.decoder.layers
-        queries: dict[int, torch.Tensor] = {}
-
-        def keep(index: int):
-            def hook(module, inputs, output) -> None:
-                queries[index] = output
-
-            return hook
-
-        # The decoder's own pass (its masks, its cache) runs unchanged; only the cross-attention
-        # queries of the layers holding alignment heads are kept, and their keys are cached.
-        wanted = sorted({layer for layer, _ in self.alignment_heads})
-        handles = [layers[i].encoder_attn.q_proj.register_forward_hook(keep(i)) for i in wanted]
-        try:
-            batch, n = tokens.shape
-            positions = torch.arange(n, device=tokens.device).expand(batch, n)
-            states = self.decoder_states(
-                tokens, positions, None, encoded.features, self.new_cache(encoded)
-            )
-        finally:
-            for handle in handles:
-                handle.remove()
-        scores = []
-        for layer, head in self.alignment_heads:
-            attention = layers[layer].encoder_attn
-            width = attention.head_dim
-            query = queries[layer][..., head * width : (head + 1) * width].float()
-            keys = encoded.cross[layer][0][:, head].float()  # (batch, 1500, head_dim)
-            scores.append((query * attention.scaling) @ keys.transpose(1, 2))
+        queries: dict[int, torch.Tensor] = {layer: None for layer, _ in self.alignment_heads}
+        batch, n = tokens.shape
+        positions = torch.arange(n, device=tokens.device).expand(batch, n)
+        cache = self.new_cache(encoded)
+        states = self.runtime.forward(tokens, positions, cache, cross_queries=queries)
+        scores = [
+            queries[layer][:, head].float() @ cache.cross_keys[layer][:, head].float()
+            for layer, head in self.alignment_heads
+        ]
         return states, torch.stack(scores, dim=1)
 
     @torch.inference_mode()
@@ -335,18 +365,20 @@ class WhisperModel:
         """Tensor, shape = (..., d_model) -> logits, Tensor, shape = (..., vocab); at least
         float32 (half-precision models), float64 for float64 models (tests keep ties away)."""
         if self._head is None:
-            weight = self.model.proj_out.weight
+            weight = self.model.proj_out.weight.detach()
             if self.output_vocabulary is not None:
                 weight = weight[self.output_vocabulary]
-            if self.int8_decoder:
+            if self.linear_kind == "int8":
                 # Most of an int8 target's error is its head's input rounding, so the target
                 # quantizes it twice (Int8Linear: rows independent of the call, as verification
                 # needs).
                 self._head = Int8Linear(weight, input_passes=2)
-            elif self.int8_head:
+            elif self.linear_kind == "dynamic-int8":
                 # A draft's head only proposes, so it may depend on its call: fbgemm's dynamic
                 # int8 reads the head at twice Int8Linear's speed for one row from memory.
                 self._head = dynamic_int8_linear(weight)
+            elif self.linear_kind == "packed":
+                self._head = PackedLinear(weight)
             else:
                 self._head = OutputProjection(weight)
         head = self._head(states)
@@ -359,21 +391,6 @@ class WhisperModel:
         )
         logits[..., self.output_vocabulary] = head.to(dtype)
         return logits
-
-    @torch.inference_mode()
-    def decode(self, tokens: torch.Tensor, audio_features: torch.Tensor, cache) -> torch.Tensor:
-        """Scores a block of tokens after those already in `cache` (which it extends).
-
-        tokens: Tensor, shape = (batch, n_new).
-        Returns float32 logits, Tensor, shape = (batch, n_new, vocab).
-        """
-        out = self.model.model.decoder(
-            input_ids=tokens,
-            encoder_hidden_states=audio_features,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        return self.model.proj_out(out.last_hidden_state).float()
 
     def language_code(self, token_id: int) -> str:
         return next(code for code, i in self.special.language_ids.items() if i == token_id)

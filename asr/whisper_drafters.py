@@ -64,7 +64,7 @@ class WhisperAssistant:
         """A Drafter for one batch of windows (rows in the target's order)."""
         draft = self.model
         rules = LogitRules(draft.special, draft.suppress_tokens, timestamps=timestamps)
-        model = WhisperTarget(draft, encoded, rules, measure_no_speech=False)
+        model = WhisperTarget(draft, encoded, rules, measure_no_speech=False, exact=False)
         if self.shape != "cross-tokenizer":
             return ModelDrafter(model)
         target_codec = WhisperTextCodec(self.target, language, task)

@@ -10,18 +10,19 @@ position's own generated prefix, so verification (greedy or sampled) sees exactl
 distributions plain decoding sees, and the log-probabilities `generate` sums are the rule-masked
 ones OpenAI averages. A draft Whisper applies its own vocabulary's rules the same way.
 
-Rows keep different numbers of tokens (prompts of different lengths, different acceptance
-lengths), so positions are explicit per row and the self-attention cache keeps holes that the
-attention mask hides, as in `decoding.causal_lm`, whose column bookkeeping this reuses.
+The decoder keeps position p of a row in cache slot p (`asr.static_decoder`), so rows of
+different lengths need no bookkeeping and rollback costs nothing. A target's first call scores
+the prompts (the same call with and without a draft: `decoding.generate` drafts nothing
+before the prompts are cached); its later calls run in the decoder's exact mode where the
+kernels allow, so a position scores the same bits alone and in a drafted block.
 """
 
 from __future__ import annotations
 
 import torch
 
-from asr.logit_rules import LogitRules
+from asr.logit_rules import LogitRules, Prefixes
 from asr.whisper import EncodedAudio, WhisperModel
-from decoding.causal_lm import CacheLayout, attention_mask
 
 
 class WhisperTarget:
@@ -30,6 +31,9 @@ class WhisperTarget:
     A row's prompt is [<|startofprev|>, previous text...] + SOT sequence; the tokens after its
     SOT sequence are what the rules call "generated". The SOT sequence's length only depends on
     the vocabulary and the timestamp mode, so it is the same for every row.
+    measure_no_speech: read P(<|nospeech|>) at each window's SOT (a target; not a draft).
+    exact: score later calls in the decoder's exact mode (a target; None: where the model's
+    kernels allow it). A draft needs neither: verification checks what it proposes.
     """
 
     def __init__(
@@ -38,12 +42,14 @@ class WhisperTarget:
         encoded: EncodedAudio,
         rules: LogitRules,
         measure_no_speech: bool = True,
+        exact: bool | None = None,
     ) -> None:
         self.model = model
         self.device = model.device
         self.rules = rules
         self.sot_length = len(model.sot_sequence(None, "transcribe", rules.timestamps))
         self.measure_no_speech = measure_no_speech
+        self.exact = model.exact_steps if exact is None else exact
         self.encoded = encoded  # every window, in the caller's order; the cache reads its K/V
         self._no_speech: tuple[float, ...] | None = None
         self.reset()
@@ -58,8 +64,6 @@ class WhisperTarget:
 
     def reset(self) -> None:
         self.cache = None
-        self.layout: CacheLayout | None = None
-        self._features = self.encoded.features  # the rows still decoding
         self._history: torch.Tensor | None = None  # (batch, max_context): token at each position
         self._generated_from: torch.Tensor | None = None  # (batch,): position after the prompt
 
@@ -74,13 +78,11 @@ class WhisperTarget:
         # Padding and unused draft slots of rows near the end of their budget may lie past the
         # last position Whisper knows; they are rolled back, so any position will do for them.
         positions = positions.clamp(max=self.model.max_context - 1)
-        first = self.layout is None
+        first = self.cache is None
         if first:
-            batch = tokens.shape[0]
-            self.layout = CacheLayout(batch, self.device)
             self.cache = self.model.new_cache(self.encoded)
             self._history = torch.zeros(
-                (batch, self.model.max_context), dtype=torch.long, device=self.device
+                (tokens.shape[0], self.model.max_context), dtype=torch.long, device=self.device
             )
         mask_is_full = bool(mask.all())
         if mask_is_full:
@@ -92,15 +94,18 @@ class WhisperTarget:
         states = self.model.decoder_states(
             tokens,
             positions,
-            attention_mask([self.layout], mask, mask_is_full),
-            self._features,
             self.cache,
+            exact=self.exact and not first and mask_is_full,
+            valid=None if mask_is_full else mask,
         )
-        self.layout.append(positions, mask, mask_is_full)
+        kept = states[:, -keep:]
         if first:
-            self._start_rows(tokens, positions, mask, states)
-        logits = self.model.logits(states[:, -keep:])
-        return self._apply_rules(logits, positions[:, -keep:])
+            sot_states = self._start_rows(tokens, positions, mask, states)
+            if sot_states is not None:  # one head call for both
+                logits = self.model.logits(torch.cat([kept, sot_states[:, None]], dim=1))
+                self._record_no_speech(logits[:, -1])
+                return self._apply_rules(logits[:, :-1], positions[:, -keep:])
+        return self._apply_rules(self.model.logits(kept), positions[:, -keep:])
 
     def _start_rows(
         self,
@@ -108,8 +113,9 @@ class WhisperTarget:
         positions: torch.Tensor,
         mask: torch.Tensor,
         states: torch.Tensor,
-    ) -> None:
-        """Finds each row's prompt end and, for a target, its no-speech probability.
+    ) -> torch.Tensor | None:
+        """Finds each row's prompt end; returns the states at each row's SOT when this model
+        measures no-speech probabilities (else None).
 
         The first block holds every row's whole prompt, whose only <|startoftranscript|> starts
         the SOT sequence (text tokens and <|startofprev|> come before it).
@@ -120,38 +126,35 @@ class WhisperTarget:
         column = at_sot.int().argmax(dim=1)
         rows = torch.arange(tokens.shape[0], device=self.device)
         self._generated_from = positions[rows, column] + self.sot_length
-        if self.measure_no_speech:
-            # OpenAI reads it from the raw logits at the SOT position, before any rule.
-            probs = self.model.logits(states[rows, column]).softmax(dim=-1)
-            self._no_speech = tuple(probs[:, self.model.special.no_speech].tolist())
+        return states[rows, column] if self.measure_no_speech else None
+
+    def _record_no_speech(self, sot_logits: torch.Tensor) -> None:
+        # OpenAI reads it from the raw logits at the SOT position, before any rule.
+        probs = sot_logits.float().softmax(dim=-1)
+        self._no_speech = tuple(probs[:, self.model.special.no_speech].tolist())
 
     def _apply_rules(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """logits[r, j] predicts the token after position positions[r, j]; the rules see the
         row's generated tokens up to and including that position. Shapes: (batch, keep, vocab),
         (batch, keep)."""
         batch, keep, vocab = logits.shape
-        starts = self._generated_from.tolist()
-        ends = (positions + 1).tolist()
-        history = self._history[:, : max(max(row) for row in ends)].tolist()
-        prefixes = [history[row][starts[row] : end] for row in range(batch) for end in ends[row]]
-        masked = self.rules.apply(logits.reshape(batch * keep, vocab), prefixes)
+        prefixes = Prefixes.from_history(
+            self._history,
+            self._generated_from,
+            positions + 1,
+            self.model.special.timestamp_begin,
+        )
+        masked = self.rules.apply_prefixes(logits.reshape(batch * keep, vocab), prefixes)
         return masked.reshape(batch, keep, vocab)
 
     def rollback(self, lengths: torch.Tensor) -> None:
-        """Forgets cached positions >= lengths[r]. Tensor, shape = (batch,)."""
-        if self.layout is not None:
-            dropped = self.layout.rollback(lengths)
-            if dropped:
-                self.cache.crop(-dropped)
+        """Forgets cached positions >= lengths[r]. Tensor, shape = (batch,). Nothing to do: a
+        rolled-back slot is rewritten before any query can see it."""
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keeps only these rows, in this order. Tensor, shape = (n,)."""
-        if self.layout is None:
+        if self.cache is None:
             return
-        self.cache.batch_select_indices(rows)
-        dropped = self.layout.keep_rows(rows)
-        if dropped:
-            self.cache.crop(-dropped)
-        self._features = self._features[rows]
+        self.cache.keep_rows(rows)
         self._history = self._history[rows]
         self._generated_from = self._generated_from[rows]

@@ -71,3 +71,26 @@ def held_out_files(speech: Path = SPEECH, repo: Path = REPO) -> list[Path]:
     other copy of the same recordings (absolute paths; listed whether or not they exist)."""
     paths = [speech / p for p in (*UTTERANCES, *LONG_FORM, *SAME_AUDIO_IN_SPEECH)]
     return paths + [repo / p for p in SAME_AUDIO_IN_REPO]
+
+
+# The recordings of `bench.cli`'s folder: every English file under these folders of SPEECH,
+# except the sonnet parts, which the long-form file joins (one reading counted once).
+USER_FOLDERS: tuple[str, ...] = ("en_single", "en_longform")
+USER_AUDIO = frozenset({".wav", ".flac", ".mp3"})
+
+
+def user_files(speech: Path = SPEECH) -> list[Utterance]:
+    """`bench.cli`'s folder of real speech: short utterances of many speakers (LibriSpeech, LJ
+    Speech, JFK, AN4, spontaneous MFA recordings) and the 159 s sonnets reading, each with its
+    reference beside it. A draft that benchmark reports on must not have trained on any of
+    them (asr.distill_data.REPORTED); raises FileNotFoundError when SPEECH lacks them."""
+    parts = {speech / p for p in SAME_AUDIO_IN_SPEECH}
+    found = sorted(
+        path
+        for folder in USER_FOLDERS
+        for path in (speech / folder).rglob("*")
+        if path.suffix.lower() in USER_AUDIO and path not in parts
+    )
+    if not found:
+        raise FileNotFoundError(f"no benchmark speech under {speech} (see its README)")
+    return [Utterance(p.stem, p, p.parent.name == "en_longform") for p in found]

@@ -289,9 +289,11 @@ def generate(
     first_step = True
     with torch.inference_mode():
         while rows.count:
-            # 2. Draft up to k tokens per row (none without a drafter, or with one token to go).
+            # 2. Draft up to k tokens per row (none without a drafter, with one token to go, or
+            # before the prompts are cached: the first call scores them alone, so a prompt's
+            # cache entries come from the same call with and without a draft).
             started = device_clock(device)
-            k = 0 if policy is None else min(policy.next_k(), rows.max_budget - 1)
+            k = 0 if policy is None or first_step else min(policy.next_k(), rows.max_budget - 1)
             if k > 0:
                 draft = drafter.propose(
                     rows.committed, rows.lengths, k, policy.stop_below, sampler, policy.stop_joint
@@ -326,7 +328,7 @@ def generate(
                 draft_seconds=drafted - started,
                 verify_seconds=verified - drafted,
             )
-            if policy is not None:
+            if policy is not None and not first_step:
                 policy.update(
                     BlockOutcome(
                         k=k,

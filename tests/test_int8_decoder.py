@@ -85,13 +85,13 @@ def _score(model, encoded, rows: list[int], blocks: list[int]) -> torch.Tensor:
     prompt = torch.tensor([model.sot_sequence("en", "transcribe", True)] * batch)
     start = prompt.shape[1]
     positions = torch.arange(start).expand(batch, start)
-    model.decoder_states(prompt, positions, None, encoded.features, cache)
+    model.decoder_states(prompt, positions, cache)
     tokens = torch.tensor([TOKENS] * batch)
     logits, done = [], 0
     for width in blocks:
         block = tokens[:, done : done + width]
         positions = torch.arange(start + done, start + done + width).expand(batch, width)
-        states = model.decoder_states(block, positions, None, encoded.features, cache)
+        states = model.decoder_states(block, positions, cache, exact=True)
         logits.append(model.logits(states))
         done += width
     return torch.cat(logits, dim=1)

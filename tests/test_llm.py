@@ -63,7 +63,9 @@ def test_draft_equal_to_target_accepts_everything(gemma, greedy):
     result = run_generation(gemma, PROMPTS[:1], options, gemma, max_new_tokens=NEW_TOKENS - 4)
     assert result.tokens == (greedy[0][: NEW_TOKENS - 4],)
     histogram = result.stats.accepted_histogram
-    assert sum(histogram[:-1]) <= 1 and histogram[-1] >= 3  # only the last block may be cut
+    # Only the prompt's call (nothing drafted before the prompt is cached) and the last block,
+    # cut by the token budget, accept fewer than k.
+    assert sum(histogram[:-1]) <= 2 and histogram[-1] >= 3
 
 
 def test_random_draft_is_rejected_yet_lossless(gemma, greedy):

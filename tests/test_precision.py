@@ -156,7 +156,7 @@ def test_bf16_whisper_base_drafts_with_its_distilled_draft_in_bf16(bf16_service,
     # the draft was quantized whatever its dtype.
     target = bf16_service.model
     assistant = load_assistant(target, registry.resolve("whisper-base-draft"))
-    assert assistant.model.dtype == torch.bfloat16 and not assistant.model.int8_head
+    assert assistant.model.dtype == torch.bfloat16 and assistant.model.linear_kind == "dense"
     with pytest.raises(ValueError, match="an int8 draft needs a float32 decoder on CPU, not bf16"):
         quantize_draft(assistant.model)
 

@@ -18,7 +18,7 @@ from transformers import (
 )
 
 from asr.logit_rules import LogitRules
-from asr.whisper import WhisperModel
+from asr.whisper import WhisperModel, transformers_cache
 
 # The target's layers after the first add little to the residual stream, so that a draft made
 # of its first layers agrees with it often, but not always: both verification paths run.
@@ -105,8 +105,8 @@ def reference_greedy(
     """The per-token greedy loop that decode_window ran before it used decoding.generate,
     on transformers' own cache and cross-attention: (tokens, avg_logprob, no_speech_prob)."""
     special = model.special
-    cache = model.new_cache()
-    logits = model.decode(torch.tensor([prompt]), audio_features, cache)
+    cache = transformers_cache()
+    logits = transformers_decode(model, torch.tensor([prompt]), audio_features, cache)
     no_speech_prob = float(logits[0, prompt.index(special.sot)].softmax(-1)[special.no_speech])
     next_logits = logits[:, -1]
     tokens: list[int] = []
@@ -120,5 +120,22 @@ def reference_greedy(
         tokens.append(token)
         if len(tokens) >= max_new_tokens or len(prompt) + len(tokens) >= model.max_context:
             break
-        next_logits = model.decode(torch.tensor([[token]]), audio_features, cache)[:, -1]
+        next_logits = transformers_decode(model, torch.tensor([[token]]), audio_features, cache)[
+            :, -1
+        ]
     return tuple(tokens), sum_logprob / (len(tokens) + 1), no_speech_prob
+
+
+@torch.inference_mode()
+def transformers_decode(
+    model: WhisperModel, tokens: torch.Tensor, audio_features: torch.Tensor, cache
+) -> torch.Tensor:
+    """transformers' own decoder and head on a block after what `cache` holds (which it
+    extends): float32 logits, Tensor, shape = (batch, n_new, vocab)."""
+    out = model.model.model.decoder(
+        input_ids=tokens,
+        encoder_hidden_states=audio_features,
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return model.model.proj_out(out.last_hidden_state).float()

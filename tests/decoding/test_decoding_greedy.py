@@ -108,10 +108,13 @@ def test_draft_equal_to_target_accepts_every_token(models, references):
     result = generate(target, PROMPTS, drafter, ConstantK(3), max_new_tokens=MAX_NEW)
 
     assert result.tokens == references
-    # 16 tokens per row = 4 blocks of 3 accepted drafts + the target's own token.
-    assert result.stats.accepted_histogram == (0, 0, 0, 4 * len(PROMPTS))
-    assert result.stats.target_calls == 4
-    assert result.stats.tokens_per_target_call == MAX_NEW * len(PROMPTS) / 4
+    # 16 tokens per row: the prompt's call commits 1 (nothing is drafted before the prompt is
+    # cached), 3 blocks of 3 accepted drafts + the target's own token commit 12, and the last
+    # block drafts the 2 the budget leaves before its own token.
+    rows = len(PROMPTS)
+    assert result.stats.accepted_histogram == (rows, 0, rows, 3 * rows)
+    assert result.stats.target_calls == 5
+    assert result.stats.tokens_per_target_call == MAX_NEW * rows / 5
 
 
 def test_unrelated_draft_accepts_almost_nothing_and_changes_nothing(models, references):

@@ -1,0 +1,309 @@
+"""Whisper's decoder as plain tensor operations over a static slot cache.
+
+transformers' decoder grows a cache per call, builds masks and dispatches through several
+layers of Python for every token; a decoder step of whisper-base on a CPU is a few
+milliseconds of arithmetic, so that overhead, and how verification calls are computed, decide
+whether drafting pays. This runtime keeps only the arithmetic:
+
+- the weights of each layer are taken once from a transformers `WhisperDecoder` and handed to
+  a linear kernel chosen for the device and precision (`asr.linears`, `asr.int8`); the
+  self-attention's query, key and value projections are one product;
+- the self-attention cache is preallocated: position p of a row lives in slot p, so rolling
+  back a row is free (a rejected slot is rewritten before any query can see it) and nothing
+  is ever copied to grow it; the cross-attention keys and values are the window's, computed
+  once (`asr.whisper.WhisperModel.cross_attention`); keys are kept transposed,
+  (batch, heads, head_dim, positions), the layout the score product reads fastest.
+
+Two ways to attend, chosen per call:
+- exact (a target's decoding steps on CPU): every query row is computed by the same
+  operations on the same numbers whatever else the call holds. BLAS picks its kernel by the
+  number of rows, and on this CPU a row gets the same bits from products of 4 to 32 rows (and
+  other bits from products of 1 to 3), so the queries of a call go through in products of
+  `EXACT_ROWS` rows (padded to 4: a plain step's one query costs about twice its attention,
+  a verification of 6 about half of what 1 + 1 products of 3 would) against every slot of the
+  cache (`max_context`) or every encoder position, so no product's shape depends on the
+  block, the batch or how far the row has decoded. With row-invariant
+  linear kernels, a position then scores the same bits alone, in a drafted block, or beside
+  other windows, and drafting is lossless bit for bit (`tests/test_static_decoder.py`).
+- fast (a draft, the first call of a generation, GPUs): one product over all queries and only
+  the slots used so far. The first call of a generation scores every row's whole prompt; it is
+  the same call with and without a draft, and rows whose prompts have the same length get the
+  same bits in a batch as alone (`asr.whisper_target` groups them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# Query rows per attention product in exact mode (see the module docstring): CPU matrix
+# products give a row the same bits for any row count from 4 to 32 (and, apart, from 1 to 3).
+EXACT_ROWS = range(4, 33)
+
+LinearFactory = Callable[[torch.Tensor, torch.Tensor | None], torch.nn.Module]
+"""(weight (out, in), bias (out,) or None) -> a module computing x @ weight.T + bias."""
+
+
+@dataclass(frozen=True)
+class _Norm:
+    weight: torch.Tensor
+    bias: torch.Tensor
+    eps: float
+
+    @classmethod
+    def of(cls, norm: torch.nn.LayerNorm) -> _Norm:
+        return cls(norm.weight.detach(), norm.bias.detach(), norm.eps)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+def _bias(linear: torch.nn.Linear) -> torch.Tensor:
+    if linear.bias is not None:
+        return linear.bias.detach()
+    return linear.weight.new_zeros(linear.weight.shape[0])
+
+
+@dataclass(frozen=True)
+class _Layer:
+    self_norm: _Norm
+    qkv: torch.nn.Module  # (query * scaling, key, value) in one product
+    self_out: torch.nn.Module
+    cross_norm: _Norm
+    cross_query: torch.nn.Module  # already scaled
+    cross_out: torch.nn.Module
+    ffn_norm: _Norm
+    fc1: torch.nn.Module
+    fc2: torch.nn.Module
+
+    @classmethod
+    def of(cls, layer, linear: LinearFactory, scaling: float) -> _Layer:
+        attention, cross = layer.self_attn, layer.encoder_attn
+        # The query's scaling is folded into its weights: exact for Whisper's head_dim 64
+        # (1/8, a power of two), and a single rounding otherwise.
+        parts = (attention.q_proj, attention.k_proj, attention.v_proj)
+        scales = (scaling, 1.0, 1.0)
+        weight = torch.cat([p.weight.detach() * s for p, s in zip(parts, scales, strict=True)])
+        bias = torch.cat([_bias(p) * s for p, s in zip(parts, scales, strict=True)])
+        return cls(
+            self_norm=_Norm.of(layer.self_attn_layer_norm),
+            qkv=linear(weight, bias),
+            self_out=linear(attention.out_proj.weight.detach(), _bias(attention.out_proj)),
+            cross_norm=_Norm.of(layer.encoder_attn_layer_norm),
+            cross_query=linear(
+                cross.q_proj.weight.detach() * scaling, _bias(cross.q_proj) * scaling
+            ),
+            cross_out=linear(cross.out_proj.weight.detach(), _bias(cross.out_proj)),
+            ffn_norm=_Norm.of(layer.final_layer_norm),
+            fc1=linear(layer.fc1.weight.detach(), _bias(layer.fc1)),
+            fc2=linear(layer.fc2.weight.detach(), _bias(layer.fc2)),
+        )
+
+
+class SlotCache:
+    """A batch's self-attention keys and values by position, and its windows' cross-attention
+    keys and values.
+
+    keys[i]: Tensor, shape = (batch, heads, head_dim, slots); values[i]: Tensor, shape =
+    (batch, heads, slots, head_dim); slot p holds position p. cross_keys[i]: Tensor, shape =
+    (batch, heads, head_dim, 1500); cross_values[i]: Tensor, shape = (batch, heads, 1500,
+    head_dim).
+    """
+
+    def __init__(self, cross, slots: int, dtype: torch.dtype) -> None:
+        """cross: per layer (keys, values), each Tensor, shape = (batch, heads, 1500, head_dim)
+        (`asr.whisper.EncodedAudio.cross`, whose keys are transposed views); dtype: what
+        attention reads (a copy of `cross` when it differs)."""
+        self.cross_keys = [_transposed(keys).to(dtype) for keys, _ in cross]
+        self.cross_values = [values.to(dtype) for _, values in cross]
+        batch, heads, head_dim, _ = self.cross_keys[0].shape
+        like = self.cross_values[0]
+        self.keys = [like.new_zeros((batch, heads, head_dim, slots)) for _ in cross]
+        self.values = [like.new_zeros((batch, heads, slots, head_dim)) for _ in cross]
+
+    @property
+    def batch(self) -> int:
+        return self.keys[0].shape[0]
+
+    @property
+    def slots(self) -> int:
+        return self.keys[0].shape[-1]
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        """Keeps only these rows, in this order. Tensor, shape = (n,)."""
+        for name in ("keys", "values", "cross_keys", "cross_values"):
+            setattr(self, name, [tensor[rows] for tensor in getattr(self, name)])
+
+
+def _transposed(keys: torch.Tensor) -> torch.Tensor:
+    """(batch, heads, positions, head_dim) -> contiguous (batch, heads, head_dim, positions);
+    no copy when `keys` is already a transposed view of such a tensor."""
+    return keys.transpose(-1, -2).contiguous()
+
+
+class StaticDecoder:
+    """A WhisperDecoder's weights on chosen linear kernels; `forward` runs a block of tokens."""
+
+    def __init__(
+        self, decoder, linear: LinearFactory, attention_dtype: torch.dtype | None = None
+    ) -> None:
+        """decoder: a transformers WhisperDecoder (float weights, eval mode); linear: the kernel
+        each of its products runs on; attention_dtype: the dtype keys, values and attention
+        products are kept in (default: the decoder's), the softmax always in float32."""
+        config = decoder.config
+        self.attention_dtype = attention_dtype or decoder.embed_tokens.weight.dtype
+        self.heads = config.decoder_attention_heads
+        self.head_dim = config.d_model // self.heads
+        scaling = self.head_dim**-0.5
+        self.embed_tokens = decoder.embed_tokens.weight.detach()
+        self.embed_positions = decoder.embed_positions.weight.detach()
+        self.layers = [_Layer.of(layer, linear, scaling) for layer in decoder.layers]
+        self.final_norm = _Norm.of(decoder.layer_norm)
+        self.activation = {"gelu": F.gelu, "relu": F.relu}[config.activation_function]
+
+    @property
+    def max_context(self) -> int:
+        return self.embed_positions.shape[0]
+
+    def new_cache(self, cross) -> SlotCache:
+        """An empty cache for a batch of windows; cross: their `EncodedAudio.cross`, one entry
+        per layer of this decoder."""
+        if len(cross) != len(self.layers):
+            raise ValueError(f"cross has {len(cross)} layers, the decoder {len(self.layers)}")
+        return SlotCache(cross, self.max_context, self.attention_dtype)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: SlotCache,
+        *,
+        exact: bool = False,
+        valid: torch.Tensor | None = None,
+        cross_queries: dict[int, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Stores the block's keys and values in `cache` and returns its final states.
+
+        tokens, positions: Tensor, shape = (batch, n); a row's positions follow what the cache
+        holds for it (slots 0..p-1 are its tokens before position p). valid: Tensor[bool],
+        shape = (batch, n), False for padding (not stored; its states are meaningless); None:
+        every column. exact: attend as the module docstring says (no padding allowed then).
+        cross_queries: filled with each listed layer's scaled cross-attention queries, Tensor,
+        shape = (batch, heads, n, head_dim) (word timing reads them).
+        Returns Tensor, shape = (batch, n, d_model), after the final layer norm.
+        """
+        if exact and valid is not None and not bool(valid.all()):
+            raise ValueError("exact attention takes blocks without padding")
+        batch, n = tokens.shape
+        states = F.embedding(tokens, self.embed_tokens) + self.embed_positions[positions]
+        store = _StoreIndex.of(positions, valid)
+        slots = cache.slots if exact else int(positions.max()) + 1
+        # A query at position p sees slots 0..p: Tensor[bool], shape = (batch, 1, n, slots);
+        # a lone query of a lone row sees every slot up to its own (a draft's step).
+        hidden = None
+        if exact or tokens.numel() > 1:
+            hidden = torch.arange(slots, device=tokens.device) > positions[:, None, :, None]
+        for index, layer in enumerate(self.layers):
+            normed = layer.self_norm(states)
+            query, key, value = layer.qkv(normed).view(batch, n, 3, self.heads, -1).unbind(2)
+            keys, values = cache.keys[index], cache.values[index]
+            store.write(keys, values, key, value)
+            attended = _attend(
+                query.transpose(1, 2), keys[..., :slots], values[:, :, :slots], hidden, exact
+            )
+            states = states + layer.self_out(_merge(attended))
+
+            normed = layer.cross_norm(states)
+            query = layer.cross_query(normed).view(batch, n, self.heads, -1).transpose(1, 2)
+            if cross_queries is not None and index in cross_queries:
+                cross_queries[index] = query
+            attended = _attend(
+                query, cache.cross_keys[index], cache.cross_values[index], None, exact
+            )
+            states = states + layer.cross_out(_merge(attended))
+
+            normed = layer.ffn_norm(states)
+            states = states + layer.fc2(self.activation(layer.fc1(normed)))
+        return self.final_norm(states)
+
+
+@dataclass(frozen=True)
+class _StoreIndex:
+    """Where a block's keys and values go: (row, slot) of every stored column, and which
+    columns those are (None: all, row by row)."""
+
+    rows: torch.Tensor  # (entries,)
+    slots: torch.Tensor  # (entries,)
+    columns: tuple[torch.Tensor, torch.Tensor] | None
+
+    @classmethod
+    def of(cls, positions: torch.Tensor, valid: torch.Tensor | None) -> _StoreIndex:
+        """positions, valid: Tensor, shape = (batch, n)."""
+        if valid is None or bool(valid.all()):
+            batch, n = positions.shape
+            rows = torch.arange(batch, device=positions.device).repeat_interleave(n)
+            return cls(rows, positions.reshape(-1), None)
+        rows, columns = valid.nonzero(as_tuple=True)
+        return cls(rows, positions[rows, columns], (rows, columns))
+
+    def write(self, keys, values, key: torch.Tensor, value: torch.Tensor) -> None:
+        """keys: (batch, heads, head_dim, slots), values: (batch, heads, slots, head_dim);
+        key, value: (batch, n, heads, head_dim)."""
+        if self.columns is None:
+            key, value = key.flatten(0, 1), value.flatten(0, 1)
+        else:
+            key, value = key[self.columns], value[self.columns]
+        # keys[rows, :, :, slots] is (entries, heads, head_dim), as is key.
+        keys[self.rows, :, :, self.slots] = key.to(keys.dtype)
+        values[self.rows, :, self.slots] = value.to(values.dtype)
+
+
+def _attend(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    hidden: torch.Tensor | None,
+    exact: bool,
+) -> torch.Tensor:
+    """softmax(queries @ keys, hidden masked) @ values, in the keys' dtype with the softmax in
+    float32; returns the queries' dtype.
+
+    queries: (batch, heads, n, head_dim), scaled; keys: (batch, heads, head_dim, slots);
+    values: (batch, heads, slots, head_dim); hidden: None or Tensor[bool], shape = (batch, 1,
+    n, slots), True = not attended. exact: in products of the row counts `_exact_rows` gives.
+    """
+    dtype = keys.dtype
+    rows_per_product = _exact_rows(dtype) if exact else range(1, queries.shape[2] + 1)
+    outputs = []
+    for start in range(0, queries.shape[2], rows_per_product.stop - 1):
+        chunk = queries[:, :, start : start + rows_per_product.stop - 1].to(dtype)
+        rows = chunk.shape[2]
+        padding = max(rows_per_product.start - rows, 0)
+        if padding:  # zero queries: their rows are computed and dropped
+            chunk = F.pad(chunk, (0, 0, 0, padding))
+        scores = (chunk @ keys).float()
+        if hidden is not None:
+            mask = hidden[:, :, start : start + rows]
+            if padding:  # padding rows see every slot, so no row is all -inf
+                mask = F.pad(mask, (0, 0, 0, padding), value=False)
+            scores = scores.masked_fill(mask, -torch.inf)
+        attended = scores.softmax(dim=-1).to(dtype) @ values
+        outputs.append(attended[:, :, :rows])
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    return out.to(queries.dtype)
+
+
+def _exact_rows(dtype: torch.dtype) -> range:
+    """Query rows per product that give a row the same bits in any product (module docstring):
+    float32 CPU products change kernels between 3 and 4 rows; bfloat16 ones (oneDNN) do not."""
+    return range(1, 33) if dtype == torch.bfloat16 else EXACT_ROWS
+
+
+def _merge(states: torch.Tensor) -> torch.Tensor:
+    """(batch, heads, n, head_dim) -> (batch, n, heads * head_dim)."""
+    batch, heads, n, head_dim = states.shape
+    return states.transpose(1, 2).reshape(batch, n, heads * head_dim)

@@ -1,0 +1,244 @@
+"""User-level benchmark: whole `specscribe transcribe FOLDER` processes, as users run them.
+
+Each configuration is one process per pass over a folder of real speech (`bench.asr_data.
+user_files`: 59 English recordings no shipped draft trained on, short utterances and one 159 s
+reading), model loading, audio decoding and output writing included, with `--language en` and
+json output. The baseline is faster-whisper int8 on the same whisper-base weights, beam 1, in a
+process of its own that loads the model once and transcribes every file
+(`bench.faster_whisper_folder`). Passes are interleaved (every configuration once, in a rotated
+order, then again) and each configuration's seconds are the median over passes.
+
+Per configuration: seconds, speed against faster-whisper int8, WER (whisper-normalizer's
+English normaliser, jiwer, over every file), files whose transcript (segment times and text)
+equals the plain configuration of the same precision, tokens per target call, and two cost
+ratios from the decode statistics every output records: a verification call against a plain
+decoder step (verify seconds per target call, drafted over plain) and a draft step against a
+plain step. A plain step's price includes each window's first call, which scores its prompt.
+The last line printed is one JSON object; `--save` also writes it to bench/results.
+
+    python -m bench.cli [--repeats 3] [--threads 2] [--configs default,plain,...]
+        [--speech DIR] [--max-files N] [--save]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import positive_int
+from bench.asr_data import SPEECH, Utterance, user_files
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BASELINE = "faster-whisper int8"
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    options: tuple[str, ...]  # `specscribe transcribe` options; () for the baseline
+    plain: str | None = None  # the configuration whose output this one must equal
+
+
+CONFIGS: dict[str, Config] = {
+    c.name: c
+    for c in (
+        Config("default", ()),
+        Config("plain fp32", ("--precision", "fp32", "--assistant", "none")),
+        Config("draft fp32", ("--precision", "fp32", "--assistant", "auto"), "plain fp32"),
+        Config("plain int8", ("--precision", "int8", "--assistant", "none")),
+        Config("draft int8", ("--precision", "int8", "--assistant", "auto"), "plain int8"),
+        Config(BASELINE, ()),
+    )
+}
+DEFAULT_CONFIGS = tuple(CONFIGS)
+
+
+def _specscribe() -> list[str]:
+    """The installed command, or the module when run from a checkout without one."""
+    script = Path(sys.executable).with_name("specscribe")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "app.cli"]
+
+
+def _command(config: Config, folder: Path, out: Path, ct2_dir: Path, threads: int) -> list[str]:
+    if config.name == BASELINE:
+        return [
+            sys.executable,
+            "-m",
+            "bench.faster_whisper_folder",
+            str(ct2_dir),
+            str(folder),
+            str(out),
+            "--threads",
+            str(threads),
+        ]
+    return [
+        *_specscribe(),
+        "transcribe",
+        str(folder),
+        "--output-dir",
+        str(out),
+        "--format",
+        "json",
+        "--language",
+        "en",
+        *config.options,
+    ]
+
+
+def _run(command: list[str], threads: int) -> float:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}"
+        )
+    return seconds
+
+
+def _outputs(out: Path, files: list[Utterance]) -> dict[str, dict]:
+    """stem -> the json each file got (its transcript dict)."""
+    return {u.name: json.loads((out / f"{u.name}.json").read_text()) for u in files}
+
+
+def _segments(output: dict) -> tuple:
+    return tuple((s["start"], s["end"], s["text"]) for s in output["segments"])
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return round(numerator / denominator, 3) if denominator else None
+
+
+def summarise(configs: list[Config], files: list[Utterance], seconds: dict, outputs: dict) -> dict:
+    """One row per configuration (see the module docstring)."""
+    from bench.asr import word_error_rate
+
+    references = [u.reference for u in files]
+    rows: dict[str, dict] = {}
+    step_price: dict[str, float] = {}
+    for config in configs:
+        per_file = outputs[config.name]
+        row = {
+            "seconds": round(statistics.median(seconds[config.name]), 2),
+            "passes": [round(s, 2) for s in seconds[config.name]],
+            "wer": round(
+                100 * word_error_rate(references, [per_file[u.name]["text"] for u in files]), 2
+            ),
+        }
+        if config.name != BASELINE:
+            stats = [per_file[u.name]["stats"] for u in files]
+            total = {k: sum(s[k] for s in stats) for k in stats[0] if k != "accepted_histogram"}
+            row["tokens_per_target_call"] = _ratio(total["generated_tokens"], total["target_calls"])
+            row["verify_ms_per_call"] = round(
+                1e3 * total["verify_seconds"] / total["target_calls"], 2
+            )
+            row["draft_ms_per_step"] = (
+                round(1e3 * total["draft_seconds"] / total["draft_calls"], 2)
+                if total["draft_calls"]
+                else None
+            )
+            row["encoder_seconds"] = round(total["encoder_seconds"], 2)
+            row["decoder_seconds"] = round(total["verify_seconds"] + total["draft_seconds"], 2)
+            if not total["draft_calls"]:
+                step_price[config.name] = row["verify_ms_per_call"]
+        rows[config.name] = row
+    for config in configs:
+        row, plain = rows[config.name], config.plain
+        if plain in rows:
+            same = sum(
+                _segments(outputs[config.name][u.name]) == _segments(outputs[plain][u.name])
+                for u in files
+            )
+            row["identical_to_plain"] = f"{same} of {len(files)}"
+            price = step_price.get(plain)
+            row["verify_vs_plain_step"] = _ratio(row["verify_ms_per_call"], price)
+            row["draft_step_vs_plain_step"] = _ratio(row["draft_ms_per_step"] or 0, price)
+            row["decoder_speedup_vs_plain"] = _ratio(
+                rows[plain]["decoder_seconds"], row["decoder_seconds"]
+            )
+    if BASELINE in rows:
+        for row in rows.values():
+            row["vs_faster_whisper_int8"] = _ratio(rows[BASELINE]["seconds"], row["seconds"])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.cli", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--threads", type=positive_int, default=2)
+    parser.add_argument(
+        "--configs",
+        default=",".join(DEFAULT_CONFIGS),
+        help=f"comma-separated, of: {', '.join(CONFIGS)}",
+    )
+    parser.add_argument("--speech", type=Path, default=SPEECH)
+    parser.add_argument("--max-files", type=positive_int, help="the first N files only")
+    parser.add_argument("--save", action="store_true", help="also write bench/results/cli-*.json")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
+    configs = [CONFIGS[n] for n in names]
+    for config in list(configs):  # a drafted row needs its plain twin
+        if config.plain and config.plain not in names:
+            configs.append(CONFIGS[config.plain])
+            names.append(config.plain)
+
+    import app.config  # noqa: F401  (offline before anything loads)
+    from app.config import Settings
+    from asr.models import ModelRegistry
+
+    files = user_files(args.speech)[: args.max_files]
+    ct2_dir = ModelRegistry(Settings.from_env().cache_dir).pull_ct2("whisper-base")
+    seconds: dict[str, list[float]] = {c.name: [] for c in configs}
+    outputs: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="specscribe-bench-cli-") as work:
+        folder = Path(work) / "speech"
+        folder.mkdir()
+        for utterance in files:
+            (folder / utterance.audio.name).symlink_to(utterance.audio)
+        for index in range(args.repeats):
+            order = configs[index % len(configs) :] + configs[: index % len(configs)]
+            for config in order:
+                out = Path(work) / f"out-{index}-{config.name.replace(' ', '_')}"
+                command = _command(config, folder, out, ct2_dir, args.threads)
+                seconds[config.name].append(_run(command, args.threads))
+                outputs[config.name] = _outputs(out, files)
+                print(f"pass {index + 1}: {config.name}: {seconds[config.name][-1]:.2f} s",
+                      file=sys.stderr)  # fmt: skip
+    rows = summarise(configs, files, seconds, outputs)
+    audio_seconds = sum(
+        outputs[configs[0].name][u.name].get("duration", 0.0) for u in files
+    )  # fmt: skip
+    for name, row in rows.items():
+        print(f"{name:22} " + "  ".join(f"{k}={v}" for k, v in row.items() if k != "passes"))
+    report = {
+        "benchmark": "bench.cli",
+        "date": datetime.date.today().isoformat(),
+        "files": len(files),
+        "audio_seconds": round(audio_seconds, 1),
+        "repeats": args.repeats,
+        "threads": args.threads,
+        "configs": rows,
+    }
+    line = json.dumps(report)
+    if args.save:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / f"cli-{report['date']}-cpu{args.threads}.json").write_text(line + "\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

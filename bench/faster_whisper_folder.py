@@ -1,0 +1,55 @@
+"""faster-whisper over a folder, as a user's script would run it: one process that loads the
+model and transcribes every file, writing one JSON per file. The baseline of `bench.cli`.
+
+    python -m bench.faster_whisper_folder MODEL_DIR FOLDER OUT_DIR [--compute-type int8]
+        [--threads 2] [--language en]
+
+MODEL_DIR is a CTranslate2 Whisper directory (`ModelRegistry.pull_ct2`). Each OUT_DIR/STEM.json
+holds {"text", "segments": [{"start", "end", "text"}], "generated_tokens"}. Beam 1, temperature
+fallback and thresholds as faster-whisper defaults them (OpenAI's values), timestamps on and
+previous text as prompt: the same decoding `specscribe transcribe` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# asr.audio.AUDIO_EXTENSIONS, written out: importing the project here would time its imports
+# as faster-whisper's start-up.
+AUDIO_EXTENSIONS = {".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".mp4", ".webm", ".aac"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.faster_whisper_folder")
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--compute-type", default="int8")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--language", default="en")
+    args = parser.parse_args(argv)
+
+    from faster_whisper import WhisperModel
+
+    model = WhisperModel(
+        str(args.model_dir), device="cpu", compute_type=args.compute_type, cpu_threads=args.threads
+    )
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    files = sorted(p for p in args.folder.rglob("*") if p.suffix.lower() in AUDIO_EXTENSIONS)
+    for path in files:
+        segments, _ = model.transcribe(str(path), language=args.language, beam_size=1)
+        segments = list(segments)  # a generator: decoding happens here
+        result = {
+            "text": "".join(s.text for s in segments).strip(),
+            "segments": [{"start": s.start, "end": s.end, "text": s.text} for s in segments],
+            "generated_tokens": sum(len(s.tokens) for s in segments),
+        }
+        (args.out_dir / f"{path.stem}.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

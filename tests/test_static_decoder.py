@@ -1,0 +1,147 @@
+"""The decoder runtime's kernels give a row the same bits in any call (so drafting and batching
+are lossless bit for bit, in float32 as in int8), and the vectorised logit rules mask exactly
+what OpenAI's per-row rules mask."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from asr.audio import load_audio
+from asr.linears import PackedLinear, packed_linear_available
+from asr.logit_rules import LogitRules, Prefixes
+from asr.static_decoder import _attend
+from asr.whisper import N_FRAMES, WhisperModel
+from tests.conftest import torch_threads
+from tests.test_int8_decoder import JFK, LIBRISPEECH, _score
+
+needs_onednn = pytest.mark.skipif(
+    not packed_linear_available("cpu"), reason="oneDNN is not available in this torch build"
+)
+
+
+@needs_onednn
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(1536, 512), (51865, 512), (512, 2048)])
+def test_a_packed_linear_row_gets_the_same_bits_in_any_call(shape, threads):
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(*shape, generator=generator)
+    bias = torch.randn(shape[0], generator=generator)
+    states = torch.randn(40, shape[1], generator=generator)
+    layer = PackedLinear(weight, bias)
+    with torch_threads(threads):
+        alone = [layer(states[row : row + 1]) for row in range(len(states))]
+        for rows in (2, 3, 5, 6, 9, 17, 40):
+            block = layer(states[:rows])
+            assert all(torch.equal(block[r : r + 1], alone[r]) for r in range(rows)), rows
+        assert torch.equal(layer(states[3:9].view(2, 3, -1)).view(6, -1), torch.cat(alone[3:9]))
+    exact = states.double() @ weight.double().T + bias.double()
+    assert torch.allclose(torch.cat(alone).double(), exact, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("slots", [448, 1500])
+def test_exact_attention_gives_a_query_the_same_bits_in_any_block_and_batch(dtype, slots):
+    generator = torch.Generator().manual_seed(1)
+    batch, heads, head_dim, n = 3, 8, 64, 20
+    keys = torch.randn(batch, heads, head_dim, slots, generator=generator).to(dtype)
+    values = torch.randn(batch, heads, slots, head_dim, generator=generator).to(dtype)
+    queries = torch.randn(batch, heads, n, head_dim, generator=generator) / 8
+    positions = torch.arange(100, 100 + n).expand(batch, n)
+    hidden = torch.arange(slots) > positions[:, None, :, None]
+
+    def attend(rows: slice, columns: slice) -> torch.Tensor:
+        return _attend(
+            queries[rows, :, columns], keys[rows], values[rows], hidden[rows, :, columns], True
+        )
+
+    whole = attend(slice(None), slice(None))
+    for start in range(n):  # every query alone
+        assert torch.equal(
+            attend(slice(None), slice(start, start + 1)), whole[:, :, start:][:, :, :1]
+        )
+    for start, width in ((0, 2), (1, 3), (4, 4), (5, 6), (2, 9)):  # blocks of any width
+        block = attend(slice(None), slice(start, start + width))
+        assert torch.equal(block, whole[:, :, start : start + width])
+    assert torch.equal(attend(slice(1, 2), slice(None)), whole[1:2])  # a row without the batch
+    assert whole.dtype == torch.float32 and torch.isfinite(whole).all()
+
+
+def _reference_rules(rules: LogitRules, logits: torch.Tensor, generated: list[list[int]]):
+    """OpenAI's rules row by row, as written in its decoding.py (ApplyTimestampRules,
+    SuppressBlank, SuppressTokens)."""
+    special, begin = rules.special, rules.special.timestamp_begin
+    logits = logits.clone()
+    suppressed = [*rules.suppress_tokens, special.no_timestamps]
+    logits[:, suppressed] = -torch.inf
+    for row, tokens in enumerate(generated):
+        if not tokens:
+            logits[row, [220, special.eot]] = -torch.inf
+        last_was_timestamp = len(tokens) >= 1 and tokens[-1] >= begin
+        penultimate_was_timestamp = len(tokens) < 2 or tokens[-2] >= begin
+        if last_was_timestamp:
+            if penultimate_was_timestamp:
+                logits[row, begin:] = -torch.inf
+            else:
+                logits[row, : special.eot] = -torch.inf
+        timestamps = [t for t in tokens if t >= begin]
+        if timestamps:
+            last = timestamps[-1]
+            floor = last if last_was_timestamp and not penultimate_was_timestamp else last + 1
+            logits[row, begin:floor] = -torch.inf
+        if not tokens:
+            logits[row, :begin] = -torch.inf
+            logits[row, begin + rules.max_initial_timestamp_index + 1 :] = -torch.inf
+        logprobs = torch.log_softmax(logits[row].float(), dim=-1)
+        if logprobs[begin:].logsumexp(dim=-1) > logprobs[:begin].max():
+            logits[row, :begin] = -torch.inf
+    return logits
+
+
+@pytest.mark.slow
+def test_vectorised_rules_mask_what_the_per_row_rules_mask(whisper_base):
+    rules = LogitRules(whisper_base.special, whisper_base.suppress_tokens, timestamps=True)
+    begin, vocab = whisper_base.special.timestamp_begin, whisper_base.config.vocab_size
+    chooser = random.Random(0)
+    generated = [[]]
+    for _ in range(200):  # prefixes of every shape the grammar distinguishes
+        tokens, stamp = [], 0
+        for _ in range(chooser.randrange(0, 8)):
+            if chooser.random() < 0.4:
+                stamp = min(stamp + chooser.randrange(0, 3), 1500)
+                tokens.append(begin + stamp)
+            else:
+                tokens.append(chooser.randrange(0, 50257))
+        generated.append(tokens)
+    generator = torch.Generator().manual_seed(2)
+    logits = torch.randn(len(generated), vocab, generator=generator) * 3
+    logits[::3, begin:] += 4  # rows where timestamps win as a whole
+    masked = rules.apply(logits, generated)
+    assert torch.equal(torch.isinf(masked), torch.isinf(_reference_rules(rules, logits, generated)))
+    assert torch.equal(masked[torch.isfinite(masked)], logits[torch.isfinite(masked)])
+
+    # The same prefixes read from a row's history, as a target reads them at each position.
+    history = torch.tensor([[50258, 50259, 50360, 50364, 440, 50389, 50389, 300, 50400, 0]])
+    ends = torch.tensor([[3, 4, 5, 6, 7, 8, 9]])
+    found = Prefixes.from_history(history, torch.tensor([3]), ends, begin)
+    expected = Prefixes.of([history[0, 3:e].tolist() for e in ends[0].tolist()], begin, "cpu")
+    for field in ("count", "last", "penultimate", "last_timestamp"):
+        assert torch.equal(getattr(found, field), getattr(expected, field)), field
+
+
+@pytest.mark.slow
+@needs_onednn
+def test_float32_positions_score_the_same_bits_in_any_block_and_any_batch(whisper_base):
+    """The float32 counterpart of test_int8_decoder's bit-exactness test."""
+    model: WhisperModel = whisper_base
+    assert model.exact_steps
+    mels = [model.log_mel(load_audio(path))[:, :N_FRAMES] for path in (JFK, LIBRISPEECH)]
+    encoded = model.cross_attention(model.encode(torch.stack(mels)))
+    whole = _score(model, encoded, [0], [16])
+    assert torch.equal(_score(model, encoded, [0], [1] * 16), whole)
+    assert torch.equal(_score(model, encoded, [0], [5, 2, 9]), whole)
+    assert torch.equal(_score(model, encoded, [0, 1], [16])[0], whole[0])
+    assert torch.equal(_score(model, encoded, [1, 0], [3, 13])[1], whole[0])
+    assert torch.isfinite(whole).all()
