@@ -35,7 +35,7 @@ def language_code(value: str | None) -> str | None:
     ServiceOptions.validate to refuse."""
     if value is None:
         return None
-    from transformers.models.whisper.tokenization_whisper import TO_LANGUAGE_CODE
+    from asr.languages import TO_LANGUAGE_CODE
 
     text = value.strip().lower().removeprefix("<|").removesuffix("|>")
     if text in ("", "auto"):
@@ -58,7 +58,7 @@ class ServiceOptions:
     batch_size: int = 1  # >1: windows cut at silences, decoded together
 
     def validate(self) -> ServiceOptions:
-        from transformers.models.whisper.tokenization_whisper import LANGUAGES
+        from asr.languages import LANGUAGES
 
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"task must be 'transcribe' or 'translate', not {self.task!r}")
@@ -117,6 +117,14 @@ def _choose_assistant(requested: str, asr_model: str, int8_decoder: bool = False
 
     name = f"{asr_model}-draft"
     return name if shipped_draft_ready(name) else "none"
+
+
+def _file_name(path: str) -> str:
+    """A file name that stands for a model path or hub id (its quantized layers' store)."""
+    import hashlib
+
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    return f"{Path(path).name}-{digest}"
 
 
 class TranscriptionService:
@@ -197,6 +205,7 @@ class TranscriptionService:
                 self.dtypes.decoder,
                 encoder_dtype=self.dtypes.encoder,
                 int8_decoder=self.dtypes.int8_decoder,
+                int8_store=self.settings.cache_dir / "int8" / f"{_file_name(path)}.safetensors",
             )
         return self._model
 

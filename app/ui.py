@@ -175,7 +175,7 @@ def safe_stem(path: str | Path) -> str:
 def language_choices(codes: Sequence[str]) -> list[tuple[str, str]]:
     """Whisper language codes -> dropdown (label, value) pairs, "Detect" first."""
     try:
-        from transformers.models.whisper.tokenization_whisper import LANGUAGES
+        from asr.languages import LANGUAGES
     except ImportError:  # names are a nicety; codes alone still work
         LANGUAGES = {}
     named = sorted((f"{LANGUAGES.get(code, code).title()} ({code})", code) for code in codes)

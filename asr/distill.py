@@ -298,7 +298,7 @@ def build_draft(target: WhisperModel, keep_layers: tuple[int, ...]):
 
     config = WhisperConfig.from_dict(
         {
-            **target.config.to_dict(),
+            **vars(target.config),
             "decoder_layers": len(keep_layers),
             "architectures": ["WhisperForCausalLM"],
             "is_encoder_decoder": False,
@@ -415,7 +415,7 @@ def _batch_loss(draft, target: WhisperModel, windows, head: _Head, kl_weight: fl
 def draft_predictions(draft, target, windows, vocabulary=None, batch_size: int = 8) -> list:
     """The draft's top token at each labelled position of each window, with the target's tokens
     as context (teacher forcing): one Tensor per window, aligned with `window.labels`.
-    vocabulary: the token ids its head scores (as `load_draft_module` returns); None: all."""
+    vocabulary: the token ids its head scores (`WhisperModel.output_vocabulary`); None: all."""
     if vocabulary is None:
         vocabulary = torch.arange(draft.config.vocab_size)
     head = _Head.of(draft, vocabulary)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from asr.whisper_checkpoint import Checkpoint, config_namespace
+
 DRAFT_KEY = "specscribe_draft"
 SHARED_TENSORS = (
     "model.decoder.embed_tokens.weight",
@@ -104,52 +106,58 @@ def save_draft(
         raise
 
 
-def load_draft_module(path: str | Path, target_module, dtype: torch.dtype):
-    """The draft's WhisperForCausalLM with the target's shared tensors, its head's token ids,
-    and the target layers whose cross-attention keys/values its layers reuse.
+def read_draft(
+    path: str | Path, target: Checkpoint
+) -> tuple[Checkpoint, torch.Tensor | None, tuple]:
+    """A distilled draft's checkpoint, completed with its target's shared tensors (the same
+    tensors, not copies): the token and position embeddings, the output head, and the
+    cross-attention key/value projections of the target layers its layers were made from.
 
-    target_module: the target's transformers model (WhisperForConditionalGeneration).
-    Returns (model, vocabulary: Tensor, shape = (head size,) or None for the full vocabulary,
-    layers: tuple of target layer indices, one per draft layer).
+    target: the target's checkpoint, whose device and dtype the draft takes.
+    Returns (checkpoint, vocabulary: Tensor, shape = (head size,), or None for the whole
+    vocabulary, layers: the target layer each draft layer reads the cross-attention of).
     Raises ValueError when the draft does not fit this target.
     """
     from safetensors.torch import load_file
-    from transformers import GenerationConfig, WhisperConfig, WhisperForCausalLM
 
     path = Path(path)
     raw = json.loads((path / "config.json").read_text())
     meta = raw.pop(DRAFT_KEY)
-    config = WhisperConfig.from_dict(raw)
-    source = target_module.model.decoder
+    config = config_namespace(raw)
     for field in ("d_model", "vocab_size", "max_target_positions", "num_mel_bins"):
-        ours, theirs = getattr(config, field), getattr(target_module.config, field)
+        ours, theirs = getattr(config, field), getattr(target.config, field)
         if ours != theirs:
             raise ValueError(
                 f"draft {path} was made for {meta.get('target')}: its {field} is {ours}, "
                 f"the target's is {theirs}"
             )
     layers = tuple(meta["cross_from_target_layers"])
-    if len(layers) != config.decoder_layers or max(layers) >= len(source.layers):
+    target_layers = target.config.decoder_layers
+    if len(layers) != config.decoder_layers or max(layers) >= target_layers:
         raise ValueError(
             f"draft {path}: its layers come from target layers {list(layers)}, which do not fit "
-            f"a {len(source.layers)}-layer target"
+            f"a {target_layers}-layer target"
         )
-    state = load_file(path / "model.safetensors")
+    like = target.tensors["model.decoder.embed_tokens.weight"]
+    tensors = {
+        name: tensor.to(device=like.device, dtype=like.dtype)
+        for name, tensor in load_file(str(path / "model.safetensors")).items()
+    }
+    for name in SHARED_TENSORS:
+        tensors[name] = target.output_weight if name == "proj_out.weight" else target.tensors[name]
     for new, old in enumerate(layers):
-        attention = source.layers[old].encoder_attn
-        for name, linear in (("k_proj", attention.k_proj), ("v_proj", attention.v_proj)):
-            for kind, value in linear.state_dict().items():
-                state[f"model.decoder.layers.{new}.encoder_attn.{name}.{kind}"] = value
-    model = WhisperForCausalLM(config)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or set(missing) - set(SHARED_TENSORS):
-        raise ValueError(f"draft {path}: unexpected {unexpected}, missing {missing}")
-    model = model.to(dtype=dtype, device=target_module.device).eval()
-    share_target_tensors(model, source)
-    model.generation_config = GenerationConfig.from_pretrained(str(path))
+        for kind in ("k_proj.weight", "v_proj.weight", "v_proj.bias"):
+            source = f"model.decoder.layers.{old}.encoder_attn.{kind}"
+            tensors[f"model.decoder.layers.{new}.encoder_attn.{kind}"] = target.tensors[source]
+    expected = {k for k in target.tensors if k.startswith("model.decoder.layers.0.")}
+    found = {k for k in tensors if k.startswith("model.decoder.layers.0.")}
+    if not expected <= found:
+        raise ValueError(f"draft {path}: missing {sorted(expected - found)}")
+    generation_file = path / "generation_config.json"
+    generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
     vocabulary = meta.get("output_vocabulary")
     if vocabulary is not None and len(vocabulary) < config.vocab_size:
-        vocabulary = torch.tensor(vocabulary, dtype=torch.long, device=target_module.device)
+        vocabulary = torch.tensor(vocabulary, dtype=torch.long, device=like.device)
     else:
         vocabulary = None
-    return model, vocabulary, layers
+    return Checkpoint(path, config, generation, tensors), vocabulary, layers

@@ -69,6 +69,20 @@ class Int8Linear(torch.nn.Module):
     def of(cls, linear: torch.nn.Linear) -> Int8Linear:
         return cls(linear.weight, linear.bias)
 
+    @classmethod
+    def from_quantized(
+        cls,
+        weight_int8: torch.Tensor,
+        weight_scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        input_passes: int = 1,
+    ) -> Int8Linear:
+        """A layer from the buffers of one made before (`asr.int8_store`): no quantizing."""
+        layer = cls(torch.zeros(1, weight_int8.shape[1]), None, input_passes)
+        layer.weight_int8, layer.weight_scale, layer.bias = weight_int8, weight_scale, bias
+        layer.out_features, layer.in_features = weight_int8.shape
+        return layer
+
     def float_state(self) -> dict[str, torch.Tensor]:
         """nn.Linear's state dict for the weight this layer holds (dequantized) and its bias."""
         state = {"weight": self.weight_int8.float() * self.weight_scale[:, None]}

@@ -51,20 +51,14 @@ LinearFactory = Callable[[torch.Tensor, torch.Tensor | None], torch.nn.Module]
 class _Norm:
     weight: torch.Tensor
     bias: torch.Tensor
-    eps: float
+    eps: float = 1e-5  # nn.LayerNorm's, which Whisper uses
 
     @classmethod
-    def of(cls, norm: torch.nn.LayerNorm) -> _Norm:
-        return cls(norm.weight.detach(), norm.bias.detach(), norm.eps)
+    def of(cls, tensors: dict[str, torch.Tensor], name: str) -> _Norm:
+        return cls(tensors[f"{name}.weight"], tensors[f"{name}.bias"])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
-
-
-def _bias(linear: torch.nn.Linear) -> torch.Tensor:
-    if linear.bias is not None:
-        return linear.bias.detach()
-    return linear.weight.new_zeros(linear.weight.shape[0])
 
 
 @dataclass(frozen=True)
@@ -80,26 +74,39 @@ class _Layer:
     fc2: torch.nn.Module
 
     @classmethod
-    def of(cls, layer, linear: LinearFactory, scaling: float) -> _Layer:
-        attention, cross = layer.self_attn, layer.encoder_attn
+    def of(
+        cls, tensors: dict[str, torch.Tensor], prefix: str, linear: LinearFactory, scaling: float
+    ) -> _Layer:
+        """tensors: a decoder's, named as under transformers' "model.decoder." prefix;
+        prefix: this layer's ("layers.3.")."""
+
+        def weight(name: str) -> torch.Tensor:
+            return tensors[f"{prefix}{name}.weight"]
+
+        def bias(name: str) -> torch.Tensor:  # Whisper's key projections have none
+            found = tensors.get(f"{prefix}{name}.bias")
+            return torch.zeros_like(weight(name)[:, 0]) if found is None else found
+
+        def product(name: str, scale: float = 1.0) -> torch.nn.Module:
+            return linear(weight(name) * scale, bias(name) * scale)
+
         # The query's scaling is folded into its weights: exact for Whisper's head_dim 64
         # (1/8, a power of two), and a single rounding otherwise.
-        parts = (attention.q_proj, attention.k_proj, attention.v_proj)
+        names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
         scales = (scaling, 1.0, 1.0)
-        weight = torch.cat([p.weight.detach() * s for p, s in zip(parts, scales, strict=True)])
-        bias = torch.cat([_bias(p) * s for p, s in zip(parts, scales, strict=True)])
         return cls(
-            self_norm=_Norm.of(layer.self_attn_layer_norm),
-            qkv=linear(weight, bias),
-            self_out=linear(attention.out_proj.weight.detach(), _bias(attention.out_proj)),
-            cross_norm=_Norm.of(layer.encoder_attn_layer_norm),
-            cross_query=linear(
-                cross.q_proj.weight.detach() * scaling, _bias(cross.q_proj) * scaling
+            self_norm=_Norm.of(tensors, f"{prefix}self_attn_layer_norm"),
+            qkv=linear(
+                torch.cat([weight(n) * s for n, s in zip(names, scales, strict=True)]),
+                torch.cat([bias(n) * s for n, s in zip(names, scales, strict=True)]),
             ),
-            cross_out=linear(cross.out_proj.weight.detach(), _bias(cross.out_proj)),
-            ffn_norm=_Norm.of(layer.final_layer_norm),
-            fc1=linear(layer.fc1.weight.detach(), _bias(layer.fc1)),
-            fc2=linear(layer.fc2.weight.detach(), _bias(layer.fc2)),
+            self_out=product("self_attn.out_proj"),
+            cross_norm=_Norm.of(tensors, f"{prefix}encoder_attn_layer_norm"),
+            cross_query=product("encoder_attn.q_proj", scaling),
+            cross_out=product("encoder_attn.out_proj"),
+            ffn_norm=_Norm.of(tensors, f"{prefix}final_layer_norm"),
+            fc1=product("fc1"),
+            fc2=product("fc2"),
         )
 
 
@@ -148,20 +155,26 @@ class StaticDecoder:
     """A WhisperDecoder's weights on chosen linear kernels; `forward` runs a block of tokens."""
 
     def __init__(
-        self, decoder, linear: LinearFactory, attention_dtype: torch.dtype | None = None
+        self,
+        tensors: dict[str, torch.Tensor],
+        config,
+        linear: LinearFactory,
+        attention_dtype: torch.dtype | None = None,
     ) -> None:
-        """decoder: a transformers WhisperDecoder (float weights, eval mode); linear: the kernel
-        each of its products runs on; attention_dtype: the dtype keys, values and attention
-        products are kept in (default: the decoder's), the softmax always in float32."""
-        config = decoder.config
-        self.attention_dtype = attention_dtype or decoder.embed_tokens.weight.dtype
+        """tensors: a Whisper decoder's, named as under transformers' "model.decoder." prefix;
+        config: the checkpoint's (decoder_attention_heads, d_model, activation_function);
+        linear: the kernel each product runs on; attention_dtype: the dtype keys, values and
+        attention products are kept in (default: the embeddings'), the softmax always in
+        float32."""
+        self.embed_tokens = tensors["embed_tokens.weight"]
+        self.embed_positions = tensors["embed_positions.weight"]
+        self.attention_dtype = attention_dtype or self.embed_tokens.dtype
         self.heads = config.decoder_attention_heads
         self.head_dim = config.d_model // self.heads
         scaling = self.head_dim**-0.5
-        self.embed_tokens = decoder.embed_tokens.weight.detach()
-        self.embed_positions = decoder.embed_positions.weight.detach()
-        self.layers = [_Layer.of(layer, linear, scaling) for layer in decoder.layers]
-        self.final_norm = _Norm.of(decoder.layer_norm)
+        count = 1 + max(int(k.split(".")[1]) for k in tensors if k.startswith("layers."))
+        self.layers = [_Layer.of(tensors, f"layers.{i}.", linear, scaling) for i in range(count)]
+        self.final_norm = _Norm.of(tensors, "layer_norm")
         self.activation = {"gelu": F.gelu, "relu": F.relu}[config.activation_function]
 
     @property

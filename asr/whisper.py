@@ -12,11 +12,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from asr.audio import SAMPLE_RATE
 from asr.int8 import Int8Linear, dynamic_int8_linear
+from asr.int8_store import Int8Store, fingerprint
 from asr.linears import DenseLinear, PackedLinear, packed_linear_available
 from asr.static_decoder import LinearFactory, SlotCache, StaticDecoder
+from asr.static_encoder import StaticEncoder
+from asr.whisper_checkpoint import (
+    Checkpoint,
+    config_namespace,
+    local_directory,
+    mel_filters,
+    read_checkpoint,
+)
 from decoding.projection import OutputProjection
 
 N_FFT = 400
@@ -47,16 +57,18 @@ class SpecialTokens:
         return self.transcribe is not None
 
 
-def _special_tokens(tokenizer, generation_config, vocab_size: int) -> SpecialTokens:
+def _special_tokens(tokenizer, generation: dict) -> SpecialTokens:
+    """generation: the checkpoint's generation_config.json."""
+
     def token_id(content: str) -> int:
         found = tokenizer.convert_tokens_to_ids(content)
-        if found is None or (found == tokenizer.unk_token_id and content != tokenizer.unk_token):
+        if found is None:
             raise ValueError(f"the tokenizer has no {content} token")
         return found
 
     no_timestamps = token_id("<|notimestamps|>")
-    lang_to_id = getattr(generation_config, "lang_to_id", None) or {}
-    multilingual = bool(getattr(generation_config, "is_multilingual", False))
+    lang_to_id = generation.get("lang_to_id") or {}
+    multilingual = bool(generation.get("is_multilingual", False))
     return SpecialTokens(
         eot=token_id("<|endoftext|>"),
         sot=token_id("<|startoftranscript|>"),
@@ -151,32 +163,68 @@ def attention_dtype(kind: LinearKind, dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
-class WhisperModel:
-    """A loaded Whisper checkpoint with its tokenizer and mel filters.
+def _model_type(directory: Path) -> str | None:
+    import json
 
-    `model` is a WhisperForConditionalGeneration, or a decoder-only WhisperForCausalLM (a draft
-    that attends to another model's encoder output; it has no `encode`). Its encoder runs as
-    transformers has it; its decoder runs on `asr.static_decoder` (`runtime`), over the kernels
-    `linear_kind` names.
+    config = directory / "config.json"
+    return json.loads(config.read_text()).get("model_type") if config.is_file() else None
+
+
+def _transformers_module(checkpoint: Checkpoint):
+    """transformers' model class for a checkpoint, built on its tensors (assigned, not
+    copied): WhisperForCausalLM for a decoder-only draft, else WhisperForConditionalGeneration."""
+    from transformers import (
+        GenerationConfig,
+        WhisperConfig,
+        WhisperForCausalLM,
+        WhisperForConditionalGeneration,
+    )
+
+    config = WhisperConfig.from_dict(vars(checkpoint.config))
+    model_class = WhisperForConditionalGeneration if checkpoint.has_encoder else WhisperForCausalLM
+    with torch.device("meta"):
+        model = model_class(config)
+    state = dict(checkpoint.tensors)
+    state.setdefault("proj_out.weight", checkpoint.output_weight)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise ValueError(f"{checkpoint.path}: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    model.generation_config = GenerationConfig.from_dict(checkpoint.generation)
+    return model.eval()
+
+
+class WhisperModel:
+    """A loaded Whisper checkpoint: its tensors, tokenizer and mel filters, and the runtimes
+    that transcribe with them (`asr.static_encoder`, `asr.static_decoder`, the latter over the
+    kernels `linear_kind` names). Loading imports nothing from transformers.
+
+    A draft (`load_draft`) is decoder-only: it attends to another model's encoder output.
+    `model` builds the transformers module on the same tensors, on first use, for what
+    transformers itself runs (draft training, reference tests, the benchmark's baselines).
     """
 
-    def __init__(self, model, tokenizer, mel_filters: torch.Tensor, name: str) -> None:
-        self.model = model
+    def __init__(self, checkpoint: Checkpoint, tokenizer, name: str) -> None:
+        self.checkpoint = checkpoint
         self.tokenizer = tokenizer
         self.name = name
-        self.config = model.config
-        self.device = model.device
+        self.config = checkpoint.config
+        embeddings = checkpoint.tensors["model.decoder.embed_tokens.weight"]
+        self.device = embeddings.device
         # The decoder's: a "mixed" model (asr.precision) has a half-precision encoder.
-        self.dtype = model.model.decoder.embed_tokens.weight.dtype
-        self.mel_filters = mel_filters.to(self.device)  # shape = (n_mels, n_fft // 2 + 1)
-        self.special = _special_tokens(tokenizer, model.generation_config, model.config.vocab_size)
-        self.suppress_tokens = tuple(model.generation_config.suppress_tokens or ())
-        self.alignment_heads = tuple(map(tuple, model.generation_config.alignment_heads or ()))
+        self.dtype = embeddings.dtype
+        self.mel_filters = mel_filters(self.config.num_mel_bins).to(self.device)
+        self.special = _special_tokens(tokenizer, checkpoint.generation)
+        self.suppress_tokens = tuple(checkpoint.generation.get("suppress_tokens") or ())
+        self.alignment_heads = tuple(map(tuple, checkpoint.generation.get("alignment_heads") or ()))
         # A distilled draft scores only these token ids (asr.draft_checkpoint); None: all.
         self.output_vocabulary: torch.Tensor | None = None
         self.linear_kind: LinearKind = default_linear_kind(self.device, self.dtype)
         self._runtime: StaticDecoder | None = None  # made on first use, for linear_kind
+        self._encoder: StaticEncoder | None = None
         self._head: torch.nn.Module | OutputProjection | None = None
+        self._module = None  # transformers' model, made on first use of `model`
+        self._int8_store = Int8Store(None, "")  # where the "int8" layers come from
         # A distilled draft's layer i reads the target's layer cross_from_target[i] keys/values.
         self.cross_from_target: tuple[int, ...] | None = None
 
@@ -188,51 +236,64 @@ class WhisperModel:
         dtype: torch.dtype = torch.float32,
         encoder_dtype: torch.dtype | None = None,
         int8_decoder: bool = False,
+        int8_store: Path | None = None,
     ):
-        """dtype: the weights' and activations' dtype; encoder_dtype: the encoder's when it
-        differs ("mixed"); int8_decoder: the decoder's linear layers and head in int8 ("int8");
-        all from `asr.precision.resolve_precision`. The log-mel is always float32 (cast at the
-        encoder input) and logits leave in float32."""
-        from transformers import (
-            AutoConfig,
-            WhisperFeatureExtractor,
-            WhisperForCausalLM,
-            WhisperForConditionalGeneration,
-            WhisperTokenizer,
-        )
+        """path: a checkpoint directory or hub id. dtype: the weights' and activations' dtype;
+        encoder_dtype: the encoder's when it differs ("mixed"); int8_decoder: the decoder's
+        linear layers and head in int8 ("int8"); all from `asr.precision.resolve_precision`.
+        int8_store: a file that keeps the int8 layers once quantized (`asr.int8_store`).
+        The log-mel is always float32 (cast at the encoder input) and logits leave in
+        float32."""
+        from asr.tokenizer import WhisperTokenizer
 
-        config = AutoConfig.from_pretrained(str(path))
-        if config.model_type != "whisper":
-            raise ValueError(f"{path} holds a {config.model_type} model, not a Whisper model")
-        decoder_only = "WhisperForCausalLM" in (config.architectures or ())
-        model_class = WhisperForCausalLM if decoder_only else WhisperForConditionalGeneration
-        model = model_class.from_pretrained(str(path), dtype=dtype).to(device).eval()
-        tokenizer = WhisperTokenizer.from_pretrained(str(path))
-        try:
-            features = WhisperFeatureExtractor.from_pretrained(str(path))
-        except OSError:  # decoder-only drafts may ship no preprocessor config
-            features = WhisperFeatureExtractor(feature_size=config.num_mel_bins)
-        filters = torch.from_numpy(np.asarray(features.mel_filters, dtype=np.float32)).T
-        if encoder_dtype is not None and encoder_dtype != dtype and hasattr(model.model, "encoder"):
-            model.model.encoder.to(encoder_dtype)  # "mixed" precision (asr.precision)
-        whisper = cls(model, tokenizer, filters, name=str(path))
+        directory = local_directory(path)
+        model_type = _model_type(directory)
+        if model_type != "whisper":
+            raise ValueError(f"{path} holds a {model_type} model, not a Whisper model")
+        if int8_decoder and torch.device(device).type != "cpu":
+            raise ValueError(f"an int8 decoder runs on CPU only, not on {device}")
+        checkpoint = read_checkpoint(directory, device, dtype, encoder_dtype)
+        whisper = cls(checkpoint, WhisperTokenizer(directory), name=str(path))
         if int8_decoder:
-            if whisper.device.type != "cpu":
-                raise ValueError(f"an int8 decoder runs on CPU only, not on {whisper.device}")
             whisper.linear_kind = "int8"
+            weights = directory / "model.safetensors"
+            source = fingerprint(weights) if weights.is_file() else str(directory)
+            whisper._int8_store = Int8Store(int8_store, source)
+        return whisper
+
+    @classmethod
+    def from_transformers(cls, module, tokenizer, name: str) -> WhisperModel:
+        """A model on the tensors of a transformers Whisper module (tests' random models)."""
+        state = dict(module.state_dict())
+        checkpoint = Checkpoint(
+            Path(name),
+            config_namespace(module.config.to_dict()),
+            module.generation_config.to_dict(),
+            {k: v.detach() for k, v in state.items()},
+        )
+        whisper = cls(checkpoint, tokenizer, name)
+        whisper._module = module
         return whisper
 
     @classmethod
     def load_draft(cls, path: str | Path, target: WhisperModel) -> WhisperModel:
         """A distilled draft (asr.draft_checkpoint) on the target's device and dtype, with the
         target's embeddings."""
-        from asr.draft_checkpoint import load_draft_module
+        from asr.draft_checkpoint import read_draft
 
-        model, vocabulary, layers = load_draft_module(path, target.model, target.dtype)
-        draft = cls(model, target.tokenizer, target.mel_filters, name=str(path))
+        checkpoint, vocabulary, layers = read_draft(path, target.checkpoint)
+        draft = cls(checkpoint, target.tokenizer, name=str(path))
         draft.cross_from_target = layers
         draft.output_vocabulary = vocabulary
         return draft
+
+    @property
+    def model(self):
+        """transformers' WhisperForConditionalGeneration (a draft: WhisperForCausalLM) on this
+        model's tensors (shared, not copied), in eval mode."""
+        if self._module is None:
+            self._module = _transformers_module(self.checkpoint)
+        return self._module
 
     @property
     def int8_decoder(self) -> bool:
@@ -254,12 +315,21 @@ class WhisperModel:
     @property
     def runtime(self) -> StaticDecoder:
         if self._runtime is None:
+            int8 = self.linear_kind == "int8"
             self._runtime = StaticDecoder(
-                self.model.model.decoder,
-                linear_factory(self.linear_kind),
+                self.checkpoint.with_prefix("model.decoder."),
+                self.config,
+                self._int8_store.linear if int8 else linear_factory(self.linear_kind),
                 attention_dtype(self.linear_kind, self.dtype),
             )
+            if int8:  # the head too, so that the store is complete when it is saved
+                self.logits(self.embed_tokens[:1])
+                self._int8_store.save()
         return self._runtime
+
+    @property
+    def embed_tokens(self) -> torch.Tensor:
+        return self.checkpoint.tensors["model.decoder.embed_tokens.weight"]
 
     @property
     def max_context(self) -> int:
@@ -271,7 +341,7 @@ class WhisperModel:
 
     @property
     def has_encoder(self) -> bool:
-        return hasattr(self.model.model, "encoder")
+        return self.checkpoint.has_encoder
 
     def log_mel(self, samples: np.ndarray) -> torch.Tensor:
         """OpenAI's log-mel over the whole recording, padded with one window of silence.
@@ -291,9 +361,12 @@ class WhisperModel:
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
         """mel: Tensor, shape = (batch, n_mels, 3000) -> Tensor, shape = (batch, 1500, d_model)."""
-        encoder = self.model.model.encoder
-        dtype = encoder.conv1.weight.dtype  # the decoder's, or half precision when "mixed"
-        return encoder(mel.to(dtype)).last_hidden_state.to(self.dtype)
+        if self._encoder is None:
+            if not self.has_encoder:
+                raise ValueError(f"{self.name} has no encoder (a decoder-only draft)")
+            heads = self.config.encoder_attention_heads
+            self._encoder = StaticEncoder(self.checkpoint.with_prefix("model.encoder."), heads)
+        return self._encoder(mel).to(self.dtype)
 
     @torch.inference_mode()
     def cross_attention(self, features: torch.Tensor) -> EncodedAudio:
@@ -304,13 +377,18 @@ class WhisperModel:
         """
         # A draft of another dtype reads the target's encoder output in its own dtype.
         features = features.to(self.dtype)
+        tensors, heads = self.checkpoint.tensors, self.config.decoder_attention_heads
         cross = []
-        for layer in self.model.model.decoder.layers:
-            attention = layer.encoder_attn
-            shape = (features.shape[0], -1, attention.num_heads, attention.head_dim)
+        for index in range(self.config.decoder_layers):
+            prefix = f"model.decoder.layers.{index}.encoder_attn."
+            shape = (features.shape[0], -1, heads, self.config.d_model // heads)
+            keys = F.linear(features, tensors[f"{prefix}k_proj.weight"])
+            values = F.linear(
+                features, tensors[f"{prefix}v_proj.weight"], tensors[f"{prefix}v_proj.bias"]
+            )
             # keys stored (batch, heads, head_dim, 1500), handed out transposed (see EncodedAudio)
-            keys = attention.k_proj(features).view(shape).permute(0, 2, 3, 1).contiguous()
-            values = attention.v_proj(features).view(shape).transpose(1, 2).contiguous()
+            keys = keys.view(shape).permute(0, 2, 3, 1).contiguous()
+            values = values.view(shape).transpose(1, 2).contiguous()
             cross.append((keys.transpose(-1, -2), values))
         return EncodedAudio(features=features, cross=tuple(cross))
 
@@ -364,15 +442,17 @@ class WhisperModel:
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """Tensor, shape = (..., d_model) -> logits, Tensor, shape = (..., vocab); at least
         float32 (half-precision models), float64 for float64 models (tests keep ties away)."""
+        if self._head is None and self.linear_kind == "int8" and self._runtime is None:
+            _ = self.runtime  # makes the head after the layers (asr.int8_store's order)
         if self._head is None:
-            weight = self.model.proj_out.weight.detach()
+            weight = self.checkpoint.output_weight
             if self.output_vocabulary is not None:
                 weight = weight[self.output_vocabulary]
             if self.linear_kind == "int8":
                 # Most of an int8 target's error is its head's input rounding, so the target
                 # quantizes it twice (Int8Linear: rows independent of the call, as verification
                 # needs).
-                self._head = Int8Linear(weight, input_passes=2)
+                self._head = self._int8_store.linear(weight, input_passes=2)
             elif self.linear_kind == "dynamic-int8":
                 # A draft's head only proposes, so it may depend on its call: fbgemm's dynamic
                 # int8 reads the head at twice Int8Linear's speed for one row from memory.

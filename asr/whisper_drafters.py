@@ -167,8 +167,8 @@ def _same_vocabulary(target: WhisperModel, draft: WhisperModel) -> bool:
 def _same_encoder(target: WhisperModel, draft: WhisperModel) -> bool:
     if not (target.has_encoder and draft.has_encoder):
         return False
-    ours = target.model.model.encoder.state_dict()
-    theirs = draft.model.model.encoder.state_dict()
+    ours = target.checkpoint.with_prefix("model.encoder.")
+    theirs = draft.checkpoint.with_prefix("model.encoder.")
     return ours.keys() == theirs.keys() and all(
         ours[name].shape == theirs[name].shape
         and torch.equal(ours[name], theirs[name].to(ours[name]))

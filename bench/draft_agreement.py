@@ -27,7 +27,6 @@ import app.config  # first: switches the libraries offline before they load
 from asr.audio import SAMPLE_RATE, load_audio
 from asr.distill import draft_predictions, label_windows
 from asr.distill_data import MAX_WINDOW_SECONDS, TrainingClip
-from asr.draft_checkpoint import load_draft_module
 from asr.models import ModelRegistry
 from asr.whisper import WhisperModel
 from bench import positive_int
@@ -83,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     if not drafts:
         drafts = {"whisper-base-draft": registry.resolve("whisper-base-draft")}
     target = WhisperModel.load(registry.resolve("whisper-base"), "cpu", torch.float32)
+    drafted = {name: WhisperModel.load_draft(path, target) for name, path in drafts.items()}
     loaded = {
-        name: load_draft_module(path, target.model, torch.float32) for name, path in drafts.items()
+        name: (draft.model, draft.output_vocabulary, draft.cross_from_target)
+        for name, draft in drafted.items()
     }
     layer_sets = {layers for _, _, layers in loaded.values()}
     clips = benchmark_clips()

@@ -29,8 +29,9 @@ from asr.distill_data import (
     synthetic_clips,
     voices_of,
 )
-from asr.draft_checkpoint import load_draft_module, save_draft
+from asr.draft_checkpoint import save_draft
 from asr.transcribe import TranscribeOptions, transcribe
+from asr.whisper import WhisperModel
 from asr.whisper_drafters import load_assistant
 from bench.asr_data import SPEECH, held_out_files
 from tests.conftest import SAMPLES
@@ -237,9 +238,8 @@ def test_shipped_draft_is_small_and_pairs_with_its_target(registry, whisper_base
 @pytest.mark.slow
 def test_shipped_draft_predicts_held_out_speech(registry, whisper_base, labelled):
     # jfk and the LibriSpeech clip are benchmark files, never trained on.
-    module, vocabulary, layers = load_draft_module(
-        registry.resolve("whisper-base-draft"), whisper_base.model, torch.float32
-    )
+    draft = WhisperModel.load_draft(registry.resolve("whisper-base-draft"), whisper_base)
+    module, vocabulary, layers = draft.model, draft.output_vocabulary, draft.cross_from_target
     assert layers == (0, 5)
     predicted = draft_predictions(module.eval(), whisper_base, labelled, vocabulary)
     assert [len(p) for p in predicted] == [len(w.labels) for w in labelled]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
+from transformers import WhisperTokenizer
 
 from asr.models import (
     EMBEDDED,
@@ -81,13 +83,24 @@ def test_whisper_base_tokenizer_round_trips_text_and_special_tokens(whisper_base
         "<|0.00|>": 50364,
         "<|30.00|>": 51864,
     }
+    transformers_tokenizer = WhisperTokenizer.from_pretrained(whisper_base.checkpoint.path)
     for token, token_id in specials.items():
         assert tokenizer.convert_tokens_to_ids(token) == token_id
-        assert tokenizer.convert_ids_to_tokens(token_id) == token
+        assert transformers_tokenizer.convert_ids_to_tokens(token_id) == token
     # transformers derives the timestamp grid from the special tokens: <|0.00|> must stay 0.00.
-    decoded = tokenizer.decode([50364, *ids, 50364 + 550], decode_with_timestamps=True)
+    decoded = transformers_tokenizer.decode([50364, *ids, 50364 + 550], decode_with_timestamps=True)
     assert decoded == f"<|0.00|>{text}<|11.00|>"
     assert tokenizer.decode([50258, 50259, 50359, *ids, 50257], skip_special_tokens=True) == text
+    assert tokenizer.decode([50364, *ids, 50364 + 550]) == text  # timestamps left out, as there
+    # Transcription's own tokenizer (asr.tokenizer, no transformers) agrees with transformers'.
+    chooser = random.Random(0)
+    for _ in range(300):
+        row = [chooser.randrange(0, 50257) for _ in range(chooser.randrange(1, 25))]
+        assert tokenizer.decode(row) == transformers_tokenizer.decode(row)
+    for sample in (text, " naïve café, 3.5%!", "日本語", "  two  spaces"):
+        assert tokenizer.encode(sample) == transformers_tokenizer.encode(
+            sample, add_special_tokens=False
+        )
     assert whisper_base.special.timestamp_begin == 50364
     assert whisper_base.special.no_speech == 50362
 
@@ -97,6 +110,7 @@ def test_whisper_tiny_en_has_the_english_only_vocabulary(whisper_tiny_en):
     tokenizer = whisper_tiny_en.tokenizer
     assert tokenizer.convert_tokens_to_ids("<|endoftext|>") == 50256
     assert tokenizer.convert_tokens_to_ids("<|notimestamps|>") == 50362
+    tokenizer = WhisperTokenizer.from_pretrained(whisper_tiny_en.checkpoint.path)
     assert tokenizer.convert_ids_to_tokens(50363) == "<|0.00|>"
     assert tokenizer.decode([50363, 50363 + 100], decode_with_timestamps=True) == (
         "<|0.00|><|2.00|>"

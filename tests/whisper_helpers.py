@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 from transformers import (
     WhisperConfig,
-    WhisperFeatureExtractor,
     WhisperForCausalLM,
     WhisperForConditionalGeneration,
 )
@@ -47,9 +46,7 @@ def wrap(model: torch.nn.Module, like: WhisperModel, name: str) -> WhisperModel:
     """A WhisperModel around a random model, with `like`'s tokenizer and rules."""
     model = model.to(torch.float64).eval()
     model.generation_config = copy.deepcopy(like.model.generation_config)
-    n_mels = model.config.num_mel_bins
-    filters = WhisperFeatureExtractor(feature_size=n_mels).mel_filters
-    return WhisperModel(model, like.tokenizer, torch.tensor(filters, dtype=torch.float32).T, name)
+    return WhisperModel.from_transformers(model, like.tokenizer, name)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,39 @@
+"""Whisper's tokenizer for transcription, on the `tokenizers` library alone.
+
+transformers' WhisperTokenizer wraps the same `tokenizer.json`; importing transformers costs a
+`specscribe transcribe` run about three seconds, so transcription reads the file directly. The
+two agree on every text token sequence (`tests/test_whisper_checkpoint.py`); like transformers,
+`decode` leaves timestamp tokens out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class WhisperTokenizer:
+    """The part of transformers' WhisperTokenizer that transcription uses."""
+
+    def __init__(self, path: str | Path) -> None:
+        """path: a directory holding tokenizer.json."""
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+        no_timestamps = self._tokenizer.token_to_id("<|notimestamps|>")
+        self._timestamp_begin = None if no_timestamps is None else no_timestamps + 1
+
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        """The id of a token (special ones included), None when the vocabulary lacks it."""
+        return self._tokenizer.token_to_id(token)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        ids = [int(i) for i in ids]
+        if self._timestamp_begin is not None:
+            ids = [i for i in ids if i < self._timestamp_begin]
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def get_vocab(self) -> dict[str, int]:
+        return self._tokenizer.get_vocab()

@@ -1,0 +1,152 @@
+"""A Whisper checkpoint directory read as plain tensors, without transformers.
+
+Transcription needs a checkpoint's configuration, its tensors, its tokenizer and the mel filters
+of its feature extractor. transformers builds all four through machinery that costs a
+`specscribe transcribe` run seconds of imports, so they are read here from the files a
+transformers checkpoint holds (config.json, generation_config.json, model.safetensors,
+tokenizer.json). A checkpoint without a safetensors file (an old `pytorch_model.bin`) is read
+through transformers instead; hub ids are fetched into the hub cache first.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+SAMPLE_RATE = 16_000
+N_FFT = 400
+
+# transformers' WhisperConfig defaults for the fields transcription reads, for config.json
+# files that leave some out.
+_CONFIG_DEFAULTS = {
+    "vocab_size": 51865,
+    "num_mel_bins": 80,
+    "max_source_positions": 1500,
+    "max_target_positions": 448,
+    "activation_function": "gelu",
+    "scale_embedding": False,
+    "architectures": None,
+}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """config: config.json's fields as attributes; generation: generation_config.json;
+    tensors: name -> Tensor, transformers' names ("model.decoder.layers.0.fc1.weight"), in
+    the dtypes asked for (`read_checkpoint`)."""
+
+    path: Path
+    config: SimpleNamespace
+    generation: dict
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def has_encoder(self) -> bool:
+        return "model.encoder.conv1.weight" in self.tensors
+
+    def with_prefix(self, prefix: str) -> dict[str, torch.Tensor]:
+        """The tensors under `prefix` ("model.decoder."), named without it."""
+        return {k[len(prefix) :]: v for k, v in self.tensors.items() if k.startswith(prefix)}
+
+    @property
+    def output_weight(self) -> torch.Tensor:
+        """The output head, Tensor, shape = (vocab, d_model): tied to the token embeddings."""
+        return self.tensors.get(
+            "proj_out.weight", self.tensors["model.decoder.embed_tokens.weight"]
+        )
+
+
+def config_namespace(fields: dict) -> SimpleNamespace:
+    return SimpleNamespace(**{**_CONFIG_DEFAULTS, **fields})
+
+
+def local_directory(path: str | Path) -> Path:
+    """`path` itself when it is a directory; otherwise a hub id, resolved through the hub
+    cache (HF_HUB_OFFLINE decides whether it may download)."""
+    if Path(path).is_dir():
+        return Path(path)
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.txt", "*.model"]
+    return Path(snapshot_download(str(path), allow_patterns=patterns))
+
+
+def read_checkpoint(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    encoder_dtype: torch.dtype | None = None,
+) -> Checkpoint:
+    """A checkpoint's tensors on `device` in `dtype` (the encoder's in encoder_dtype)."""
+    directory = local_directory(path)
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{path} holds no config.json: not a transformers checkpoint")
+    config = json.loads(config_file.read_text())
+    generation_file = directory / "generation_config.json"
+    generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
+    weights = directory / "model.safetensors"
+    if weights.is_file():
+        from safetensors.torch import load_file
+
+        stored = load_file(str(weights))
+    else:
+        stored = _tensors_through_transformers(directory)
+    encoder_dtype = encoder_dtype or dtype
+    tensors = {
+        name: tensor.to(
+            device=device, dtype=encoder_dtype if name.startswith("model.encoder.") else dtype
+        )
+        for name, tensor in stored.items()
+    }
+    return Checkpoint(directory, config_namespace(config), generation, tensors)
+
+
+def _tensors_through_transformers(directory: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForSpeechSeq2Seq
+
+    model = AutoModelForSpeechSeq2Seq.from_pretrained(str(directory))
+    return dict(model.state_dict())
+
+
+def mel_filters(n_mels: int, sample_rate: int = SAMPLE_RATE, n_fft: int = N_FFT) -> torch.Tensor:
+    """The Slaney-style mel filter bank Whisper's feature extractor uses (librosa's
+    `filters.mel(htk=False, norm="slaney")`, as OpenAI's mel_filters.npz holds it).
+
+    Returns Tensor, shape = (n_mels, n_fft // 2 + 1), float32.
+    """
+    frequencies = np.linspace(0, sample_rate / 2, n_fft // 2 + 1)
+    mels = np.linspace(_hz_to_mel(0.0), _hz_to_mel(sample_rate / 2), n_mels + 2)
+    edges = np.array([_mel_to_hz(m) for m in mels])
+    widths = np.diff(edges)
+    ramps = edges[:, None] - frequencies[None, :]
+    lower = -ramps[:-2] / widths[:-1, None]
+    upper = ramps[2:] / widths[1:, None]
+    weights = np.maximum(0.0, np.minimum(lower, upper))
+    weights *= (2.0 / (edges[2:] - edges[:-2]))[:, None]  # equal area per filter
+    return torch.from_numpy(weights.astype(np.float32))
+
+
+# Slaney's mel scale: linear below 1 kHz, logarithmic above.
+_LINEAR_HZ_PER_MEL = 200.0 / 3
+_LOG_START_HZ = 1000.0
+_LOG_START_MEL = _LOG_START_HZ / _LINEAR_HZ_PER_MEL
+_LOG_STEP = math.log(6.4) / 27.0
+
+
+def _hz_to_mel(hz: float) -> float:
+    if hz < _LOG_START_HZ:
+        return hz / _LINEAR_HZ_PER_MEL
+    return _LOG_START_MEL + math.log(hz / _LOG_START_HZ) / _LOG_STEP
+
+
+def _mel_to_hz(mel: float) -> float:
+    if mel < _LOG_START_MEL:
+        return mel * _LINEAR_HZ_PER_MEL
+    return _LOG_START_HZ * math.exp(_LOG_STEP * (mel - _LOG_START_MEL))

@@ -1,0 +1,80 @@
+"""Transcription reads checkpoints without transformers: the same mel filters, an encoder that
+computes what transformers' does, int8 layers quantized once, and no transformers import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from asr.audio import load_audio
+from asr.int8_store import Int8Store
+from asr.whisper import N_FRAMES
+from asr.whisper_checkpoint import mel_filters
+from tests.conftest import SAMPLES
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+def test_mel_filters_are_the_feature_extractors(n_mels):
+    from transformers import WhisperFeatureExtractor
+
+    expected = np.asarray(WhisperFeatureExtractor(feature_size=n_mels).mel_filters).T
+    assert torch.equal(mel_filters(n_mels), torch.from_numpy(expected.astype(np.float32)))
+
+
+@pytest.mark.slow
+def test_the_encoder_computes_what_transformers_computes(whisper_base):
+    mel = whisper_base.log_mel(load_audio(SAMPLES / "jfk.wav"))[None, :, :N_FRAMES]
+    ours = whisper_base.encode(mel)
+    with torch.inference_mode():
+        theirs = whisper_base.model.model.encoder(mel).last_hidden_state
+    assert ours.shape == theirs.shape == (1, 1500, 512)
+    torch.testing.assert_close(ours, theirs, atol=2e-3, rtol=1e-3)
+
+
+def test_an_int8_store_hands_back_the_layers_it_saved(tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(64, 32, generator=generator), torch.randn(16, 64, generator=generator)]
+    bias = torch.randn(64, generator=generator)
+    path = tmp_path / "store.safetensors"
+
+    first = Int8Store(path, "model-a")
+    made = [first.linear(weights[0], bias), first.linear(weights[1], input_passes=2)]
+    first.save()
+    assert path.is_file()
+
+    again = Int8Store(path, "model-a")
+    read = [again.linear(weights[0], bias), again.linear(weights[1], input_passes=2)]
+    assert not again._new  # both read back, none quantized
+    states = torch.randn(5, 32, generator=generator)
+    assert torch.equal(read[0](states), made[0](states))
+    assert torch.equal(read[1](read[0](states)), made[1](made[0](states)))
+    assert read[1].input_passes == 2
+
+    other = Int8Store(path, "model-b")  # another checkpoint: quantized anew
+    assert not other._saved
+    (tmp_path / "broken.safetensors").write_bytes(b"not a safetensors file")
+    broken = Int8Store(tmp_path / "broken.safetensors", "model-a")
+    assert torch.equal(broken.linear(weights[0], bias)(states), made[0](states))
+
+
+@pytest.mark.slow
+def test_transcribing_imports_nothing_from_transformers(registry, tmp_path):
+    script = (
+        "import sys\n"
+        "from app.cli import main\n"
+        f"code = main(['transcribe', {str(SAMPLES / 'jfk.wav')!r}, '--precision', 'int8',"
+        " '--language', 'en'])\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'transformers')\n"
+        "print('transformers modules:', len(heavy))\n"
+        "sys.exit(code)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ask not what your country can do for you" in done.stdout
+    assert "transformers modules: 0" in done.stdout
