@@ -28,8 +28,8 @@ def _quantize_rows(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """values: Tensor, shape = (rows, n), float32 -> int8 levels (as float32, in -127..127) and
     float32 scales (rows, 1). |value| / scale never exceeds 127 by more than a rounding, so the
     rounded levels need no clamp."""
-    largest = torch.linalg.vector_norm(values, ord=torch.inf, dim=1, keepdim=True)
-    scales = largest.clamp_(min=_TINY).div_(_LEVELS)
+    # abs().amax(): for a few rows several times faster than vector_norm(ord=inf)
+    scales = values.abs().amax(dim=1, keepdim=True).clamp_(min=_TINY).div_(_LEVELS)
     return (values / scales).round_(), scales
 
 

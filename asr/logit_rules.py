@@ -98,12 +98,13 @@ class LogitRules:
         begin, eot = special.timestamp_begin, special.eot
         logits[:, self._suppressed(logits.device)] = -torch.inf
         empty = (prefixes.count == 0)[:, None]
-        # SuppressBlank: no leading space or immediate end.
-        logits[:, BLANK_TOKEN : BLANK_TOKEN + 1].masked_fill_(empty, -torch.inf)
-        logits[:, eot : eot + 1].masked_fill_(empty, -torch.inf)
+        any_empty = bool(empty.any())  # rare after a block's first position: skip what it masks
+        if any_empty:  # SuppressBlank: no leading space or immediate end.
+            logits[:, BLANK_TOKEN : BLANK_TOKEN + 1].masked_fill_(empty, -torch.inf)
+            logits[:, eot : eot + 1].masked_fill_(empty, -torch.inf)
         if not self.timestamps:
             return logits
-        self._timestamp_grammar(logits, prefixes, empty)
+        self._timestamp_grammar(logits, prefixes, empty, any_empty)
         # Sample a timestamp when their total probability beats any single text token (row by
         # row, as OpenAI). Compared on the logits: both sides of OpenAI's comparison of
         # log-probabilities carry the same normaliser.
@@ -116,7 +117,9 @@ class LogitRules:
         ids = self.suppress_tokens + ((self.special.no_timestamps,) if self.timestamps else ())
         return _constant(ids, str(device))
 
-    def _timestamp_grammar(self, logits: torch.Tensor, prefixes: Prefixes, empty) -> None:
+    def _timestamp_grammar(
+        self, logits: torch.Tensor, prefixes: Prefixes, empty: torch.Tensor, any_empty: bool
+    ) -> None:
         """Pairing, monotonic and initial-timestamp rules, in place. empty: (rows, 1) bool."""
         begin, eot = self.special.timestamp_begin, self.special.eot
         text, stamps = logits[:, :begin], logits[:, begin:]
@@ -132,12 +135,13 @@ class LogitRules:
         floor = torch.where(closed_pair, stamps.shape[1], floor.clamp(min=0))
         offsets = _constant(tuple(range(stamps.shape[1])), str(logits.device))
         stamps.masked_fill_(offsets < floor[:, None], -torch.inf)
-        logits[:, :eot].masked_fill_(open_pair[:, None], -torch.inf)
-        # The first token is a timestamp, no later than max_initial_timestamp.
-        text.masked_fill_(empty, -torch.inf)
-        if self.max_initial_timestamp_index is not None:
-            late = offsets > self.max_initial_timestamp_index
-            stamps.masked_fill_(empty & late, -torch.inf)
+        if bool(open_pair.any()):
+            logits[:, :eot].masked_fill_(open_pair[:, None], -torch.inf)
+        if any_empty:  # the first token is a timestamp, no later than max_initial_timestamp
+            text.masked_fill_(empty, -torch.inf)
+            if self.max_initial_timestamp_index is not None:
+                late = offsets > self.max_initial_timestamp_index
+                stamps.masked_fill_(empty & late, -torch.inf)
 
 
 @functools.cache
