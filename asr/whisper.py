@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from asr.audio import SAMPLE_RATE
+from asr.cuda_graphs import StepGraphs, pool_size
 from asr.int8 import Int8Linear, dynamic_int8_linear
 from asr.int8_store import Int8Store, fingerprint
 from asr.linears import DenseLinear, PackedLinear, packed_linear_available
@@ -227,6 +228,10 @@ class WhisperModel:
         self._int8_store = Int8Store(None, "")  # where the "int8" layers come from
         # A distilled draft's layer i reads the target's layer cross_from_target[i] keys/values.
         self.cross_from_target: tuple[int, ...] | None = None
+        # Decoder steps as CUDA graphs (asr.cuda_graphs): "auto" on CUDA, "off", or "eager"
+        # (the same static pools, uncaptured: what tests run on CPU).
+        self.step_graphs_mode = "auto"
+        self._pools: dict[int, StepGraphs] = {}
 
     @classmethod
     def load(
@@ -311,6 +316,18 @@ class WhisperModel:
         linear_factory(kind)  # refuses unknown kinds
         self.linear_kind = kind
         self._runtime = self._head = None
+        self._pools = {}
+
+    def step_graphs(self, rows: int) -> StepGraphs | None:
+        """The pool of captured decoder steps that holds `rows` windows (asr.cuda_graphs), or
+        None where steps are not captured (CPUs, step_graphs_mode "off")."""
+        mode = self.step_graphs_mode
+        if mode == "off" or (mode == "auto" and self.device.type != "cuda"):
+            return None
+        size = pool_size(rows)
+        if size not in self._pools:
+            self._pools[size] = StepGraphs(self, size, capture=mode == "auto")
+        return self._pools[size]
 
     @property
     def runtime(self) -> StaticDecoder:

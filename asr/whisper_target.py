@@ -64,6 +64,7 @@ class WhisperTarget:
 
     def reset(self) -> None:
         self.cache = None
+        self.graphs = None  # asr.cuda_graphs.StepGraphs holding this batch, where captured
         self._history: torch.Tensor | None = None  # (batch, max_context): token at each position
         self._generated_from: torch.Tensor | None = None  # (batch,): position after the prompt
 
@@ -80,7 +81,11 @@ class WhisperTarget:
         positions = positions.clamp(max=self.model.max_context - 1)
         first = self.cache is None
         if first:
-            self.cache = self.model.new_cache(self.encoded)
+            self.graphs = self.model.step_graphs(tokens.shape[0])
+            if self.graphs is None:
+                self.cache = self.model.new_cache(self.encoded)
+            else:
+                self.cache = self.graphs.load(self.encoded.cross)
             self._history = torch.zeros(
                 (tokens.shape[0], self.model.max_context), dtype=torch.long, device=self.device
             )
@@ -91,13 +96,19 @@ class WhisperTarget:
             rows, columns = mask.nonzero(as_tuple=True)
             self._history[rows, positions[rows, columns]] = tokens[rows, columns]
 
-        states = self.model.decoder_states(
-            tokens,
-            positions,
-            self.cache,
-            exact=self.exact and not first and mask_is_full,
-            valid=None if mask_is_full else mask,
-        )
+        valid = None if mask_is_full else mask
+        if self.graphs is not None and not first and mask_is_full:
+            # A captured step computes the target's exact-mode logits (rows independent), the
+            # draft's over every slot instead of the used ones.
+            logits = self.graphs.step(tokens, positions)[:, -keep:].clone()
+            return self._apply_rules(logits, positions[:, -keep:])
+        if self.graphs is not None:
+            states = self.graphs.forward(tokens, positions, valid)
+        else:
+            exact = self.exact and not first and mask_is_full
+            states = self.model.decoder_states(
+                tokens, positions, self.cache, exact=exact, valid=valid
+            )
         kept = states[:, -keep:]
         if first:
             sot_states = self._start_rows(tokens, positions, mask, states)
@@ -155,6 +166,11 @@ class WhisperTarget:
         """Keeps only these rows, in this order. Tensor, shape = (n,)."""
         if self.cache is None:
             return
-        self.cache.keep_rows(rows)
+        if self.graphs is not None:
+            smaller = self.model.step_graphs(len(rows))
+            self.cache = smaller.adopt(self.graphs, rows)
+            self.graphs = smaller
+        else:
+            self.cache.keep_rows(rows)
         self._history = self._history[rows]
         self._generated_from = self._generated_from[rows]

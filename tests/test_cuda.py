@@ -91,3 +91,30 @@ def test_drafting_a_large_batch_of_windows_equals_plain_greedy_on_the_gpu(pair, 
     ]
     if dtypes.encoder == torch.float32:
         assert_same_segments(plain.segments, alone.segments)
+
+
+def test_captured_steps_equal_uncaptured_steps_bit_for_bit(registry):
+    """asr.cuda_graphs: a replayed step computes what the same step computes uncaptured."""
+    from asr.cuda_graphs import StepGraphs
+    from asr.whisper import N_FRAMES
+
+    target = WhisperModel.load(registry.resolve("whisper-base"), "cuda", torch.float32)
+    mels = [target.log_mel(load_audio(SAMPLES / name))[:, :N_FRAMES] for name in JOINED[:2]]
+    encoded = target.cross_attention(target.encode(torch.stack(mels)))
+    prompt = torch.tensor([target.sot_sequence("en", "transcribe", True)] * 2, device="cuda")
+    positions = torch.arange(prompt.shape[1], device="cuda").expand(2, -1)
+    logits = {}
+    for capture in (True, False):
+        graphs = StepGraphs(target, 2, capture=capture)
+        graphs.load(encoded.cross)
+        graphs.forward(prompt, positions, None)
+        done, steps = prompt.shape[1], []
+        for width in (1, 5, 3, 1, 5):  # widths replayed more than once
+            block = torch.full((2, width), 440, device="cuda")
+            at = torch.arange(done, done + width, device="cuda").expand(2, -1)
+            steps.append(graphs.step(block, at).clone())
+            done += width
+        logits[capture] = steps
+    for captured, eager in zip(logits[True], logits[False], strict=True):
+        assert torch.equal(captured, eager)
+    assert torch.isfinite(torch.cat([s.flatten() for s in logits[True]])).all()

