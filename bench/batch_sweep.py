@@ -105,15 +105,17 @@ def sweep(target, assistant, samples: np.ndarray, batches: list[int]) -> list[di
             model._pools = {}
         for batch in batches:
             plain = None
+            first = torch.arange(min(batch, len(samples)), device=device)
             for drafted in (False, True):
+                # Warm-up on one batch, untimed: graph captures, kernel workspaces.
                 decode_all(
                     target,
                     assistant,
-                    encoded.rows(torch.arange(min(batch, 2), device=device)),
-                    draft_encoded.rows(torch.arange(min(batch, 2), device=device)),
-                    min(batch, 2),
+                    encoded.rows(first),
+                    draft_encoded.rows(first),
+                    batch,
                     drafted,
-                )  # fmt: skip  (warm-up: captures, workspaces)
+                )
                 tokens, seconds, stats = decode_all(
                     target, assistant, encoded, draft_encoded, batch, drafted
                 )
@@ -165,7 +167,12 @@ def anchors(target, assistant, samples: np.ndarray, count: int) -> dict:
     device = target.device
     module, draft = target.model, assistant.model.model
     mels = [target.log_mel(s)[None, :, :3000] for s in samples[:count]]
-    settings = {"language": "en", "task": "transcribe", "return_timestamps": True}
+    settings = {
+        "language": "en",
+        "task": "transcribe",
+        "return_timestamps": True,
+        "max_new_tokens": 224,
+    }
     report = {}
     for name, extra in (("generate", {}), ("assisted", {"assistant_model": draft})):
         tokens = 0
