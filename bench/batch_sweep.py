@@ -187,6 +187,7 @@ def anchors(target, assistant, samples: np.ndarray, count: int) -> dict:
     return report
 
 
+@torch.inference_mode()
 def large_pair_costs(tokenizer_model, samples: np.ndarray, device: torch.device) -> dict:
     """Whisper large-v3's shape (128 mel bins, 32 decoder layers of d_model 1280, vocabulary
     51866) with a distil-large-v3-shaped draft (its first and last decoder layers, the shared
@@ -268,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--anchor-windows", type=int, default=8)
     parser.add_argument("--no-anchors", action="store_true")
     parser.add_argument("--no-large", action="store_true")
+    parser.add_argument("--no-sweep", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
 
@@ -289,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "batch_sweep",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "windows": len(samples),
-        "sweep": sweep(target, assistant, samples, [int(b) for b in args.batches.split(",")]),
+        "sweep": []
+        if args.no_sweep
+        else sweep(target, assistant, samples, [int(b) for b in args.batches.split(",")]),
     }
     app.config  # noqa: B018  (imported for its side effect: offline hub)
     for name, part in (("anchors", not args.no_anchors), ("large_v3_shape", not args.no_large)):
