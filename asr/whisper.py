@@ -231,6 +231,7 @@ class WhisperModel:
         # Decoder steps as CUDA graphs (asr.cuda_graphs): "auto" on CUDA, "off", or "eager"
         # (the same static pools, uncaptured: what tests run on CPU).
         self.step_graphs_mode = "auto"
+        self.attention_dtype_override: torch.dtype | None = None
         self._pools: dict[int, StepGraphs] = {}
 
     @classmethod
@@ -337,12 +338,20 @@ class WhisperModel:
                 self.checkpoint.with_prefix("model.decoder."),
                 self.config,
                 self._int8_store.linear if int8 else linear_factory(self.linear_kind),
-                attention_dtype(self.linear_kind, self.dtype),
+                self.attention_dtype,
             )
             if int8:  # the head too, so that the store is complete when it is saved
                 self.logits(self.embed_tokens[:1])
                 self._int8_store.save()
         return self._runtime
+
+    @property
+    def attention_dtype(self) -> torch.dtype:
+        """The dtype this decoder's attention reads keys and values in (`attention_dtype`); a
+        distilled draft reads its target's cross-attention in the target's."""
+        if self.attention_dtype_override is not None:
+            return self.attention_dtype_override
+        return attention_dtype(self.linear_kind, self.dtype)
 
     @property
     def embed_tokens(self) -> torch.Tensor:
@@ -406,6 +415,8 @@ class WhisperModel:
             # keys stored (batch, heads, head_dim, 1500), handed out transposed (see EncodedAudio)
             keys = keys.view(shape).permute(0, 2, 3, 1).contiguous()
             values = values.view(shape).transpose(1, 2).contiguous()
+            # in the dtype attention reads them in: no copy per generation
+            keys, values = keys.to(self.attention_dtype), values.to(self.attention_dtype)
             cross.append((keys.transpose(-1, -2), values))
         return EncodedAudio(features=features, cross=tuple(cross))
 

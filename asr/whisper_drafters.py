@@ -107,6 +107,8 @@ def load_assistant(
         quantize = int8_draft_supported(draft) if int8 is None else int8
         if quantize:
             quantize_draft(draft)
+        # It reads the target's cross-attention keys and values: in their dtype, uncopied.
+        draft.attention_dtype_override = target.attention_dtype
     else:
         draft = WhisperModel.load(path, target.device, target.dtype)
     return pair_assistant(target, draft, shape)

@@ -68,6 +68,7 @@ class WhisperTarget:
         self._history: torch.Tensor | None = None  # (batch, max_context): token at each position
         self._generated_from: torch.Tensor | None = None  # (batch,): position after the prompt
 
+    @torch.inference_mode()
     def score(
         self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keep: int
     ) -> torch.Tensor:
