@@ -154,16 +154,6 @@ def linear_factory(kind: LinearKind) -> LinearFactory:
     raise ValueError(f"unknown linear kind {kind!r}")
 
 
-def attention_dtype(kind: LinearKind, dtype: torch.dtype) -> torch.dtype:
-    """What a decoder attends in: the int8 precision's target in bfloat16 where the CPU
-    multiplies it natively (`asr.static_decoder`: any number of query rows then gets the same
-    bits, so verification needs no padded products, and the cross-attention keys and values a
-    step reads in full take half the bytes); else `dtype`."""
-    if kind == "int8" and torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return torch.bfloat16
-    return dtype
-
-
 def _model_type(directory: Path) -> str | None:
     import json
 
@@ -347,11 +337,12 @@ class WhisperModel:
 
     @property
     def attention_dtype(self) -> torch.dtype:
-        """The dtype this decoder's attention reads keys and values in (`attention_dtype`); a
-        distilled draft reads its target's cross-attention in the target's."""
+        """The dtype this decoder's attention reads keys and values in: the decoder's (an int8
+        decoder's activations are float32); a distilled draft reads its target's cross-attention
+        in the target's."""
         if self.attention_dtype_override is not None:
             return self.attention_dtype_override
-        return attention_dtype(self.linear_kind, self.dtype)
+        return self.dtype
 
     @property
     def embed_tokens(self) -> torch.Tensor:
