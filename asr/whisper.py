@@ -7,6 +7,7 @@ timestamp grid) and on the transformers model classes; the long-form loop in
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,8 +156,6 @@ def linear_factory(kind: LinearKind) -> LinearFactory:
 
 
 def _model_type(directory: Path) -> str | None:
-    import json
-
     config = directory / "config.json"
     return json.loads(config.read_text()).get("model_type") if config.is_file() else None
 
