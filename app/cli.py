@@ -469,9 +469,10 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument(
         "--precision",
         choices=PRECISIONS,
-        help="compute dtype: auto (fp32 on CPU, mixed on CUDA), fp32, bf16, fp16 (CUDA only), "
-        "mixed (half-precision encoder, fp32 decoder: lossless drafting) or int8 (CPU: bf16 "
-        "encoder, int8 decoder, lossless drafting); default: $SPECSCRIBE_PRECISION, else auto",
+        help="compute dtype: auto (int8 on x86 CPUs, else fp32; mixed on CUDA), fp32, bf16, "
+        "fp16 (CUDA only), mixed (half-precision encoder, fp32 decoder: lossless drafting) or "
+        "int8 (CPU: bf16 encoder, int8 decoder, lossless drafting); default: "
+        "$SPECSCRIBE_PRECISION, else auto",
     )
     transcribe.add_argument(
         "--output-dir", type=Path, help="write STEM.FORMAT files here (default: print only)"

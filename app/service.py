@@ -102,17 +102,12 @@ class ServiceOptions:
         )
 
 
-def _choose_assistant(requested: str, asr_model: str, int8_decoder: bool = False) -> str:
+def _choose_assistant(requested: str, asr_model: str) -> str:
     """The requested draft; for "auto", the shipped draft distilled for this ASR model when one
     is built (asr.models.SHIPPED_DRAFTS, e.g. whisper-base-draft for whisper-base), else none.
-
-    Not under the int8 decoder: a decoder step there costs about half of an fp32 one, and the
-    draft lost to plain int8 decoding in every benchmark run (bench/results: 18.3 against
-    15.3 s), where in fp32 and mixed precision it won (1.11x and 1.20x)."""
+    It pays in every precision the decoder runtime offers (docs/benchmarks.md)."""
     if requested != "auto":
         return requested
-    if int8_decoder:
-        return "none"
     from asr.models import shipped_draft_ready
 
     name = f"{asr_model}-draft"
@@ -132,10 +127,10 @@ class TranscriptionService:
 
     asr_model / assistant_model / diarization_model: embedded names, local directories or hub
     ids (None: the settings' choice). assistant_model "none" decodes without a draft, "auto"
-    (the default) with the shipped draft distilled for the ASR model, if there is one and the
-    precision is not int8;
+    (the default) with the shipped draft distilled for the ASR model, if there is one;
     diarization_model "embedded" is the offline segmentation-3.0 + CAM++ pipeline.
-    precision: auto | fp32 | bf16 | fp16 (`asr.precision`) for the target and the draft.
+    precision: auto | fp32 | bf16 | fp16 | mixed | int8 (`asr.precision`) for the target and
+    the draft.
     """
 
     def __init__(
@@ -162,12 +157,10 @@ class TranscriptionService:
         self.device = check_device(device or self.settings.device)
         self.dtypes = resolve_precision(self.device, precision or self.settings.precision)
         self.assistant_model_name = _choose_assistant(
-            assistant_model or self.settings.assistant_model,
-            self.asr_model_name,
-            self.dtypes.int8_decoder,
+            assistant_model or self.settings.assistant_model, self.asr_model_name
         )
         self.dtype = self.dtypes.decoder
-        self.precision = self.dtypes.name  # "auto" resolved: fp32, bf16, fp16 or a mix
+        self.precision = self.dtypes.name  # resolved, e.g. "bf16 encoder, int8 decoder"
         self._load_progress = progress
         self._lock = threading.Lock()
         self._registry: ModelRegistry | None = None

@@ -1,6 +1,10 @@
 """Precision settled in one place: (device, precision name) -> the torch dtype models load in.
 
-- "auto": float32 on CPU, "mixed" on CUDA: drafting is lossless in both. On a GPU an fp16
+- "auto": "int8" on CPUs that have oneDNN's int8 kernels (x86), float32 on other CPUs, "mixed"
+  on CUDA: drafting is lossless in all three. On CPU, int8 with the shipped draft is the fastest
+  configuration measured as users run it (`python -m bench.cli`, docs/benchmarks.md) at the
+  same WER as float32; where the CPU lacks native bfloat16 the int8 precision's encoder stays
+  in float32 (emulated bfloat16 is slower than float32). On a GPU an fp16
   decoder bought no speed for whisper-base, whose decoder step there is bound by kernel
   launches rather than arithmetic, and fp16 drafting changed the long-form file's text against
   fp16 greedy (H100, the benchmark set, greedy: 5.54 s mixed, 6.71 s fp16, 5.85 s fp32;
@@ -14,12 +18,12 @@
   The encoder is most of the work for short files and gains the most from half precision
   (whisper-base, one 30 s window on this CPU: 1.47 s fp32, 0.82 s bf16), while a float32
   decoder keeps speculative decoding token-for-token lossless (below).
-- "int8": CPU only. The encoder in bf16, the decoder's linear layers and output head in int8
-  (`asr.int8`: a scale per weight row, the input quantized per row, as faster-whisper's int8
-  does), run by `asr.int8_decoder`, whose every output row is computed the same way whatever
-  else the call holds, so drafting and batching stay token-for-token lossless against plain
-  int8 decoding. A decoder step reads a quarter of the weight bytes, and this CPU's decoder is
-  bound by reading them.
+- "int8": CPU only. The encoder in bf16 (fp32 where the CPU lacks native bf16), the decoder's
+  linear layers and output head in int8 (`asr.int8`: a scale per weight row, the input
+  quantized per row, as faster-whisper's int8 does), run by `asr.static_decoder`, whose every
+  output row is computed the same way whatever else the call holds, so drafting and batching
+  stay token-for-token lossless against plain int8 decoding. A decoder step reads a quarter of
+  the weight bytes, and this CPU's decoder is bound by reading them.
 - "fp16": CUDA only. It is refused on CPU: x86 CPUs without AVX512-FP16/AMX-FP16 (most,
   including AVX512-BF16 ones) have no fp16 arithmetic, so PyTorch converts every operand and a
   float16 Whisper runs slower than float32 there; bfloat16 is the CPU's half format, with
@@ -71,16 +75,31 @@ class Dtypes:
 
 def resolve_precision(device: str | torch.device, precision: str = "auto") -> Dtypes:
     """The encoder's and the decoder's dtype on `device` for a precision name."""
-    if precision == "auto" and _kind(device) == "cuda":
-        precision = "mixed"
+    if precision == "auto":
+        if _kind(device) == "cuda":
+            precision = "mixed"
+        elif cpu_has_int8_kernels():
+            precision = "int8"
     if precision == "mixed":
         half = resolve_dtype(device, "fp16" if _kind(device) == "cuda" else "bf16")
         return Dtypes(encoder=half, decoder=torch.float32)
     if precision == "int8":
         resolve_dtype(device, "int8")  # refuses CUDA
-        return Dtypes(encoder=torch.bfloat16, decoder=torch.float32, int8_decoder=True)
+        encoder = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+        return Dtypes(encoder=encoder, decoder=torch.float32, int8_decoder=True)
     dtype = resolve_dtype(device, precision)
     return Dtypes(encoder=dtype, decoder=dtype)
+
+
+def cpu_has_int8_kernels() -> bool:
+    """Whether this CPU runs `asr.int8`'s kernels (oneDNN's quantized linear, x86 only)."""
+    return "onednn" in torch.backends.quantized.supported_engines
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU has bfloat16 arithmetic (AVX512-BF16 or AMX); elsewhere oneDNN emulates
+    it, slower than float32."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def check_device(device: str) -> str:

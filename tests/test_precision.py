@@ -12,6 +12,7 @@ from app.cli import PRECISIONS as cli_precisions
 from app.cli import main
 from app.config import Settings
 from app.service import ServiceOptions, TranscriptionService
+from asr import precision
 from asr.audio import load_audio
 from asr.precision import (
     PRECISIONS,
@@ -64,7 +65,10 @@ def test_mixed_precision_is_a_half_encoder_and_a_float32_decoder():
     assert resolve_precision("cpu", "bf16").name == "bf16"
 
 
-def test_auto_is_lossless_everywhere_float32_on_cpu_and_mixed_on_cuda():
+def test_auto_is_lossless_everywhere_int8_on_x86_cpus_and_mixed_on_cuda(monkeypatch):
+    assert resolve_precision("cpu", "auto") == resolve_precision("cpu", "int8")
+    assert resolve_precision("cpu", "auto").int8_decoder
+    monkeypatch.setattr(precision, "cpu_has_int8_kernels", lambda: False)  # arm64, say
     assert resolve_precision("cpu", "auto") == resolve_precision("cpu", "fp32")
     assert resolve_precision("cuda", "auto") == resolve_precision("cuda", "mixed")
     assert resolve_precision("cuda:1", "auto").name == "fp16 encoder, fp32 decoder"
