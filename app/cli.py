@@ -518,7 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, help="with --sample")
     gen.set_defaults(run=_cmd_generate)
 
-    default_speech = Path(__file__).resolve().parents[2] / "shared" / "speech"
+    default_speech = Path(__file__).resolve().parents[2] / "shared" / "speech" / "train"
     dist = commands.add_parser(
         "distill",
         help="train a small shared-encoder draft for a Whisper target (asr/distill.py)",
@@ -532,8 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--speech-dir",
         type=Path,
         default=default_speech if default_speech.is_dir() else None,
-        help="real speech with a manifest.tsv (default: ../shared/speech); reported files are "
-        "left out",
+        help="real speech with a manifest.tsv (default: ../shared/speech/train); files a "
+        "benchmark reports on are left out",
     )
     dist.add_argument(
         "--layers", type=int, nargs="+", help="target layers kept (default: first, last)"

@@ -153,9 +153,7 @@ class Adaptive:
     accepted whole is followed at once by one twice as long (up to k_max). One-token probes
     alone would recover slowly from a few early rejections, and would measure only the dearest
     block per token of a draft whose call has a fixed part (a draft with another tokenizer
-    re-encodes text on every call). In one text benchmark run, SmolLM2 drafting for Gemma on the
-    summarise prompt stayed at 1.3 tokens per target call under this policy, against 10.7 under
-    the heuristic one; with the ramp (and the head copied at load), 5.6.
+    re-encodes text on every call).
 
     With `confidence_stop` = p* > 0 the draft's own confidence also decides where a block ends.
     Whenever drafting pays (k* > 0) the policy asks for k_max tokens, and a row's block ends
@@ -167,15 +165,11 @@ class Adaptive:
     is fixed by the text, so ending a block early only moves the block boundary: when the token
     would have been rejected it saves a draft step and a verify column (together delta), and when
     it would have been accepted it costs one more call pair (c: a target call's fixed part and
-    the draft's). Drafting on pays while Q >= delta / c. For int8 Gemma drafting for Gemma on
-    this CPU, delta is about 25 ms and c about 65 ms: 0.38, near transformers' 0.4 for its
-    per-token stop, which app.llm uses. p* is a setting rather than read off the cost lines: the
-    confidence cuts blocks at too few distinct lengths for those slopes to be trusted (read off
-    them, p* came out anywhere from 0.05 to 0.95). The joint product rather than each token's
-    confidence, because a block that has passed an unsure token is less likely to reach the next
-    one: over the text benchmark's three prompts and both model drafts (medians of 3 runs) it
-    took 35.7 s in all against 37.8 s for a per-token stop at the same 0.4, and was slower only
-    on summarise with the int8 draft (3.66 against 3.54 s).
+    the draft's). Drafting on pays while Q >= delta / c; p* is a setting rather than read off
+    the cost lines, since the confidence cuts blocks at too few distinct lengths for their slopes
+    to be trusted. The joint product rather than each token's confidence, because a block that
+    has passed an unsure token is less likely to reach the next one. The measurements behind
+    these choices: docs/text-llms.md.
 
     Block lengths follow the clock, so a seeded sampling run is only repeatable with the other,
     clock-free policies (greedy output is the same whatever the policy).
