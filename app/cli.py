@@ -459,8 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument(
         "--assistant",
         help="draft model for speculative decoding (embedded name, directory or hub id; "
-        "another tokenizer is re-encoded), auto (the draft distilled for --model, if any, "
-        "except with --precision int8, where it does not pay) or none; default: "
+        "another tokenizer is re-encoded), auto (the draft distilled for --model, if any), "
+        "prompt-lookup (n-grams of the window's own text, no model) or none; default: "
         "$ASSISTANT_MODEL, else auto. "
         "The output does not change (in fp32, mixed and int8; bf16 and fp16 near-ties "
         "can flip).",
@@ -564,7 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--port", type=int, default=7860)
     web.add_argument("--model", help="embedded name, local directory or hub id")
     web.add_argument(
-        "--assistant", help="draft model, auto or none (default: $ASSISTANT_MODEL, else auto)"
+        "--assistant",
+        help="draft model, auto, prompt-lookup or none (default: $ASSISTANT_MODEL, else auto)",
     )
     web.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cpu)")
     web.add_argument(

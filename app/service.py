@@ -22,7 +22,7 @@ from asr.types import ProgressHook, Transcript, no_progress
 if TYPE_CHECKING:
     from asr.models import ModelRegistry
     from asr.whisper import WhisperModel
-    from asr.whisper_drafters import WhisperAssistant
+    from asr.whisper_drafters import Assistant
     from diarize.pipeline import DiarizeOptions, Diarizer
 
 AudioInput = str | Path | bytes | np.ndarray
@@ -126,7 +126,8 @@ class TranscriptionService:
     """Models loaded once; `run` turns one request into a Transcript.
 
     asr_model / assistant_model / diarization_model: embedded names, local directories or hub
-    ids (None: the settings' choice). assistant_model "none" decodes without a draft, "auto"
+    ids (None: the settings' choice). assistant_model "none" decodes without a draft,
+    "prompt-lookup" drafts from the window's own text (no model), "auto"
     (the default) with the shipped draft distilled for the ASR model, if there is one;
     diarization_model "embedded" is the offline segmentation-3.0 + CAM++ pipeline.
     precision: auto | fp32 | bf16 | fp16 | mixed | int8 (`asr.precision`) for the target and
@@ -165,7 +166,7 @@ class TranscriptionService:
         self._lock = threading.Lock()
         self._registry: ModelRegistry | None = None
         self._model: WhisperModel | None = None
-        self._assistant: WhisperAssistant | None = None
+        self._assistant: Assistant | None = None
         self._diarizer: Diarizer | None = None
 
     def output_record(self, options: ServiceOptions) -> dict:
@@ -203,12 +204,15 @@ class TranscriptionService:
         return self._model
 
     @property
-    def assistant(self) -> WhisperAssistant | None:
+    def assistant(self) -> Assistant | None:
         if self.assistant_model_name == "none":
             return None
         if self._assistant is None:
-            from asr.whisper_drafters import load_assistant
+            from asr.whisper_drafters import LOOKUP, LookupAssistant, load_assistant
 
+            if self.assistant_model_name == LOOKUP:  # no model to load
+                self._assistant = LookupAssistant(self.model)
+                return self._assistant
             # The draft computes in the target's dtype and device (load_assistant): a
             # shared-encoder draft reads the target's encoder output, and both see logits of
             # the same precision.

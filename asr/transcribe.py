@@ -31,7 +31,7 @@ from asr.segments import WindowSplit, split_segments
 from asr.silence import chunk_window, loudness, sounds_like_speech, split_at_silence
 from asr.types import ProgressHook, Segment, Transcript, no_progress
 from asr.whisper import FRAMES_PER_SECOND, N_FRAMES, EncodedAudio, WhisperModel
-from asr.whisper_drafters import WhisperAssistant
+from asr.whisper_drafters import Assistant
 from asr.window_decoder import (
     WindowBatch,
     WindowDecoder,
@@ -158,13 +158,13 @@ class _Session:
         model: WhisperModel,
         samples: np.ndarray,
         options: TranscribeOptions,
-        assistant: WhisperAssistant | None,
+        assistant: Assistant | None,
         policy: LookaheadPolicy | None,
     ) -> None:
         self.model, self.options, self.assistant, self.policy = model, options, assistant, policy
         self.mel = model.log_mel(samples)  # shape = (n_mels, content frames + 3000)
         self.draft_mel = None
-        if assistant is not None and assistant.shape != "shared-encoder":
+        if assistant is not None and assistant.needs_mel:
             same_mel = assistant.model.n_mels == model.n_mels
             self.draft_mel = self.mel if same_mel else assistant.model.log_mel(samples)
         self.content_frames = self.mel.shape[-1] - N_FRAMES
@@ -392,7 +392,7 @@ def transcribe(
     samples: np.ndarray,
     options: TranscribeOptions = TranscribeOptions(),
     progress: ProgressHook = no_progress,
-    assistant: WhisperAssistant | None = None,
+    assistant: Assistant | None = None,
     policy: LookaheadPolicy | None = None,
 ) -> Transcript:
     """samples: float32 mono 16 kHz, shape = (n_samples,).
@@ -406,8 +406,7 @@ def transcribe(
     options.validate(model)
     if assistant is not None and assistant.target is not model:
         raise ValueError(
-            f"draft {assistant.model.name} was paired with {assistant.target.name}, "
-            f"not with {model.name}"
+            f"draft {assistant.name} was paired with {assistant.target.name}, not with {model.name}"
         )
     started = time.perf_counter()
     if assistant is not None and policy is None:

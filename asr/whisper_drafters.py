@@ -1,4 +1,5 @@
-"""Draft Whispers for a target Whisper, in three shapes, checked once when the pair is made.
+"""Drafts for a target Whisper: draft Whispers in three shapes, checked once when the pair is
+made, and prompt lookup, which needs no model.
 
 - "shared-encoder": the draft's decoder attends to the TARGET's encoder output (distil-whisper:
   a decoder-only WhisperForCausalLM, or a WhisperForConditionalGeneration whose encoder is the
@@ -10,6 +11,11 @@
 
 Every draft decodes through `WhisperTarget`, so it sees its own vocabulary's logit rules, as the
 target sees its own. An incompatible pair raises ValueError naming both models.
+
+`LookupAssistant` ("prompt-lookup") drafts what followed the window's last text tokens where
+they occur earlier in its prompt (the previous windows' text) or its own output, at no model
+cost: it pays on repeated phrases and names, and the adaptive policy stops drafting where it
+does not.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from asr.logit_rules import LogitRules
 from asr.whisper import EncodedAudio, WhisperModel
 from asr.whisper_target import WhisperTarget
 from asr.whisper_text import WhisperTextCodec
-from decoding import CrossTokenizerDrafter, Drafter, ModelDrafter
+from decoding import CrossTokenizerDrafter, Drafter, ModelDrafter, PromptLookupDrafter
 
 DraftShape = Literal["shared-encoder", "own-encoder", "cross-tokenizer"]
 DRAFT_SHAPES: tuple[DraftShape, ...] = ("shared-encoder", "own-encoder", "cross-tokenizer")
@@ -36,6 +42,15 @@ class WhisperAssistant:
     target: WhisperModel
     model: WhisperModel
     shape: DraftShape
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def needs_mel(self) -> bool:
+        """Whether the draft reads a log-mel of its own (it has an encoder of its own)."""
+        return self.shape != "shared-encoder"
 
     def encode(self, target_encoded: EncodedAudio, mel: torch.Tensor | None) -> EncodedAudio:
         """The draft's view of a batch of windows, computed once per window.
@@ -76,6 +91,48 @@ class WhisperAssistant:
             draft_codec.encode,
             draft_codec.decode,
         )
+
+
+LOOKUP = "prompt-lookup"  # the --assistant name of LookupAssistant
+
+
+class WhisperLookupDrafter(PromptLookupDrafter):
+    """Prompt lookup over a Whisper row's text tokens: special and timestamp tokens (the prompt's
+    start-of-transcript sequence, segment times) are left out of both the n-grams and the
+    proposals, so the previous windows' text and this window's text read as one stream. Nothing
+    is proposed right after a timestamp, where the text that follows is not a continuation."""
+
+    def __init__(self, eot: int, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        super().__init__(max_ngram, min_ngram)
+        self.eot = eot  # every id from here up is special or a timestamp
+
+    def _lookup(self, sequence: torch.Tensor, k: int) -> torch.Tensor:
+        if not len(sequence) or int(sequence[-1]) >= self.eot:
+            return sequence[:0]
+        return super()._lookup(sequence[sequence < self.eot], k)
+
+
+@dataclass(frozen=True)
+class LookupAssistant:
+    """Prompt lookup for `target`: the same interface as WhisperAssistant, with no model."""
+
+    target: WhisperModel
+    max_ngram: int = 3
+
+    name = LOOKUP
+    shape = LOOKUP
+    needs_mel = False
+
+    def encode(self, target_encoded: EncodedAudio, mel: torch.Tensor | None) -> None:
+        """Nothing to encode."""
+
+    def drafter(
+        self, encoded: None, language: str | None, task: str, timestamps: bool
+    ) -> WhisperLookupDrafter:
+        return WhisperLookupDrafter(self.target.special.eot, self.max_ngram)
+
+
+Assistant = WhisperAssistant | LookupAssistant
 
 
 def _draft_language(draft: WhisperModel, language: str | None) -> str | None:

@@ -13,7 +13,7 @@ import torch
 
 from asr.logit_rules import LogitRules
 from asr.whisper import EncodedAudio, WhisperModel
-from asr.whisper_drafters import WhisperAssistant
+from asr.whisper_drafters import Assistant
 from asr.whisper_target import WhisperTarget
 from decoding import DecodeStats, LookaheadPolicy, SamplingOptions, generate
 
@@ -72,7 +72,7 @@ class WindowDecoder:
     language: str | None
     task: str
     max_new_tokens: int
-    assistant: WhisperAssistant | None = None
+    assistant: Assistant | None = None
     policy: LookaheadPolicy | None = None
 
     def decode(

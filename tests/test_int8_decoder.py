@@ -10,7 +10,7 @@ from asr.audio import load_audio
 from asr.int8 import Int8Linear
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.whisper import N_FRAMES
-from asr.whisper_drafters import load_assistant
+from asr.whisper_drafters import LookupAssistant, load_assistant
 from tests.conftest import SAMPLES, reference_text, word_error_rate
 
 JFK = SAMPLES / "jfk.wav"
@@ -144,6 +144,10 @@ def test_int8_transcribes_and_drafting_equals_its_greedy(registry, whisper_base_
         assert drafted.stats["target_calls"] < plain.stats["target_calls"]
         # Bit-for-bit the same logits, so the same tokens and the same probabilities.
         assert drafted.segments == plain.segments
+        looked_up = transcribe(
+            model, audio, TranscribeOptions(language="en"), assistant=LookupAssistant(model)
+        )
+        assert looked_up.segments == plain.segments  # prompt lookup: the same, bit for bit
     assert word_error_rate(reference_text(JFK), transcribe(model, load_audio(JFK)).text) <= 0.05
 
 

@@ -14,7 +14,12 @@ from asr.silence import chunk_window, sounds_like_speech, split_at_silence
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.types import Segment
 from asr.whisper import N_FRAMES
-from asr.whisper_drafters import load_assistant, pair_assistant
+from asr.whisper_drafters import (
+    LookupAssistant,
+    WhisperLookupDrafter,
+    load_assistant,
+    pair_assistant,
+)
 from asr.whisper_text import WhisperTextCodec
 from tests.conftest import SAMPLES
 
@@ -175,3 +180,24 @@ def test_a_window_that_falls_back_to_sampling_is_the_same_with_a_draft(whisper_b
     greedy = transcribe(whisper_base, jfk, TranscribeOptions(temperatures=(0.0,)))
     assert plain.stats["generated_tokens"] > 1.5 * greedy.stats["generated_tokens"]  # resampled
     assert drafted.stats["draft_calls"] > 0  # the greedy pass was drafted
+
+
+def test_whisper_prompt_lookup_reads_text_tokens_only():
+    drafter = WhisperLookupDrafter(eot=100, max_ngram=3)
+    # 150: a start-of-transcript token, 120: a timestamp; the text stream is 5 6 7 8 5 6.
+    committed = torch.tensor([[150, 5, 6, 7, 8, 120, 5, 6], [150, 5, 6, 7, 8, 5, 6, 120]])
+    draft = drafter.propose(committed, torch.tensor([8, 8]), k=3)
+    assert draft.tokens[0].tolist() == [7, 8, 5]  # what followed "5 6" last time, looping
+    assert (draft.tokens[1] < 0).all()  # nothing right after a timestamp
+    nothing_earlier = drafter.propose(torch.tensor([[150, 9]]), torch.tensor([2]), k=2)
+    assert (nothing_earlier.tokens < 0).all()
+
+
+@pytest.mark.slow
+def test_long_form_with_prompt_lookup_equals_plain(whisper_base, sonnet):
+    # The previous windows' text is in each window's prompt, so repeated lines are drafted.
+    plain = transcribe(whisper_base, sonnet)
+    looked_up = transcribe(whisper_base, sonnet, assistant=LookupAssistant(whisper_base))
+    assert_same_segments(looked_up.segments, plain.segments)
+    assert sum(looked_up.stats["accepted_histogram"][3:]) > 0  # some blocks of 3 and more
+    assert looked_up.stats["target_calls"] < plain.stats["target_calls"]
