@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from app.config import Settings
-from asr.types import ProgressHook, Transcript, no_progress
+from asr.types import ProgressHook, Segment, SpeakerTurn, Transcript, no_progress
 
 if TYPE_CHECKING:
     from asr.models import ModelRegistry
@@ -293,13 +293,21 @@ class TranscriptionService:
 
         speakers = options.speaker_options()
         started = time.perf_counter()
-        turns = self.diarizer.diarize(samples, speakers, progress=progress)
+        diarization = self.diarizer.diarization(samples, speakers, progress=progress)
+        turns = diarization.turns
+        # Words go by the exclusive turns: in overlapped speech, to the speaker most active.
+        segments = assign_speakers(transcript.segments, diarization.exclusive)
         found = len({turn.speaker for turn in turns})
-        shortfall = speaker_count_warning(speakers, found)
+        holding = speakers_holding_words(segments)
+        warnings = (
+            speaker_count_warning(speakers, found),
+            wordless_speakers_warning(turns, holding),
+        )
         return dataclasses.replace(
             transcript,
-            warnings=transcript.warnings + ((shortfall,) if shortfall else ()),
-            segments=assign_speakers(transcript.segments, turns),
+            warnings=transcript.warnings + tuple(w for w in warnings if w),
+            segments=segments,
+            turns=turns,
             options={
                 **transcript.options,
                 "diarize": dataclasses.asdict(speakers),
@@ -308,9 +316,36 @@ class TranscriptionService:
             stats={
                 **transcript.stats,
                 "speakers": found,
+                "speakers_with_words": len(holding),
                 "diarize_seconds": round(time.perf_counter() - started, 3),
             },
         )
+
+
+def speakers_holding_words(segments: tuple[Segment, ...]) -> set[str]:
+    """The speakers that some word (or, without word times, some segment) was assigned to."""
+    return {
+        speaker
+        for segment in segments
+        for speaker in ([w.speaker for w in segment.words] or [segment.speaker])
+        if speaker
+    }
+
+
+def wordless_speakers_warning(turns: tuple[SpeakerTurn, ...], holding: set[str]) -> str | None:
+    """Names the speakers the diarizer found who hold no word of the transcript (a short
+    back-channel, or speech only where someone else is assigned the words), with their time."""
+    seconds: dict[str, float] = {}
+    for turn in turns:
+        seconds[turn.speaker] = seconds.get(turn.speaker, 0.0) + turn.end - turn.start
+    missing = sorted(speaker for speaker in seconds if speaker not in holding)
+    if not missing:
+        return None
+    described = ", ".join(f"{name} ({seconds[name]:.1f} s of speech)" for name in missing)
+    return (
+        f"{len(seconds)} speakers found in the audio, {len(holding)} hold words of the "
+        f"transcript; no words for {described} (their turns are in the rttm output)"
+    )
 
 
 def speaker_count_warning(options: DiarizeOptions, found: int) -> str | None:

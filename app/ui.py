@@ -111,8 +111,10 @@ def stats_markdown(transcript: Transcript) -> str:
         + (f", real-time factor {total / transcript.duration:.2f}" if transcript.duration else "")
     )
     if "speakers" in stats:
+        holding = stats.get("speakers_with_words", stats["speakers"])
         lines.append(
-            f"- **Speakers**: {stats['speakers']} (diarization {stats['diarize_seconds']:.1f} s)"
+            f"- **Speakers**: {stats['speakers']}, {holding} with words "
+            f"(diarization {stats['diarize_seconds']:.1f} s)"
         )
     lines.extend(f"- **Warning**: {warning}" for warning in transcript.warnings)
     return "\n".join(lines)

@@ -66,6 +66,9 @@ class Transcript:
     stats: dict[str, Any] = field(default_factory=dict)
     # What the user asked for and did not get in full (e.g. fewer speakers than requested).
     warnings: tuple[str, ...] = ()
+    # The diarizer's speaker turns, overlapping speech included (RTTM writes these); empty
+    # without diarization. Segments and words carry the speaker each was assigned.
+    turns: tuple[SpeakerTurn, ...] = ()
 
     @property
     def text(self) -> str:

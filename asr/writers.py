@@ -87,12 +87,13 @@ def write_json(transcript: Transcript, stem: str) -> str:
 
 @writer("rttm")
 def write_rttm(transcript: Transcript, stem: str) -> str:
-    """NIST RTTM speaker turns of the segments that carry a speaker."""
+    """NIST RTTM of the diarizer's speaker turns, overlapping speech included, with the file's
+    stem as its URI, as pyannote's pipelines write them: what pyannote.metrics, dscore and
+    md-eval score. The speaker-labelled transcript is in txt, srt, vtt, tsv and json."""
     file_id = stem.replace(" ", "_")
     return "".join(
-        f"SPEAKER {file_id} 1 {s.start:.3f} {s.end - s.start:.3f} <NA> <NA> {s.speaker} <NA> <NA>\n"
-        for s in transcript.segments
-        if s.speaker
+        f"SPEAKER {file_id} 1 {t.start:.3f} {t.end - t.start:.3f} <NA> <NA> {t.speaker} <NA> <NA>\n"
+        for t in transcript.turns
     )
 
 

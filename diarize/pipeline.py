@@ -317,6 +317,15 @@ class Diarizer:
         """samples: float32 mono at 16 kHz, shape = (n_samples,) -> turns sorted by start.
 
         Turns of different speakers may overlap (overlapped speech)."""
+        return self.diarization(samples, options, progress).turns
+
+    def diarization(
+        self,
+        samples: np.ndarray,
+        options: DiarizeOptions | None = None,
+        progress: ProgressHook = no_progress,
+    ) -> Diarization:
+        """The overlap-aware turns and the exclusive ones (see Diarization) of one recording."""
         options = (options or DiarizeOptions()).validate()
         # pyannote's clustering print()s when it finds fewer clusters than asked, onto the
         # stdout that carries our transcript; the caller reports a count not met itself.
@@ -330,9 +339,26 @@ class Diarizer:
             )
         for line in chatter.getvalue().splitlines():
             log.info("pyannote: %s", line)
-        # Pipelines built with legacy=True return the Annotation itself.
+        # Pipelines built with legacy=True return the Annotation itself, without an exclusive one.
         annotation = getattr(output, "speaker_diarization", output)
-        return turns_from_annotation(annotation, self.min_duration_on)
+        names = speaker_names(annotation, self.min_duration_on)
+        turns = turns_from_annotation(annotation, self.min_duration_on, names)
+        exclusive = getattr(output, "exclusive_speaker_diarization", None)
+        if exclusive is None:
+            return Diarization(turns, turns)
+        return Diarization(turns, turns_from_annotation(exclusive, self.min_duration_on, names))
+
+
+@dataclass(frozen=True)
+class Diarization:
+    """turns: who speaks when, overlapping speech included (what RTTM and DER want).
+    exclusive: one speaker at a time (pyannote 3.1+: where speakers overlap, the one the
+    segmentation model finds most active), what words are assigned by, so that a word in
+    overlapped speech goes to the speaker most likely saying it. Same speaker names in both;
+    a pipeline without an exclusive output gives its turns for both."""
+
+    turns: tuple[SpeakerTurn, ...]
+    exclusive: tuple[SpeakerTurn, ...]
 
 
 def audio_file(samples: np.ndarray, uri: str = "audio") -> dict[str, Any]:
@@ -343,20 +369,36 @@ def audio_file(samples: np.ndarray, uri: str = "audio") -> dict[str, Any]:
     return {"waveform": waveform, "sample_rate": SAMPLE_RATE, "uri": uri}
 
 
+def speaker_names(annotation: Annotation, min_duration_on: float = 0.0) -> dict[str, str]:
+    """pyannote labels -> SPEAKER_00, SPEAKER_01, ... in order of first speech (turns shorter
+    than `min_duration_on` seconds left out)."""
+    names: dict[str, str] = {}
+    for _, _, label in _tracks(annotation, min_duration_on):
+        names.setdefault(label, f"SPEAKER_{len(names):02d}")
+    return names
+
+
 def turns_from_annotation(
-    annotation: Annotation, min_duration_on: float = 0.0
+    annotation: Annotation,
+    min_duration_on: float = 0.0,
+    names: dict[str, str] | None = None,
 ) -> tuple[SpeakerTurn, ...]:
     """pyannote Annotation -> SpeakerTurns sorted by (start, end), shorter than
-    `min_duration_on` seconds dropped, speakers renamed SPEAKER_00.. by first appearance."""
-    tracks = sorted(
+    `min_duration_on` seconds dropped, speakers renamed by `names` (default: SPEAKER_00.. by
+    first appearance in this annotation); a label `names` lacks keeps a name after theirs."""
+    names = dict(names) if names is not None else speaker_names(annotation, min_duration_on)
+    tracks = _tracks(annotation, min_duration_on)
+    for _, _, label in tracks:
+        names.setdefault(label, f"SPEAKER_{len(names):02d}")
+    return tuple(SpeakerTurn(start, end, names[label]) for start, end, label in tracks)
+
+
+def _tracks(annotation: Annotation, min_duration_on: float) -> list[tuple[float, float, str]]:
+    return sorted(
         (segment.start, segment.end, str(label))
         for segment, _, label in annotation.itertracks(yield_label=True)
         if segment.duration >= min_duration_on
     )
-    names: dict[str, str] = {}
-    for _, _, label in tracks:
-        names.setdefault(label, f"SPEAKER_{len(names):02d}")
-    return tuple(SpeakerTurn(start, end, names[label]) for start, end, label in tracks)
 
 
 def _pyannote_hook(progress: ProgressHook):

@@ -10,10 +10,16 @@ import numpy as np
 import pytest
 
 from app.cli import main
-from app.service import speaker_count_warning
+from app.service import speaker_count_warning, speakers_holding_words, wordless_speakers_warning
 from asr.audio import load_audio
-from asr.types import SpeakerTurn
-from diarize.pipeline import DiarizeOptions, EmbeddedParams, turns_from_annotation
+from asr.types import Segment, SpeakerTurn, Transcript, Word
+from asr.writers import WRITERS
+from diarize.pipeline import (
+    DiarizeOptions,
+    EmbeddedParams,
+    speaker_names,
+    turns_from_annotation,
+)
 from diarize.scoring import read_rttm, score, to_annotation
 from tests.conftest import SAMPLES, SHARED_SPEECH
 
@@ -66,6 +72,14 @@ def test_turns_are_sorted_filtered_and_named_by_first_appearance():
         SpeakerTurn(1.0, 3.0, "SPEAKER_00"),
         SpeakerTurn(4.0, 4.5, "SPEAKER_00"),
         SpeakerTurn(5.0, 6.0, "SPEAKER_01"),
+    )
+    # An exclusive annotation of the same recording keeps the names of the overlap-aware one,
+    # even where it starts with another speaker.
+    names = speaker_names(to_annotation(turns), min_duration_on=0.1)
+    exclusive = [SpeakerTurn(0.5, 1.0, "7"), SpeakerTurn(1.0, 3.0, "3")]
+    assert turns_from_annotation(to_annotation(exclusive), 0.1, names) == (
+        SpeakerTurn(0.5, 1.0, "SPEAKER_01"),
+        SpeakerTurn(1.0, 3.0, "SPEAKER_00"),
     )
 
 
@@ -237,3 +251,63 @@ def test_a_speaker_count_not_met_is_described():
     assert "exactly 3 speakers" in speaker_count_warning(DiarizeOptions(num_speakers=3), 2)
     assert "at least 3 speakers" in speaker_count_warning(DiarizeOptions(min_speakers=3), 1)
     assert "at most 2 speakers" in speaker_count_warning(DiarizeOptions(max_speakers=2), 3)
+
+
+def test_rttm_holds_the_diarizers_turns_overlaps_included(tmp_path):
+    turns = (SpeakerTurn(0.0, 3.0, "SPEAKER_00"), SpeakerTurn(2.0, 4.5, "SPEAKER_01"))
+    # The transcript's segments say who holds the words; the rttm says who speaks when.
+    segments = (Segment(0.0, 4.5, " Hi there.", speaker="SPEAKER_00"),)
+    transcript = Transcript(segments, "en", 5.0, turns=turns)
+    text = WRITERS["rttm"](transcript, "my talk")
+    assert text.splitlines() == [
+        "SPEAKER my_talk 1 0.000 3.000 <NA> <NA> SPEAKER_00 <NA> <NA>",
+        "SPEAKER my_talk 1 2.000 2.500 <NA> <NA> SPEAKER_01 <NA> <NA>",
+    ]
+    (tmp_path / "my_talk.rttm").write_text(text)
+    assert read_rttm(tmp_path / "my_talk.rttm") == turns
+
+
+def test_speakers_without_words_are_named():
+    turns = (
+        SpeakerTurn(0.0, 3.0, "SPEAKER_00"),
+        SpeakerTurn(2.0, 2.5, "SPEAKER_01"),
+        SpeakerTurn(3.0, 6.0, "SPEAKER_02"),
+    )
+    words = (Word(0.0, 1.0, " Hi", 0.9, "SPEAKER_00"), Word(3.0, 4.0, " yes", 0.9, "SPEAKER_02"))
+    segments = (Segment(0.0, 4.0, " Hi yes", words=words, speaker="SPEAKER_00"),)
+    holding = speakers_holding_words(segments)
+    assert holding == {"SPEAKER_00", "SPEAKER_02"}  # by word, not by segment
+    assert wordless_speakers_warning(turns, holding) == (
+        "3 speakers found in the audio, 2 hold words of the transcript; no words for "
+        "SPEAKER_01 (0.5 s of speech) (their turns are in the rttm output)"
+    )
+    assert wordless_speakers_warning(turns[:1], {"SPEAKER_00"}) is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not AMI.exists(), reason="needs ../shared/speech")
+def test_cli_rttm_scores_as_the_diarizers_own_turns(tmp_path, diarizer):
+    # The AMI mixture overlaps heavily: the rttm is the diarizer's annotation, overlaps and
+    # all, so it scores exactly the diarizer's DER, whatever the transcript's segments are.
+    command = ["transcribe", str(AMI), "--diarize", "--language", "en"]
+    assert main([*command, "--output-dir", str(tmp_path), "--format", "rttm,json"]) == 0
+    written = read_rttm(tmp_path / f"{AMI.stem}.rttm")
+    turns = diarizer.diarize(load_audio(AMI))
+    assert len(written) == len(turns)
+    for ours, theirs in zip(written, sorted(turns, key=lambda t: (t.start, t.end)), strict=True):
+        assert ours.speaker == theirs.speaker  # times written to the millisecond
+        assert (ours.start, ours.end) == pytest.approx((theirs.start, theirs.end), abs=2e-3)
+    assert any(
+        a.speaker != b.speaker and a.start < b.end and b.start < a.end
+        for a in written
+        for b in written
+    )  # overlapping speech is kept
+    reference = read_rttm(AMI.with_suffix(".rttm"))
+    assert score(reference, written, 60.0).rate == pytest.approx(
+        score(reference, turns, 60.0).rate, abs=1e-3
+    )
+    saved = json.loads((tmp_path / f"{AMI.stem}.json").read_text())
+    assert saved["stats"]["speakers"] == len({t.speaker for t in turns})
+    assert saved["stats"]["speakers_with_words"] <= saved["stats"]["speakers"]
+    if saved["stats"]["speakers_with_words"] < saved["stats"]["speakers"]:
+        assert any("hold words" in warning for warning in saved["warnings"])

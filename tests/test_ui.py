@@ -119,6 +119,7 @@ def test_stats_with_a_draft_count_the_target_calls_saved():
         tokens_per_target_call=4.0,
         accepted_histogram=[5, 0, 0, 20],  # 20 verify steps accepted 3 drafted tokens
         speakers=2,
+        speakers_with_words=1,
         diarize_seconds=1.25,
     )
     text = stats_markdown(transcript)
@@ -127,7 +128,7 @@ def test_stats_with_a_draft_count_the_target_calls_saved():
         "accepted per verify step"
     ) in text
     assert "**Target calls saved**: 75 (75%) — 25 calls instead of 100, for 90 draft calls" in text
-    assert "**Speakers**: 2 (diarization 1.2 s)" in text
+    assert "**Speakers**: 2, 1 with words (diarization 1.2 s)" in text
 
 
 def test_progress_is_a_fraction_with_a_readable_label():
