@@ -61,12 +61,14 @@ def score(
     hypothesis: Iterable[SpeakerTurn],
     duration: float,
     collar: float = 0.0,
+    skip_overlap: bool = False,
 ) -> DERScore:
     """DER components of one file; `collar` (seconds) is the total width forgiven around each
-    reference boundary (pyannote's convention: collar/2 on each side)."""
+    reference boundary (pyannote's convention: collar/2 on each side); `skip_overlap` leaves
+    the reference's overlapped speech out of the score."""
     from pyannote.metrics.diarization import DiarizationErrorRate
 
-    metric = DiarizationErrorRate(collar=collar, skip_overlap=False)
+    metric = DiarizationErrorRate(collar=collar, skip_overlap=skip_overlap)
     components = metric(
         to_annotation(reference),
         to_annotation(hypothesis),

@@ -311,3 +311,20 @@ def test_cli_rttm_scores_as_the_diarizers_own_turns(tmp_path, diarizer):
     assert saved["stats"]["speakers_with_words"] <= saved["stats"]["speakers"]
     if saved["stats"]["speakers_with_words"] < saved["stats"]["speakers"]:
         assert any("hold words" in warning for warning in saved["warnings"])
+
+
+def test_der_can_leave_overlap_out_and_pools_a_set():
+    from bench.diarize import set_totals
+
+    reference = (SpeakerTurn(0.0, 4.0, "A"), SpeakerTurn(3.0, 5.0, "B"))  # both speak at 3-4 s
+    hypothesis = (SpeakerTurn(0.0, 5.0, "x"),)  # one speaker throughout
+    # B missed in the overlap (1 s) and confused at 4-5 s (1 s), of 6 s of reference speech;
+    # without the overlap, the confusion alone of 4 s.
+    assert score(reference, hypothesis, 5.0).rate == pytest.approx(2 / 6)
+    assert score(reference, hypothesis, 5.0, skip_overlap=True).rate == pytest.approx(1 / 4)
+    # A set pools seconds: the same file once wrong and once right halves the rate.
+    totals = set_totals(
+        {"a": reference, "b": reference}, {"a": hypothesis, "b": reference}, {"a": 5.0, "b": 5.0}
+    )
+    assert totals["der_collar_0.0"] == pytest.approx(2 / 12, abs=1e-4)
+    assert totals["der_no_overlap"] == pytest.approx(1 / 8, abs=1e-4)
