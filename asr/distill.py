@@ -7,22 +7,8 @@ file holds only its own layers), and may score a reduced output vocabulary: the 
 frequent output tokens plus every special and timestamp token. A token outside that head is
 simply never drafted; verification then takes the target's own token, so nothing is lost.
 Training always scores the whole vocabulary (the head's rows are the target's frozen
-embeddings, so the saved head is any subset of them). With 900 synthetic sentences: restricted
-to a 5704-token head during training as well, the draft agreed with whisper-base on 73.7 % of
-held-out tokens; trained on the whole vocabulary, 78.6 %, and 77.3 % through a head of the 16384
-most frequent text tokens (17992 of 51865 rows), which costs about 0.75 ms less per draft step
-than the whole head. Doubling the synthetic speech (the default, 1800 sentences) raised the
-agreement on the benchmark's real speech from 72.6 % to 76.1 % (bench/draft_agreement.py).
-Doubling it again did not: with three layers (0, 2, 5), 3600 sentences (15 epochs) gave
-77.4 % and 1800 gave 77.5 %, so beyond this espeak-ng's few voices, not their amount, limit what
-the draft learns about real speech. (Three layers draft about 6 % more tokens per target call
-than two, but a step costs about 1 ms more, and the two-layer draft decodes faster.) On real
-speech the head lost more than the layers: filled with the lowest ids of every script, the
-16384-token head left 6.5 % of the benchmark's tokens undraftable; filled with English tokens
-and twice as large (the default), it covers 99.8 % of the held-out labels and the same weights
-agree on 79.4 % of the benchmark's real speech instead of 76.1 %, as with the whole vocabulary.
-Giving the draft the target's last hidden state as an extra input (EAGLE's idea) did not help:
-77.0 % against 77.6 % without it after 10 epochs, whole vocabulary.
+embeddings, so the saved head is any subset of them). What the recipe's choices (head size and
+filling, layers, training speech) measured: docs/drafts.md.
 
 Training is knowledge distillation on pseudo-labels: the target transcribes each training
 window greedily (as transcription will: with and without timestamps, with and without previous

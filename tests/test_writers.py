@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from asr.types import Segment, Transcript, Word
+from asr.types import Segment, SpeakerTurn, Transcript, Word
 from asr.writers import WRITERS, output_paths, outputs_state, write_atomically, write_outputs
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -36,6 +36,11 @@ TRANSCRIPT = Transcript(
     duration=3670.0,
     options={"task": "transcribe"},
     stats={"target_calls": 12, "draft_calls": 30, "generated_tokens": 40},
+    # The diarizer's turns: SPEAKER_01 starts before SPEAKER_00 stops (overlapped speech).
+    turns=(
+        SpeakerTurn(0.0, 2.6, "SPEAKER_00"),
+        SpeakerTurn(2.4, 3663.5, "SPEAKER_01"),
+    ),
 )
 
 
