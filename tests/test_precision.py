@@ -92,7 +92,9 @@ def test_mixed_precision_drafting_stays_lossless(settings):
 def test_precision_names_round_trip():
     for name in ("fp32", "bf16", "fp16"):
         assert precision_name(resolve_dtype("cuda", name)) == name
-    assert resolve_precision("cpu", "int8").name == "bf16 encoder, int8 decoder"
+    # bf16 where the CPU computes it natively; emulated bf16 is slower than fp32.
+    encoder = "bf16" if precision.cpu_has_native_bf16() else "fp32"
+    assert resolve_precision("cpu", "int8").name == f"{encoder} encoder, int8 decoder"
     assert cli_precisions == PRECISIONS
 
 
@@ -172,3 +174,10 @@ def test_bf16_whisper_base_drafts_with_its_distilled_draft_in_bf16(bf16_service,
     assert drafted.stats["target_calls"] < plain.stats["target_calls"]
     # bf16 near-ties may flip between a block and one token (see the test above): same words.
     assert normalised_words(drafted.text) == normalised_words(plain.text)
+
+
+def test_int8_keeps_an_fp32_encoder_where_bf16_is_emulated(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    assert resolve_precision("cpu", "int8").name == "fp32 encoder, int8 decoder"
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    assert resolve_precision("cpu", "int8").name == "bf16 encoder, int8 decoder"
