@@ -298,6 +298,18 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="decode this many windows at once (cuts at silences, no cross-window prompt)",
     )
     parser.add_argument(
+        "--initial-prompt",
+        metavar="TEXT",
+        help="text the first window is prompted with: names, spellings, punctuation style",
+    )
+    parser.add_argument(
+        "--condition-on-previous-text",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prompt each window with the text before it (default); --no-condition-on-previous-"
+        "text keeps one window's mistake from repeating in the next",
+    )
+    parser.add_argument(
         "--diarize", action="store_true", help="label speakers (offline: segmentation-3.0 + CAM++)"
     )
     parser.add_argument("--num-speakers", type=int, metavar="N", help="exactly N speakers")
@@ -325,6 +337,8 @@ def _request_options(args: argparse.Namespace):
         min_speakers=args.min_speakers,
         max_speakers=args.max_speakers,
         batch_size=args.batch_size,
+        initial_prompt=args.initial_prompt,
+        condition_on_previous_text=args.condition_on_previous_text,
     ).validate()
 
 

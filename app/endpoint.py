@@ -28,7 +28,12 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.config import Settings
-from app.service import ServiceOptions, TranscriptionService, language_code
+from app.service import (
+    MAX_PROMPT_CHARACTERS,
+    ServiceOptions,
+    TranscriptionService,
+    language_code,
+)
 from asr.types import MAX_SPEAKERS, Transcript
 
 logger = logging.getLogger(__name__)
@@ -70,6 +75,8 @@ class EndpointParameters(BaseModel):
     min_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
     max_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
     batch_size: int = Field(1, ge=1)  # >1: windows cut at silences and decoded together
+    initial_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
+    condition_on_previous_text: bool = True
     chunk_length_s: Literal[30] | None = None
     sampling_rate: Literal[16000] | None = None
 
@@ -91,6 +98,8 @@ class EndpointParameters(BaseModel):
             min_speakers=self.min_speakers,
             max_speakers=self.max_speakers,
             batch_size=self.batch_size,
+            initial_prompt=self.initial_prompt,
+            condition_on_previous_text=self.condition_on_previous_text,
         )
 
 

@@ -43,6 +43,9 @@ def language_code(value: str | None) -> str | None:
     return TO_LANGUAGE_CODE.get(text, text)
 
 
+MAX_PROMPT_CHARACTERS = 4000  # a sanity bound: a longer prompt is a mistake, not a prompt
+
+
 @dataclass(frozen=True)
 class ServiceOptions:
     """What one request asks for; `validate` names the offending field."""
@@ -56,6 +59,12 @@ class ServiceOptions:
     min_speakers: int | None = None
     max_speakers: int | None = None
     batch_size: int = 1  # >1: windows cut at silences, decoded together
+    # Text the first window is prompted with (spellings, names, style); every window with
+    # batch_size > 1, whose windows have no text before them.
+    initial_prompt: str | None = None
+    # Each window prompted with the text before it (OpenAI's default); off, a window that went
+    # wrong cannot lead the next into repeating it. Always off with batch_size > 1.
+    condition_on_previous_text: bool = True
 
     def validate(self) -> ServiceOptions:
         from asr.languages import LANGUAGES
@@ -71,6 +80,11 @@ class ServiceOptions:
             )
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
+        if self.initial_prompt is not None and len(self.initial_prompt) > MAX_PROMPT_CHARACTERS:
+            raise ValueError(
+                f"initial_prompt is {len(self.initial_prompt)} characters; at most "
+                f"{MAX_PROMPT_CHARACTERS} (Whisper reads only the last 223 tokens of a prompt)"
+            )
         speaker_counts = {
             "num_speakers": self.num_speakers,
             "min_speakers": self.min_speakers,
@@ -97,7 +111,8 @@ class ServiceOptions:
             task=self.task,
             word_timestamps=self.word_timestamps,
             windows="silence" if batched else "seek",
-            condition_on_previous_text=not batched,
+            condition_on_previous_text=self.condition_on_previous_text and not batched,
+            initial_prompt=self.initial_prompt or None,
             batch_size=self.batch_size,
         )
 
@@ -174,6 +189,11 @@ class TranscriptionService:
         request's options (the draft is left out: it never changes the output)."""
         request = dataclasses.asdict(options)
         del request["use_assistant"]
+        # Options added after records began are recorded only when set, so outputs recorded
+        # before them still count as made with their defaults.
+        for name, default in (("initial_prompt", None), ("condition_on_previous_text", True)):
+            if request[name] == default:
+                del request[name]
         diarizer = {"diarization_model": self.diarization_model_name} if options.diarize else {}
         return {"model": self.asr_model_name, "precision": self.precision, **request, **diarizer}
 

@@ -172,6 +172,25 @@ def test_assistant_flag_drafts_without_changing_the_output(tmp_path):
 
 
 @pytest.mark.slow
+def test_prompt_flags_reach_the_transcription_and_its_record(tmp_path):
+    import json
+
+    audio = str(SAMPLES / "jfk.wav")
+    flags = ["--initial-prompt", "President Kennedy:", "--no-condition-on-previous-text"]
+    command = ["transcribe", audio, "--output-dir", str(tmp_path), "--format", "json"]
+    assert main([*command, *flags]) == 0
+    saved = json.loads((tmp_path / "jfk.json").read_text())
+    assert saved["options"]["initial_prompt"] == "President Kennedy:"
+    assert saved["options"]["condition_on_previous_text"] is False
+    record = json.loads((tmp_path / ".jfk.specscribe.json").read_text())
+    assert record["initial_prompt"] == "President Kennedy:"
+    # Without the flags the outputs were made otherwise, so a rerun redoes them.
+    assert main(command) == 0
+    again = json.loads((tmp_path / "jfk.json").read_text())
+    assert again["options"]["initial_prompt"] is None
+
+
+@pytest.mark.slow
 def test_unknown_assistant_is_a_clear_error(capsys):
     code = main(["transcribe", str(SAMPLES / "jfk.wav"), "--assistant", "whisper-huge"])
     assert code == 2

@@ -242,6 +242,16 @@ BAD_REQUESTS = [
         422,
         "num_speakers needs diarize=True",
     ),
+    (
+        {"inputs": JFK_B64, "parameters": {"initial_prompt": "x" * 4001}},
+        422,
+        "initial_prompt: String should have at most 4000 characters",
+    ),
+    (
+        {"inputs": JFK_B64, "parameters": {"condition_on_previous_text": "no"}},
+        422,
+        "condition_on_previous_text: Input should be a valid boolean",
+    ),
 ]
 
 

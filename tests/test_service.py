@@ -1,8 +1,15 @@
-"""TranscriptionService: which draft "auto" picks."""
+"""TranscriptionService: which draft "auto" picks; request options into decoding and records."""
 
 from __future__ import annotations
 
-from app.service import TranscriptionService, _choose_assistant
+import pytest
+
+from app.service import (
+    MAX_PROMPT_CHARACTERS,
+    ServiceOptions,
+    TranscriptionService,
+    _choose_assistant,
+)
 from asr.models import SHIPPED_DRAFTS_DIR
 
 
@@ -23,3 +30,24 @@ def test_the_service_resolves_auto_without_loading_models(settings):
         settings, asr_model="whisper-base", assistant_model="auto", precision="int8"
     )
     assert int8.assistant_model_name == "whisper-base-draft"  # it pays in int8 too
+
+
+def test_prompt_options_reach_the_decoder_and_the_output_record(settings):
+    options = ServiceOptions(
+        initial_prompt="Kubernetes, Grafana.", condition_on_previous_text=False
+    )
+    decoding = options.validate().transcribe_options()
+    assert decoding.initial_prompt == "Kubernetes, Grafana."
+    assert decoding.condition_on_previous_text is False
+    # Batched windows are independent: never prompted with each other's text.
+    batched = ServiceOptions(batch_size=4, condition_on_previous_text=True).transcribe_options()
+    assert batched.condition_on_previous_text is False
+    with pytest.raises(ValueError, match="initial_prompt is 4001 characters"):
+        ServiceOptions(initial_prompt="x" * (MAX_PROMPT_CHARACTERS + 1)).validate()
+    service = TranscriptionService(settings)
+    # Set, they are part of what made an output; at their defaults, records made before these
+    # options existed still match.
+    assert service.output_record(options)["initial_prompt"] == "Kubernetes, Grafana."
+    assert service.output_record(options)["condition_on_previous_text"] is False
+    default = service.output_record(ServiceOptions())
+    assert "initial_prompt" not in default and "condition_on_previous_text" not in default

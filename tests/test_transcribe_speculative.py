@@ -202,3 +202,17 @@ def test_long_form_with_prompt_lookup_equals_plain(whisper_base, sonnet):
     assert_same_segments(looked_up.segments, plain.segments)
     assert sum(looked_up.stats["accepted_histogram"][3:]) > 0  # some blocks of 3 and more
     assert looked_up.stats["target_calls"] < plain.stats["target_calls"]
+
+
+@pytest.mark.slow
+def test_prompt_options_keep_drafting_lossless(whisper_base, registry, sonnet):
+    # The prompt is part of every window's committed prefix, drafted or not.
+    options = TranscribeOptions(
+        initial_prompt="Shakespeare's sonnets: thee, thou, thy, thine.",
+        condition_on_previous_text=False,
+    )
+    assistant = load_assistant(whisper_base, registry.resolve("whisper-base-draft"))
+    plain = transcribe(whisper_base, sonnet, options)
+    drafted = transcribe(whisper_base, sonnet, options, assistant=assistant)
+    assert_same_segments(drafted.segments, plain.segments)
+    assert drafted.stats["target_calls"] < plain.stats["target_calls"]
