@@ -217,9 +217,7 @@ class WhisperModel:
         self._int8_store = Int8Store(None, "")  # where the "int8" layers come from
         # A distilled draft's layer i reads the target's layer cross_from_target[i] keys/values.
         self.cross_from_target: tuple[int, ...] | None = None
-        # Decoder steps as CUDA graphs (asr.cuda_graphs): "auto" on CUDA, "off", or "eager"
-        # (the same static pools, uncaptured: what tests run on CPU).
-        self.step_graphs_mode = "auto"
+        self._step_graphs_mode = "auto"
         self.attention_dtype_override: torch.dtype | None = None
         self._pools: dict[int, StepGraphs] = {}
 
@@ -307,6 +305,19 @@ class WhisperModel:
         self.linear_kind = kind
         self._runtime = self._head = None
         self._pools = {}
+
+    @property
+    def step_graphs_mode(self) -> str:
+        """Decoder steps as CUDA graphs (asr.cuda_graphs): "auto" (captured on CUDA), "off", or
+        "eager" (the same static pools, uncaptured: what tests run on CPU)."""
+        return self._step_graphs_mode
+
+    @step_graphs_mode.setter
+    def step_graphs_mode(self, mode: str) -> None:
+        if mode not in ("auto", "off", "eager"):
+            raise ValueError(f"step_graphs_mode is auto, off or eager, not {mode!r}")
+        self._step_graphs_mode = mode
+        self._pools = {}  # pools made under another mode are captured, or not, the other way
 
     def step_graphs(self, rows: int) -> StepGraphs | None:
         """The pool of captured decoder steps that holds `rows` windows (asr.cuda_graphs), or

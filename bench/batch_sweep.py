@@ -21,7 +21,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ import torch
 
 from bench import positive_int
 from bench.asr_data import SPEECH
+from decoding import device_clock
 
 WINDOW = 30 * 16_000
 LONG_RECORDINGS = (  # cut into 30 s windows first
@@ -57,12 +57,6 @@ def speech_windows(count: int, speech: Path = SPEECH) -> np.ndarray:
     return np.stack([np.pad(w, (0, WINDOW - len(w))) for w in windows]).astype(np.float32)
 
 
-def _clock(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 def decode_all(target, assistant, encoded, draft_encoded, batch: int, drafted: bool):
     """Every window greedily, `batch` at a time: (tokens per window, seconds, stats)."""
     from asr.logit_rules import LogitRules
@@ -76,7 +70,7 @@ def decode_all(target, assistant, encoded, draft_encoded, batch: int, drafted: b
     prompt = tuple(target.sot_sequence("en", "transcribe", True))
     count = encoded.features.shape[0]
     tokens, stats = [], DecodeStats()
-    started = _clock(target.device)
+    started = device_clock(target.device)
     for first in range(0, count, batch):
         rows = torch.arange(first, min(first + batch, count), device=target.device)
         window_batch = WindowBatch(
@@ -87,7 +81,7 @@ def decode_all(target, assistant, encoded, draft_encoded, batch: int, drafted: b
         results, batch_stats = decoder.decode(window_batch)
         tokens += [r.tokens for r in results]
         stats = stats + batch_stats
-    return tokens, _clock(target.device) - started, stats
+    return tokens, device_clock(target.device) - started, stats
 
 
 def sweep(target, assistant, samples: np.ndarray, batches: list[int]) -> list[dict]:
@@ -101,8 +95,7 @@ def sweep(target, assistant, samples: np.ndarray, batches: list[int]) -> list[di
     rows = []
     for capture in ("off", "auto"):
         for model in (target, assistant.model):
-            model.step_graphs_mode = capture
-            model._pools = {}
+            model.step_graphs_mode = capture  # fresh pools
         for batch in batches:
             plain = None
             first = torch.arange(min(batch, len(samples)), device=device)
@@ -176,12 +169,12 @@ def anchors(target, assistant, samples: np.ndarray, count: int) -> dict:
     report = {}
     for name, extra in (("generate", {}), ("assisted", {"assistant_model": draft})):
         tokens = 0
-        started = _clock(device)
+        started = device_clock(device)
         for mel in mels:
             with torch.inference_mode():
                 out = module.generate(mel.to(module.dtype), **settings, **extra)
             tokens += out.shape[1]
-        seconds = _clock(device) - started
+        seconds = device_clock(device) - started
         report[name] = {"windows": count, "seconds": round(seconds, 3), "tokens": tokens,
                         "ms_per_token": round(1e3 * seconds / tokens, 3)}  # fmt: skip
     return report
@@ -251,9 +244,9 @@ def large_pair_costs(tokenizer_model, samples: np.ndarray, device: torch.device)
                 graphs.step(tokens, positions)
                 times = []
                 for _ in range(20):
-                    started = _clock(device)
+                    started = device_clock(device)
                     graphs.step(tokens, positions)
-                    times.append(_clock(device) - started)
+                    times.append(device_clock(device) - started)
                 key = f"{name} batch {batch} width {width}"
                 costs[key] = round(1e3 * statistics.median(times), 4)
     report["step_ms"] = costs

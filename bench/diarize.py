@@ -145,10 +145,7 @@ def set_totals(reference_turns: dict, hypotheses: dict, durations: dict) -> dict
             score(reference_turns[name], hypotheses[name], durations[name], collar, skip)
             for name in hypotheses
         ]
-        total = scores[0]
-        for other in scores[1:]:
-            total = total + other
-        totals[key] = round(total.rate, 4)
+        totals[key] = round(sum(scores[1:], scores[0]).rate, 4)
     return totals
 
 

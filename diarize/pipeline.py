@@ -372,10 +372,7 @@ def audio_file(samples: np.ndarray, uri: str = "audio") -> dict[str, Any]:
 def speaker_names(annotation: Annotation, min_duration_on: float = 0.0) -> dict[str, str]:
     """pyannote labels -> SPEAKER_00, SPEAKER_01, ... in order of first speech (turns shorter
     than `min_duration_on` seconds left out)."""
-    names: dict[str, str] = {}
-    for _, _, label in _tracks(annotation, min_duration_on):
-        names.setdefault(label, f"SPEAKER_{len(names):02d}")
-    return names
+    return _named(_tracks(annotation, min_duration_on), {})
 
 
 def turns_from_annotation(
@@ -386,11 +383,16 @@ def turns_from_annotation(
     """pyannote Annotation -> SpeakerTurns sorted by (start, end), shorter than
     `min_duration_on` seconds dropped, speakers renamed by `names` (default: SPEAKER_00.. by
     first appearance in this annotation); a label `names` lacks keeps a name after theirs."""
-    names = dict(names) if names is not None else speaker_names(annotation, min_duration_on)
     tracks = _tracks(annotation, min_duration_on)
+    named = _named(tracks, dict(names or {}))
+    return tuple(SpeakerTurn(start, end, named[label]) for start, end, label in tracks)
+
+
+def _named(tracks: list[tuple[float, float, str]], names: dict[str, str]) -> dict[str, str]:
+    """`names` extended with SPEAKER_NN for each label of `tracks` it lacks, in track order."""
     for _, _, label in tracks:
         names.setdefault(label, f"SPEAKER_{len(names):02d}")
-    return tuple(SpeakerTurn(start, end, names[label]) for start, end, label in tracks)
+    return names
 
 
 def _tracks(annotation: Annotation, min_duration_on: float) -> list[tuple[float, float, str]]:

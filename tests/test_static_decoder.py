@@ -171,7 +171,6 @@ def test_static_pools_decode_as_the_runtime_does(registry, whisper_base):
     finally:
         for model in (whisper_base, assistant.model):
             model.step_graphs_mode = "auto"
-            model._pools = {}
     assert pooled.segments == expected.segments
     assert drafted.segments == expected.segments
     assert drafted.stats["target_calls"] < expected.stats["target_calls"]
