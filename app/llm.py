@@ -25,6 +25,7 @@ from decoding import (
     ModelDrafter,
     PromptLookupDrafter,
     SamplingOptions,
+    StepHook,
     generate,
 )
 from decoding.lookahead import LookaheadPolicy
@@ -187,9 +188,30 @@ def run_generation(
     assistant: LanguageModel | None = None,
     sampling: SamplingOptions | None = None,
     max_new_tokens: int = 128,
+    on_step: StepHook | None = None,
 ) -> GenerationResult:
+    return run_generation_ids(
+        target,
+        [prompt_ids(target, p) for p in prompts],
+        options,
+        assistant,
+        sampling,
+        max_new_tokens,
+        on_step,
+    )
+
+
+def run_generation_ids(
+    target: LanguageModel,
+    prompt_tokens: list[list[int]],
+    options: DraftOptions,
+    assistant: LanguageModel | None = None,
+    sampling: SamplingOptions | None = None,
+    max_new_tokens: int = 128,
+    on_step: StepHook | None = None,
+) -> GenerationResult:
+    """`run_generation` for prompts already tokenized (a chat template's output)."""
     options.validate()
-    prompt_tokens = [prompt_ids(target, p) for p in prompts]
     check_context(target, max(len(ids) for ids in prompt_tokens), max_new_tokens)
     wrapped = CausalLM(target.model)
     drafter = make_drafter(target, wrapped, options, assistant)
@@ -202,6 +224,7 @@ def run_generation(
         sampling=sampling,
         max_new_tokens=max_new_tokens,
         eos_token_id=target.tokenizer.eos_token_id,
+        on_step=on_step,
     )
 
 

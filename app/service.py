@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from app.config import Settings
-from asr.types import ProgressHook, Segment, SpeakerTurn, Transcript, no_progress
+from asr.types import (
+    ProgressHook,
+    Segment,
+    SpeakerTurn,
+    Transcript,
+    WindowHook,
+    no_progress,
+)
 
 if TYPE_CHECKING:
     from asr.models import ModelRegistry
@@ -65,6 +72,10 @@ class ServiceOptions:
     # Each window prompted with the text before it (OpenAI's default); off, a window that went
     # wrong cannot lead the next into repeating it. Always off with batch_size > 1.
     condition_on_previous_text: bool = True
+    # The first decoding temperature (OpenAI's `temperature`): 0 decodes greedily and falls
+    # back to sampling where the text fails the quality checks; t > 0 samples from the start,
+    # then t + 0.2, ... up to 1.0 (openai-whisper's --temperature with its 0.2 increment).
+    temperature: float = 0.0
 
     def validate(self) -> ServiceOptions:
         from asr.languages import LANGUAGES
@@ -85,6 +96,8 @@ class ServiceOptions:
                 f"initial_prompt is {len(self.initial_prompt)} characters; at most "
                 f"{MAX_PROMPT_CHARACTERS} (Whisper reads only the last 223 tokens of a prompt)"
             )
+        if not 0.0 <= self.temperature <= 1.0:
+            raise ValueError(f"temperature must be in [0, 1], not {self.temperature}")
         speaker_counts = {
             "num_speakers": self.num_speakers,
             "min_speakers": self.min_speakers,
@@ -114,7 +127,13 @@ class ServiceOptions:
             condition_on_previous_text=self.condition_on_previous_text and not batched,
             initial_prompt=self.initial_prompt or None,
             batch_size=self.batch_size,
+            **({"temperatures": self.temperatures()} if self.temperature > 0 else {}),
         )
+
+    def temperatures(self) -> tuple[float, ...]:
+        """The fallback schedule starting at `temperature` (t, t + 0.2, ... <= 1.0)."""
+        count = int((1.0 - self.temperature) / 0.2 + 1e-6) + 1
+        return tuple(round(self.temperature + 0.2 * step, 6) for step in range(count))
 
 
 def _choose_assistant(requested: str, asr_model: str) -> str:
@@ -191,7 +210,11 @@ class TranscriptionService:
         del request["use_assistant"]
         # Options added after records began are recorded only when set, so outputs recorded
         # before them still count as made with their defaults.
-        for name, default in (("initial_prompt", None), ("condition_on_previous_text", True)):
+        for name, default in (
+            ("initial_prompt", None),
+            ("condition_on_previous_text", True),
+            ("temperature", 0.0),
+        ):
             if request[name] == default:
                 del request[name]
         diarizer = {"diarization_model": self.diarization_model_name} if options.diarize else {}
@@ -271,9 +294,12 @@ class TranscriptionService:
         audio: AudioInput,
         options: ServiceOptions = ServiceOptions(),
         progress: ProgressHook = no_progress,
+        on_window: WindowHook | None = None,
     ) -> Transcript:
         """One request: audio (path, file bytes or samples) -> Transcript, with speakers when
-        options.diarize. Bad audio raises asr.audio.AudioLoadError, bad options ValueError."""
+        options.diarize. Bad audio raises asr.audio.AudioLoadError, bad options ValueError.
+        on_window: each window's segments as soon as they are decided (`asr.transcribe`),
+        before speakers are assigned."""
         from asr.audio import load_audio
         from asr.transcribe import transcribe
 
@@ -286,7 +312,12 @@ class TranscriptionService:
             # 2. Transcribe, speculatively when there is a draft and the request wants it.
             assistant = self.assistant if options.use_assistant else None
             transcript = transcribe(
-                self.model, samples, transcribe_options, progress=progress, assistant=assistant
+                self.model,
+                samples,
+                transcribe_options,
+                progress=progress,
+                assistant=assistant,
+                on_window=on_window,
             )
             transcript = dataclasses.replace(
                 transcript,

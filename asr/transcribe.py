@@ -29,7 +29,7 @@ from asr.audio import SAMPLE_RATE
 from asr.logit_rules import LogitRules
 from asr.segments import WindowSplit, split_segments
 from asr.silence import chunk_window, loudness, sounds_like_speech, split_at_silence
-from asr.types import ProgressHook, Segment, Transcript, no_progress
+from asr.types import DecidedWindow, ProgressHook, Segment, Transcript, WindowHook, no_progress
 from asr.whisper import FRAMES_PER_SECOND, N_FRAMES, EncodedAudio, WhisperModel
 from asr.whisper_drafters import Assistant
 from asr.window_decoder import (
@@ -160,8 +160,10 @@ class _Session:
         options: TranscribeOptions,
         assistant: Assistant | None,
         policy: LookaheadPolicy | None,
+        on_window: WindowHook | None = None,
     ) -> None:
         self.model, self.options, self.assistant, self.policy = model, options, assistant, policy
+        self.on_window = on_window
         self.mel = model.log_mel(samples)  # shape = (n_mels, content frames + 3000)
         self.draft_mel = None
         if assistant is not None and assistant.needs_mel:
@@ -275,6 +277,21 @@ class _Session:
         self.word_seconds += time.perf_counter() - started
         return splits
 
+    def report(self, result: WindowResult, seek: int, split: WindowSplit) -> None:
+        """Hands a decided window's kept segments to `on_window`, if there is one."""
+        if self.on_window is None:
+            return
+        pairs = [(s, t) for s, t in zip(split.segments, split.tokens, strict=True) if _keeps(s)]
+        self.on_window(
+            DecidedWindow(
+                seek=seek,
+                temperature=result.temperature,
+                compression_ratio=result.compression_ratio,
+                segments=tuple(s for s, _ in pairs),
+                tokens=tuple(t for _, t in pairs),
+            )
+        )
+
 
 def _keeps(segment: Segment) -> bool:
     """Whether a segment has text and a duration (OpenAI clears the others)."""
@@ -324,6 +341,7 @@ def _seek_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
         else:
             [split] = session.split(encoded, [(result, seek, frames)], unfinished=False)
             segments.extend(_kept(split))
+            session.report(result, seek, split)
             seek += max(_consumed(split, seek, total, options.word_timestamps), 1)
             # Text sampled hot is a poor prompt: OpenAI resets the context after it.
             if options.condition_on_previous_text and result.temperature <= 0.5:
@@ -363,9 +381,10 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
             decoded = [window for _, window in spoken]
             splits = session.split(encoded.rows(rows), decoded, unfinished=True)
             tails = []
-            for (_, start, frames), split in zip(decoded, splits, strict=True):
+            for (result, start, frames), split in zip(decoded, splits, strict=True):
                 kept = _kept(split)
                 segments.extend(kept)
+                session.report(result, start, split)
                 tail = _skipped_tail(kept, start, frames)
                 if tail is not None and sounds_like_speech(level, (start, start + frames), tail):
                     tails.append((tail, start + frames))
@@ -394,6 +413,7 @@ def transcribe(
     progress: ProgressHook = no_progress,
     assistant: Assistant | None = None,
     policy: LookaheadPolicy | None = None,
+    on_window: WindowHook | None = None,
 ) -> Transcript:
     """samples: float32 mono 16 kHz, shape = (n_samples,).
 
@@ -401,6 +421,9 @@ def transcribe(
     draft-length policy for the whole recording (default: decoding.Adaptive, which drafts only
     where it pays by the acceptance and call costs it measures: on bench.cli's 59 files it cut
     the int8 decoder phase 1.49x against 1.38x for decoding.Heuristic, and matched it in fp32).
+    on_window: called with each window's kept segments as soon as they are decided (a server
+    streams them): in time order for "seek" windows; a "silence" chunk's tail may come after a
+    later chunk. The returned Transcript holds the same segments, sorted.
     """
     # 1. Check the request; mel spectrograms for the target and a draft that needs its own.
     options.validate(model)
@@ -411,7 +434,7 @@ def transcribe(
     started = time.perf_counter()
     if assistant is not None and policy is None:
         policy = Adaptive()  # one for the whole recording: it learns the pair as it goes
-    session = _Session(model, samples, options, assistant, policy)
+    session = _Session(model, samples, options, assistant, policy, on_window)
 
     # 2. Decode every window.
     progress("transcribe", 0, session.content_frames)

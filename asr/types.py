@@ -45,6 +45,26 @@ class Segment:
     speaker: str | None = None
 
 
+@dataclass(frozen=True)
+class DecidedWindow:
+    """A window's kept segments, reported once its text is decided (before diarization).
+
+    seek: its first mel frame (100 per second, OpenAI's `seek`); temperature: the one its text
+    was decoded at (above 0 after a fallback); compression_ratio: of its whole text;
+    tokens[i]: segments[i]'s tokens, timestamps included.
+    """
+
+    seek: int
+    temperature: float
+    compression_ratio: float
+    segments: tuple[Segment, ...]
+    tokens: tuple[tuple[int, ...], ...]
+
+
+WindowHook = Callable[[DecidedWindow], None]
+"""on_window(window): called in the decoding thread as each window is decided."""
+
+
 # The most speakers a request may ask for: pyannote counts speakers per frame in 8-bit
 # integers (256 crashes it), and no recording a person would diarize has more.
 MAX_SPEAKERS = 100

@@ -7,7 +7,7 @@ from decoding.drafters import (
     ModelDrafter,
     PromptLookupDrafter,
 )
-from decoding.generate import DecodeStats, GenerationResult, device_clock, generate
+from decoding.generate import DecodeStats, GenerationResult, StepHook, device_clock, generate
 from decoding.lookahead import (
     Adaptive,
     BlockOutcome,
@@ -43,6 +43,7 @@ __all__ = [
     "ModelDrafter",
     "PromptLookupDrafter",
     "SamplingOptions",
+    "StepHook",
     "Target",
     "Verdict",
     "apply_sampling",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +20,11 @@ from decoding.protocols import NO_TOKEN, Draft, Drafter, Target
 from decoding.verify import Sampler, SamplingOptions, Verdict, greedy_accept, speculative_sample
 
 PAD = 0  # fills unused slots of a block; masked, or placed after every token that matters
+
+StepHook = Callable[[tuple[tuple[int, ...], ...]], bool]
+"""on_step(new) after each verify step: new[r] = the tokens prompt row r committed in it (() for a
+row that already stopped). Returning True stops every row there (a stop string, a server whose
+client left); the tokens committed so far are the result."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +200,14 @@ class _Rows:
             n_finished > 0,
         )
 
+    def new_tokens(self, before: torch.Tensor) -> tuple[tuple[int, ...], ...]:
+        """Each caller row's tokens committed since its length was `before[row]`."""
+        new: list[tuple[int, ...]] = [()] * len(self.results)
+        spans = zip(before.tolist(), self.lengths.tolist(), self.committed.tolist(), strict=True)
+        for row, (start, end, tokens) in enumerate(spans):
+            new[self.ids[row]] = tuple(tokens[start:end])
+        return tuple(new)
+
     def retire(self, finished: torch.Tensor) -> torch.Tensor:
         """Records the finished rows' results and drops them; returns the kept rows' indices."""
         picked = finished.nonzero().flatten()
@@ -266,12 +279,14 @@ def generate(
     sampling: SamplingOptions | None = None,
     max_new_tokens: int = 128,
     eos_token_id: int | Sequence[int] | None = None,
+    on_step: StepHook | None = None,
 ) -> GenerationResult:
     """Decodes every prompt row with `target`, speculatively when a drafter is given.
 
     Greedy when `sampling` is None (output equals the target's greedy decoding); otherwise
     samples exactly from the target's distribution under `sampling`. Without a drafter each
     step commits one token. `policy` picks the draft length (default: Heuristic()).
+    on_step: sees each step's committed tokens and may stop the generation (`StepHook`).
     """
     # 1. Check the request; set up the rows, both caches and the random stream.
     if max_new_tokens < 1:
@@ -313,8 +328,12 @@ def generate(
                 verdict = speculative_sample(proposals, draft.q, p, sampler.generator)
 
             # 4. Commit; rows that stopped leave the batch; caches drop what was rejected.
+            before = rows.lengths.clone() if on_step is not None else None
             step = rows.commit(verdict, logits, proposals, stop_ids)
-            kept = rows.retire(step.finished) if step.any_finished else None
+            finished, any_finished = step.finished, step.any_finished
+            if on_step is not None and on_step(rows.new_tokens(before)):
+                finished, any_finished = torch.ones_like(finished), True
+            kept = rows.retire(finished) if any_finished else None
             if rows.count:
                 _roll_back(target, drafter, rows, kept)
             verified = device_clock(device)
