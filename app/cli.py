@@ -258,13 +258,24 @@ def _cmd_distill(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from app.server import serve
     from app.service import TranscriptionService
-    from app.ui import serve
 
+    # 1. Everything that can be refused before a model loads.
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port must be in 1..65535, not {args.port}")
     if args.queue_size < 1:
         raise ValueError(f"--queue-size must be at least 1, not {args.queue_size}")
+    if args.text_assistant is not None and args.text_model is None:
+        raise ValueError("--text-assistant needs --text-model")
+    text_drafter = args.text_assistant or "none"
+    if args.text_model is not None:
+        from app.api.text_front import draft_options
+
+        draft_options(text_drafter, args.text_policy)  # a bad spec fails before loading
+    api_key = args.api_key if args.api_key is not None else settings.api_key
+    if api_key is not None and not api_key.strip():
+        raise ValueError("--api-key must not be empty")
     service = TranscriptionService(
         settings,
         asr_model=args.model,
@@ -272,7 +283,22 @@ def _cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         device=args.device,
         progress=_print_progress,
     )
-    serve(service, host=args.host, port=args.port, queue_size=args.queue_size)
+    # 2. The text front, when asked for; then serve.
+    text = None
+    if args.text_model is not None:
+        from app.api.text_front import TextFront
+        from asr.models import ModelRegistry
+
+        registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
+        text = TextFront.load(registry, args.text_model, text_drafter, args.text_policy)
+    serve(
+        service,
+        host=args.host,
+        port=args.port,
+        queue_size=args.queue_size,
+        text=text,
+        api_key=api_key,
+    )
     return 0
 
 
@@ -573,7 +599,9 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--device", help="cpu, cuda, ... (default: cpu)")
     dist.set_defaults(run=_cmd_distill)
 
-    web = commands.add_parser("serve", help="serve the web UI (Gradio)")
+    web = commands.add_parser(
+        "serve", help="serve the web UI (Gradio) and the OpenAI-compatible API (/v1)"
+    )
     web.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0: every one)")
     web.add_argument("--port", type=int, default=7860)
     web.add_argument("--model", help="embedded name, local directory or hub id")
@@ -583,7 +611,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     web.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cpu)")
     web.add_argument(
-        "--queue-size", type=int, default=16, help="requests that may wait (then: queue full)"
+        "--queue-size",
+        type=int,
+        default=16,
+        help="requests that may wait, in the page's queue and in the API's (then: queue full, 429)",
+    )
+    web.add_argument(
+        "--api-key",
+        help="bearer token the API (/v1) and the page ask for (default: $SPECSCRIBE_API_KEY; "
+        "unset: open)",
+    )
+    web.add_argument(
+        "--text-model", help="serve this text LM on /v1/completions (e.g. smollm2-135m)"
+    )
+    web.add_argument(
+        "--text-assistant",
+        help="the text LM's drafter: none (default), prompt-lookup[:N], early-exit:L or a "
+        "draft model's name",
+    )
+    web.add_argument(
+        "--text-policy",
+        default="heuristic",
+        choices=("constant", "heuristic", "confidence", "adaptive"),
+        help="the text drafter's draft-length policy (as `generate --policy`)",
     )
     web.set_defaults(run=_cmd_serve)
 

@@ -35,6 +35,7 @@ class Settings:
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 | mixed | int8 (asr.precision)
     max_audio_bytes: int = 100_000_000  # endpoint: largest audio file a request may send
     max_audio_seconds: float = 10_800.0  # endpoint: longest recording a request may send
+    api_key: str | None = None  # serve: the bearer token the HTTP API and the page ask for
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -50,6 +51,7 @@ class Settings:
             precision=os.environ.get("SPECSCRIBE_PRECISION", "auto"),
             max_audio_bytes=int(_positive_number("MAX_AUDIO_BYTES", 100_000_000)),
             max_audio_seconds=_positive_number("MAX_AUDIO_SECONDS", 10_800.0),
+            api_key=os.environ.get("SPECSCRIBE_API_KEY") or None,
         )
 
 

@@ -22,9 +22,6 @@ import html
 import logging
 import re
 import shutil
-import signal
-import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -392,37 +389,3 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
             concurrency_id="service",
         )
     return demo.queue(max_size=queue_size, default_concurrency_limit=1)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-def serve(
-    service: TranscriptionService,
-    host: str = DEFAULT_HOST,
-    port: int = DEFAULT_PORT,
-    queue_size: int = 16,
-) -> None:
-    """Loads the models, then serves the page until SIGINT or SIGTERM (blocks)."""
-    service.load(diarization=True)  # the first request should not wait for model loading
-    if threading.current_thread() is threading.main_thread():
-        # Gradio closes its server on KeyboardInterrupt; make `docker stop` (SIGTERM) and a
-        # SIGINT that a background launch inherited as ignored do the same.
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, _interrupt)
-    outputs_dir = Path(tempfile.mkdtemp(prefix="specscribe-ui-"))
-    try:
-        demo = build_app(service, outputs_dir, queue_size)
-        demo.launch(
-            server_name=host,
-            server_port=port,
-            share=False,
-            ssr_mode=False,  # client-side rendering: no Node server, nothing fetched
-            show_error=False,  # unexpected errors are turned into messages by WebApp
-            allowed_paths=[str(outputs_dir)],
-            max_file_size=service.settings.max_audio_bytes,
-            footer_links=["api", "settings"],
-        )
-    finally:
-        shutil.rmtree(outputs_dir, ignore_errors=True)

@@ -1,0 +1,132 @@
+"""A Transcript -> the body OpenAI's `response_format` asks for: json, text, srt, vtt or
+verbose_json (OpenAI's fields, plus speakers and the decode statistics).
+
+verbose_json segments carry OpenAI's fields from the decoded windows (`DecidedWindow`): `seek`
+(the window's first frame), `tokens` (timestamps included), `temperature` and the window's
+`compression_ratio`. A segment that diarization split out of a decoded one (its words changed
+speaker) keeps its window's seek, temperature and ratio, and has `tokens: []`: its tokens are
+not a slice the decoder made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from app.api.audio_request import AudioRequest
+from asr.languages import LANGUAGES
+from asr.types import DecidedWindow, Segment, Transcript
+from asr.writers import WRITERS
+
+
+def usage(transcript: Transcript) -> dict[str, Any]:
+    """OpenAI's usage for Whisper: billed by audio duration."""
+    return {"type": "duration", "seconds": round(transcript.duration, 3)}
+
+
+def render(
+    transcript: Transcript,
+    request: AudioRequest,
+    task: str,
+    windows: list[DecidedWindow],
+) -> Response:
+    """The response for `request.response_format`."""
+    match request.response_format:
+        case "json":
+            return JSONResponse({"text": transcript.text, "usage": usage(transcript)})
+        case "text":
+            return PlainTextResponse(transcript.text + "\n")
+        case "srt" | "vtt" as name:
+            return PlainTextResponse(WRITERS[name](transcript, "audio"))
+        case "verbose_json":
+            return JSONResponse(verbose_json(transcript, request, task, windows))
+    raise AssertionError(request.response_format)  # AudioRequest admits no other value
+
+
+def verbose_json(
+    transcript: Transcript, request: AudioRequest, task: str, windows: list[DecidedWindow]
+) -> dict[str, Any]:
+    """OpenAI's verbose_json: task, language (its English name, as OpenAI gives it), duration,
+    text, segments (unless only words were asked for), words (when asked for), usage; and
+    specscribe's: language_code, speakers (the diarizer's turns, when diarized), stats (decode
+    statistics: target and draft calls, tokens per target call, seconds per stage), warnings."""
+    body: dict[str, Any] = {
+        "task": task,
+        "language": LANGUAGES.get(transcript.language, transcript.language),
+        "language_code": transcript.language,
+        "duration": round(transcript.duration, 3),
+        "text": transcript.text,
+    }
+    diarized = bool(transcript.turns) or any(s.speaker for s in transcript.segments)
+    if request.segments:
+        origins = _Origins(windows)
+        body["segments"] = [
+            _segment(index, segment, origins, diarized)
+            for index, segment in enumerate(transcript.segments)
+        ]
+    if request.words:
+        body["words"] = [
+            {
+                "word": word.text.strip(),
+                "start": round(word.start, 3),
+                "end": round(word.end, 3),
+                "probability": round(word.probability, 4),
+                **({"speaker": word.speaker} if diarized else {}),
+            }
+            for segment in transcript.segments
+            for word in segment.words
+        ]
+    if diarized:
+        body["speakers"] = [
+            {"speaker": t.speaker, "start": round(t.start, 3), "end": round(t.end, 3)}
+            for t in transcript.turns
+        ]
+    body["usage"] = usage(transcript)
+    body["stats"] = transcript.stats
+    body["warnings"] = list(transcript.warnings)
+    return body
+
+
+class _Origins:
+    """Finds the decoded window (and the tokens) a transcript segment came from."""
+
+    def __init__(self, windows: list[DecidedWindow]) -> None:
+        self.windows = sorted(windows, key=lambda w: w.seek)
+        self.tokens = {
+            _key(segment): tokens
+            for window in windows
+            for segment, tokens in zip(window.segments, window.tokens, strict=True)
+        }
+
+    def window(self, segment: Segment) -> DecidedWindow | None:
+        frame = round(segment.start * 100)
+        found = None
+        for window in self.windows:
+            if window.seek <= frame:
+                found = window
+        return found
+
+    def tokens_of(self, segment: Segment) -> tuple[int, ...]:
+        return self.tokens.get(_key(segment), ())
+
+
+def _key(segment: Segment) -> tuple[float, float, str]:
+    return (segment.start, segment.end, segment.text)
+
+
+def _segment(index: int, segment: Segment, origins: _Origins, diarized: bool) -> dict[str, Any]:
+    window = origins.window(segment)
+    return {
+        "id": index,
+        "seek": window.seek if window else 0,
+        "start": round(segment.start, 3),
+        "end": round(segment.end, 3),
+        "text": segment.text,
+        "tokens": list(origins.tokens_of(segment)),
+        "temperature": window.temperature if window else 0.0,
+        "avg_logprob": round(segment.avg_logprob, 6),
+        "compression_ratio": round(window.compression_ratio, 6) if window else 0.0,
+        "no_speech_prob": round(segment.no_speech_prob, 6),
+        **({"speaker": segment.speaker} if diarized else {}),
+    }

@@ -1,0 +1,160 @@
+"""One `/v1/audio/transcriptions` or `/v1/audio/translations` request: the multipart form ->
+a validated `AudioRequest` and the uploaded file's bytes.
+
+OpenAI's fields (`file`, `model`, `language`, `prompt`, `response_format`, `temperature`,
+`timestamp_granularities[]`, `stream`) plus specscribe's extras (`diarize`, `num_speakers`,
+`min_speakers`, `max_speakers`, `assistant`), each checked once; anything else is refused with
+400, so a misspelt option is never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.datastructures import FormData, UploadFile
+
+from app.api.errors import ApiError
+from app.service import MAX_PROMPT_CHARACTERS, ServiceOptions, language_code
+from asr.types import MAX_SPEAKERS
+
+ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
+Granularity = Literal["segment", "word"]
+# Form fields that may repeat (sent as `name[]` by the SDKs, or `name` repeated by hand).
+LIST_FIELDS = frozenset({"timestamp_granularities"})
+# What stock clients send as `model` for OpenAI's Whisper: it means the loaded Whisper.
+WHISPER_ALIAS = "whisper-1"
+
+
+class AudioRequest(BaseModel):
+    """The form's fields other than the file, typed (form text "true", "0.2", "2" convert)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = None  # None or "": the loaded Whisper
+    language: str | None = None  # code, English name or "<|de|>"; None: detected
+    prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
+    response_format: ResponseFormat = "json"
+    temperature: float = Field(0.0, ge=0.0, le=1.0)
+    timestamp_granularities: tuple[Granularity, ...] = ()
+    stream: bool = False
+    diarize: bool | None = None  # None: on when a speaker count is given
+    num_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
+    min_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
+    max_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
+    assistant: bool | None = None  # False: decode without the draft; None: with it, if any
+
+    @field_validator("language")
+    @classmethod
+    def _code(cls, value: str | None) -> str | None:
+        return language_code(value)
+
+    @property
+    def words(self) -> bool:
+        return "word" in self.timestamp_granularities
+
+    @property
+    def segments(self) -> bool:
+        """Segments in verbose_json: asked for, or no granularity asked (OpenAI's default)."""
+        return "segment" in self.timestamp_granularities or not self.timestamp_granularities
+
+    def check(self) -> AudioRequest:
+        """Combinations OpenAI refuses too: ApiError 422 naming the field."""
+        if self.timestamp_granularities and self.response_format != "verbose_json":
+            raise ApiError(
+                422,
+                "timestamp_granularities needs response_format=verbose_json "
+                f"(got {self.response_format})",
+                param="timestamp_granularities",
+            )
+        if self.stream and self.response_format not in ("json", "text"):
+            raise ApiError(
+                422,
+                f"stream needs response_format json or text (got {self.response_format}): "
+                "the events carry text",
+                param="stream",
+            )
+        return self
+
+    def service_options(self, task: Literal["transcribe", "translate"]) -> ServiceOptions:
+        """ServiceOptions for this request; ApiError 422 for values the service refuses."""
+        counts = (self.num_speakers, self.min_speakers, self.max_speakers)
+        diarize = self.diarize if self.diarize is not None else any(c is not None for c in counts)
+        options = ServiceOptions(
+            language=self.language,
+            task=task,
+            word_timestamps=self.words,
+            use_assistant=self.assistant is not False,
+            diarize=diarize,
+            num_speakers=self.num_speakers,
+            min_speakers=self.min_speakers,
+            max_speakers=self.max_speakers,
+            initial_prompt=self.prompt or None,
+            temperature=self.temperature,
+        )
+        try:
+            return options.validate()
+        except ValueError as error:
+            raise ApiError(422, str(error), param=_param_of(str(error))) from None
+
+
+def _param_of(message: str) -> str | None:
+    """The field a ServiceOptions message is about (they start with or name it)."""
+    for name in ("language", "temperature", "num_speakers", "min_speakers", "max_speakers"):
+        if message.startswith(name) or f"{name} " in message:
+            return name
+    if message.startswith("initial_prompt"):
+        return "prompt"
+    return None
+
+
+def parse_form(form: FormData) -> tuple[AudioRequest, UploadFile]:
+    """The multipart form -> (AudioRequest, the upload). ApiError 400 for a missing or repeated
+    field, an unknown one, or a `file` that is text; 422 for a value out of range."""
+    fields: dict[str, Any] = {}
+    upload: UploadFile | None = None
+    for key, value in form.multi_items():
+        if key == "file":
+            if not isinstance(value, UploadFile):
+                raise ApiError(400, "file must be an uploaded file, not a text field", param="file")
+            if upload is not None:
+                raise ApiError(400, "send one file per request", param="file")
+            upload = value
+            continue
+        name = key.removesuffix("[]")
+        if isinstance(value, UploadFile):
+            raise ApiError(400, f"{name} must be a text field, not a file", param=name)
+        if name in LIST_FIELDS:
+            fields.setdefault(name, []).append(value)
+        elif name in fields:
+            raise ApiError(400, f"{name} is given more than once", param=name)
+        else:
+            fields[name] = value
+    if upload is None:
+        raise ApiError(
+            400, "file is missing: send the audio as the multipart field 'file'", param="file"
+        )
+    try:
+        request = AudioRequest.model_validate(fields)
+    except ValidationError as error:
+        raise _refusal(error) from None
+    return request.check(), upload
+
+
+def _refusal(error: ValidationError) -> ApiError:
+    problems = error.errors()
+    unknown = [str(p["loc"][0]) for p in problems if p["type"] == "extra_forbidden"]
+    if unknown:
+        accepted = ", ".join(["file", *AudioRequest.model_fields])
+        return ApiError(
+            400,
+            f"unknown field {', '.join(unknown)} (accepted: {accepted})",
+            param=unknown[0],
+            code="unknown_parameter",
+        )
+    first = problems[0]
+    param = str(first["loc"][0]) if first["loc"] else None
+    described = "; ".join(
+        f"{'.'.join(map(str, p['loc']))}: {p['msg']} (got {p.get('input')!r:.80})" for p in problems
+    )
+    return ApiError(422, described, param=param)

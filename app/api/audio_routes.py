@@ -1,0 +1,237 @@
+"""`POST /v1/audio/transcriptions` and `POST /v1/audio/translations` on the shared service.
+
+Each request, in order: the form (400/422), the model name (404), the options (422), the file
+(400 empty, 413 too large), a place in the queue (429), the audio decoded outside the queue
+(415 not audio, 413 too long), then the service's run in the queue. With `stream`, the answer
+is server-sent events in OpenAI's shape: a `transcript.text.delta` as each 30 s window's text is
+decided, then one `transcript.text.done` with the whole text (speakers, when asked for, are
+only known then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Literal
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from app.api.audio_formats import render, usage
+from app.api.audio_request import WHISPER_ALIAS, AudioRequest, parse_form
+from app.api.errors import ApiError, error_body
+from app.api.work_queue import QueueFull, WorkQueue
+from app.service import ServiceOptions, TranscriptionService
+from asr.types import DecidedWindow, Transcript
+
+log = logging.getLogger(__name__)
+
+# Multipart framing and the form's text fields, on top of the file itself.
+FORM_OVERHEAD_BYTES = 1_000_000
+Task = Literal["transcribe", "translate"]
+
+
+class AudioApi:
+    """The two audio routes over one TranscriptionService and the API's WorkQueue."""
+
+    def __init__(self, service: TranscriptionService, work: WorkQueue) -> None:
+        self.service = service
+        self.work = work
+        self.max_bytes = service.settings.max_audio_bytes
+        self.max_seconds = service.settings.max_audio_seconds
+
+    def router(self) -> APIRouter:
+        router = APIRouter()
+
+        @router.post("/v1/audio/transcriptions")
+        async def transcriptions(request: Request) -> Response:
+            return await self.answer(request, "transcribe")
+
+        @router.post("/v1/audio/translations")
+        async def translations(request: Request) -> Response:
+            return await self.answer(request, "translate")
+
+        return router
+
+    async def answer(self, request: Request, task: Task) -> Response:
+        # 1. The request, checked before anything is decoded.
+        asked, audio = await self._read(request)
+        self._check_model(asked.model)
+        options = asked.service_options(task)
+        try:
+            options.transcribe_options().validate(self.service.model)
+        except ValueError as error:
+            raise ApiError(422, str(error), param="language") from None
+        self._check_room()
+        # 2. The audio, decoded outside the queue (ffmpeg runs in its own process).
+        samples = await asyncio.to_thread(self._decode, audio)
+        # 3. The model work, in the queue.
+        if asked.stream:
+            return self._stream(samples, options)
+        windows: list[DecidedWindow] = []
+        transcript = await self._queued(samples, options, windows.append)
+        return render(transcript, asked, task, windows)
+
+    async def _read(self, request: Request) -> tuple[AudioRequest, bytes]:
+        content_type = request.headers.get("content-type", "")
+        if not content_type.startswith("multipart/form-data"):
+            raise ApiError(
+                415,
+                f"send multipart/form-data with the audio in 'file' (got {content_type or 'none'})",
+                code="unsupported_media_type",
+            )
+        length = request.headers.get("content-length")
+        if length and length.isdigit() and int(length) > self.max_bytes + FORM_OVERHEAD_BYTES:
+            raise self._too_large(int(length))
+        try:
+            form = await request.form(max_files=2, max_fields=64)
+        except Exception as error:  # starlette's MultiPartException and malformed bodies
+            raise ApiError(400, f"the multipart form cannot be read: {error}") from None
+        try:
+            asked, upload = parse_form(form)
+            audio = await upload.read()
+        finally:
+            await form.close()
+        if not audio:
+            raise ApiError(400, "file is empty (0 bytes)", param="file", code="empty_file")
+        if len(audio) > self.max_bytes:
+            raise self._too_large(len(audio))
+        return asked, audio
+
+    def _too_large(self, size: int) -> ApiError:
+        return ApiError(
+            413,
+            f"the audio file has {size} bytes, more than the {self.max_bytes} allowed "
+            "(MAX_AUDIO_BYTES)",
+            param="file",
+            code="file_too_large",
+        )
+
+    def _check_model(self, model: str | None) -> None:
+        if model in (None, "", WHISPER_ALIAS, self.service.asr_model_name):
+            return
+        raise ApiError(
+            404,
+            f"model {model!r} is not loaded; this server transcribes with "
+            f"{self.service.asr_model_name!r} (or say {WHISPER_ALIAS!r})",
+            param="model",
+            code="model_not_found",
+        )
+
+    def _check_room(self) -> None:
+        """Refuses at once when the queue is full, before the audio costs any decoding."""
+        if self.work.waiting >= self.work.size:
+            raise queue_full(self.work)
+
+    def _decode(self, audio: bytes) -> np.ndarray:
+        from asr.audio import AudioLoadError, AudioTooLongError, load_audio
+
+        try:
+            return load_audio(audio, name="file", max_seconds=self.max_seconds)
+        except AudioTooLongError as error:
+            raise ApiError(
+                413, f"{error} (MAX_AUDIO_SECONDS)", param="file", code="audio_too_long"
+            ) from None
+        except AudioLoadError as error:
+            raise ApiError(
+                415,
+                f"the file is not audio that ffmpeg can decode: {error}",
+                param="file",
+                code="invalid_audio",
+            ) from None
+
+    async def _queued(self, samples: np.ndarray, options: ServiceOptions, on_window) -> Transcript:
+        try:
+            return await self.work.run(
+                lambda: self.service.run(samples, options, on_window=on_window)
+            )
+        except QueueFull:
+            raise queue_full(self.work) from None
+        except ValueError as error:
+            raise ApiError(422, str(error)) from None
+
+    def _stream(self, samples: np.ndarray, options: ServiceOptions) -> StreamingResponse:
+        """Server-sent events; the job is queued now, so a full queue still answers 429."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[DecidedWindow] = asyncio.Queue()
+
+        def on_window(window: DecidedWindow) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, window)
+
+        try:
+            future = self.work.submit(
+                lambda: self.service.run(samples, options, on_window=on_window)
+            )
+        except QueueFull:
+            raise queue_full(self.work) from None
+        return StreamingResponse(
+            _transcript_events(asyncio.wrap_future(future), events),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+
+async def _transcript_events(
+    done: asyncio.Future[Transcript], windows: asyncio.Queue[DecidedWindow]
+) -> AsyncIterator[str]:
+    """OpenAI's transcription events: deltas whose concatenation is the final text (leading
+    and trailing spaces held back), then `transcript.text.done`; an error becomes one
+    `{"error": ...}` event, which the SDKs raise."""
+    sent = ""
+    raw = ""
+    try:
+        while True:
+            waiter = asyncio.ensure_future(windows.get())
+            await asyncio.wait({waiter, done}, return_when=asyncio.FIRST_COMPLETED)
+            if not waiter.done():
+                waiter.cancel()
+                if windows.empty():
+                    break
+                continue
+            raw += "".join(segment.text for segment in waiter.result().segments)
+            text = raw.strip()
+            if len(text) > len(sent) and text.startswith(sent):
+                yield _event({"type": "transcript.text.delta", "delta": text[len(sent) :]})
+                sent = text
+        transcript = done.result()
+    except ApiError as error:
+        yield _event(error.body())
+        return
+    except ValueError as error:
+        yield _event(error_body(422, str(error)))
+        return
+    except Exception as error:
+        log.exception("streamed transcription failed")
+        yield _event(error_body(500, f"transcription failed ({type(error).__name__})"))
+        return
+    finally:
+        if not done.done():
+            done.cancel()
+    if transcript.text.startswith(sent) and len(transcript.text) > len(sent):
+        yield _event({"type": "transcript.text.delta", "delta": transcript.text[len(sent) :]})
+    yield _event(
+        {
+            "type": "transcript.text.done",
+            "text": transcript.text,
+            "usage": usage(transcript),
+            "language": transcript.language,
+            "stats": transcript.stats,
+        }
+    )
+
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def queue_full(work: WorkQueue) -> ApiError:
+    return ApiError(
+        429,
+        f"the server is busy: {work.size} requests are waiting already (--queue-size); "
+        "try again shortly",
+        code="queue_full",
+        headers={"Retry-After": "5"},
+    )

