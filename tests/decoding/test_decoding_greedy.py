@@ -229,3 +229,37 @@ def test_one_token_prompt_next_to_long_ones(models):
 
     assert plain.tokens == expected
     assert speculative.tokens == expected
+
+
+def test_on_step_sees_every_committed_token_in_order_and_can_stop(models, references):
+    """Each row's tokens, step by step, add up to its result; stopping keeps what was
+    committed, with every row's own tokens (a server streams and stops on this)."""
+    target = CausalLM(models.target)
+    drafter = ModelDrafter(CausalLM(models.draft))
+    seen: list[list[int]] = [[] for _ in PROMPTS]
+
+    def record(new: tuple[tuple[int, ...], ...]) -> bool:
+        assert len(new) == len(PROMPTS)
+        for row, tokens in enumerate(new):
+            seen[row].extend(tokens)
+        return False
+
+    result = generate(
+        target, PROMPTS, drafter, ConstantK(3), max_new_tokens=MAX_NEW, on_step=record
+    )
+    assert result.tokens == references
+    assert tuple(map(tuple, seen)) == references
+
+    steps = []
+
+    def stop_after_three(new: tuple[tuple[int, ...], ...]) -> bool:
+        steps.append(new)
+        return len(steps) == 3
+
+    stopped = generate(
+        target, PROMPTS, drafter, ConstantK(3), max_new_tokens=MAX_NEW, on_step=stop_after_three
+    )
+    assert len(steps) == 3
+    for row, tokens in enumerate(stopped.tokens):
+        assert tokens == tuple(t for step in steps for t in step[row])
+        assert tokens == references[row][: len(tokens)] and len(tokens) < MAX_NEW
