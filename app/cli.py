@@ -684,7 +684,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.set_defaults(run=_cmd_status)
 
     bench = commands.add_parser("bench", help="run a benchmark (bench/SUITE.py)")
-    bench.add_argument("suite", choices=("text", "diarize", "asr", "cli"))
+    bench.add_argument("suite", choices=("text", "diarize", "asr", "cli", "api_load"))
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the suite")
     bench.set_defaults(run=_cmd_bench)
 
