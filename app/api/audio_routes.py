@@ -63,8 +63,10 @@ class AudioApi:
         options = asked.service_options(task)
         try:
             options.transcribe_options().validate(self.service.model)
-        except ValueError as error:
-            raise ApiError(422, str(error), param="language") from None
+        except ValueError as error:  # a language or task this model does not have
+            message = str(error)
+            param = "language" if message.startswith("language") else None
+            raise ApiError(422, message, param=param) from None
         self._check_room()
         # 2. The audio, decoded outside the queue (ffmpeg runs in its own process).
         samples = await asyncio.to_thread(self._decode, audio)
