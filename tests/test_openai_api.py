@@ -184,6 +184,17 @@ def test_work_queue_runs_in_order_and_refuses_past_its_size():
     assert order == [0, 1, 2]
 
 
+def test_serve_refuses_bad_api_options_before_loading_anything(capsys):
+    from app.cli import main
+
+    assert main(["serve", "--text-assistant", "prompt-lookup"]) == 2
+    assert "--text-assistant needs --text-model" in capsys.readouterr().err
+    assert main(["serve", "--text-model", TEXT_MODEL, "--text-assistant", "early-exit"]) == 2
+    assert "early-exit:L" in capsys.readouterr().err
+    assert main(["serve", "--api-key", " "]) == 2
+    assert "--api-key must not be empty" in capsys.readouterr().err
+
+
 # -- real servers -----------------------------------------------------------------------------
 
 
