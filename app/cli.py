@@ -81,11 +81,14 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
 
     from app.service import TranscriptionService
     from asr.audio import AudioLoadError, check_distinct_outputs, find_audio_files
-    from asr.writers import output_paths, outputs_state, write_outputs
+    from asr.writers import SubtitleLayout, output_paths, outputs_state, write_outputs
 
     # 1. The request, checked before anything is read or loaded.
     if args.diarization_pipeline and not args.diarize:
         raise ValueError("--diarization-pipeline needs --diarize")
+    layout = SubtitleLayout(args.max_line_width, args.max_line_count).validate()
+    if layout.shaped:
+        args.word_timestamps = True  # cues are timed by their words
     options = _request_options(args)
     if args.format is not None and not args.output_dir:
         raise ValueError("--format needs --output-dir (without it the transcript is printed)")
@@ -100,6 +103,8 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         progress=_print_progress,
     )
     record = service.output_record(options)
+    if layout.shaped:
+        record.update(max_line_width=layout.max_line_width, max_line_count=layout.max_line_count)
 
     # 2. What to do: the files, and which of them already have every output, made this way.
     files = find_audio_files([Path(p) for p in args.paths])
@@ -129,7 +134,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
 
     # 3. The models, loaded once; options checked against them before any work.
     options.transcribe_options().validate(service.model)
-    service.load(diarization=options.diarize)
+    service.load(diarization=options.diarize, vad=options.vad and not options.diarize)
 
     # 4. Each file: a bad one is reported and skipped, the rest go on.
     failures: list[tuple[Path, str]] = []  # (file, reason)
@@ -138,7 +143,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         bar.set_postfix_str(path.name)
         try:
             transcript = service.run(path, options)
-            write_outputs(transcript, outputs, record)
+            write_outputs(transcript, outputs, record, layout)
         except AudioLoadError as error:
             failures.append((path, str(error)))
             tqdm.write(f"specscribe: skipped {error}", file=sys.stderr)
@@ -336,6 +341,64 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "text keeps one window's mistake from repeating in the next",
     )
     parser.add_argument(
+        "--hotwords",
+        metavar="TEXT",
+        help="words carried into every window's prompt: names and terms to prefer",
+    )
+    parser.add_argument(
+        "--clip-timestamps",
+        metavar="RANGES",
+        help='transcribe only these ranges: "600,1200" or "10:00-20:00,1:05:00-" (seconds or '
+        "[h:]m:s; an open end runs to the end of the file)",
+    )
+    vad = parser.add_argument_group("voice activity detection (Silero VAD)")
+    vad.add_argument(
+        "--vad",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="decode only where someone speaks (default); --no-vad decodes every second",
+    )
+    vad.add_argument(
+        "--vad-threshold", type=float, default=0.4, metavar="P", help="speech probability (0.4)"
+    )
+    vad.add_argument(
+        "--vad-min-speech-duration",
+        type=float,
+        default=0.25,
+        metavar="S",
+        help="ignore speech shorter than this (0.25 s)",
+    )
+    vad.add_argument(
+        "--vad-min-silence-duration",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="keep shorter pauses inside a speech region (2 s)",
+    )
+    vad.add_argument(
+        "--vad-speech-pad",
+        type=float,
+        default=0.4,
+        metavar="S",
+        help="seconds kept on both sides of each region (0.4 s)",
+    )
+    guards = parser.add_argument_group("hallucination guards")
+    guards.add_argument(
+        "--repetition-ngram",
+        type=int,
+        default=6,
+        metavar="N",
+        help="a segment of N+ words repeating N-word runs said earlier falls back and, if it "
+        "still repeats, is dropped (default 6; 0: off)",
+    )
+    guards.add_argument(
+        "--hallucination-silence-threshold",
+        type=float,
+        metavar="S",
+        help="with --word-timestamps: drop improbable segments alone between pauses longer "
+        "than S seconds (OpenAI's option; default: off)",
+    )
+    parser.add_argument(
         "--diarize", action="store_true", help="label speakers (offline: segmentation-3.0 + CAM++)"
     )
     parser.add_argument("--num-speakers", type=int, metavar="N", help="exactly N speakers")
@@ -365,6 +428,15 @@ def _request_options(args: argparse.Namespace):
         batch_size=args.batch_size,
         initial_prompt=args.initial_prompt,
         condition_on_previous_text=args.condition_on_previous_text,
+        hotwords=args.hotwords,
+        clip_timestamps=args.clip_timestamps,
+        vad=args.vad,
+        vad_threshold=args.vad_threshold,
+        vad_min_speech_duration=args.vad_min_speech_duration,
+        vad_min_silence_duration=args.vad_min_silence_duration,
+        vad_speech_pad=args.vad_speech_pad,
+        repetition_ngram=args.repetition_ngram or None,
+        hallucination_silence_threshold=args.hallucination_silence_threshold,
     ).validate()
 
 
@@ -525,6 +597,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     transcribe.add_argument(
         "--overwrite", action="store_true", help="transcribe files whose outputs exist"
+    )
+    transcribe.add_argument(
+        "--max-line-width",
+        type=int,
+        metavar="N",
+        help="srt/vtt: lines of at most N characters, cues timed by their words (turns on "
+        "--word-timestamps)",
+    )
+    transcribe.add_argument(
+        "--max-line-count",
+        type=int,
+        metavar="N",
+        help="srt/vtt: at most N lines per cue (turns on --word-timestamps)",
     )
     transcribe.add_argument(
         "--diarization-pipeline",

@@ -77,6 +77,15 @@ class EndpointParameters(BaseModel):
     batch_size: int = Field(1, ge=1)  # >1: windows cut at silences and decoded together
     initial_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
     condition_on_previous_text: bool = True
+    hotwords: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
+    clip_timestamps: str | None = Field(None, max_length=1000)
+    vad: bool = True
+    vad_threshold: float = Field(0.4, gt=0, lt=1)
+    vad_min_speech_duration: float = Field(0.25, ge=0, le=60)
+    vad_min_silence_duration: float = Field(2.0, ge=0, le=60)
+    vad_speech_pad: float = Field(0.4, ge=0, le=60)
+    repetition_ngram: int | None = Field(6, ge=2, le=50)
+    hallucination_silence_threshold: float | None = Field(None, gt=0)
     chunk_length_s: Literal[30] | None = None
     sampling_rate: Literal[16000] | None = None
 
@@ -100,6 +109,15 @@ class EndpointParameters(BaseModel):
             batch_size=self.batch_size,
             initial_prompt=self.initial_prompt,
             condition_on_previous_text=self.condition_on_previous_text,
+            hotwords=self.hotwords,
+            clip_timestamps=self.clip_timestamps,
+            vad=self.vad,
+            vad_threshold=self.vad_threshold,
+            vad_min_speech_duration=self.vad_min_speech_duration,
+            vad_min_silence_duration=self.vad_min_silence_duration,
+            vad_speech_pad=self.vad_speech_pad,
+            repetition_ngram=self.repetition_ngram,
+            hallucination_silence_threshold=self.hallucination_silence_threshold,
         )
 
 

@@ -28,9 +28,10 @@ from asr.types import (
 
 if TYPE_CHECKING:
     from asr.models import ModelRegistry
+    from asr.vad import VoiceActivityDetector
     from asr.whisper import WhisperModel
     from asr.whisper_drafters import Assistant
-    from diarize.pipeline import DiarizeOptions, Diarizer
+    from diarize.pipeline import Diarization, DiarizeOptions, Diarizer
 
 AudioInput = str | Path | bytes | np.ndarray
 """A path, the bytes of an audio file, or float32 16 kHz mono samples."""
@@ -76,6 +77,23 @@ class ServiceOptions:
     # back to sampling where the text fails the quality checks; t > 0 samples from the start,
     # then t + 0.2, ... up to 1.0 (openai-whisper's --temperature with its 0.2 increment).
     temperature: float = 0.0
+    # Words carried into every window's prompt (names, jargon): faster-whisper's hotwords.
+    hotwords: str | None = None
+    # Voice activity detection (`asr.vad`): decode only the speech regions it finds.
+    vad: bool = True
+    vad_threshold: float = 0.4  # chosen on the development speech (docs/vad.md)
+    vad_min_speech_duration: float = 0.25  # s: shorter speech is ignored
+    vad_min_silence_duration: float = 2.0  # s: shorter pauses stay inside a region
+    vad_speech_pad: float = 0.4  # s: added on both sides of every region
+    # Only these ranges of the file: "start,end,..." seconds or "10:00-20:00,..." (OpenAI's
+    # --clip_timestamps); None: all of it.
+    clip_timestamps: str | None = None
+    # Hallucination guards (asr.guards): a segment repeating earlier text has its window
+    # decoded again without the previous-text prompt, and is dropped if it still repeats
+    # (None: off); with word timestamps, anomalous words alone between pauses longer than
+    # this many seconds are dropped (None: off).
+    repetition_ngram: int | None = 6
+    hallucination_silence_threshold: float | None = None
 
     def validate(self) -> ServiceOptions:
         from asr.languages import LANGUAGES
@@ -98,6 +116,15 @@ class ServiceOptions:
             )
         if not 0.0 <= self.temperature <= 1.0:
             raise ValueError(f"temperature must be in [0, 1], not {self.temperature}")
+        if self.hotwords is not None and len(self.hotwords) > MAX_PROMPT_CHARACTERS:
+            raise ValueError(
+                f"hotwords is {len(self.hotwords)} characters; at most {MAX_PROMPT_CHARACTERS}"
+            )
+        if self.vad:
+            self.vad_options()  # raises on out-of-range thresholds and durations
+        if self.clip_timestamps is not None:
+            self.clip_spans()  # raises on malformed ranges
+        self.transcribe_options()  # guard settings (ranges, word timestamps)
         speaker_counts = {
             "num_speakers": self.num_speakers,
             "min_speakers": self.min_speakers,
@@ -109,6 +136,24 @@ class ServiceOptions:
         if self.diarize:
             self.speaker_options()  # raises on inconsistent counts
         return self
+
+    def vad_options(self):
+        from asr.vad import VadOptions
+
+        return VadOptions(
+            threshold=self.vad_threshold,
+            min_speech_duration=self.vad_min_speech_duration,
+            min_silence_duration=self.vad_min_silence_duration,
+            speech_pad=self.vad_speech_pad,
+        ).validate()
+
+    def clip_spans(self):
+        """The clip ranges as sorted (start, end) seconds, or None for the whole file."""
+        from asr.speech_timeline import parse_clip_ranges
+
+        if self.clip_timestamps is None:
+            return None
+        return parse_clip_ranges(self.clip_timestamps)
 
     def speaker_options(self):
         from diarize.pipeline import DiarizeOptions
@@ -126,14 +171,30 @@ class ServiceOptions:
             windows="silence" if batched else "seek",
             condition_on_previous_text=self.condition_on_previous_text and not batched,
             initial_prompt=self.initial_prompt or None,
+            hotwords=self.hotwords or None,
             batch_size=self.batch_size,
             **({"temperatures": self.temperatures()} if self.temperature > 0 else {}),
-        )
+            repetition_ngram=self.repetition_ngram,
+            hallucination_silence_threshold=self.hallucination_silence_threshold,
+        ).checked()
 
     def temperatures(self) -> tuple[float, ...]:
         """The fallback schedule starting at `temperature` (t, t + 0.2, ... <= 1.0)."""
         count = int((1.0 - self.temperature) / 0.2 + 1e-6) + 1
         return tuple(round(self.temperature + 0.2 * step, 6) for step in range(count))
+
+
+# Options and the value every output made before them was made with.
+_BEFORE_RECORDED = {
+    "initial_prompt": None,
+    "condition_on_previous_text": True,
+    "temperature": 0.0,
+    "hotwords": None,
+    "vad": False,
+    "clip_timestamps": None,
+    "repetition_ngram": None,
+    "hallucination_silence_threshold": None,
+}
 
 
 def _choose_assistant(requested: str, asr_model: str) -> str:
@@ -202,20 +263,21 @@ class TranscriptionService:
         self._model: WhisperModel | None = None
         self._assistant: Assistant | None = None
         self._diarizer: Diarizer | None = None
+        self._vad: VoiceActivityDetector | None = None
 
     def output_record(self, options: ServiceOptions) -> dict:
         """What decides a request's outputs, as JSON values: the model, the precision and the
         request's options (the draft is left out: it never changes the output)."""
         request = dataclasses.asdict(options)
         del request["use_assistant"]
-        # Options added after records began are recorded only when set, so outputs recorded
-        # before them still count as made with their defaults.
-        for name, default in (
-            ("initial_prompt", None),
-            ("condition_on_previous_text", True),
-            ("temperature", 0.0),
-        ):
-            if request[name] == default:
+        # Options added after records began are recorded only when they differ from what
+        # outputs were made with before them, so those outputs still count as made that way
+        # (and outputs made without VAD or the repetition guard are redone with them).
+        for name, before in _BEFORE_RECORDED.items():
+            if request[name] == before:
+                del request[name]
+        if not options.vad:
+            for name in [name for name in request if name.startswith("vad_")]:
                 del request[name]
         diarizer = {"diarization_model": self.diarization_model_name} if options.diarize else {}
         return {"model": self.asr_model_name, "precision": self.precision, **request, **diarizer}
@@ -280,11 +342,21 @@ class TranscriptionService:
                 )
         return self._diarizer
 
-    def load(self, diarization: bool = False) -> TranscriptionService:
+    @property
+    def vad(self) -> VoiceActivityDetector:
+        if self._vad is None:
+            from asr.vad import VoiceActivityDetector
+
+            self._vad = VoiceActivityDetector(device=self.device)
+        return self._vad
+
+    def load(self, diarization: bool = False, vad: bool = False) -> TranscriptionService:
         """Loads the models now instead of at the first request (a server's start-up)."""
         _ = self.model, self.assistant
         if diarization:
             _ = self.diarizer
+        if vad:
+            _ = self.vad
         return self
 
     # -- requests -----------------------------------------------------------------------
@@ -309,7 +381,17 @@ class TranscriptionService:
         samples = audio if isinstance(audio, np.ndarray) else load_audio(audio)
         with self._lock:
             transcribe_options.validate(self.model)
-            # 2. Transcribe, speculatively when there is a draft and the request wants it.
+            # 2. Speakers first when asked for: the VAD reads their segmentation pass.
+            diarization, diarize_seconds = None, 0.0
+            if options.diarize:
+                started = time.perf_counter()
+                diarization = self.diarizer.diarization(
+                    samples, options.speaker_options(), progress=progress
+                )
+                diarize_seconds = time.perf_counter() - started
+            # 3. Which parts to decode: the clip ranges, and where someone speaks.
+            spans, vad = self._spans(samples, options, diarization)
+            # 4. Transcribe, speculatively when there is a draft and the request wants it.
             assistant = self.assistant if options.use_assistant else None
             transcript = transcribe(
                 self.model,
@@ -318,7 +400,9 @@ class TranscriptionService:
                 progress=progress,
                 assistant=assistant,
                 on_window=on_window,
+                spans=spans,
             )
+            transcript = dataclasses.replace(transcript, stats={**transcript.stats, **vad})
             transcript = dataclasses.replace(
                 transcript,
                 options={
@@ -328,23 +412,49 @@ class TranscriptionService:
                     "precision": self.precision,
                 },
             )
-            # 3. Speakers: diarize the same samples and merge them into the words.
-            if options.diarize:
-                transcript = self._with_speakers(transcript, samples, options, progress)
+            # 5. Speakers merged into the words.
+            if diarization is not None:
+                transcript = self._with_speakers(
+                    transcript, diarization, options.speaker_options(), diarize_seconds
+                )
         return transcript
+
+    def _spans(
+        self, samples: np.ndarray, options: ServiceOptions, diarization: Diarization | None
+    ) -> tuple[tuple[tuple[float, float], ...] | None, dict]:
+        """The spans to decode (None: all of it), and the VAD's statistics (source, seconds).
+        With diarization, the VAD reads its segmentation pass instead of running Silero."""
+        from asr.audio import SAMPLE_RATE
+        from asr.speech_timeline import intersect
+        from asr.vad import speech_regions
+
+        duration = len(samples) / SAMPLE_RATE
+        clips = options.clip_spans()
+        if clips is not None:
+            clips = tuple((start, min(end, duration)) for start, end in clips if start < duration)
+        if not options.vad:
+            return clips, {}
+        started = time.perf_counter()
+        shared = diarization.speech if diarization is not None else None
+        if shared is not None:
+            regions = speech_regions(shared, duration, options.vad_options())
+        else:
+            regions = self.vad.regions(samples, options.vad_options())
+        stats = {
+            "vad": "diarization" if shared is not None else "silero",
+            "vad_seconds": round(time.perf_counter() - started, 3),
+        }
+        return (regions if clips is None else intersect(regions, clips)), stats
 
     def _with_speakers(
         self,
         transcript: Transcript,
-        samples: np.ndarray,
-        options: ServiceOptions,
-        progress: ProgressHook,
+        diarization: Diarization,
+        speakers: DiarizeOptions,
+        seconds: float,
     ) -> Transcript:
         from diarize.merge import assign_speakers
 
-        speakers = options.speaker_options()
-        started = time.perf_counter()
-        diarization = self.diarizer.diarization(samples, speakers, progress=progress)
         turns = diarization.turns
         # Words go by the exclusive turns: in overlapped speech, to the speaker most active.
         segments = assign_speakers(transcript.segments, diarization.exclusive)
@@ -368,7 +478,7 @@ class TranscriptionService:
                 **transcript.stats,
                 "speakers": found,
                 "speakers_with_words": len(holding),
-                "diarize_seconds": round(time.perf_counter() - started, 3),
+                "diarize_seconds": round(seconds, 3),
             },
         )
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from app.service import ServiceOptions, TranscriptionService
+from app.service import MAX_PROMPT_CHARACTERS, ServiceOptions, TranscriptionService
 from asr.audio import AudioLoadError
 from asr.types import ProgressHook, Transcript
 from asr.writers import output_paths, write_outputs
@@ -107,6 +107,11 @@ def stats_markdown(transcript: Transcript) -> str:
         f"target {stats.get('verify_seconds', 0.0):.1f} s)"
         + (f", real-time factor {total / transcript.duration:.2f}" if transcript.duration else "")
     )
+    if "vad" in stats:
+        lines.append(
+            f"- **Speech**: {stats.get('speech_seconds', 0.0):.1f} s of "
+            f"{transcript.duration:.1f} s decoded (VAD: {stats['vad']})"
+        )
     if "speakers" in stats:
         holding = stats.get("speakers_with_words", stats["speakers"])
         lines.append(
@@ -139,11 +144,13 @@ def request_options(
     num_speakers: float | None,
     min_speakers: float | None,
     max_speakers: float | None,
+    vad: bool = True,
+    initial_prompt: str | None = None,
 ) -> ServiceOptions:
     """The form's values -> validated ServiceOptions (ValueError names a bad field).
 
     Speaker counts of 0 or empty mean "not set"; they are ignored unless `diarize`, since the
-    form hides them then.
+    form hides them then. An empty or blank prompt means none.
     """
 
     def count(value: float | None, name: str) -> int | None:
@@ -162,6 +169,8 @@ def request_options(
         num_speakers=count(num_speakers, "num_speakers"),
         min_speakers=count(min_speakers, "min_speakers"),
         max_speakers=count(max_speakers, "max_speakers"),
+        vad=vad,
+        initial_prompt=(initial_prompt or "").strip() or None,
     ).validate()
 
 
@@ -210,6 +219,8 @@ class WebApp:
         num_speakers: float | None,
         min_speakers: float | None,
         max_speakers: float | None,
+        vad: bool = True,
+        initial_prompt: str | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's way to ask for a bar)
     ) -> tuple[str, str, list[str]]:
         """One click: returns (transcript text, stats Markdown, download file paths)."""
@@ -226,6 +237,8 @@ class WebApp:
                 num_speakers,
                 min_speakers,
                 max_speakers,
+                vad,
+                initial_prompt,
             )
         except ValueError as error:
             raise gr.Error(
@@ -339,6 +352,18 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                     word_timestamps = gr.Checkbox(
                         label="Word timestamps", info="in the JSON download", elem_id="words"
                     )
+                    vad = gr.Checkbox(
+                        value=True,
+                        label="Skip silence",
+                        info="voice activity detection: no text where nobody speaks",
+                        elem_id="vad",
+                    )
+                initial_prompt = gr.Textbox(
+                    label="Prompt",
+                    placeholder="names, spellings, style (optional)",
+                    max_length=MAX_PROMPT_CHARACTERS,
+                    elem_id="prompt",
+                )
                 diarize = gr.Checkbox(
                     label="Label speakers", info="speaker diarization", elem_id="diarize"
                 )
@@ -381,6 +406,8 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                 num_speakers,
                 min_speakers,
                 max_speakers,
+                vad,
+                initial_prompt,
             ],
             [transcript, stats, downloads],
             api_name="transcribe",

@@ -13,6 +13,10 @@ A draft (`assistant`) changes how many target calls a window takes, never its to
 With `word_timestamps`, every decided window gets one more decoder pass for its words'
 times (`asr.word_timing`); segment times follow the words and, as in OpenAI's transcribe, a
 sequential window that ends unfinished hands over at its last word's end.
+
+`spans` (speech regions from `asr.vad`, clip ranges, or both) restricts decoding to parts of
+the recording, laid end to end (`asr.speech_timeline`); times come back on the recording's own
+timeline. The hallucination guards (`asr.guards`) act on decided text only.
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ import numpy as np
 import torch
 
 from asr.audio import SAMPLE_RATE
+from asr.guards import REPEATED_SHARE, RepetitionGuard, drop_isolated_anomalies
 from asr.logit_rules import LogitRules
 from asr.segments import WindowSplit, split_segments
 from asr.silence import chunk_window, loudness, sounds_like_speech, split_at_silence
+from asr.speech_timeline import Span, SpeechTimeline
 from asr.types import DecidedWindow, ProgressHook, Segment, Transcript, WindowHook, no_progress
 from asr.whisper import FRAMES_PER_SECOND, N_FRAMES, EncodedAudio, WhisperModel
 from asr.whisper_drafters import Assistant
@@ -67,6 +73,15 @@ class TranscribeOptions:
     word_timestamps: bool = False
     condition_on_previous_text: bool = True
     initial_prompt: str | None = None  # "silence" windows: the prompt of every chunk
+    # Words in every window's prompt, before the previous text (faster-whisper's hotwords).
+    hotwords: str | None = None
+    # A segment of at least this many words, almost all of them in runs of this many words
+    # already said in the file, is a repeat: its window is decoded again without previous
+    # text, and a repeat still left is dropped (`asr.guards`). None: off.
+    repetition_ngram: int | None = 6
+    # With word_timestamps: an anomalous segment between pauses longer than this (s) is
+    # dropped (OpenAI's hallucination_silence_threshold). None: off.
+    hallucination_silence_threshold: float | None = None
     # Temperature fallback: a window whose greedy text repeats itself (compression ratio) or
     # is improbable (average log-probability) is decoded again by sampling, hotter each time.
     temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -78,7 +93,20 @@ class TranscribeOptions:
     windows: Windows = "seek"
     batch_size: int = 1  # windows decoded at once ("silence" windows only)
 
+    def checked(self) -> TranscribeOptions:
+        """Checks what needs no model (the guards' settings); returns self."""
+        if self.repetition_ngram is not None and not 2 <= self.repetition_ngram <= 50:
+            raise ValueError(f"repetition_ngram must be in 2..50, not {self.repetition_ngram}")
+        threshold = self.hallucination_silence_threshold
+        if threshold is not None:
+            if not threshold > 0:
+                raise ValueError(f"hallucination_silence_threshold must be > 0, not {threshold}")
+            if not self.word_timestamps:
+                raise ValueError("hallucination_silence_threshold needs word_timestamps")
+        return self
+
     def validate(self, model: WhisperModel) -> None:
+        self.checked()
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"task must be 'transcribe' or 'translate', not {self.task!r}")
         special = model.special
@@ -150,6 +178,18 @@ def _needs_fallback(result: WindowResult, options: TranscribeOptions) -> bool:
     return too_repetitive or too_improbable
 
 
+def _segment_texts(model: WhisperModel, result: WindowResult) -> list[str]:
+    """The window's text cut at every timestamp token: its segments' texts."""
+    begin = model.special.timestamp_begin
+    pieces: list[list[int]] = [[]]
+    for token in result.tokens:
+        if token >= begin:
+            pieces.append([])
+        else:
+            pieces[-1].append(token)
+    return [model.text_of(piece) for piece in pieces if piece]
+
+
 class _Session:
     """One recording's mel spectrograms, encoders, window decoder and running statistics."""
 
@@ -161,9 +201,11 @@ class _Session:
         assistant: Assistant | None,
         policy: LookaheadPolicy | None,
         on_window: WindowHook | None = None,
+        timeline: SpeechTimeline | None = None,
     ) -> None:
         self.model, self.options, self.assistant, self.policy = model, options, assistant, policy
         self.on_window = on_window
+        self.timeline = timeline  # where the decoded spans lie in the recording (None: all)
         self.mel = model.log_mel(samples)  # shape = (n_mels, content frames + 3000)
         self.draft_mel = None
         if assistant is not None and assistant.needs_mel:
@@ -173,14 +215,22 @@ class _Session:
         self.duration = len(samples) / SAMPLE_RATE
         self.rules = LogitRules(model.special, model.suppress_tokens, timestamps=options.timestamps)
         self.language = options.language
-        self.initial_prompt: list[int] = []
-        if options.initial_prompt:
-            text = " " + options.initial_prompt.strip()
-            self.initial_prompt = model.tokenizer.encode(text, add_special_tokens=False)
+        self.initial_prompt = self._tokens(options.initial_prompt)
+        self.hotwords = self._tokens(options.hotwords)
+        ngram = options.repetition_ngram
+        self.guard = RepetitionGuard(ngram) if ngram is not None else None
+        self.dropped_repeats = 0
+        self.reprompted = 0  # windows decoded again without previous text (repeats)
+        self.dropped_anomalies = 0
         self.stats = DecodeStats()
         self.encoder_seconds = 0.0
         self.word_seconds = 0.0
         self.last_speech = 0.0  # where the last timed word ended (s)
+
+    def _tokens(self, text: str | None) -> list[int]:
+        if not text or not text.strip():
+            return []
+        return self.model.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
 
     def encode(self, windows: list[tuple[int, int]], padded: bool) -> tuple[EncodedAudio, ...]:
         """The target's (and the draft's) view of frame ranges [start, end): full 30 s from
@@ -203,7 +253,11 @@ class _Session:
         return encoded, draft
 
     def prompt(self, previous: list[int]) -> tuple[int, ...]:
-        context = previous[-(self.model.max_context // 2 - 1) :]
+        """[<|startofprev|>, hotwords, previous text] (at most half the context), SOT sequence."""
+        room = self.model.max_context // 2 - 1
+        hotwords = self.hotwords[:room]
+        room -= len(hotwords)
+        context = hotwords + (previous[-room:] if room > 0 else [])
         sot = self.model.sot_sequence(self.language, self.options.task, self.options.timestamps)
         return tuple(([self.model.special.sot_prev, *context] if context else []) + sot)
 
@@ -216,6 +270,11 @@ class _Session:
         differently, so a window that falls back would get another sample than without a draft.
         Plain sampling keeps the whole transcript the same with and without one, and its text
         never depends on other windows.
+
+        A window whose first pass repeats earlier text (`asr.guards`) and was prompted with
+        previous text is decoded again at once without it (the prompt is what Whisper copies);
+        the checks above then go on from that result. A repeat left after that is dropped when
+        the window is split, not sampled away: sampling a copy of real speech only garbles it.
         """
         options = self.options
         decoder = WindowDecoder(
@@ -228,22 +287,57 @@ class _Session:
             self.policy,
         )
         plain = replace(decoder, assistant=None, policy=None)
+        bare = self.prompt([])
         results: list[WindowResult | None] = [None] * len(batch.prompts)
         for temperature in options.temperatures:
+            first = temperature == options.temperatures[0]
             pending = [row for row, result in enumerate(results) if result is None]
             groups = [pending] if temperature == 0 else [[row] for row in pending]
             for rows in groups:
-                subset = batch if len(rows) == len(results) else batch.rows(rows)
                 chosen = decoder if temperature == 0 else plain
-                decoded, stats = chosen.decode(subset, temperature, seeds[rows[0]])
-                self.stats = self.stats + stats
-                for row, result in zip(rows, decoded, strict=True):
+                seed = seeds[rows[0]]
+                decoded = dict(
+                    zip(rows, self._run(chosen, batch, rows, temperature, seed), strict=True)
+                )
+                echoes = [
+                    row
+                    for row in rows
+                    if first and batch.prompts[row] != bare and self._repeats(decoded[row])
+                ]
+                if echoes:
+                    prompts = [bare if r in echoes else p for r, p in enumerate(batch.prompts)]
+                    batch = replace(batch, prompts=tuple(prompts))
+                    again = self._run(chosen, batch, echoes, temperature, seeds[echoes[0]])
+                    decoded.update(zip(echoes, again, strict=True))
+                    self.reprompted += len(echoes)
+                for row, result in decoded.items():
                     last = temperature == options.temperatures[-1]
                     if last or not _needs_fallback(result, options):
                         results[row] = result
             if all(result is not None for result in results):
                 break
         return results
+
+    def _run(
+        self,
+        decoder: WindowDecoder,
+        batch: WindowBatch,
+        rows: list[int],
+        temperature: float,
+        seed: int,
+    ) -> list[WindowResult]:
+        """These rows of the batch, decoded at one temperature."""
+        subset = batch if len(rows) == len(batch.prompts) else batch.rows(rows)
+        decoded, stats = decoder.decode(subset, temperature, seed)
+        self.stats = self.stats + stats
+        return decoded
+
+    def _repeats(self, result: WindowResult) -> bool:
+        """Whether a segment of the window repeats earlier text of the recording."""
+        if self.guard is None:
+            return False
+        texts = _segment_texts(self.model, result)
+        return any(self.guard.repeated_share(text) >= REPEATED_SHARE for text in texts)
 
     def split(
         self,
@@ -262,35 +356,78 @@ class _Session:
             )
             for result, start, frames in decoded
         ]
-        if not self.options.word_timestamps or not splits:
-            return splits
-        started = time.perf_counter()
-        splits, self.last_speech = add_word_timestamps(
-            self.model,
-            encoded,
-            splits,
-            self.language,
-            self.options.task,
-            self.duration,
-            self.last_speech,
-        )
-        self.word_seconds += time.perf_counter() - started
-        return splits
+        if self.options.word_timestamps and splits:
+            started = time.perf_counter()
+            last_speech = self.last_speech
+            splits, self.last_speech = add_word_timestamps(
+                self.model,
+                encoded,
+                splits,
+                self.language,
+                self.options.task,
+                self.duration,
+                self.last_speech,
+            )
+            self.word_seconds += time.perf_counter() - started
+            threshold = self.options.hallucination_silence_threshold
+            if threshold is not None:
+                splits = [self._without_anomalies(s, threshold, last_speech) for s in splits]
+        return [self._without_repeats(split) for split in splits]
+
+    def _without_anomalies(
+        self, split: WindowSplit, threshold: float, last_speech: float
+    ) -> WindowSplit:
+        window = (split.time_offset, split.time_offset + split.frames / FRAMES_PER_SECOND)
+        kept = drop_isolated_anomalies(list(split.segments), threshold, window, last_speech)
+        keep = [segment in kept for segment in split.segments]
+        self.dropped_anomalies += keep.count(False)
+        return _select(split, keep)
+
+    def _without_repeats(self, split: WindowSplit) -> WindowSplit:
+        """The split without segments that still repeat earlier text (after the re-prompt);
+        what stays is recorded as said."""
+        if self.guard is None:
+            return split
+        keep = [not self.guard.repeats(segment) for segment in split.segments]
+        self.dropped_repeats += keep.count(False)
+        split = _select(split, keep)
+        self.guard.add(segment.text for segment in split.segments if _keeps(segment))
+        return split
 
     def report(self, result: WindowResult, seek: int, split: WindowSplit) -> None:
         """Hands a decided window's kept segments to `on_window`, if there is one."""
         if self.on_window is None:
             return
         pairs = [(s, t) for s, t in zip(split.segments, split.tokens, strict=True) if _keeps(s)]
+        segments = [s for s, _ in pairs]
+        if self.timeline is not None:  # times on the recording's own timeline, as returned
+            segments = self.timeline.restore(segments)
+            seek = round(self.timeline.original(seek / FRAMES_PER_SECOND) * FRAMES_PER_SECOND)
         self.on_window(
             DecidedWindow(
                 seek=seek,
                 temperature=result.temperature,
                 compression_ratio=result.compression_ratio,
-                segments=tuple(s for s, _ in pairs),
+                segments=tuple(segments),
                 tokens=tuple(t for _, t in pairs),
             )
         )
+
+
+def _select(split: WindowSplit, keep: list[bool]) -> WindowSplit:
+    """The split with only the segments (and their tokens) where `keep` is True."""
+    if all(keep):
+        return split
+    pairs = [
+        pair
+        for pair, kept in zip(zip(split.segments, split.tokens, strict=True), keep, strict=True)
+        if kept
+    ]
+    return replace(
+        split,
+        segments=tuple(segment for segment, _ in pairs),
+        tokens=tuple(tokens for _, tokens in pairs),
+    )
 
 
 def _keeps(segment: Segment) -> bool:
@@ -414,8 +551,12 @@ def transcribe(
     assistant: Assistant | None = None,
     policy: LookaheadPolicy | None = None,
     on_window: WindowHook | None = None,
+    spans: tuple[Span, ...] | None = None,
 ) -> Transcript:
     """samples: float32 mono 16 kHz, shape = (n_samples,).
+
+    spans: decode only these (start, end) seconds of the recording (speech regions, clip
+    ranges); None decodes all of it. No span at all gives an empty transcript with a warning.
 
     assistant: a draft paired with `model` (`asr.whisper_drafters.pair_assistant`); policy: its
     draft-length policy for the whole recording (default: decoding.Adaptive, which drafts only
@@ -432,23 +573,41 @@ def transcribe(
             f"draft {assistant.name} was paired with {assistant.target.name}, not with {model.name}"
         )
     started = time.perf_counter()
+    duration = len(samples) / SAMPLE_RATE
+    timeline = None if spans is None else SpeechTimeline(tuple(spans)).bounded(duration)
+    if timeline is not None and not timeline.spans:
+        return Transcript(
+            segments=(),
+            language=options.language or "en",
+            duration=round(duration, 3),
+            options=asdict(options),
+            stats={"speech_seconds": 0.0, "total_seconds": 0.0},
+            warnings=("no speech found: nothing was decoded",),
+        )
     if assistant is not None and policy is None:
         policy = Adaptive()  # one for the whole recording: it learns the pair as it goes
-    session = _Session(model, samples, options, assistant, policy, on_window)
+    decoded = samples if timeline is None else timeline.compact(samples)
+    session = _Session(model, decoded, options, assistant, policy, on_window, timeline)
 
-    # 2. Decode every window.
+    # 2. Decode every window, then put times back on the recording's timeline.
     progress("transcribe", 0, session.content_frames)
     lay_out = _seek_windows if options.windows == "seek" else _silence_windows
     segments = lay_out(session, progress)
+    if timeline is not None:
+        segments = timeline.restore(segments)
 
     # 3. The transcript records the options and what the decoding cost.
     stats = session.stats
     return Transcript(
         segments=tuple(segments),
         language=session.language or "en",
-        duration=round(session.duration, 3),
+        duration=round(duration, 3),
         options=asdict(options),
         stats={
+            "speech_seconds": round(session.duration, 3),
+            "reprompted_windows": session.reprompted,
+            "dropped_repeats": session.dropped_repeats,
+            "dropped_anomalies": session.dropped_anomalies,
             "target_calls": stats.target_calls,
             "draft_calls": stats.draft_calls,
             "generated_tokens": stats.generated_tokens,

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import textwrap
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from asr.types import Segment, Transcript
+from asr.types import Segment, Transcript, Word
 
 Writer = Callable[[Transcript, str], str]  # (transcript, input stem) -> file content
 WRITERS: dict[str, Writer] = {}
@@ -52,23 +54,120 @@ def write_txt(transcript: Transcript, stem: str) -> str:
     return "".join(f"{_labelled(segment)}\n" for segment in transcript.segments)
 
 
+@dataclass(frozen=True)
+class SubtitleLayout:
+    """How srt and vtt cues are shaped (OpenAI's --max_line_width / --max_line_count).
+
+    None and None: one cue per segment, on one line. Otherwise a segment's words are laid into
+    lines of at most `max_line_width` characters (a longer word gets a line of its own), and a
+    cue holds at most `max_line_count` lines, or starts anew after a pause of MAX_CUE_GAP s;
+    a cue runs from its first word's start to its last word's end and never spans two
+    segments (speakers stay apart). A segment without word times is wrapped the same way and
+    its time shared among its cues by characters."""
+
+    max_line_width: int | None = None
+    max_line_count: int | None = None
+
+    MAX_CUE_GAP = 3.0
+
+    def validate(self) -> SubtitleLayout:
+        if self.max_line_width is not None and not 10 <= self.max_line_width <= 1000:
+            raise ValueError(f"max_line_width must be in 10..1000, not {self.max_line_width}")
+        if self.max_line_count is not None and not 1 <= self.max_line_count <= 100:
+            raise ValueError(f"max_line_count must be in 1..100, not {self.max_line_count}")
+        return self
+
+    @property
+    def shaped(self) -> bool:
+        return self.max_line_width is not None or self.max_line_count is not None
+
+
+@dataclass(frozen=True)
+class _Cue:
+    start: float
+    end: float
+    lines: tuple[str, ...]
+    speaker: str | None
+
+
+def _cues(transcript: Transcript, layout: SubtitleLayout) -> list[_Cue]:
+    if not layout.shaped:
+        return [_Cue(s.start, s.end, (_one_line(s.text),), s.speaker) for s in transcript.segments]
+    cues: list[_Cue] = []
+    for segment in transcript.segments:
+        words = [w for w in segment.words if w.text.strip()]
+        if words:
+            cues += _word_cues(words, layout, segment.speaker)
+        elif segment.text.strip():
+            cues += _text_cues(segment, layout)
+    return cues
+
+
+def _word_cues(words: list[Word], layout: SubtitleLayout, speaker: str | None) -> list[_Cue]:
+    width = layout.max_line_width or 10**9
+    count = layout.max_line_count or 10**9
+    cues: list[_Cue] = []
+    lines: list[list[Word]] = []
+
+    def close() -> None:
+        if lines:
+            text = tuple("".join(w.text for w in line).strip() for line in lines)
+            cues.append(_Cue(lines[0][0].start, lines[-1][-1].end, text, speaker))
+            lines.clear()
+
+    previous_end = None
+    for word in words:
+        if previous_end is not None and word.start - previous_end > layout.MAX_CUE_GAP:
+            close()
+        length = len("".join(w.text for w in lines[-1]).strip()) if lines else 0
+        if not lines or length + len(word.text) > width:
+            if len(lines) == count:
+                close()
+            lines.append([])
+        lines[-1].append(word)
+        previous_end = word.end
+    close()
+    return cues
+
+
+def _text_cues(segment: Segment, layout: SubtitleLayout) -> list[_Cue]:
+    lines = textwrap.wrap(_one_line(segment.text), layout.max_line_width or 10**9) or [""]
+    count = layout.max_line_count or len(lines)
+    groups = [lines[i : i + count] for i in range(0, len(lines), count)]
+    total = sum(len(line) for line in lines) or 1
+    cues, clock = [], segment.start
+    for group in groups:
+        share = sum(len(line) for line in group) / total * (segment.end - segment.start)
+        cues.append(_Cue(round(clock, 3), round(clock + share, 3), tuple(group), segment.speaker))
+        clock += share
+    return [replace(cues[-1], end=segment.end)] if len(cues) == 1 else cues
+
+
 @writer("srt")
-def write_srt(transcript: Transcript, stem: str) -> str:
-    blocks = [
-        f"{index}\n{_timestamp(s.start, ',')} --> {_timestamp(s.end, ',')}\n{_labelled(s)}\n"
-        for index, s in enumerate(transcript.segments, start=1)
-    ]
-    return "\n".join(blocks)
+def write_srt(transcript: Transcript, stem: str, layout: SubtitleLayout = SubtitleLayout()) -> str:
+    def block(index: int, cue: _Cue) -> str:
+        lines = list(cue.lines)
+        if cue.speaker:
+            lines[0] = f"[{cue.speaker}] {lines[0]}"
+        times = f"{_timestamp(cue.start, ',')} --> {_timestamp(cue.end, ',')}"
+        return f"{index}\n{times}\n" + "\n".join(lines) + "\n"
+
+    return "\n".join(block(i, cue) for i, cue in enumerate(_cues(transcript, layout), start=1))
 
 
 @writer("vtt")
-def write_vtt(transcript: Transcript, stem: str) -> str:
-    def cue(segment: Segment) -> str:
-        text = _one_line(segment.text)
-        voice = f"<v {segment.speaker}>{text}" if segment.speaker else text
-        return f"{_timestamp(segment.start, '.')} --> {_timestamp(segment.end, '.')}\n{voice}\n"
+def write_vtt(transcript: Transcript, stem: str, layout: SubtitleLayout = SubtitleLayout()) -> str:
+    def block(cue: _Cue) -> str:
+        lines = list(cue.lines)
+        if cue.speaker:
+            lines[0] = f"<v {cue.speaker}>{lines[0]}"
+        times = f"{_timestamp(cue.start, '.')} --> {_timestamp(cue.end, '.')}"
+        return f"{times}\n" + "\n".join(lines) + "\n"
 
-    return "WEBVTT\n\n" + "\n".join(cue(segment) for segment in transcript.segments)
+    return "WEBVTT\n\n" + "\n".join(block(cue) for cue in _cues(transcript, layout))
+
+
+SUBTITLE_FORMATS = ("srt", "vtt")
 
 
 @writer("tsv")
@@ -125,12 +224,20 @@ def write_atomically(path: Path, content: str) -> None:
 
 
 def write_outputs(
-    transcript: Transcript, paths: dict[str, Path], record: dict | None = None
+    transcript: Transcript,
+    paths: dict[str, Path],
+    record: dict | None = None,
+    layout: SubtitleLayout = SubtitleLayout(),
 ) -> None:
     """Each output, then (with `record`: the options that made them, JSON values) the record,
-    last, so a record never vouches for outputs that were not written."""
+    last, so a record never vouches for outputs that were not written. `layout` shapes the
+    srt and vtt cues."""
     for fmt, path in paths.items():
-        write_atomically(path, WRITERS[fmt](transcript, path.stem))
+        if fmt in SUBTITLE_FORMATS:
+            content = WRITERS[fmt](transcript, path.stem, layout)
+        else:
+            content = WRITERS[fmt](transcript, path.stem)
+        write_atomically(path, content)
     if record is not None and paths:
         write_atomically(record_path(paths), json.dumps(record, sort_keys=True, indent=1) + "\n")
 

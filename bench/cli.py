@@ -53,6 +53,7 @@ CONFIGS: dict[str, Config] = {
     c.name: c
     for c in (
         Config("default", ()),
+        Config("default --no-vad", ("--no-vad",)),
         Config("plain fp32", ("--precision", "fp32", "--assistant", "none")),
         Config("draft fp32", ("--precision", "fp32", "--assistant", DRAFT), "plain fp32"),
         Config("plain int8", ("--precision", "int8", "--assistant", "none")),
@@ -139,7 +140,8 @@ def summarise(configs: list[Config], files: list[Utterance], seconds: dict, outp
         }
         if config.name != BASELINE:
             stats = [per_file[u.name]["stats"] for u in files]
-            total = {k: sum(s[k] for s in stats) for k in stats[0] if k != "accepted_histogram"}
+            numeric = {k for s in stats for k, v in s.items() if isinstance(v, int | float)}
+            total = {k: sum(s.get(k, 0) for s in stats) for k in numeric}
             row["tokens_per_target_call"] = _ratio(total["generated_tokens"], total["target_calls"])
             row["verify_ms_per_call"] = round(
                 1e3 * total["verify_seconds"] / total["target_calls"], 2

@@ -39,6 +39,7 @@ from pyannote.core import Segment as TimeSpan
 from pyannote.pipeline.parameter import Uniform
 
 from asr.types import MAX_SPEAKERS, ProgressHook, SpeakerTurn, no_progress
+from asr.vad import SpeechProbability, probability_from_activity
 from diarize.campplus import FRAME_SHIFT, load_campplus, num_frames
 from diarize.embedding import CamPlusPlusEmbedding
 
@@ -192,6 +193,25 @@ class EmbeddedSpeakerDiarization(SpeakerDiarization):
         self.chunks_per_block = chunks_per_block
         self.clustering = _AgglomerativeClustering(metric=self._embedding.metric)
         self.device = torch.device("cpu")  # until `to`
+        self.last_segmentations: SlidingWindowFeature | None = None
+
+    def get_segmentations(self, file: dict[str, Any], hook: Any = None) -> SlidingWindowFeature:
+        """pyannote's segmentation pass, kept (until the next file) for the speech detector
+        (`speech_probability`): VAD and diarization share it."""
+        self.last_segmentations = super().get_segmentations(file, hook=hook)
+        return self.last_segmentations
+
+    def speech_probability(self) -> SpeechProbability | None:
+        """Whether anyone speaks, frame by frame, in the last file segmented (None before)."""
+        segmentations = self.last_segmentations
+        if segmentations is None:
+            return None
+        chunks = segmentations.sliding_window
+        starts = np.array([chunks[i].start for i in range(len(segmentations.data))])
+        field = self._segmentation.model.receptive_field
+        return probability_from_activity(
+            segmentations.data, starts, float(field.step), float(field.start + field.duration / 2)
+        )
 
     def get_embeddings(
         self,
@@ -344,9 +364,10 @@ class Diarizer:
         names = speaker_names(annotation, self.min_duration_on)
         turns = turns_from_annotation(annotation, self.min_duration_on, names)
         exclusive = getattr(output, "exclusive_speaker_diarization", None)
-        if exclusive is None:
-            return Diarization(turns, turns)
-        return Diarization(turns, turns_from_annotation(exclusive, self.min_duration_on, names))
+        if exclusive is not None:
+            exclusive = turns_from_annotation(exclusive, self.min_duration_on, names)
+        speech = getattr(self.pipeline, "speech_probability", lambda: None)()
+        return Diarization(turns, exclusive if exclusive is not None else turns, speech)
 
 
 @dataclass(frozen=True)
@@ -355,10 +376,13 @@ class Diarization:
     exclusive: one speaker at a time (pyannote 3.1+: where speakers overlap, the one the
     segmentation model finds most active), what words are assigned by, so that a word in
     overlapped speech goes to the speaker most likely saying it. Same speaker names in both;
-    a pipeline without an exclusive output gives its turns for both."""
+    a pipeline without an exclusive output gives its turns for both. speech: whether anyone
+    speaks, frame by frame, from the same segmentation pass (the embedded pipeline only), for
+    voice activity detection."""
 
     turns: tuple[SpeakerTurn, ...]
     exclusive: tuple[SpeakerTurn, ...]
+    speech: SpeechProbability | None = None
 
 
 def audio_file(samples: np.ndarray, uri: str = "audio") -> dict[str, Any]:

@@ -46,6 +46,10 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
         ("--diarize", "--min-speakers", "3", "--max-speakers", "1"): "exceeds max_speakers",
         ("--language", "xx"): "'xx' is not a Whisper language code",
         ("--format", "rttm"): "--format rttm needs --diarize",
+        ("--vad-threshold", "2"): "vad threshold must be in (0, 1)",
+        ("--clip-timestamps", "20-10"): "start must be >= 0 and before its end",
+        ("--hallucination-silence-threshold", "2"): "needs word_timestamps",
+        ("--max-line-width", "3"): "max_line_width must be in 10..1000",
     }
     for flags, reason in refused.items():
         assert main([*jfk, "--output-dir", str(out), *flags]) == 2, flags
@@ -237,3 +241,26 @@ def test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback(tmp_path):
     assert "specscribe: interrupted" in output and "Traceback" not in output
     assert (tmp_path / "out" / "1-jfk.txt").is_file()
     assert not (tmp_path / "out" / "2-sonnet.txt").exists()  # nothing half-written
+
+
+@pytest.mark.slow
+def test_silence_gives_an_empty_transcript_with_a_note_and_subtitles_are_shaped(capsys, tmp_path):
+    import numpy as np
+    import soundfile as sf
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    sf.write(folder / "silence.wav", np.zeros(16_000 * 20, np.float32), 16_000)
+    shutil.copy(SAMPLES / "jfk.wav", folder / "jfk.wav")
+    out = tmp_path / "out"
+    flags = ["--output-dir", str(out), "--format", "srt,txt", "--max-line-width", "20"]
+    flags += ["--max-line-count", "2"]
+    assert main(["transcribe", str(folder), "--language", "en", *flags]) == 0
+    err = capsys.readouterr().err
+    assert "silence.wav: no speech found" in err
+    assert "2 transcribed" in err
+    assert (out / "silence.txt").read_text() == "" and (out / "silence.srt").read_text() == ""
+    cues = (out / "jfk.srt").read_text().strip().split("\n\n")
+    assert len(cues) >= 3
+    assert all(len(cue.splitlines()[2:]) <= 2 for cue in cues)
+    assert all(len(line) <= 20 for cue in cues for line in cue.splitlines()[2:])

@@ -252,6 +252,18 @@ BAD_REQUESTS = [
         422,
         "condition_on_previous_text: Input should be a valid boolean",
     ),
+    ({"inputs": JFK_B64, "parameters": {"vad": "off"}}, 422, "vad: Input should be"),
+    ({"inputs": JFK_B64, "parameters": {"vad_threshold": 1.5}}, 422, "vad_threshold"),
+    (
+        {"inputs": JFK_B64, "parameters": {"clip_timestamps": "20-10"}},
+        422,
+        "start must be >= 0 and before its end",
+    ),
+    (
+        {"inputs": JFK_B64, "parameters": {"hallucination_silence_threshold": 2.0}},
+        422,
+        "needs word_timestamps",
+    ),
 ]
 
 

@@ -34,7 +34,7 @@ def test_prompt_holds_only_the_previous_windows_finished_segments(whisper_base, 
     monkeypatch.setattr(WindowDecoder, "decode", recording_decode)
     monkeypatch.setattr(transcribe_module._Session, "split", recording_split)
     # Greedy only: every window is decided by its first pass, and the context is never reset.
-    options = TranscribeOptions(language="en", temperatures=(0.0,))
+    options = TranscribeOptions(language="en", temperatures=(0.0,), repetition_ngram=None)
     transcribe(whisper_base, load_audio(SAMPLES / "pyannote_sample.wav"), options)
 
     special = whisper_base.special

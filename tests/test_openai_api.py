@@ -510,7 +510,13 @@ def test_upload_errors(open_server, tmp_path):
 def test_field_errors(open_server):
     url = open_server.url
     assert _error(_post_audio(url, JFK, model="whisper-large"), 404, "model_not_found")
-    assert _error(_post_audio(url, JFK, vad="true"), 400, "unknown_parameter")["param"] == "vad"
+    unknown = _error(_post_audio(url, JFK, vad_filter="true"), 400, "unknown_parameter")
+    assert unknown["param"] == "vad_filter"
+    assert _error(_post_audio(url, JFK, vad_threshold="1.5"), 422)["param"] == "vad_threshold"
+    bad_clip = _post_audio(url, JFK, clip_timestamps="20-10")
+    assert _error(bad_clip, 422)["param"] == "clip_timestamps"
+    guard = _post_audio(url, JFK, hallucination_silence_threshold="2")
+    assert "needs word_timestamps" in _error(guard, 422)["message"]
     assert _error(_post_audio(url, JFK, temperature="3"), 422)["param"] == "temperature"
     assert _error(_post_audio(url, JFK, language="xx"), 422)["param"] == "language"
     counts = _post_audio(url, JFK, diarize="false", num_speakers="2")
@@ -723,3 +729,21 @@ def test_text_request_errors(open_server):
     assert "context" in _error(too_long, 422, "context_length_exceeded")["message"]
     _error(httpx.post(url, content=b"{", headers={"content-type": "application/json"}), 400)
     _error(httpx.post(url, data={"prompt": "Hi"}), 415)
+
+
+@pytest.mark.slow
+def test_vad_and_clip_ranges_through_the_api(open_server, tmp_path):
+    import numpy as np
+    import soundfile as sf
+
+    url = open_server.url
+    silence = tmp_path / "silence.wav"
+    sf.write(silence, np.zeros(16_000 * 10, np.float32), 16_000)
+    assert _post_audio(url, silence, response_format="text").text.strip() == ""
+    call = SAMPLES / "pyannote_sample.wav"
+    verbose = _post_audio(url, call, response_format="verbose_json").json()
+    assert verbose["segments"][0]["start"] >= 6.0  # the first 6.7 s are silent
+    clipped = _post_audio(url, call, response_format="verbose_json", clip_timestamps="20-30")
+    assert all(s["start"] >= 20.0 for s in clipped.json()["segments"])
+    everything = _post_audio(url, call, response_format="json", vad="false").json()["text"]
+    assert "Hello" in everything

@@ -7,7 +7,16 @@ from pathlib import Path
 import pytest
 
 from asr.types import Segment, SpeakerTurn, Transcript, Word
-from asr.writers import WRITERS, output_paths, outputs_state, write_atomically, write_outputs
+from asr.writers import (
+    WRITERS,
+    SubtitleLayout,
+    output_paths,
+    outputs_state,
+    write_atomically,
+    write_outputs,
+    write_srt,
+    write_vtt,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -85,3 +94,48 @@ def test_a_record_beside_the_outputs_tells_finished_work_from_work_made_otherwis
     assert outputs_state(paths, asked) == ("done", "")
     paths["txt"].unlink()
     assert outputs_state(paths, made) == ("missing", "")
+
+
+def _spoken(words: str, start: float = 0.0, step: float = 0.5) -> tuple[Word, ...]:
+    return tuple(
+        Word(start + i * step, start + (i + 1) * step - 0.1, f" {w}", 0.9)
+        for i, w in enumerate(words.split())
+    )
+
+
+def test_subtitle_lines_are_shaped_by_width_and_count_and_timed_by_their_words():
+    words = _spoken("one two three four five six seven eight nine ten")
+    transcript = Transcript(
+        segments=(Segment(0.0, 5.0, "".join(w.text for w in words), words, speaker="S1"),),
+        language="en",
+        duration=5.0,
+    )
+    srt = write_srt(transcript, "x", SubtitleLayout(max_line_width=14, max_line_count=2))
+    assert srt == (
+        "1\n00:00:00,000 --> 00:00:02,900\n[S1] one two three\nfour five six\n\n"
+        "2\n00:00:03,000 --> 00:00:04,900\n[S1] seven eight\nnine ten\n"
+    )
+    vtt = write_vtt(transcript, "x", SubtitleLayout(max_line_count=1))  # no width: one line
+    assert vtt.count("-->") == 1 and "<v S1>one two three" in vtt
+
+
+def test_a_long_pause_starts_a_new_cue_and_text_without_words_is_wrapped():
+    words = _spoken("before", 0.0) + _spoken("after", 10.0)
+    timed = Segment(0.0, 10.4, " before after", words)
+    untimed = Segment(20.0, 30.0, " " + "word " * 12)
+    transcript = Transcript(segments=(timed, untimed), language="en", duration=30.0)
+    srt = write_srt(transcript, "x", SubtitleLayout(max_line_width=20, max_line_count=1))
+    blocks = srt.strip().split("\n\n")
+    assert [b.splitlines()[2] for b in blocks[:2]] == ["before", "after"]
+    untimed_blocks = blocks[2:]
+    assert all(len(b.splitlines()[2]) <= 20 for b in untimed_blocks)
+    assert untimed_blocks[0].splitlines()[1].startswith("00:00:20,000")
+    assert untimed_blocks[-1].splitlines()[1].endswith("00:00:30,000")
+
+
+@pytest.mark.parametrize(
+    "layout", [SubtitleLayout(max_line_width=5), SubtitleLayout(max_line_count=0)]
+)
+def test_bad_subtitle_layouts_are_refused(layout):
+    with pytest.raises(ValueError):
+        layout.validate()

@@ -3,8 +3,9 @@ a validated `AudioRequest` and the uploaded file's bytes.
 
 OpenAI's fields (`file`, `model`, `language`, `prompt`, `response_format`, `temperature`,
 `timestamp_granularities[]`, `stream`) plus specscribe's extras (`diarize`, `num_speakers`,
-`min_speakers`, `max_speakers`, `assistant`), each checked once; anything else is refused with
-400, so a misspelt option is never silently ignored.
+`min_speakers`, `max_speakers`, `assistant`, `vad` and its thresholds, `hotwords`,
+`clip_timestamps`, `repetition_ngram`, `hallucination_silence_threshold`), each checked once;
+anything else is refused with 400, so a misspelt option is never silently ignored.
 """
 
 from __future__ import annotations
@@ -43,6 +44,15 @@ class AudioRequest(BaseModel):
     min_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
     max_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
     assistant: bool | None = None  # False: decode without the draft; None: with it, if any
+    vad: bool = True  # decode only where someone speaks (asr.vad)
+    vad_threshold: float = Field(0.4, gt=0.0, lt=1.0)
+    vad_min_speech_duration: float = Field(0.25, ge=0.0, le=60.0)
+    vad_min_silence_duration: float = Field(2.0, ge=0.0, le=60.0)
+    vad_speech_pad: float = Field(0.4, ge=0.0, le=60.0)
+    hotwords: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
+    clip_timestamps: str | None = Field(None, max_length=1000)
+    repetition_ngram: int = Field(6, ge=0, le=50)  # 0: the repetition guard is off
+    hallucination_silence_threshold: float | None = Field(None, gt=0.0)
 
     @field_validator("language")
     @classmethod
@@ -91,6 +101,15 @@ class AudioRequest(BaseModel):
             max_speakers=self.max_speakers,
             initial_prompt=self.prompt or None,
             temperature=self.temperature,
+            vad=self.vad,
+            vad_threshold=self.vad_threshold,
+            vad_min_speech_duration=self.vad_min_speech_duration,
+            vad_min_silence_duration=self.vad_min_silence_duration,
+            vad_speech_pad=self.vad_speech_pad,
+            hotwords=self.hotwords or None,
+            clip_timestamps=self.clip_timestamps or None,
+            repetition_ngram=self.repetition_ngram or None,
+            hallucination_silence_threshold=self.hallucination_silence_threshold,
         )
         try:
             return options.validate()
@@ -100,9 +119,20 @@ class AudioRequest(BaseModel):
 
 def _param_of(message: str) -> str | None:
     """The field a ServiceOptions message is about (they start with or name it)."""
-    for name in ("language", "temperature", "num_speakers", "min_speakers", "max_speakers"):
+    names = (
+        "language",
+        "temperature",
+        "num_speakers",
+        "min_speakers",
+        "max_speakers",
+        "hallucination_silence_threshold",
+        "repetition_ngram",
+    )
+    for name in names:
         if message.startswith(name) or f"{name} " in message:
             return name
+    if message.startswith("clip range") or "is not a time" in message:
+        return "clip_timestamps"
     if message.startswith("initial_prompt"):
         return "prompt"
     return None

@@ -1,0 +1,162 @@
+"""Decode only some spans of a recording, and report times on the recording's own timeline.
+
+The spans (speech regions from the VAD, clip ranges the user asked for, or both intersected)
+are laid end to end into one shorter recording, which is transcribed as any other; every
+segment and word time is then mapped back. A word belongs to the span its midpoint falls in
+and is clipped to that span, so no word is placed inside audio that was cut out; a segment
+starts at its first word (or where its start falls) and ends at its last word.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from asr.types import Segment, Word
+
+SAMPLE_RATE = 16_000
+
+Span = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class SpeechTimeline:
+    """spans: sorted, disjoint (start, end) seconds of the original recording to decode."""
+
+    spans: tuple[Span, ...]
+
+    def __post_init__(self) -> None:
+        previous_end = 0.0
+        for start, end in self.spans:
+            if not previous_end <= start < end:
+                raise ValueError(f"spans must be sorted, disjoint and non-empty: {self.spans}")
+            previous_end = end
+
+    @property
+    def seconds(self) -> float:
+        return sum(end - start for start, end in self.spans)
+
+    def _sample_ranges(self, length: int) -> list[tuple[int, int]]:
+        ranges = []
+        for start, end in self.spans:
+            first, last = round(start * SAMPLE_RATE), min(round(end * SAMPLE_RATE), length)
+            if last > first:
+                ranges.append((first, last))
+        return ranges
+
+    def compact(self, samples: np.ndarray) -> np.ndarray:
+        """The spans' samples, end to end."""
+        pieces = [samples[first:last] for first, last in self._sample_ranges(len(samples))]
+        return np.concatenate(pieces) if pieces else samples[:0]
+
+    def bounded(self, duration: float) -> SpeechTimeline:
+        """The spans clipped to [0, duration]; spans wholly past it are dropped."""
+        spans = [(start, min(end, duration)) for start, end in self.spans if start < duration]
+        return SpeechTimeline(tuple((s, e) for s, e in spans if e > s))
+
+    def _offsets(self) -> list[float]:
+        """Where each span starts in the compacted audio."""
+        offsets, clock = [], 0.0
+        for start, end in self.spans:
+            offsets.append(clock)
+            clock += end - start
+        return offsets
+
+    def _span_at(self, compact_time: float, offsets: list[float]) -> int:
+        return max(0, bisect.bisect_right(offsets, compact_time) - 1)
+
+    def original(self, compact_time: float, span: int | None = None) -> float:
+        """A time of the compacted audio on the original timeline, inside `span` (default: the
+        span it falls in), clipped to that span."""
+        offsets = self._offsets()
+        index = self._span_at(compact_time, offsets) if span is None else span
+        start, end = self.spans[index]
+        return round(min(max(start + compact_time - offsets[index], start), end), 3)
+
+    def restore(self, segments: list[Segment]) -> list[Segment]:
+        """Segments timed on the compacted audio -> the same on the original timeline."""
+        if not self.spans:
+            return list(segments)
+        offsets = self._offsets()
+        restored = []
+        for segment in segments:
+            words = tuple(self._word(word, offsets) for word in segment.words)
+            if words:
+                start, end = words[0].start, words[-1].end
+            else:
+                start = self.original(segment.start, self._span_at(segment.start, offsets))
+                # an end exactly at a seam belongs to the span before it
+                end_span = self._span_at(max(segment.end - 1e-6, segment.start), offsets)
+                end = self.original(segment.end, end_span)
+            restored.append(replace(segment, start=start, end=max(end, start), words=words))
+        return restored
+
+    def _word(self, word: Word, offsets: list[float]) -> Word:
+        span = self._span_at((word.start + word.end) / 2, offsets)
+        start = self.original(word.start, span)
+        return replace(word, start=start, end=max(self.original(word.end, span), start))
+
+
+def intersect(first: tuple[Span, ...], second: tuple[Span, ...]) -> tuple[Span, ...]:
+    """The spans covered by both (each sorted and disjoint)."""
+    result, i, j = [], 0, 0
+    while i < len(first) and j < len(second):
+        start = max(first[i][0], second[j][0])
+        end = min(first[i][1], second[j][1])
+        if end > start:
+            result.append((start, end))
+        if first[i][1] < second[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tuple(result)
+
+
+def parse_clip_ranges(text: str) -> tuple[Span, ...]:
+    """OpenAI's --clip_timestamps: "start,end,start,end,..." in seconds (the last end may be
+    left out: to the end of the file); also accepts "10:00-20:00" style ranges separated by
+    commas (clock times as [h:]m:s). -> sorted, disjoint spans; an open end is `inf`."""
+    text = text.strip()
+    if not text:
+        raise ValueError("clip ranges are empty")
+    if "-" in text:
+        bounds = []
+        for part in text.split(","):
+            start, dash, end = part.strip().partition("-")
+            if not dash:
+                raise ValueError(f"clip range {part.strip()!r} is not START-END")
+            bounds += [_seconds(start), _seconds(end) if end.strip() else float("inf")]
+    else:
+        bounds = [_seconds(part) for part in text.split(",")]
+        if len(bounds) % 2:
+            bounds.append(float("inf"))
+    spans = sorted(zip(bounds[::2], bounds[1::2], strict=True))
+    for start, end in spans:
+        if not 0 <= start < end:
+            raise ValueError(f"clip range {start}-{end}: start must be >= 0 and before its end")
+    merged: list[list[float]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return tuple((start, end) for start, end in merged)
+
+
+def _seconds(value: str) -> float:
+    """ "75.5", "1:15.5" or "0:01:15.5" -> 75.5."""
+    parts = value.strip().split(":")
+    if not 1 <= len(parts) <= 3 or not all(p.strip() for p in parts):
+        raise ValueError(f"{value.strip()!r} is not a time (seconds or [h:]m:s)")
+    try:
+        numbers = [float(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"{value.strip()!r} is not a time (seconds or [h:]m:s)") from None
+    seconds = 0.0
+    for number in numbers:
+        seconds = seconds * 60 + number
+    if seconds != seconds or seconds < 0:
+        raise ValueError(f"{value.strip()!r} is not a time (seconds or [h:]m:s)")
+    return seconds

@@ -1,0 +1,187 @@
+"""Voice activity detection: where a recording holds speech.
+
+A speech probability per frame comes from Silero VAD (`VoiceActivityDetector`), or, when the
+request diarizes too, from the diarizer's own segmentation pass (`probability_from_activity`:
+pyannote segmentation-3.0 already says, frame by frame, whether anyone speaks). Regions are
+then found with Silero's rules: speech starts where the probability reaches `threshold`, ends
+where it falls below `threshold - 0.15`, gaps shorter than `min_silence_duration` are bridged,
+regions shorter than `min_speech_duration` are dropped, and every region is padded by
+`speech_pad` seconds on both sides.
+
+Why Silero for the default: on the development and adversarial audio both detectors miss and
+add about as much speech, but importing pyannote.audio costs 5 s per process (Lightning), which
+a one-file run would pay whenever VAD is on; Silero loads in 0.1 s. docs/vad.md has the figures.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+SAMPLE_RATE = 16_000
+WINDOW_SECONDS = 10.0  # segmentation-3.0's chunk
+HYSTERESIS = 0.15  # speech ends below threshold - HYSTERESIS (as Silero's neg_threshold)
+
+
+@dataclass(frozen=True)
+class VadOptions:
+    """threshold: speech probability where a region starts (in (0, 1));
+    min_speech_duration: shorter regions are dropped (s);
+    min_silence_duration: shorter gaps between regions are bridged (s);
+    speech_pad: seconds added on both sides of every region (the decoder needs the onset and
+      the release of a word, which the detector scores low)."""
+
+    threshold: float = 0.4
+    min_speech_duration: float = 0.25
+    min_silence_duration: float = 2.0
+    speech_pad: float = 0.4
+
+    def validate(self) -> VadOptions:
+        if not 0.0 < self.threshold < 1.0:
+            raise ValueError(f"vad threshold must be in (0, 1), got {self.threshold}")
+        for name in ("min_speech_duration", "min_silence_duration", "speech_pad"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 60.0 or math.isnan(value):
+                raise ValueError(f"vad {name} must be in [0, 60] s, got {value}")
+        return self
+
+
+@dataclass(frozen=True)
+class SpeechProbability:
+    """values[i]: the probability that someone speaks in frame i, centred at
+    `offset + i * frame_step` seconds."""
+
+    values: np.ndarray
+    frame_step: float
+    offset: float = 0.0
+
+
+def speech_regions(
+    probability: SpeechProbability, duration: float, options: VadOptions
+) -> tuple[tuple[float, float], ...]:
+    """Sorted, disjoint (start, end) seconds of speech, padded and clipped to [0, duration]."""
+    values, step = probability.values, probability.frame_step
+    half = step / 2
+    raw: list[list[float]] = []
+    speaking, start = False, 0.0
+    for index, value in enumerate(values):
+        time = probability.offset + index * step
+        if not speaking and value >= options.threshold:
+            speaking, start = True, time - half
+        elif speaking and value < options.threshold - HYSTERESIS:
+            speaking = False
+            raw.append([start, time - half])
+    if speaking:
+        raw.append([start, probability.offset + len(values) * step - half])
+    merged: list[list[float]] = []
+    for start, end in raw:
+        if merged and start - merged[-1][1] < options.min_silence_duration:
+            merged[-1][1] = end
+        else:
+            merged.append([start, end])
+    # As Silero: bursts closer than min_silence_duration count together towards min_speech.
+    regions = [r for r in merged if r[1] - r[0] >= options.min_speech_duration]
+    padded: list[list[float]] = []
+    for start, end in regions:
+        start = max(0.0, start - options.speech_pad)
+        end = min(duration, end + options.speech_pad)
+        if padded and start <= padded[-1][1]:
+            padded[-1][1] = max(padded[-1][1], end)
+        elif end > start:
+            padded.append([start, end])
+    return tuple((round(start, 3), round(end, 3)) for start, end in padded)
+
+
+class VoiceActivityDetector:
+    """Silero VAD (v6, the JIT model its wheel carries) run over a whole recording at once.
+
+    Silero reads 32 ms frames (512 samples after 64 of context) through an STFT, a small
+    convolutional encoder and one LSTM cell, whose state carries from frame to frame. Its own
+    `get_speech_timestamps` calls the model once per frame (2.4 s for 159 s of audio here);
+    the same arithmetic runs here as one batched encoder pass over all frames and one
+    `torch.nn.LSTM` over the sequence, loaded with the cell's weights: 0.15 s, with
+    probabilities equal to the frame-by-frame ones within 2e-6. Not re-entrant.
+    """
+
+    FRAME = 512  # samples per frame at 16 kHz
+    CONTEXT = 64  # samples of the previous frame that each frame also sees
+    BLOCK = 8192  # frames per encoder pass (4.4 min of audio): bounded memory on long files
+
+    def __init__(self, device: str = "cpu") -> None:
+        import warnings
+
+        from silero_vad import load_silero_vad
+
+        with warnings.catch_warnings():  # its loader's deprecated importlib and jit calls
+            warnings.simplefilter("ignore", DeprecationWarning)
+            jit = load_silero_vad(onnx=False)
+        self._model = jit._model  # the 16 kHz network
+        cell = self._model.decoder.rnn
+        self._lstm = torch.nn.LSTM(cell.weight_ih.shape[1], cell.weight_hh.shape[1])
+        with torch.no_grad():
+            self._lstm.weight_ih_l0.copy_(cell.weight_ih)
+            self._lstm.weight_hh_l0.copy_(cell.weight_hh)
+            self._lstm.bias_ih_l0.copy_(cell.bias_ih)
+            self._lstm.bias_hh_l0.copy_(cell.bias_hh)
+        self._lstm.eval()
+        self.device = torch.device(device)  # the model is small: it always runs on the CPU
+
+    def probability(self, samples: np.ndarray) -> SpeechProbability:
+        """samples: float32 mono at 16 kHz, shape = (n_samples,)."""
+        count = math.ceil(len(samples) / self.FRAME)
+        padded = np.zeros(self.CONTEXT + count * self.FRAME, dtype=np.float32)
+        padded[self.CONTEXT : self.CONTEXT + len(samples)] = samples
+        frames = torch.from_numpy(padded).unfold(
+            0, self.CONTEXT + self.FRAME, self.FRAME
+        )  # (count, 576)
+        values, state = [], None
+        with torch.inference_mode():
+            for first in range(0, count, self.BLOCK):
+                block = frames[first : first + self.BLOCK]
+                features = self._model.encoder(self._model.stft(block))  # (block, 128, 1)
+                hidden, state = self._lstm(features.squeeze(-1)[:, None, :], state)
+                out = self._model.decoder.decoder(hidden[:, 0, :, None])  # (block, 1, 1)
+                values.append(out.reshape(len(block), -1).mean(dim=1))
+        probability = torch.cat(values).numpy() if values else np.zeros(0, np.float32)
+        step = self.FRAME / SAMPLE_RATE
+        return SpeechProbability(probability.astype(np.float32), step, step / 2)
+
+    def regions(
+        self, samples: np.ndarray, options: VadOptions = VadOptions()
+    ) -> tuple[tuple[float, float], ...]:
+        probability = self.probability(samples)
+        return speech_regions(probability, len(samples) / SAMPLE_RATE, options)
+
+
+def _overlap_average(
+    per_window: np.ndarray, step: float, frame_step: float, frame_offset: float
+) -> SpeechProbability:
+    """(windows, frames) scores of windows `step` s apart -> one score per frame of the whole
+    recording: a Hamming-weighted mean where windows overlap (frames at a window's edges have
+    less context, so the window whose centre is nearer counts more)."""
+    windows, frames = per_window.shape
+    hop_frames = step / frame_step
+    total = round((windows - 1) * hop_frames) + frames
+    weights = np.hamming(frames).astype(np.float64) + 1e-3
+    summed = np.zeros(total)
+    weight = np.zeros(total)
+    for index in range(windows):
+        first = round(index * hop_frames)
+        summed[first : first + frames] += per_window[index] * weights
+        weight[first : first + frames] += weights
+    return SpeechProbability((summed / weight).astype(np.float32), frame_step, frame_offset)
+
+
+def probability_from_activity(
+    activity: np.ndarray, window_starts: np.ndarray, frame_step: float, frame_offset: float
+) -> SpeechProbability:
+    """The diarizer's binarized speaker activity (chunks, frames, speakers) of 10 s chunks that
+    start at `window_starts` (s, evenly spaced) -> speech probability (anyone active), the same
+    aggregation as `VoiceActivityDetector.probability`: diarization and VAD share one pass."""
+    anyone = np.nan_to_num(activity, nan=0.0).max(axis=2)
+    step = float(window_starts[1] - window_starts[0]) if len(window_starts) > 1 else WINDOW_SECONDS
+    averaged = _overlap_average(anyone, step, frame_step, frame_offset)
+    return SpeechProbability(averaged.values, frame_step, frame_offset + float(window_starts[0]))

