@@ -290,7 +290,7 @@ class EndpointHandler:
         self.diarization = self.settings.diarization_model != _DIARIZATION_OFF
         self.service = TranscriptionService(self.settings, asr_model=whisper_checkpoint(path))
         started = time.perf_counter()
-        self.service.load(diarization=self.diarization)
+        self.service.load(diarization=self.diarization, vad=True)
         logger.info(
             "endpoint ready in %.1f s: asr %s, assistant %s, diarization %s",
             time.perf_counter() - started,

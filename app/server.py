@@ -77,7 +77,7 @@ def serve(
     api_key: str | None = None,
 ) -> None:
     """Loads the models, then serves the page and the API until SIGINT or SIGTERM (blocks)."""
-    service.load(diarization=True)  # the first request should not wait for model loading
+    service.load(diarization=True, vad=True)  # the first request should not wait for models
     outputs_dir = Path(tempfile.mkdtemp(prefix="specscribe-ui-"))
     work = None
     try:

@@ -113,11 +113,15 @@ class VoiceActivityDetector:
     def __init__(self, device: str = "cpu") -> None:
         import warnings
 
-        from silero_vad import load_silero_vad
+        threads = torch.get_num_threads()
+        try:
+            from silero_vad import load_silero_vad  # its import sets torch.set_num_threads(1)
 
-        with warnings.catch_warnings():  # its loader's deprecated importlib and jit calls
-            warnings.simplefilter("ignore", DeprecationWarning)
-            jit = load_silero_vad(onnx=False)
+            with warnings.catch_warnings():  # its loader's deprecated importlib and jit calls
+                warnings.simplefilter("ignore", DeprecationWarning)
+                jit = load_silero_vad(onnx=False)
+        finally:
+            torch.set_num_threads(threads)
         self._model = jit._model  # the 16 kHz network
         cell = self._model.decoder.rnn
         self._lstm = torch.nn.LSTM(cell.weight_ih.shape[1], cell.weight_hh.shape[1])

@@ -155,6 +155,7 @@ class Models:
     _pairs: dict = field(default_factory=dict)
     _timers: dict = field(default_factory=dict)
     _faster: dict = field(default_factory=dict)
+    _vad: list = field(default_factory=list)
 
     def target(self, precision: str = "fp32"):
         """The target in a precision of `asr.precision` ("fp32", "bf16", "fp16", "mixed",
@@ -172,6 +173,14 @@ class Models:
                 int8_decoder=dtypes.int8_decoder,
             )
         return self._whisper[precision]
+
+    def vad(self):
+        """The Silero voice activity detector the service uses (`asr.vad`)."""
+        if not self._vad:
+            from asr.vad import VoiceActivityDetector
+
+            self._vad.append(VoiceActivityDetector())
+        return self._vad[0]
 
     def assistant(self, name: str, precision: str = "fp32"):
         """The draft `name` paired with the target of this precision, loaded the way the
@@ -243,7 +252,15 @@ def make_policy(spec: str):
     return makers[kind](int(value) if value else None)
 
 
-def ours(models: Models, timestamps: bool, precision: str, draft: str | None, policy: str | None):
+def ours(
+    models: Models,
+    timestamps: bool,
+    precision: str,
+    draft: str | None,
+    policy: str | None,
+    vad: bool = False,
+):
+    """Our transcription; with `vad`, of the speech regions Silero finds (its time counted)."""
     from asr.transcribe import TranscribeOptions, transcribe
 
     options = TranscribeOptions(language="en", timestamps=timestamps)
@@ -252,12 +269,14 @@ def ours(models: Models, timestamps: bool, precision: str, draft: str | None, po
         model = models.target(precision)
         assistant = models.assistant(draft, precision) if draft else None
         started = time.perf_counter()
+        spans = models.vad().regions(samples) if vad else None
         result = transcribe(
             model,
             samples,
             options,
             assistant=assistant,
             policy=make_policy(policy) if draft else None,
+            spans=spans,
         )
         seconds = time.perf_counter() - started
         stats = result.stats
@@ -265,10 +284,10 @@ def ours(models: Models, timestamps: bool, precision: str, draft: str | None, po
             seconds=seconds,
             text=result.text,
             segments=tuple((s.start, s.end, s.text) for s in result.segments),
-            target_calls=stats["target_calls"],
-            draft_calls=stats["draft_calls"],
-            generated_tokens=stats["generated_tokens"],
-            encoder_seconds=stats["encoder_seconds"],
+            target_calls=stats.get("target_calls", 0),
+            draft_calls=stats.get("draft_calls", 0),
+            generated_tokens=stats.get("generated_tokens", 0),
+            encoder_seconds=stats.get("encoder_seconds", 0.0),
         )
 
     return run
@@ -404,6 +423,15 @@ def build_configs(models: Models, args, drafts: list[str]) -> list[Config]:
                 notes=("beam 1, temperature 0 only",),
             )
         )  # fmt: skip
+    if args.vad:  # our greedy and first drafted configuration again, on the speech regions
+        for config in [c for c in configs if c.family == "ours"][: 2 if drafts else 1]:
+            configs.append(
+                Config(
+                    f"{config.name} +vad", "ours",
+                    ours(models, timestamps, fp32, config.assistant, config.policy, vad=True),
+                    assistant=config.assistant, policy=config.policy,
+                )
+            )  # fmt: skip
     if args.only:
         configs = [c for c in configs if c.name == "ours greedy" or re.search(args.only, c.name)]
     return configs
@@ -669,6 +697,11 @@ def _parser() -> argparse.ArgumentParser:
         help="comma list of bf16, fp16 (CUDA), mixed (half-precision encoder, fp32 decoder), "
         "int8 (CPU: bf16 encoder, int8 decoder): adds our greedy and fastest speculative "
         "configuration in each",
+    )
+    parser.add_argument(
+        "--vad",
+        action="store_true",
+        help="also run our greedy and first drafted configuration on Silero's speech regions",
     )
     parser.add_argument("--only", help="regex: run only configurations that match (+ ours greedy)")
     parser.add_argument(

@@ -14,6 +14,9 @@ from app.config import Settings
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples"
 SHARED_SPEECH = REPO.parent / "shared" / "speech"
+needs_speech = pytest.mark.skipif(
+    not (SHARED_SPEECH / "manifest.tsv").is_file(), reason="../shared/speech is not present"
+)
 
 
 def wait_for(condition, timeout: float, what: str, process=None, log: Path | None = None):

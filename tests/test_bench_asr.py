@@ -13,11 +13,7 @@ from asr.audio import SAMPLE_RATE
 from bench import asr as bench_asr
 from bench.asr_data import LONG_FORM, UTTERANCES, Utterance, benchmark_files, held_out_files
 from decoding import Adaptive, ConstantK, Heuristic
-from tests.conftest import SHARED_SPEECH
-
-needs_speech = pytest.mark.skipif(
-    not (SHARED_SPEECH / "manifest.tsv").is_file(), reason="../shared/speech is not present"
-)
+from tests.conftest import SHARED_SPEECH, needs_speech
 
 
 def test_the_held_out_set_is_fixed_and_covers_every_copy_of_its_recordings():
@@ -161,3 +157,15 @@ def test_benchmarks_refuse_zero_repeats(suite, capsys):
         main(["bench", suite, "--repeats", "0"])
     assert exit_.value.code == 2
     assert "--repeats: must be at least 1, not 0" in capsys.readouterr().err
+
+
+@needs_speech
+@pytest.mark.slow
+def test_vad_rows_run_our_configurations_on_the_speech_regions(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(bench_asr, "RESULTS", tmp_path)
+    quick = ["--max-files", "1", "--repeats", "1", "--threads", "1", "--assistants", ""]
+    assert bench_asr.main([*quick, "--vad", "--only", r"^ours greedy \+vad$"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(report["configs"]) == {"ours greedy", "ours greedy +vad"}
+    row = report["configs"]["ours greedy +vad"]
+    assert row["wer"] < 0.2 and row["generated_tokens"] > 0

@@ -9,11 +9,7 @@ import pytest
 
 from bench import cli as bench_cli
 from bench.asr_data import user_files
-from tests.conftest import SHARED_SPEECH
-
-needs_speech = pytest.mark.skipif(
-    not (SHARED_SPEECH / "manifest.tsv").is_file(), reason="../shared/speech is not present"
-)
+from tests.conftest import SHARED_SPEECH, needs_speech
 
 
 @needs_speech

@@ -16,7 +16,7 @@ from asr.guards import RepetitionGuard, drop_isolated_anomalies, is_anomalous
 from asr.speech_timeline import SpeechTimeline, intersect, parse_clip_ranges
 from asr.types import Segment, Word
 from asr.vad import SpeechProbability, VadOptions, speech_regions
-from tests.conftest import SAMPLES, normalised_words
+from tests.conftest import SAMPLES, needs_speech, normalised_words
 
 # -- speech regions from a probability curve ------------------------------------------------
 
@@ -235,6 +235,7 @@ def test_batched_silero_equals_silero_frame_by_frame(detector):
     assert found.frame_step == pytest.approx(0.032)
 
 
+@needs_speech
 @pytest.mark.slow
 def test_the_detector_hears_nobody_in_silence_noise_and_tones(detector, adversarial):
     from asr.audio import load_audio
@@ -243,6 +244,7 @@ def test_the_detector_hears_nobody_in_silence_noise_and_tones(detector, adversar
         assert detector.regions(load_audio(adversarial[name].path)) == (), name
 
 
+@needs_speech
 @pytest.mark.slow
 def test_the_detector_finds_each_utterance_and_not_the_pauses(detector, adversarial):
     from asr.audio import load_audio
@@ -267,6 +269,7 @@ def _words(transcript) -> list[Word]:
     return [word for segment in transcript.segments for word in segment.words]
 
 
+@needs_speech
 @pytest.mark.slow
 def test_all_silence_gives_an_empty_transcript_and_a_note(service, adversarial):
     transcript = service.run(adversarial["silence_60s"].path, ServiceOptions(language="en"))
@@ -276,6 +279,7 @@ def test_all_silence_gives_an_empty_transcript_and_a_note(service, adversarial):
     assert transcript.stats["speech_seconds"] == 0.0
 
 
+@needs_speech
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["white_noise_60s", "pink_noise_60s", "tones_60s"])
 def test_no_words_in_noise_or_tones(service, adversarial, name):
@@ -283,6 +287,7 @@ def test_no_words_in_noise_or_tones(service, adversarial, name):
     assert transcript.text == ""
 
 
+@needs_speech
 @pytest.mark.slow
 def test_no_text_inside_spliced_pauses_and_every_utterance_transcribed(service, adversarial):
     spliced = adversarial["speech_with_pauses"]
@@ -329,6 +334,7 @@ def half_silence_unguarded(service, adversarial):
     return options, transcript
 
 
+@needs_speech
 @pytest.mark.slow
 def test_the_repetition_guard_removes_repeated_segments(
     service, adversarial, half_silence_unguarded
@@ -343,6 +349,7 @@ def test_the_repetition_guard_removes_repeated_segments(
         said.add([segment.text])
 
 
+@needs_speech
 @pytest.mark.slow
 def test_hallucination_silence_threshold_drops_copies_alone_in_pauses(
     service, adversarial, half_silence_unguarded
@@ -355,6 +362,7 @@ def test_hallucination_silence_threshold_drops_copies_alone_in_pauses(
     assert len(_repeated_runs(guarded.text)) < len(_repeated_runs(unguarded.text))
 
 
+@needs_speech
 @pytest.mark.slow
 def test_clip_timestamps_transcribe_only_that_range(service, adversarial):
     spliced = adversarial["speech_with_pauses"]
@@ -395,3 +403,19 @@ def test_vad_reads_the_diarizers_segmentation_when_speakers_are_asked_for(servic
     assert transcript.stats["vad"] == "diarization"
     assert transcript.segments[0].start >= 6.0
     assert {s.speaker for s in transcript.segments} == {"SPEAKER_00", "SPEAKER_01"}
+
+
+@pytest.mark.slow
+def test_loading_the_detector_keeps_torchs_threads():
+    # silero_vad's import calls torch.set_num_threads(1), which halved every later decode.
+    import subprocess
+    import sys
+
+    code = (
+        "import torch; torch.set_num_threads(2); from asr.vad import VoiceActivityDetector; "
+        "VoiceActivityDetector(); print(torch.get_num_threads())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=SAMPLES.parent
+    )
+    assert done.stdout.strip() == "2"
