@@ -274,7 +274,8 @@ class _Session:
         A window whose first pass repeats earlier text (`asr.guards`) and was prompted with
         previous text is decoded again at once without it (the prompt is what Whisper copies);
         the checks above then go on from that result. A repeat left after that is dropped when
-        the window is split, not sampled away: sampling a copy of real speech only garbles it.
+        the window is split, not sampled away: where speech really repeats, sampling only
+        trades the right words for worse ones.
         """
         options = self.options
         decoder = WindowDecoder(
