@@ -407,7 +407,7 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _request_options(args: argparse.Namespace):
-    from app.service import ServiceOptions, language_code
+    from app.service import ServiceOptions, decoding_choices, language_code
 
     counts = {
         "--num-speakers": args.num_speakers,
@@ -428,15 +428,7 @@ def _request_options(args: argparse.Namespace):
         batch_size=args.batch_size,
         initial_prompt=args.initial_prompt,
         condition_on_previous_text=args.condition_on_previous_text,
-        hotwords=args.hotwords,
-        clip_timestamps=args.clip_timestamps,
-        vad=args.vad,
-        vad_threshold=args.vad_threshold,
-        vad_min_speech_duration=args.vad_min_speech_duration,
-        vad_min_silence_duration=args.vad_min_silence_duration,
-        vad_speech_pad=args.vad_speech_pad,
-        repetition_ngram=args.repetition_ngram or None,
-        hallucination_silence_threshold=args.hallucination_silence_threshold,
+        **decoding_choices(args),
     ).validate()
 
 

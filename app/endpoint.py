@@ -32,6 +32,7 @@ from app.service import (
     MAX_PROMPT_CHARACTERS,
     ServiceOptions,
     TranscriptionService,
+    decoding_choices,
     language_code,
 )
 from asr.types import MAX_SPEAKERS, Transcript
@@ -109,15 +110,7 @@ class EndpointParameters(BaseModel):
             batch_size=self.batch_size,
             initial_prompt=self.initial_prompt,
             condition_on_previous_text=self.condition_on_previous_text,
-            hotwords=self.hotwords,
-            clip_timestamps=self.clip_timestamps,
-            vad=self.vad,
-            vad_threshold=self.vad_threshold,
-            vad_min_speech_duration=self.vad_min_speech_duration,
-            vad_min_silence_duration=self.vad_min_silence_duration,
-            vad_speech_pad=self.vad_speech_pad,
-            repetition_ngram=self.repetition_ngram,
-            hallucination_silence_threshold=self.hallucination_silence_threshold,
+            **decoding_choices(self),
         )
 
 

@@ -53,6 +53,30 @@ def language_code(value: str | None) -> str | None:
 
 MAX_PROMPT_CHARACTERS = 4000  # a sanity bound: a longer prompt is a mistake, not a prompt
 
+# ServiceOptions fields every front takes under the same names (CLI flags, endpoint
+# parameters, API form fields): `decoding_choices` copies them from a front's request.
+DECODING_CHOICES = (
+    "hotwords",
+    "clip_timestamps",
+    "vad",
+    "vad_threshold",
+    "vad_min_speech_duration",
+    "vad_min_silence_duration",
+    "vad_speech_pad",
+    "repetition_ngram",
+    "hallucination_silence_threshold",
+)
+
+
+def decoding_choices(request: object) -> dict:
+    """The DECODING_CHOICES of a front's request (an argparse namespace, a pydantic model), as
+    ServiceOptions keyword arguments: empty text means none, a repetition n-gram of 0 off."""
+    choices = {name: getattr(request, name) for name in DECODING_CHOICES}
+    for name in ("hotwords", "clip_timestamps"):
+        choices[name] = choices[name] or None
+    choices["repetition_ngram"] = choices["repetition_ngram"] or None
+    return choices
+
 
 @dataclass(frozen=True)
 class ServiceOptions:
@@ -347,7 +371,7 @@ class TranscriptionService:
         if self._vad is None:
             from asr.vad import VoiceActivityDetector
 
-            self._vad = VoiceActivityDetector(device=self.device)
+            self._vad = VoiceActivityDetector()
         return self._vad
 
     def load(self, diarization: bool = False, vad: bool = False) -> TranscriptionService:
@@ -429,9 +453,7 @@ class TranscriptionService:
         from asr.vad import speech_regions
 
         duration = len(samples) / SAMPLE_RATE
-        clips = options.clip_spans()
-        if clips is not None:
-            clips = tuple((start, min(end, duration)) for start, end in clips if start < duration)
+        clips = options.clip_spans()  # transcribe() clips them to the recording
         if not options.vad:
             return clips, {}
         started = time.perf_counter()

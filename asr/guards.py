@@ -65,11 +65,6 @@ class RepetitionGuard:
                 self.seen.add(tuple(words[first : first + self.ngram]))
             self._tail = words[-(self.ngram - 1) :]
 
-    def copy(self) -> RepetitionGuard:
-        twin = RepetitionGuard(self.ngram)
-        twin.seen, twin._tail = set(self.seen), list(self._tail)
-        return twin
-
 
 # -- OpenAI's word anomaly score (whisper/transcribe.py, hallucination_silence_threshold) --
 

@@ -110,7 +110,8 @@ class VoiceActivityDetector:
     CONTEXT = 64  # samples of the previous frame that each frame also sees
     BLOCK = 8192  # frames per encoder pass (4.4 min of audio): bounded memory on long files
 
-    def __init__(self, device: str = "cpu") -> None:
+    def __init__(self) -> None:
+        """The model is small and always runs on the CPU, whatever device Whisper uses."""
         import warnings
 
         threads = torch.get_num_threads()
@@ -131,7 +132,6 @@ class VoiceActivityDetector:
             self._lstm.bias_ih_l0.copy_(cell.bias_ih)
             self._lstm.bias_hh_l0.copy_(cell.bias_hh)
         self._lstm.eval()
-        self.device = torch.device(device)  # the model is small: it always runs on the CPU
 
     def probability(self, samples: np.ndarray) -> SpeechProbability:
         """samples: float32 mono at 16 kHz, shape = (n_samples,)."""

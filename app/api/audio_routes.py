@@ -11,7 +11,6 @@ only known then).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Literal
@@ -23,6 +22,7 @@ from fastapi.responses import Response, StreamingResponse
 from app.api.audio_formats import render, usage
 from app.api.audio_request import WHISPER_ALIAS, AudioRequest, parse_form
 from app.api.errors import ApiError, error_body
+from app.api.events import sse
 from app.api.work_queue import QueueFull, WorkQueue
 from app.service import ServiceOptions, TranscriptionService
 from asr.types import DecidedWindow, Transcript
@@ -157,27 +157,21 @@ class AudioApi:
 
     def _stream(self, samples: np.ndarray, options: ServiceOptions) -> StreamingResponse:
         """Server-sent events; the job is queued now, so a full queue still answers 429."""
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[DecidedWindow] = asyncio.Queue()
-
-        def on_window(window: DecidedWindow) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, window)
-
         try:
-            future = self.work.submit(
-                lambda: self.service.run(samples, options, on_window=on_window)
+            done, windows = self.work.submit_streaming(
+                lambda emit: self.service.run(samples, options, on_window=emit)
             )
         except QueueFull:
             raise queue_full(self.work) from None
         return StreamingResponse(
-            _transcript_events(asyncio.wrap_future(future), events),
+            _transcript_events(done, windows),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
 
 
 async def _transcript_events(
-    done: asyncio.Future[Transcript], windows: asyncio.Queue[DecidedWindow]
+    done: asyncio.Future[Transcript], windows: AsyncIterator[DecidedWindow]
 ) -> AsyncIterator[str]:
     """OpenAI's transcription events: deltas whose concatenation is the final text (leading
     and trailing spaces held back), then `transcript.text.done`; an error becomes one
@@ -185,36 +179,29 @@ async def _transcript_events(
     sent = ""
     raw = ""
     try:
-        while True:
-            waiter = asyncio.ensure_future(windows.get())
-            await asyncio.wait({waiter, done}, return_when=asyncio.FIRST_COMPLETED)
-            if not waiter.done():
-                waiter.cancel()
-                if windows.empty():
-                    break
-                continue
-            raw += "".join(segment.text for segment in waiter.result().segments)
+        async for window in windows:
+            raw += "".join(segment.text for segment in window.segments)
             text = raw.strip()
             if len(text) > len(sent) and text.startswith(sent):
-                yield _event({"type": "transcript.text.delta", "delta": text[len(sent) :]})
+                yield sse({"type": "transcript.text.delta", "delta": text[len(sent) :]})
                 sent = text
         transcript = done.result()
     except ApiError as error:
-        yield _event(error.body())
+        yield sse(error.body())
         return
     except ValueError as error:
-        yield _event(error_body(422, str(error)))
+        yield sse(error_body(422, str(error)))
         return
     except Exception as error:
         log.exception("streamed transcription failed")
-        yield _event(error_body(500, f"transcription failed ({type(error).__name__})"))
+        yield sse(error_body(500, f"transcription failed ({type(error).__name__})"))
         return
     finally:
         if not done.done():
             done.cancel()
     if transcript.text.startswith(sent) and len(transcript.text) > len(sent):
-        yield _event({"type": "transcript.text.delta", "delta": transcript.text[len(sent) :]})
-    yield _event(
+        yield sse({"type": "transcript.text.delta", "delta": transcript.text[len(sent) :]})
+    yield sse(
         {
             "type": "transcript.text.done",
             "text": transcript.text,
@@ -223,10 +210,6 @@ async def _transcript_events(
             "stats": transcript.stats,
         }
     )
-
-
-def _event(data: dict) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 def queue_full(work: WorkQueue) -> ApiError:

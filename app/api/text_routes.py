@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from app.api.audio_routes import queue_full
 from app.api.errors import ApiError, error_body
+from app.api.events import sse
 from app.api.text_front import Completion, TextFront
 from app.api.work_queue import QueueFull, WorkQueue
 from decoding import SamplingOptions
@@ -179,21 +180,15 @@ class TextApi:
         return JSONResponse(shape.whole(done))
 
     def _stream(self, front, prompt, max_tokens, sampling, stops, shape, asked) -> Response:
-        loop = asyncio.get_running_loop()
-        pieces: asyncio.Queue[str] = asyncio.Queue()
-
-        def on_text(piece: str) -> None:
-            loop.call_soon_threadsafe(pieces.put_nowait, piece)
-
         try:
-            future = self.work.submit(
-                lambda: front.complete(prompt, max_tokens, sampling, stops, on_text)
+            done, pieces = self.work.submit_streaming(
+                lambda emit: front.complete(prompt, max_tokens, sampling, stops, emit)
             )
         except QueueFull:
             raise queue_full(self.work) from None
         include_usage = bool(asked.stream_options and asked.stream_options.include_usage)
         return StreamingResponse(
-            _chunks(asyncio.wrap_future(future), pieces, shape, include_usage),
+            _chunks(done, pieces, shape, include_usage),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
@@ -258,7 +253,7 @@ def _usage(done: Completion) -> dict[str, int]:
 
 async def _chunks(
     done: asyncio.Future[Completion],
-    pieces: asyncio.Queue[str],
+    pieces: AsyncIterator[str],
     shape: _Shape,
     include_usage: bool,
 ) -> AsyncIterator[str]:
@@ -267,27 +262,20 @@ async def _chunks(
     first = shape.kind == "chat"
     try:
         if first:
-            yield _sse(shape.chunk(None, first=True))
-        while True:
-            waiter = asyncio.ensure_future(pieces.get())
-            await asyncio.wait({waiter, done}, return_when=asyncio.FIRST_COMPLETED)
-            if not waiter.done():
-                waiter.cancel()
-                if pieces.empty():
-                    break
-                continue
-            yield _sse(shape.chunk(waiter.result()))
+            yield sse(shape.chunk(None, first=True))
+        async for piece in pieces:
+            yield sse(shape.chunk(piece))
         completion = done.result()
     except (ApiError, ValueError) as error:
         status = error.status if isinstance(error, ApiError) else 422
-        yield _sse(error_body(status, getattr(error, "message", str(error))))
+        yield sse(error_body(status, getattr(error, "message", str(error))))
         return
     finally:
         if not done.done():
             done.cancel()
-    yield _sse(shape.chunk("" if shape.kind == "text" else None, finish=completion.finish_reason))
+    yield sse(shape.chunk("" if shape.kind == "text" else None, finish=completion.finish_reason))
     if include_usage:
-        yield _sse(
+        yield sse(
             {
                 **shape._head(chunk=True),
                 "choices": [],
@@ -296,10 +284,6 @@ async def _chunks(
             }
         )
     yield "data: [DONE]\n\n"
-
-
-def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 async def _json(request: Request) -> Any:

@@ -12,11 +12,14 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
+from app.api.events import until_done
+
 T = TypeVar("T")
+E = TypeVar("E")
 
 
 class QueueFull(Exception):
@@ -53,6 +56,21 @@ class WorkQueue:
             self._waiting += 1
         self._jobs.put((future, job))
         return future
+
+    def submit_streaming(
+        self, job: Callable[[Callable[[E], None]], T]
+    ) -> tuple[asyncio.Future[T], AsyncIterator[E]]:
+        """Queues `job(emit)` as `submit` does (QueueFull included); what the job emits from
+        the worker thread comes out of the returned iterator, in order, until the job ends; its
+        result or exception is the returned future's. Call it from the event loop."""
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue[E] = asyncio.Queue()
+
+        def emit(item: E) -> None:
+            loop.call_soon_threadsafe(items.put_nowait, item)
+
+        done = asyncio.wrap_future(self.submit(lambda: job(emit)))
+        return done, until_done(done, items)
 
     async def run(self, job: Callable[[], T]) -> T:
         """Queues `job` and waits for its result (its exception) without blocking the event

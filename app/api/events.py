@@ -1,0 +1,30 @@
+"""Server-sent events: the `data:` lines both streaming routes write, and the items a queued
+job hands over while it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def sse(data: dict[str, Any]) -> str:
+    """One server-sent event carrying `data` as JSON."""
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def until_done(done: asyncio.Future, items: asyncio.Queue[T]) -> AsyncIterator[T]:
+    """The items put on `items`, in order, until `done` completes and none are left (its
+    result or exception stays with `done`)."""
+    while True:
+        waiter = asyncio.ensure_future(items.get())
+        await asyncio.wait({waiter, done}, return_when=asyncio.FIRST_COMPLETED)
+        if not waiter.done():
+            waiter.cancel()
+            if items.empty():
+                return
+            continue
+        yield waiter.result()
