@@ -22,7 +22,7 @@ from typing import Any
 from app.config import Settings
 from app.jobs import ClaimedTask, JobStore, WorkerId
 from app.ray_actor import ActorSpec, NodeInfo
-from app.ray_pool import ActorPool, first_line
+from app.ray_pool import ActorPool, ActorStartError, first_line
 from app.ray_progress import ProgressRelay
 from app.worker import (
     LeaseKeeper,
@@ -112,16 +112,19 @@ class RayWorker:
         )
         relay = ProgressRelay(ray, self.store)
         in_flight: dict[Any, Dispatch] = {}  # transcribe() ref -> its file
+        held: list[ClaimedTask] = []  # claimed, not yet decoding or finished (at most one)
         with LeaseKeeper(self.store.path, self.options.lease) as keeper:
             try:
                 while True:
                     # 1. Give every idle actor a task.
                     while pool.has_idle() and (task := self._claim()) is not None:
                         keeper.hold(task)
+                        held.append(task)
                         if (dispatch := self._start(ray, pool, task)) is None:
                             keeper.drop(task)
                         else:
                             in_flight[dispatch.ref] = dispatch
+                        held.remove(task)
                     idle = not in_flight and self.options.until_idle
                     if idle and not self.store.has_work(self.model):
                         return self.finished
@@ -141,10 +144,17 @@ class RayWorker:
                     relay.relay((d.task, d.actor) for d in in_flight.values())
             except (Shutdown, KeyboardInterrupt) as stop:
                 reason = f"worker stopped ({stop or 'interrupt'})"
-                for dispatch in in_flight.values():
-                    self.store.release(dispatch.task, self.worker, reason)
-                self.log(f"{reason}; {len(in_flight)} tasks handed back")
+                self._hand_back([*held, *(d.task for d in in_flight.values())], reason)
                 return self.finished
+            except ActorStartError as error:
+                self._hand_back([d.task for d in in_flight.values()], f"worker stopped: {error}")
+                raise
+
+    def _hand_back(self, tasks: list[ClaimedTask], reason: str) -> None:
+        """Releases tasks this worker will not finish (a release that lost its claim, or of a
+        task finished meanwhile, changes nothing), so that other workers take them at once."""
+        handed = sum(self.store.release(task, self.worker, reason) for task in tasks)
+        self.log(f"{reason}; {handed} tasks handed back")
 
     def _claim(self) -> ClaimedTask | None:
         return self.store.claim(
