@@ -19,8 +19,8 @@ import pytest
 
 from app.jobs import JobSpec, JobStore
 from app.service import ServiceOptions
+from bench.ray_cluster import LocalCluster, hard_linked_cache
 from tests.conftest import REPO, SAMPLES, wait_for
-from tests.ray_cluster import LocalCluster, hard_linked_cache
 from tests.test_worker import MODEL, check_outputs, completions, copy_clips
 
 pytestmark = pytest.mark.slow
@@ -72,6 +72,16 @@ def run_until_idle(cluster: LocalCluster, store: JobStore, log: Path) -> str:
     return text
 
 
+def stop(process: subprocess.Popen, log: Path) -> None:
+    """SIGTERM, as `docker stop` or systemd would: the driver must hand back and exit 0."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    assert process.returncode == 0, log.read_text()[-3000:]
+
+
 def ready_actors(log_text: str, cluster: LocalCluster) -> list[tuple[str, int, str]]:
     """(Ray node label, pid, cluster node whose cache it loaded the models from) of every actor
     that started, in order, replacements included."""
@@ -102,10 +112,21 @@ def test_the_ray_engine_spreads_a_job_over_two_nodes_with_the_local_workers_resu
     originals = copy_clips(tmp_path / "in", 6)
     store = JobStore(tmp_path / "jobs.db")
     spec = JobSpec(tmp_path / "out", ("json", "srt"), ServiceOptions(language="en"), MODEL)
-    job = store.submit([tmp_path / "in"], spec)
 
-    # 1. Two actors, one per node (each node has one CPU), each on its own node's cache.
-    text = run_until_idle(cluster, store, tmp_path / "ray-1.log")
+    # 1. Two actors, one per node (each node has one CPU), each on its own node's cache. The job
+    #    comes once both are ready, so that each takes a file at once.
+    log = tmp_path / "ray-1.log"
+    process = driver(cluster, store, log)
+    watch = {"process": process, "log": log}
+    try:
+        ready = lambda: len(ready_actors(log.read_text(), cluster)) == 2  # noqa: E731
+        wait_for(ready, 180, "both actors ready", **watch)
+        job = store.submit([tmp_path / "in"], spec)
+        done = lambda: all(t.state == "done" for t in store.tasks(job))  # noqa: E731
+        wait_for(done, 240, "the job done", **watch)
+    finally:
+        stop(process, log)
+    text = log.read_text()
     labels = actor_nodes(text, cluster)
     assert sorted(labels.values()) == ["node_a", "node_b"], text[-3000:]
     where = decoded_on(store, job, labels)
@@ -226,12 +247,7 @@ def test_a_killed_actor_or_node_loses_nothing_and_a_returning_node_is_used_again
         assert any(note.startswith(f"transcribed on Ray node {new_b}") for note in notes), notes
         check_outputs(tmp_path / "out2", more)
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    assert process.returncode == 0, log.read_text()[-3000:]
+        stop(process, log)
     # The store is consistent: every task done, each recorded done exactly once.
     assert {task.state for task in store.tasks()} == {"done"}
     assert sorted(completions(store).values()) == [1] * 7

@@ -1,4 +1,5 @@
-"""A real multi-node Ray cluster on this machine, for tests: every node is its own `ray start`.
+"""A real multi-node Ray cluster on this machine, for tests and bench.ray_nodes: every node is
+its own `ray start`.
 
 Each node gets its own temporary directory, its own model cache (through SPECSCRIBE_CACHE_DIR
 in the environment of its `ray start`, which its workers inherit), a custom resource naming it
@@ -82,7 +83,7 @@ class LocalCluster:
         """The environment a driver (or a node) needs to join this cluster."""
         return {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token, **extra}
 
-    def start_node(self, name: str, cache_dir: Path, head: bool = False) -> RayNode:
+    def start_node(self, name: str, cache_dir: Path, head: bool = False, cpus: int = 1) -> RayNode:
         temp_dir = self.root / f"{name}-{len(self.nodes)}"
         head_only = [
             *("--head", f"--port={self.port}", "--include-dashboard=false"),
@@ -96,7 +97,7 @@ class LocalCluster:
             *("--runtime-env-agent-port", str(free_port())),
         ]
         command = [
-            str(RAY), "start", *where, *ports, "--node-ip-address=127.0.0.1", "--num-cpus=1",
+            str(RAY), "start", *where, *ports, "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}",
             f"--resources={{\"{name}\": 1}}", f"--temp-dir={temp_dir}", "--disable-usage-stats",
         ]  # fmt: skip
         env = self.env(SPECSCRIBE_CACHE_DIR=str(cache_dir.parent), OMP_NUM_THREADS="1")
