@@ -172,7 +172,9 @@ def _decoded(data: dict) -> dict:
     return {key: value for key, value in data.items() if key != "stats"}
 
 
-def test_a_killed_actor_or_node_loses_nothing_and_a_returning_node_is_used_again(tmp_path, cluster):
+def test_a_killed_actor_or_node_loses_nothing_and_a_returning_node_is_used_again(
+    tmp_path, cluster, capsys
+):
     (tmp_path / "in").mkdir()
     for index in range(4):
         shutil.copyfile(SONNET, tmp_path / "in" / f"s{index}.mp3")
@@ -208,6 +210,10 @@ def test_a_killed_actor_or_node_loses_nothing_and_a_returning_node_is_used_again
         node_b = cluster.nodes[1]
         ((label_b, pid_b, _),) = [a for a in actors(2) if a[2] == "node_b"]
         first = decoding_on(label_b, after=0)
+        # Its stage, relayed from the actor, is what `specscribe status` shows for it.
+        wait_for(lambda: _task(store, first).stage, 10, "the file's stage", **watch)
+        status = _status(capsys, store, job)
+        assert re.search(rf"task +{first} running .*  transcribe \d+/\d+, ray@", status), status
         os.kill(pid_b, signal.SIGKILL)
         replacement = actors(3)[2]
         assert replacement[0] == label_b and replacement[1] != pid_b
@@ -251,6 +257,14 @@ def test_a_killed_actor_or_node_loses_nothing_and_a_returning_node_is_used_again
     # The store is consistent: every task done, each recorded done exactly once.
     assert {task.state for task in store.tasks()} == {"done"}
     assert sorted(completions(store).values()) == [1] * 7
+
+
+def _status(capsys, store: JobStore, job: int) -> str:
+    from app.cli import main
+
+    capsys.readouterr()
+    assert main(["status", str(job), "--store", str(store.path)]) == 0
+    return capsys.readouterr().out
 
 
 def _task(store: JobStore, task_id: int):
