@@ -21,6 +21,9 @@ class ActorStartError(RuntimeError):
 
 
 class ActorPool:
+    """`size` Transcriber actors, each starting, idle or busy; the driver takes an idle one per
+    file and gives it back, or replaces it when it died."""
+
     def __init__(self, ray: Any, spec: ActorSpec, size: int, log: Log) -> None:
         self.ray, self.spec, self.size, self.log = ray, spec, size, log
         self._class = ray.remote(num_cpus=spec.threads, max_restarts=0, max_concurrency=2)(
