@@ -237,6 +237,9 @@ def test_cli_writes_speaker_labels_and_says_when_the_count_asked_is_not_found(tm
     assert (tmp_path / "jfk.txt").read_text().startswith("[SPEAKER_00] ")
     saved = json.loads((tmp_path / "jfk.json").read_text())
     assert saved["options"]["diarize"]["num_speakers"] == 3
+    # Words were timed to assign speakers, but not asked for: the output has none.
+    assert saved["options"]["word_timestamps"] is False
+    assert saved["segments"] and all(s["words"] == [] for s in saved["segments"])
     shortfall = "exactly 3 speakers were asked for; 1 found in the audio"
     assert saved["warnings"] == [shortfall]
     captured = capsys.readouterr()
