@@ -97,7 +97,8 @@ def speech_regions(
 
 
 class VoiceActivityDetector:
-    """Silero VAD (v6, the JIT model its wheel carries) run over a whole recording at once.
+    """Silero VAD (v6, the network its wheel carries, run by `asr.silero`) over a whole
+    recording at once.
 
     Silero reads 32 ms frames (512 samples after 64 of context) through an STFT, a small
     convolutional encoder and one LSTM cell, whose state carries from frame to frame. Its own
