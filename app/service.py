@@ -378,7 +378,9 @@ class TranscriptionService:
         if self._vad is None:
             from asr.vad import VoiceActivityDetector
 
-            self._vad = VoiceActivityDetector()
+            self._vad = VoiceActivityDetector(
+                self.settings.cache_dir / "vad" / "silero.safetensors"
+            )
         return self._vad
 
     def load(self, diarization: bool = False, vad: bool = False) -> TranscriptionService:

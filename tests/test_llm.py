@@ -134,3 +134,13 @@ def test_a_seeded_adaptive_sampling_run_is_said_not_to_repeat(capsys):
     assert "--seed does not make this sampled run repeatable" in capsys.readouterr().err
     assert main([*command, "--prompt-lookup", "2", "--policy", "constant"]) == 0
     assert "repeatable" not in capsys.readouterr().err
+
+
+def test_an_int8_draft_of_the_target_shares_its_weights_and_tokenizer(registry, gemma):
+    from app.llm import load_language_model
+
+    draft = load_language_model(registry, "gemma-3-270m:int8", loaded=gemma)
+    assert draft.tokenizer is gemma.tokenizer
+    assert draft.model.get_input_embeddings().weight is gemma.model.get_input_embeddings().weight
+    assert isinstance(draft.model.lm_head, torch.ao.nn.quantized.dynamic.Linear)
+    assert type(gemma.model.lm_head) is torch.nn.Linear  # the target keeps its float layers
