@@ -7,10 +7,10 @@ windows (with and without timestamps and previous-text prompts, seeded), and eac
 every one of those tokens from the target's own context. Agreement is reported over all tokens
 and by kind: the first generated token, text, timestamps, and the end token. It predicts the
 tokens per target call that drafting reaches (each call accepts drafted tokens up to the first
-disagreement) without timing anything, so it is not disturbed by a busy machine. With `--top K` it also
-reports how often the target's token is among the draft's k best (k = 2..K): what a tree that
-verifies the draft's k best tokens at a position could accept there. The last line printed is
-one JSON object.
+disagreement) without timing anything, so it is not disturbed by a busy machine. With `--top K`
+it also reports how often the target's token is among the draft's k best (k = 2..K): what a
+tree that verifies the draft's k best tokens at a position could accept there. The last line
+printed is one JSON object.
 
     python -m bench.draft_agreement [--draft NAME=PATH ...] [--threads N] [--top K]
 """
