@@ -16,7 +16,7 @@ from decoding.lookahead import (
     Heuristic,
     LookaheadPolicy,
 )
-from decoding.protocols import Draft, Drafter, Target
+from decoding.protocols import Draft, Drafter, DraftRequest, Target
 from decoding.verify import (
     SamplingOptions,
     Verdict,
@@ -34,6 +34,7 @@ __all__ = [
     "CrossTokenizerDrafter",
     "DecodeStats",
     "Draft",
+    "DraftRequest",
     "Drafter",
     "EarlyExitDrafter",
     "EarlyExitLM",
