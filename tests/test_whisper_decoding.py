@@ -10,8 +10,10 @@ from asr.logit_rules import LogitRules
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.whisper import N_FRAMES, WhisperModel
 from asr.whisper_drafters import pair_assistant
+from asr.whisper_target import WhisperTarget
 from asr.window_decoder import WindowBatch, WindowDecoder, WindowResult, decode_window
 from decoding import ConstantK, Heuristic
+from decoding.reference import speculative_greedy
 from tests.conftest import SAMPLES
 from tests.whisper_helpers import random_whispers, reference_greedy
 
@@ -98,6 +100,28 @@ def test_tiny_en_drafting_for_multilingual_base_is_lossless(
     alone = [decoder.decode(batch.rows([row]))[0][0] for row in range(2)]
     assert tokens_of(speculative) == tokens_of(plain) == [r.tokens for r in alone]
     assert stats.tokens_per_target_call > 2  # the drafts are mostly right
+
+
+def test_batched_whisper_decoding_equals_the_one_row_reference_loop(
+    whisper_base, whisper_tiny_en, mels
+):
+    """The real pair through `decoding.reference`: what WindowDecoder batches, row by row."""
+    rules = rules_of(whisper_base, timestamps=True)
+    encoded = whisper_base.cross_attention(whisper_base.encode(mels))
+    prompts = (tuple(whisper_base.sot_sequence("en", "transcribe", True)),) * 2
+    assistant = pair_assistant(whisper_base, whisper_tiny_en)
+    batch = WindowBatch(encoded, prompts, assistant.encode(encoded, mels))
+    decoder = WindowDecoder(whisper_base, rules, "en", "transcribe", 96, assistant, ConstantK(4))
+    batched, _ = decoder.decode(batch)
+    for row, expected in enumerate(batched):
+        one = batch.rows([row])
+        target = WhisperTarget(whisper_base, one.encoded, rules)
+        drafter = assistant.drafter(one.draft_encoded, "en", "transcribe", True)
+        eot = whisper_base.special.eot
+        alone = speculative_greedy(target, drafter, prompts[row], 4, 96, (eot,))
+        text_tokens = alone.tokens[:-1] if alone.tokens[-1:] == (eot,) else alone.tokens
+        assert text_tokens == expected.tokens
+        assert alone.target_calls < len(alone.tokens)  # drafts were accepted
 
 
 @pytest.mark.parametrize("timestamps", [True, False], ids=["timestamps", "text-only"])
