@@ -321,7 +321,7 @@ def transformers_generate(models: Models, timestamps: bool, draft: str | None):
         if draft is not None:
             assistant = models.assistant(draft)
             extras["assistant_model"] = assistant.model.model
-            if assistant.shape == "cross-tokenizer":
+            if assistant.pairing == "cross-tokenizer":
                 extras["tokenizer"] = target.tokenizer
                 extras["assistant_tokenizer"] = assistant.model.tokenizer
             draft_timers = models.timers(draft)

