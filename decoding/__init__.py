@@ -15,6 +15,8 @@ from decoding.lookahead import (
     ConstantK,
     Heuristic,
     LookaheadPolicy,
+    PolicyName,
+    make_policy,
 )
 from decoding.protocols import Draft, Drafter, DraftRequest, Target
 from decoding.verify import (
@@ -42,6 +44,7 @@ __all__ = [
     "Heuristic",
     "LookaheadPolicy",
     "ModelDrafter",
+    "PolicyName",
     "PromptLookupDrafter",
     "SamplingOptions",
     "StepHook",
@@ -51,5 +54,6 @@ __all__ = [
     "device_clock",
     "generate",
     "greedy_accept",
+    "make_policy",
     "speculative_sample",
 ]

@@ -22,6 +22,7 @@ from decoding import (
     Heuristic,
     PromptLookupDrafter,
     greedy_accept,
+    make_policy,
 )
 from decoding.drafters import draft_block
 from decoding.projection import OutputProjection
@@ -239,6 +240,17 @@ def test_adaptive_ignores_the_prefill_step_time():
 
     assert policy.verify == {} and policy.draft == {}
     assert policy.alpha > 0.7
+
+
+def test_make_policy_builds_each_policy_by_name_and_names_the_choices():
+    assert make_policy("constant", 6, 0.5).next_k() == 6
+    assert make_policy("heuristic", 3, 0.5).next_k() == 3
+    confidence = make_policy("confidence", 5, 0.25)
+    assert isinstance(confidence, ConfidenceStop) and confidence.stop_below == 0.25
+    adaptive = make_policy("adaptive", 20, 0.1)
+    assert isinstance(adaptive, Adaptive) and (adaptive.k_max, adaptive.stop_below) == (20, 0.1)
+    with pytest.raises(ValueError, match="constant, heuristic, confidence, adaptive"):
+        make_policy("greedy", 4, 0.0)
 
 
 class ScriptedConfidenceModel:
