@@ -62,6 +62,7 @@ def test_generated_text_is_cut_into_speakable_sentences():
     ]
 
 
+@pytest.mark.integration  # runs espeak-ng: real synthesis, seconds of it
 def test_espeak_speech_is_packed_into_windows_of_at_most_28_seconds():
     sentences = ["The bridge was built in the spring of that year."] * 12
     clips = synthetic_clips(sentences, seed=1)

@@ -25,7 +25,7 @@ DRAFTERS = {
 }
 
 
-@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("k", [1, 5])
 @pytest.mark.parametrize("drafter_name", DRAFTERS)
 def test_generate_equals_the_reference_loop(models, references, drafter_name, k):
     target = CausalLM(models.target)
