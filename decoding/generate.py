@@ -4,6 +4,9 @@ Rows advance by different amounts every step (their own acceptance lengths) and 
 when they stop (EOS, max_new_tokens). Each row only ever sees its own tokens at its own
 positions, so a batch decodes every row exactly as that row would decode alone, and greedy
 speculative output is the target's greedy output token for token.
+
+`decoding.reference.speculative_greedy` is the same algorithm for one greedy row, written to be
+read first; tests check this loop against it token for token.
 """
 
 from __future__ import annotations
