@@ -213,7 +213,9 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError(f"{named} only apply with --sample (greedy decoding ignores them)")
     registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
     target = load_language_model(registry, args.model or settings.llm_model)
-    assistant = load_language_model(registry, args.assistant) if args.assistant else None
+    assistant = (
+        load_language_model(registry, args.assistant, loaded=target) if args.assistant else None
+    )
     result = run_generation(
         target, [args.prompt], options, assistant, sampling, max_new_tokens=args.max_new_tokens
     )

@@ -6,6 +6,7 @@ loaded and wrapped (`decoding.CausalLM`) and where a drafter is chosen from user
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -89,33 +90,72 @@ class DraftOptions:
         return any(v is not None for v in (self.assistant, self.prompt_lookup, self.early_exit))
 
 
-def load_language_model(registry: ModelRegistry, name: str) -> LanguageModel:
+def load_language_model(
+    registry: ModelRegistry, name: str, loaded: LanguageModel | None = None
+) -> LanguageModel:
     """An embedded name, local directory or hub id; `NAME:int8` is NAME with int8 linear layers.
 
     The int8 variant (dynamic quantization of every nn.Linear) is a cheap same-vocabulary draft
     for its own full-precision model: on a CPU it reads a quarter of the weight bytes per token.
+    loaded: a model already loaded (the target, when this is its draft); when it is NAME's
+    full-precision model, its weights and tokenizer are shared instead of read again, which
+    halves what `specscribe generate --assistant gemma-3-270m:int8` loads.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     base = name.removesuffix(INT8_SUFFIX)
     path = registry.resolve(base)
-    model_type = AutoConfig.from_pretrained(path).model_type
-    # Whisper has a causal-LM class too (its decoder alone), but it needs audio to attend to.
-    if model_type == "whisper" or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise ValueError(f"{name} is a {model_type} model, not a text language model")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    if loaded is not None and loaded.name == base:
+        model, tokenizer = loaded.model, loaded.tokenizer
+    else:
+        model, tokenizer = _read_model(path, name), _read_tokenizer(path)
     if name.endswith(INT8_SUFFIX):
         model = quantize_int8(model)
     return LanguageModel(name, model, tokenizer)
 
 
+def _read_model(path, name: str) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = AutoConfig.from_pretrained(path)
+    # Whisper has a causal-LM class too (its decoder alone), but it needs audio to attend to.
+    if config.model_type == "whisper" or config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(f"{name} is a {config.model_type} model, not a text language model")
+    return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32).eval()
+
+
+def _read_tokenizer(path):
+    """`tokenizers` directly (`app.text_tokenizer`: seconds faster for Gemma's 262k tokens),
+    transformers' AutoTokenizer where that cannot stand in for it."""
+    from app.text_tokenizer import read_tokenizer
+
+    tokenizer = read_tokenizer(path)
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    return tokenizer
+
+
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of `model` with int8 linear layers; the model itself is left as it is."""
+    """`model` with int8 linear layers (`asr.int8.dynamic_int8_layers`); the model itself is
+    left as it is. The copy shares every tensor that stays in float32 (embeddings, norms) with
+    `model` rather than copying them: a deep copy of Gemma 3 270M's 1 GB took longer than
+    quantizing it."""
     from asr.int8 import dynamic_int8_layers
 
-    return dynamic_int8_layers(model)
+    return dynamic_int8_layers(_module_tree(model), inplace=True)
+
+
+def _module_tree(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `module` and its submodules whose parameters and buffers are `module`'s own
+    tensors: replacing a submodule of the copy (quantizing) leaves `module` unchanged."""
+    copied = copy.copy(module)
+    for key, value in vars(module).items():
+        if isinstance(value, dict | set):  # parameters, buffers, submodules, hooks
+            vars(copied)[key] = copy.copy(value)
+    for name, child in module.named_children():
+        copied._modules[name] = _module_tree(child)
+    return copied
 
 
 def draft_policy(options: DraftOptions) -> LookaheadPolicy:

@@ -2,11 +2,15 @@
 
 The driver (`specscribe worker --engine ray`) is a worker like the local one: it claims tasks
 from the same SQLite store under the same leases, writes the outputs and records the results, so
-durability does not change. What moves is the decoding: each actor is a process that loads the
-models once and decodes one file at a time. The driver sends it the file's bytes through Ray's
-object store (nodes need no shared input folder) and gets a Transcript back. An actor that dies
-takes its file back to the queue and is replaced; when the driver dies, its actors die with it
-and its tasks are reclaimed like any dead worker's.
+durability does not change and the store never leaves the driver's machine. What moves is the
+decoding: each actor (app/ray_actor.py) is a process on some node that resolves its models from
+that node's own cache and decodes one file at a time. The driver sends it the file's bytes
+through Ray's object store (nodes need no shared input folder) and gets a Transcript back.
+
+Faults: an actor that dies, or whose node is lost, takes its file back to the queue (counted as
+an attempt) and is replaced (app/ray_pool.py); only the driver writes outputs, atomically, so a
+lost node never leaves half a file. When the driver dies, its actors die with it and its tasks
+are reclaimed like any dead worker's.
 """
 
 from __future__ import annotations
@@ -17,14 +21,15 @@ from typing import Any
 
 from app.config import Settings
 from app.jobs import ClaimedTask, JobStore, WorkerId
-from app.service import ServiceOptions, TranscriptionService
+from app.ray_actor import ActorSpec, NodeInfo
+from app.ray_pool import ActorPool, ActorStartError, first_line
+from app.ray_progress import ProgressRelay
 from app.worker import (
     LeaseKeeper,
     Log,
     Outcome,
     Shutdown,
     WorkerOptions,
-    execute,
     finish,
     log_to_stderr,
     prepare,
@@ -46,20 +51,15 @@ class RayOptions:
         return self
 
 
-class Transcriber:
-    """The actor: a TranscriptionService whose models load once, in the actor's process."""
+@dataclass(frozen=True)
+class Dispatch:
+    """A file on its way through an actor: what the driver needs when the answer comes."""
 
-    def __init__(self, settings: Settings, models: dict[str, str | None], threads: int) -> None:
-        import torch
-
-        torch.set_num_threads(threads)
-        self.service = TranscriptionService(settings, **models).load()
-
-    def model_name(self) -> str:
-        return self.service.asr_model_name
-
-    def transcribe(self, audio: bytes, label: str, options: ServiceOptions) -> Outcome:
-        return execute(self.service, audio, label, options)
+    ref: Any  # what transcribe() will answer
+    task: ClaimedTask
+    actor: Any
+    node: NodeInfo
+    record: dict  # the option record its outputs will carry (the actor's)
 
 
 class RayWorker:
@@ -75,14 +75,15 @@ class RayWorker:
         log: Log = log_to_stderr,
     ) -> None:
         """models: TranscriptionService's keyword arguments (asr_model, assistant_model,
-        diarization_model, device)."""
-        self.store, self.settings, self.models = store, settings, models
+        diarization_model, device, precision); None takes the driver's settings."""
+        self.store = store
         self.options = (options or WorkerOptions()).validate()
         self.ray_options = (ray_options or RayOptions()).validate()
+        self.spec = ActorSpec.choose(settings, models, self.ray_options.cpus_per_actor)
         self.log = log
         self.worker = WorkerId.this_process("ray")
-        self.model = models.get("asr_model") or settings.asr_model
-        self._actor_class: Any = None
+        self.model = self.spec.asr_model
+        self.finished = 0  # tasks finished here (done or failed)
 
     def run(self) -> int:
         """Starts (or joins) Ray, works until stopped or idle, shuts Ray down. Returns the number
@@ -98,71 +99,62 @@ class RayWorker:
         else:
             ray.init(address=self.ray_options.address, configure_logging=False)
         try:
-            self._actor_class = ray.remote(
-                num_cpus=self.ray_options.cpus_per_actor, max_restarts=0
-            )(Transcriber)
             with stop_on_signals():
                 return self._loop(ray)
         finally:
             ray.shutdown()
 
-    def _start_actor(self, ray) -> Any:
-        actor = self._actor_class.remote(
-            self.settings, self.models, self.ray_options.cpus_per_actor
-        )
-        try:
-            name = ray.get(actor.model_name.remote())
-        except ray.exceptions.RayError as error:
-            raise RuntimeError(f"a Ray actor could not load the models: {error}") from None
-        if name != self.model:
-            raise RuntimeError(f"the actor loaded {name}, the driver claims for {self.model}")
-        return actor
-
     def _loop(self, ray) -> int:
-        idle = [self._start_actor(ray) for _ in range(self.ray_options.actors)]
+        pool = ActorPool(ray, self.spec, self.ray_options.actors, self.log)
+        pool.start()
         self.log(
-            f"{self.worker.name} ready: {len(idle)} Ray actors ({self.model}) on {self.store.path}"
+            f"{self.worker.name} started {pool.size} Ray actors ({self.model}) on {self.store.path}"
         )
-        in_flight: dict[Any, tuple[ClaimedTask, Any]] = {}  # ObjectRef -> (task, actor)
-        finished = 0
+        relay = ProgressRelay(ray, self.store)
+        in_flight: dict[Any, Dispatch] = {}  # transcribe() ref -> its file
+        held: list[ClaimedTask] = []  # claimed, not yet decoding or finished (at most one)
         with LeaseKeeper(self.store.path, self.options.lease) as keeper:
             try:
                 while True:
                     # 1. Give every idle actor a task.
-                    while idle and (task := self._claim()) is not None:
-                        if not prepare(self.store, task, self.worker, self.log):
-                            finished += 1
-                            continue
-                        try:
-                            audio = task.path.read_bytes()
-                        except OSError as error:
-                            reason = f"{task.path}: cannot read it ({error.strerror})"
-                            finish(
-                                self.store, task, self.worker, Outcome(None, reason, 0.0), self.log
-                            )
-                            finished += 1
-                            continue
-                        actor = idle.pop()
+                    while pool.has_idle() and (task := self._claim()) is not None:
                         keeper.hold(task)
-                        in_flight[self._dispatch(actor, task, audio)] = (task, actor)
-                    if not in_flight:
-                        if self.options.until_idle and not self.store.has_work(self.model):
-                            return finished
+                        held.append(task)
+                        if (dispatch := self._start(ray, pool, task)) is None:
+                            keeper.drop(task)
+                        else:
+                            in_flight[dispatch.ref] = dispatch
+                        held.remove(task)
+                    idle = not in_flight and self.options.until_idle
+                    if idle and not self.store.has_work(self.model):
+                        return self.finished
+                    # 2. Wait for an answer: a file decoded, or an actor started.
+                    waiting = [*in_flight, *pool.waiting]
+                    if not waiting:
                         time.sleep(self.options.poll)
                         continue
-                    # 2. Finish whatever the actors answered.
-                    ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=self.options.poll)
-                    for ref in ready:
-                        task, actor = in_flight.pop(ref)
-                        keeper.drop(task)
-                        idle.append(self._collect(ray, ref, task, actor))
-                        finished += 1
+                    ready, _ = ray.wait(waiting, num_returns=1, timeout=self.options.poll)
+                    pool.settle(ready)
+                    # 3. Finish whatever the actors answered; tell the store where the rest are.
+                    for ref in [ref for ref in ready if ref in in_flight]:
+                        dispatch = in_flight.pop(ref)
+                        keeper.drop(dispatch.task)
+                        relay.forget(dispatch.task)
+                        self._collect(ray, pool, dispatch)
+                    relay.relay((d.task, d.actor) for d in in_flight.values())
             except (Shutdown, KeyboardInterrupt) as stop:
                 reason = f"worker stopped ({stop or 'interrupt'})"
-                for task, _ in in_flight.values():
-                    self.store.release(task, self.worker, reason)
-                self.log(f"{reason}; {len(in_flight)} tasks handed back")
-                return finished
+                self._hand_back([*held, *(d.task for d in in_flight.values())], reason)
+                return self.finished
+            except ActorStartError as error:
+                self._hand_back([d.task for d in in_flight.values()], f"worker stopped: {error}")
+                raise
+
+    def _hand_back(self, tasks: list[ClaimedTask], reason: str) -> None:
+        """Releases tasks this worker will not finish (a release that lost its claim, or of a
+        task finished meanwhile, changes nothing), so that other workers take them at once."""
+        handed = sum(self.store.release(task, self.worker, reason) for task in tasks)
+        self.log(f"{reason}; {handed} tasks handed back")
 
     def _claim(self) -> ClaimedTask | None:
         return self.store.claim(
@@ -172,28 +164,61 @@ class RayWorker:
             max_attempts=self.options.max_attempts,
         )
 
-    def _dispatch(self, actor: Any, task: ClaimedTask, audio: bytes) -> Any:
-        self.log(
-            f"task {task.id} (job {task.job_id}) running on Ray, attempt {task.attempt}: "
-            f"{task.path}"
-        )
-        return actor.transcribe.remote(audio, str(task.path), task.spec.options)
-
-    def _collect(self, ray, ref: Any, task: ClaimedTask, actor: Any) -> Any:
-        """Records one answer; returns the actor to reuse (a fresh one if this one died)."""
+    def _start(self, ray, pool: ActorPool, task: ClaimedTask) -> Dispatch | None:
+        """Steps 2 and 3 of the life cycle (app/worker.py) for one claimed task and an idle
+        actor. None when the file is not decoding: finished here (outputs already made with
+        these options, or the file unreadable), or handed back because the actor was lost
+        first (it is replaced)."""
+        actor = pool.take()
+        node = pool.where(actor)
         try:
-            outcome = ray.get(ref)
+            record = ray.get(actor.output_record.remote(task.spec.options), timeout=60)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as error:
+            reason = f"Ray actor on {node.label} lost before decoding: {first_line(error)}"
+            self.store.release(task, self.worker, reason)
+            self.log(f"task {task.id}: {reason}; starting another")
+            pool.replace(actor)
+            return None
+        if not prepare(self.store, task, self.worker, self.log, record):
+            pool.give_back(actor)
+            self.finished += 1
+            return None
+        try:
+            audio = task.path.read_bytes()
+        except OSError as error:
+            reason = f"{task.path}: cannot read it ({error.strerror})"
+            finish(self.store, task, self.worker, Outcome(None, reason, 0.0), self.log)
+            pool.give_back(actor)
+            self.finished += 1
+            return None
+        self.log(
+            f"task {task.id} (job {task.job_id}) running on Ray node {node.label}, "
+            f"attempt {task.attempt}: {task.path}"
+        )
+        ref = actor.transcribe.remote(audio, str(task.path), task.spec.options)
+        return Dispatch(ref, task, actor, node, record)
+
+    def _collect(self, ray, pool: ActorPool, dispatch: Dispatch) -> None:
+        """Records one answer; the actor goes back to the pool, or is replaced if it died."""
+        task = dispatch.task
+        try:
+            outcome = ray.get(dispatch.ref)
         except ray.exceptions.RayActorError as error:
-            # The process died mid-file (killed, out of memory): the file goes back to the queue,
-            # and counts as an attempt, so a file that kills every actor ends up failed.
-            reason = f"Ray actor died: {error}".splitlines()[0]
+            # The process died mid-file (killed, out of memory, its node lost): the file goes
+            # back to the queue and counts as an attempt, so a file that kills every actor ends
+            # up failed.
+            reason = f"Ray actor on {dispatch.node.label} died: {first_line(error)}"
             if task.attempt >= self.options.max_attempts:
                 self.store.fail(task, self.worker, f"{reason} ({task.attempt} attempts)")
+                self.finished += 1
             else:
                 self.store.release(task, self.worker, reason, count_attempt=True)
-            self.log(f"task {task.id}: {reason}; starting a new actor")
-            return self._start_actor(ray)
+            self.log(f"task {task.id}: {reason}; starting another actor")
+            pool.replace(dispatch.actor)
+            return
         except ray.exceptions.RayTaskError as error:
-            outcome = Outcome(None, f"Ray task error: {error}".splitlines()[0], 0.0)
-        finish(self.store, task, self.worker, outcome, self.log)
-        return actor
+            outcome = Outcome(None, f"Ray task error: {first_line(error)}", 0.0)
+        self.finished += 1
+        place = f"Ray node {dispatch.node.label}"
+        finish(self.store, task, self.worker, outcome, self.log, dispatch.record, place=place)
+        pool.give_back(dispatch.actor)

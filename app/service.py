@@ -18,6 +18,7 @@ import numpy as np
 
 from app.config import Settings
 from asr.types import (
+    DecidedWindow,
     ProgressHook,
     Segment,
     SpeakerTurn,
@@ -303,7 +304,13 @@ class TranscriptionService:
         if not options.vad:
             for name in [name for name in request if name.startswith("vad_")]:
                 del request[name]
-        diarizer = {"diarization_model": self.diarization_model_name} if options.diarize else {}
+        # "speakers": how words get speakers; outputs labelled segment by segment (before
+        # segments were split at speaker changes) are made again.
+        diarizer = (
+            {"diarization_model": self.diarization_model_name, "speakers": "per word"}
+            if options.diarize
+            else {}
+        )
         return {"model": self.asr_model_name, "precision": self.precision, **request, **diarizer}
 
     # -- models, each loaded on first use -------------------------------------------------
@@ -371,7 +378,9 @@ class TranscriptionService:
         if self._vad is None:
             from asr.vad import VoiceActivityDetector
 
-            self._vad = VoiceActivityDetector()
+            self._vad = VoiceActivityDetector(
+                self.settings.cache_dir / "vad" / "silero.safetensors"
+            )
         return self._vad
 
     def load(self, diarization: bool = False, vad: bool = False) -> TranscriptionService:
@@ -405,6 +414,14 @@ class TranscriptionService:
         samples = audio if isinstance(audio, np.ndarray) else load_audio(audio)
         with self._lock:
             transcribe_options.validate(self.model)
+            # Speakers are assigned word by word, so that a segment is split where its speaker
+            # changes: words are timed for them even when the output does not show word times.
+            hidden_words = (
+                options.diarize and not options.word_timestamps and bool(self.model.alignment_heads)
+            )
+            if hidden_words:
+                transcribe_options = dataclasses.replace(transcribe_options, word_timestamps=True)
+                on_window = _without_words(on_window)
             # 2. Speakers first when asked for: the VAD reads their segmentation pass.
             diarization, diarize_seconds = None, 0.0
             if options.diarize:
@@ -441,6 +458,9 @@ class TranscriptionService:
                 transcript = self._with_speakers(
                     transcript, diarization, options.speaker_options(), diarize_seconds
                 )
+            # 6. Word times the request did not ask for are left out, as they always were.
+            if hidden_words:
+                transcript = _words_removed(transcript)
         return transcript
 
     def _spans(
@@ -503,6 +523,28 @@ class TranscriptionService:
                 "diarize_seconds": round(seconds, 3),
             },
         )
+
+
+def _without_words(on_window: WindowHook | None) -> WindowHook | None:
+    """on_window fed segments without the word times that were computed for speakers only."""
+    if on_window is None:
+        return None
+
+    def report(window: DecidedWindow) -> None:
+        segments = tuple(dataclasses.replace(s, words=()) for s in window.segments)
+        on_window(dataclasses.replace(window, segments=segments))
+
+    return report
+
+
+def _words_removed(transcript: Transcript) -> Transcript:
+    """The transcript as a request without word timestamps gets it: segments (already split
+    and labelled by speaker) without their words, and the options as asked."""
+    return dataclasses.replace(
+        transcript,
+        segments=tuple(dataclasses.replace(s, words=()) for s in transcript.segments),
+        options={**transcript.options, "word_timestamps": False},
+    )
 
 
 def speakers_holding_words(segments: tuple[Segment, ...]) -> set[str]:

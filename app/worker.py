@@ -145,8 +145,12 @@ def finish(
     outcome: Outcome,
     log: Log,
     record: dict | None = None,
+    place: str | None = None,
 ) -> None:
-    """Step 4: outputs first, then the record, so `done` always means the outputs exist."""
+    """Step 4: outputs first, then the record, so `done` always means the outputs exist.
+
+    record: the option record the outputs carry (see `prepare`); place: where the file was
+    decoded, when not in this process (a Ray node), named in the task's note."""
     from asr.writers import write_outputs
 
     if outcome.transcript is None:
@@ -165,7 +169,8 @@ def finish(
         if store.fail(task, worker, reason, outcome.seconds):
             log(f"task {task.id} (job {task.job_id}) failed: {reason}")
         return
-    note = "; ".join(("transcribed", *outcome.transcript.warnings))
+    done = f"transcribed on {place}" if place else "transcribed"
+    note = "; ".join((done, *outcome.transcript.warnings))
     if store.complete(task, worker, outcome.seconds, note):
         log(f"task {task.id} (job {task.job_id}) done in {outcome.seconds:.1f} s: {task.path}")
     else:

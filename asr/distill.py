@@ -398,9 +398,12 @@ def _batch_loss(draft, target: WhisperModel, windows, head: _Head, kl_weight: fl
 
 
 @torch.no_grad()
-def draft_predictions(draft, target, windows, vocabulary=None, batch_size: int = 8) -> list:
+def draft_predictions(
+    draft, target, windows, vocabulary=None, batch_size: int = 8, top: int = 1
+) -> list:
     """The draft's top token at each labelled position of each window, with the target's tokens
-    as context (teacher forcing): one Tensor per window, aligned with `window.labels`.
+    as context (teacher forcing): one Tensor per window, aligned with `window.labels`, shape =
+    (positions,); with top > 1 its `top` best tokens, best first, shape = (positions, top).
     vocabulary: the token ids its head scores (`WhisperModel.output_vocabulary`); None: all."""
     if vocabulary is None:
         vocabulary = torch.arange(draft.config.vocab_size)
@@ -411,7 +414,9 @@ def draft_predictions(draft, target, windows, vocabulary=None, batch_size: int =
         states = _draft_states(draft, target, group)
         for row, window in enumerate(group):
             trained = states[row, window.first_loss : len(window.tokens) - 1]
-            predicted.append(head.vocabulary[(trained @ head.weight.T).argmax(dim=-1)])
+            scores = trained @ head.weight.T
+            best = scores.argmax(dim=-1) if top == 1 else scores.topk(top, dim=-1).indices
+            predicted.append(head.vocabulary[best])
     return predicted
 
 

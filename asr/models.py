@@ -364,6 +364,23 @@ class ModelRegistry:
             staged.rename(target)
         return target
 
+    def ensure(self, name: str) -> Path:
+        """`pull`, then re-hash the cached files against their manifest; a model whose files
+        fail is fetched again, and a second failure raises ModelFetchError.
+
+        For a process that starts on a machine whose cache nobody here prepared (a Ray node):
+        `pull` trusts a cache with a manifest, and a cache copied from elsewhere or a disk that
+        lost bits would otherwise load wrong weights silently. Hashing costs about a second per
+        100 MB, once per process."""
+        path = self.pull(name)
+        if not (bad := self.verify(name)):
+            return path
+        self.progress(f"{name}: {len(bad)} cached files fail their checksums, fetching", 0, 1)
+        path = self.pull(name, force=True)
+        if bad := self.verify(name):
+            raise ModelFetchError(f"{name} in {path}: files fail their checksums: {bad}")
+        return path
+
     def verify(self, name: str) -> list[str]:
         """Re-hashes a cached model's files; returns the names that do not match (or are gone)."""
         manifest = json.loads((self.path_of(_embedded(name).name) / MANIFEST).read_text())

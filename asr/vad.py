@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -97,7 +98,8 @@ def speech_regions(
 
 
 class VoiceActivityDetector:
-    """Silero VAD (v6, the JIT model its wheel carries) run over a whole recording at once.
+    """Silero VAD (v6, the network its wheel carries, run by `asr.silero`) over a whole
+    recording at once.
 
     Silero reads 32 ms frames (512 samples after 64 of context) through an STFT, a small
     convolutional encoder and one LSTM cell, whose state carries from frame to frame. Its own
@@ -111,28 +113,12 @@ class VoiceActivityDetector:
     CONTEXT = 64  # samples of the previous frame that each frame also sees
     BLOCK = 8192  # frames per encoder pass (4.4 min of audio): bounded memory on long files
 
-    def __init__(self) -> None:
-        """The model is small and always runs on the CPU, whatever device Whisper uses."""
-        import warnings
+    def __init__(self, cache: Path | None = None) -> None:
+        """cache: a file that keeps the network's tensors (`asr.silero.load_silero`). The model
+        is small and always runs on the CPU, whatever device Whisper uses."""
+        from asr.silero import load_silero
 
-        threads = torch.get_num_threads()
-        try:
-            from silero_vad import load_silero_vad  # its import sets torch.set_num_threads(1)
-
-            with warnings.catch_warnings():  # its loader's deprecated importlib and jit calls
-                warnings.simplefilter("ignore", DeprecationWarning)
-                jit = load_silero_vad(onnx=False)
-        finally:
-            torch.set_num_threads(threads)
-        self._model = jit._model  # the 16 kHz network
-        cell = self._model.decoder.rnn
-        self._lstm = torch.nn.LSTM(cell.weight_ih.shape[1], cell.weight_hh.shape[1])
-        with torch.no_grad():
-            self._lstm.weight_ih_l0.copy_(cell.weight_ih)
-            self._lstm.weight_hh_l0.copy_(cell.weight_hh)
-            self._lstm.bias_ih_l0.copy_(cell.bias_ih)
-            self._lstm.bias_hh_l0.copy_(cell.bias_hh)
-        self._lstm.eval()
+        self._network = load_silero(cache)
 
     def probability(self, samples: np.ndarray) -> SpeechProbability:
         """samples: float32 mono at 16 kHz, shape = (n_samples,)."""
@@ -146,9 +132,9 @@ class VoiceActivityDetector:
         with torch.inference_mode():
             for first in range(0, count, self.BLOCK):
                 block = frames[first : first + self.BLOCK]
-                features = self._model.encoder(self._model.stft(block))  # (block, 128, 1)
-                hidden, state = self._lstm(features.squeeze(-1)[:, None, :], state)
-                out = self._model.decoder.decoder(hidden[:, 0, :, None])  # (block, 1, 1)
+                features = self._network.features(block)  # (block, 128, 1)
+                hidden, state = self._network.lstm(features.squeeze(-1)[:, None, :], state)
+                out = self._network.probability(hidden[:, 0, :, None])  # (block, 1, 1)
                 values.append(out.reshape(len(block), -1).mean(dim=1))
         probability = torch.cat(values).numpy() if values else np.zeros(0, np.float32)
         step = self.FRAME / SAMPLE_RATE

@@ -7,10 +7,12 @@ windows (with and without timestamps and previous-text prompts, seeded), and eac
 every one of those tokens from the target's own context. Agreement is reported over all tokens
 and by kind: the first generated token, text, timestamps, and the end token. It predicts the
 tokens per target call that drafting reaches (each call accepts drafted tokens up to the first
-disagreement) without timing anything, so it is not disturbed by a busy machine. The last line
-printed is one JSON object.
+disagreement) without timing anything, so it is not disturbed by a busy machine. With `--top K` it also
+reports how often the target's token is among the draft's k best (k = 2..K): what a tree that
+verifies the draft's k best tokens at a position could accept there. The last line printed is
+one JSON object.
 
-    python -m bench.draft_agreement [--draft NAME=PATH ...] [--threads N]
+    python -m bench.draft_agreement [--draft NAME=PATH ...] [--threads N] [--top K]
 """
 
 from __future__ import annotations
@@ -74,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=positive_int, default=torch.get_num_threads())
     parser.add_argument("--seed", type=int, default=0, help="decoding modes and prompts")
+    parser.add_argument(
+        "--top",
+        type=positive_int,
+        default=1,
+        help="also report how often the label is among the draft's k best, k = 2..TOP",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -106,15 +114,20 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name, (module, vocabulary, layers) in loaded.items():
         windows = windows_of[layers]
-        predicted = draft_predictions(module.eval(), target, windows, vocabulary)
+        predicted = draft_predictions(
+            module.eval(), target, windows, vocabulary, top=max(args.top, 2)
+        )
         agree, count = Counter(), Counter()
+        covered = {k: Counter() for k in range(2, args.top + 1)}  # label among the best k
         for window, guesses in zip(windows, predicted, strict=True):
-            for position, (label, guess) in enumerate(
+            for position, (label, best) in enumerate(
                 zip(window.labels, guesses.tolist(), strict=True)
             ):
                 kind = token_kind(position, label, target.special)
                 count[kind] += 1
-                agree[kind] += int(label == guess)
+                agree[kind] += int(label == best[0])
+                for k, hits in covered.items():
+                    hits[kind] += int(label in best[:k])
         report["drafts"][name] = {
             "path": str(drafts[name]),
             "tokens": sum(count.values()),
@@ -124,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
                 for kind in sorted(count)
             },
         }
+        # What a tree of the draft's k best tokens at one position could accept there.
+        for k, hits in covered.items():
+            report["drafts"][name][f"top{k}"] = {
+                "all": round(sum(hits.values()) / max(sum(count.values()), 1), 4),
+                **{kind: round(hits[kind] / count[kind], 4) for kind in sorted(count)},
+            }
         print(f"{name}: agreement {report['drafts'][name]['agreement']:.3f}", flush=True)
     print(json.dumps(report))
     return 0

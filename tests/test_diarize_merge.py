@@ -6,7 +6,7 @@ import random
 from itertools import pairwise
 
 from asr.types import Segment, SpeakerTurn, Word
-from diarize.merge import assign_speakers
+from diarize.merge import Fragment, assign_speakers
 
 
 def _words(*spans: tuple[float, float, str]) -> tuple[Word, ...]:
@@ -52,7 +52,7 @@ def test_word_in_a_gap_takes_the_nearest_turn():
     turns = [SpeakerTurn(0.0, 1.0, "A"), SpeakerTurn(3.0, 4.0, "B")]
     words = _words((1.2, 1.5, " near-A"), (2.6, 2.9, " near-B"), (4.5, 4.8, " after-B"))
 
-    result = assign_speakers([_segment(words)], turns)
+    result = assign_speakers([_segment(words)], turns, fragment=None)  # the per-word rule
 
     assert [w.speaker for s in result for w in s.words] == ["A", "B", "B"]
     assert [s.speaker for s in result] == ["A", "B"]
@@ -168,7 +168,7 @@ def test_random_transcripts_keep_every_word_once_and_follow_the_rule():
                 spans.append((start, clock, f" w{len(spans)}"))
             segments.append(_segment(_words(*spans)))
 
-        result = assign_speakers(segments, turns)
+        result = assign_speakers(segments, turns, fragment=None)  # the per-word rule
 
         assert _all_words(result) == _all_words(segments)
         for segment in result:
@@ -190,4 +190,98 @@ def test_random_transcripts_keep_every_word_once_and_follow_the_rule():
             assert taken == len(segment.words)
             assert all(a.speaker != b.speaker for a, b in pairwise(group))
             assert (group[0].start, group[-1].end) == (segment.start, segment.end)
+        assert next(pieces, None) is None
+
+
+def test_a_fragment_at_a_segments_start_stays_with_its_sentence():
+    # As on the AMI mixture: the diarizer gives the sentence's first 1.2 s to another speaker.
+    turns = [SpeakerTurn(0.0, 1.21, "A"), SpeakerTurn(1.21, 5.7, "B")]
+    words = _words(
+        (0.52, 0.98, " And"), (0.98, 1.44, " symbols"), (1.44, 1.8, " that"), (1.8, 2.5, " you")
+    )
+    (whole,) = assign_speakers([_segment(words)], turns)
+    assert whole.speaker == "B" and [w.speaker for w in whole.words] == ["B"] * 4
+    assert whole.text == " And symbols that you"
+    # The per-word rule alone cuts the two words off.
+    split = assign_speakers([_segment(words)], turns, fragment=None)
+    assert [s.text for s in split] == [" And symbols", " that you"]
+
+
+def test_a_fragment_inside_a_segment_joins_its_longer_neighbour():
+    turns = [SpeakerTurn(0.0, 2.0, "A"), SpeakerTurn(2.0, 2.5, "B"), SpeakerTurn(2.5, 9.0, "C")]
+    words = _words(
+        (0.1, 0.9, " one"), (1.0, 1.9, " two"), (2.1, 2.4, " three"), (2.6, 3.0, " four")
+    )
+    five = _words((3.0, 4.2, " five"))
+    # B's word sits between A (1.8 s of words) and C (1.6 s): it goes to A.
+    result = assign_speakers([_segment(words + five)], turns)
+    assert [(s.speaker, s.text) for s in result] == [("A", " one two three"), ("C", " four five")]
+    assert [w.speaker for s in result for w in s.words] == ["A", "A", "A", "C", "C"]
+    # Without " five", C's run is a fragment too once B's joined A: one speaker for all.
+    (whole,) = assign_speakers([_segment(words)], turns)
+    assert whole.speaker == "A" and {w.speaker for w in whole.words} == {"A"}
+
+
+def test_runs_of_three_words_or_a_second_are_split_off():
+    turns = [SpeakerTurn(0.0, 2.0, "A"), SpeakerTurn(2.0, 9.0, "B")]
+    head = _words((0.1, 0.5, " a"), (0.5, 0.9, " b"), (0.9, 1.3, " c"))
+    tail = _words((2.1, 3.0, " d"), (3.0, 4.0, " e"), (4.0, 5.0, " f"))
+    three_words = assign_speakers([_segment(head + tail)], turns)
+    assert [s.speaker for s in three_words] == ["A", "B"]
+    long_words = _words((0.1, 1.0, " long"), (1.0, 1.8, " words"))
+    a_second = assign_speakers([_segment(long_words + tail)], turns)
+    assert [s.speaker for s in a_second] == ["A", "B"]
+    # A bigger threshold absorbs them.
+    wider = assign_speakers([_segment(head + tail)], turns, fragment=Fragment(3, 2.0))
+    assert [s.speaker for s in wider] == ["B"]
+
+
+def test_a_whole_short_segment_is_never_relabelled():
+    # A one-word reply that Whisper gave a segment of its own keeps the replier's label.
+    turns = [SpeakerTurn(0.0, 3.0, "A"), SpeakerTurn(3.0, 3.5, "B"), SpeakerTurn(3.5, 9.0, "A")]
+    segments = [
+        _segment(_words((0.5, 1.0, " Is"), (1.0, 2.9, " it?"))),
+        _segment(_words((3.1, 3.4, " Yes."))),
+        _segment(_words((3.6, 4.0, " Good."))),
+    ]
+    assert [s.speaker for s in assign_speakers(segments, turns)] == ["A", "B", "A"]
+
+
+def test_random_transcripts_with_fragments_absorbed():
+    rng = random.Random(11)
+    fragment = Fragment()
+    for _ in range(200):
+        turns = []
+        for _ in range(rng.randint(1, 12)):
+            start = rng.uniform(0, 30)
+            turns.append(SpeakerTurn(start, start + rng.uniform(0.1, 6), rng.choice("ABCD")))
+        segments, clock = [], 0.0
+        for _ in range(rng.randint(1, 6)):
+            spans = []
+            for _ in range(rng.randint(1, 10)):
+                start = clock + rng.uniform(0, 0.6)
+                clock = start + (0.0 if rng.random() < 0.15 else rng.uniform(0.0, 0.8))
+                spans.append((start, clock, f" w{len(spans)}"))
+            segments.append(_segment(_words(*spans)))
+
+        result = assign_speakers(segments, turns)
+
+        assert _all_words(result) == _all_words(segments)
+        per_word = iter(w.speaker for s in assign_speakers(segments, turns, None) for w in s.words)
+        pieces = iter(result)
+        for segment in segments:
+            group, taken = [], 0
+            while taken < len(segment.words):
+                group.append(next(pieces))
+                taken += len(group[-1].words)
+            assert taken == len(segment.words)
+            assert (group[0].start, group[-1].end) == (segment.start, segment.end)
+            for piece in group:
+                assert {w.speaker for w in piece.words} == {piece.speaker}
+                assert piece.text == "".join(w.text for w in piece.words) or len(group) == 1
+            assert all(a.speaker != b.speaker for a, b in pairwise(group))
+            if len(group) > 1:  # a segment is cut only into pieces longer than fragments
+                assert not any(fragment.holds(piece.words) for piece in group)
+            # every piece's speaker is one the per-word rule gave to some word of the segment
+            assert {p.speaker for p in group} <= {next(per_word) for _ in segment.words}
         assert next(pieces, None) is None

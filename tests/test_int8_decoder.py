@@ -105,6 +105,35 @@ def _score(model, encoded, rows: list[int], blocks: list[int]) -> torch.Tensor:
     return torch.cat(logits, dim=1)
 
 
+def test_fbgemm_layers_are_quantize_dynamics_bit_for_bit():
+    # asr.int8 builds torch.ao's dynamic int8 layers without its per-load waste; a draft's
+    # proposals (and so decoding statistics) stay what they were.
+    import warnings
+
+    from asr.int8 import dynamic_int8_layers
+
+    generator = torch.Generator().manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 128),
+        torch.nn.Sequential(torch.nn.Linear(128, 32, bias=False), torch.nn.ReLU()),
+        torch.nn.LayerNorm(32),
+    )
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, torch.qint8)
+    ours = dynamic_int8_layers(model)
+    assert type(model[0]) is torch.nn.Linear  # a copy, the model left as it was
+    assert [type(m) for m in ours.modules()] == [type(m) for m in expected.modules()]
+    states = torch.randn((7, 64), generator=generator)
+    assert torch.equal(ours(states), expected(states))
+    # a copy that shares tensors (app.llm.quantize_int8) quantizes the same way in place
+    assert dynamic_int8_layers(model, inplace=True) is model
+    assert torch.equal(model(states), expected(states))
+
+
 @pytest.mark.slow
 def test_a_position_scores_the_same_bits_in_any_block_and_any_batch(
     whisper_base_int8, encoded_pair

@@ -143,3 +143,13 @@ def test_draft_policy_starts_from_the_options_block_and_caps_adaptive_per_drafte
     assert (modelled.k_max, modelled.stop_below) == (20, 0.3)
     looked_up = draft_policy(DraftOptions(prompt_lookup=3, policy="adaptive"))
     assert (looked_up.k_max, looked_up.stop_below) == (16, 0.0)  # no confidence to stop on
+
+
+def test_an_int8_draft_of_the_target_shares_its_weights_and_tokenizer(registry, gemma):
+    from app.llm import load_language_model
+
+    draft = load_language_model(registry, "gemma-3-270m:int8", loaded=gemma)
+    assert draft.tokenizer is gemma.tokenizer
+    assert draft.model.get_input_embeddings().weight is gemma.model.get_input_embeddings().weight
+    assert isinstance(draft.model.lm_head, torch.ao.nn.quantized.dynamic.Linear)
+    assert type(gemma.model.lm_head) is torch.nn.Linear  # the target keeps its float layers

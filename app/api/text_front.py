@@ -139,7 +139,11 @@ class TextFront:
     ) -> TextFront:
         options = draft_options(drafter, policy)  # type: ignore[arg-type]
         target = load_language_model(registry, model)
-        assistant = load_language_model(registry, options.assistant) if options.assistant else None
+        assistant = (
+            load_language_model(registry, options.assistant, loaded=target)
+            if options.assistant
+            else None
+        )
         return cls(target, options, assistant, drafter or "none")
 
     @property
