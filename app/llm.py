@@ -8,31 +8,25 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from asr.models import ModelRegistry
 from decoding import (
-    Adaptive,
     CausalLM,
-    ConfidenceStop,
-    ConstantK,
     CrossTokenizerDrafter,
     Drafter,
     EarlyExitDrafter,
     GenerationResult,
-    Heuristic,
     ModelDrafter,
     PromptLookupDrafter,
     SamplingOptions,
     StepHook,
     generate,
 )
-from decoding.lookahead import LookaheadPolicy
+from decoding.lookahead import LookaheadPolicy, PolicyName, make_policy
 
 INT8_SUFFIX = ":int8"
-PolicyName = Literal["constant", "heuristic", "confidence", "adaptive"]
 
 
 @dataclass(frozen=True)
@@ -164,25 +158,17 @@ def _module_tree(module: torch.nn.Module) -> torch.nn.Module:
     return copied
 
 
-def make_policy(options: DraftOptions) -> LookaheadPolicy:
-    k = options.block
-    policies = {
-        "constant": lambda: ConstantK(k),
-        "heuristic": lambda: Heuristic(start=k),
-        "confidence": lambda: ConfidenceStop(k, options.confidence),
-        "adaptive": lambda: _adaptive(options),
-    }
-    if options.policy not in policies:
-        raise ValueError(f"policy must be one of {', '.join(policies)} (got {options.policy!r})")
-    return policies[options.policy]()
+def draft_policy(options: DraftOptions) -> LookaheadPolicy:
+    """The policy the options ask for, starting from options.block (`decoding.make_policy`).
 
-
-def _adaptive(options: DraftOptions) -> Adaptive:
-    """A model draft's confidence ends its blocks (up to 20 tokens, transformers' default cap);
-    prompt lookup has no confidence, so its blocks are the policy's k* (up to 16)."""
+    Adaptive: a model draft's confidence ends its blocks (up to 20 tokens, transformers' default
+    cap); prompt lookup has no confidence, so its blocks are the policy's k* (up to 16).
+    """
+    if options.policy != "adaptive":
+        return make_policy(options.policy, options.block, options.confidence)
     if options.prompt_lookup is not None:
-        return Adaptive(k_max=max(options.block, 16))
-    return Adaptive(k_max=max(options.block, 20), confidence_stop=options.confidence)
+        return make_policy("adaptive", max(options.block, 16), confidence=0.0)
+    return make_policy("adaptive", max(options.block, 20), options.confidence)
 
 
 def make_drafter(
@@ -255,7 +241,7 @@ def run_generation_ids(
     check_context(target, max(len(ids) for ids in prompt_tokens), max_new_tokens)
     wrapped = CausalLM(target.model)
     drafter = make_drafter(target, wrapped, options, assistant)
-    policy = make_policy(options) if drafter is not None else None
+    policy = draft_policy(options) if drafter is not None else None
     return generate(
         wrapped,
         prompt_tokens,

@@ -14,9 +14,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from asr.audio import SAMPLE_RATE
 from asr.types import Segment, Word
-
-SAMPLE_RATE = 16_000
 
 Span = tuple[float, float]
 

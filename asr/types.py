@@ -6,23 +6,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 ProgressHook = Callable[[str, int, int], None]
 """progress(stage, completed, total): the one hook that the CLI, the UI and the worker adapt."""
 
 
 def no_progress(stage: str, completed: int, total: int) -> None:
     """The default hook: report nothing."""
-
-
-@dataclass(frozen=True)
-class AudioChunk:
-    """samples: float32 mono at 16 kHz, shape = (n_samples,)."""
-
-    samples: np.ndarray
-    start: float
-    end: float
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-SAMPLE_RATE = 16_000
+from asr.audio import SAMPLE_RATE
+
 WINDOW_SECONDS = 10.0  # segmentation-3.0's chunk
 HYSTERESIS = 0.15  # speech ends below threshold - HYSTERESIS (as Silero's neg_threshold)
 

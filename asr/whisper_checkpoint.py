@@ -19,7 +19,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-SAMPLE_RATE = 16_000
+from asr.audio import SAMPLE_RATE
+
 N_FFT = 400
 
 # transformers' WhisperConfig defaults for the fields transcription reads, for config.json

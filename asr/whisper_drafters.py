@@ -1,5 +1,5 @@
-"""Drafts for a target Whisper: draft Whispers in three shapes, checked once when the pair is
-made, and prompt lookup, which needs no model.
+"""Drafts for a target Whisper: draft Whispers paired in one of three ways, checked once when
+the pair is made, and prompt lookup, which needs no model.
 
 - "shared-encoder": the draft's decoder attends to the TARGET's encoder output (distil-whisper:
   a decoder-only WhisperForCausalLM, or a WhisperForConditionalGeneration whose encoder is the
@@ -31,8 +31,10 @@ from asr.whisper_target import WhisperTarget
 from asr.whisper_text import WhisperTextCodec
 from decoding import CrossTokenizerDrafter, Drafter, ModelDrafter, PromptLookupDrafter
 
-DraftShape = Literal["shared-encoder", "own-encoder", "cross-tokenizer"]
-DRAFT_SHAPES: tuple[DraftShape, ...] = ("shared-encoder", "own-encoder", "cross-tokenizer")
+DraftPairing = Literal["shared-encoder", "own-encoder", "cross-tokenizer"]
+"""How a draft Whisper works with its target: whose encoder it reads, and whether committed
+tokens must travel to it as text (see the module docstring)."""
+DRAFT_PAIRINGS: tuple[DraftPairing, ...] = ("shared-encoder", "own-encoder", "cross-tokenizer")
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class WhisperAssistant:
 
     target: WhisperModel
     model: WhisperModel
-    shape: DraftShape
+    pairing: DraftPairing
 
     @property
     def name(self) -> str:
@@ -50,7 +52,7 @@ class WhisperAssistant:
     @property
     def needs_mel(self) -> bool:
         """Whether the draft reads a log-mel of its own (it has an encoder of its own)."""
-        return self.shape != "shared-encoder"
+        return self.pairing != "shared-encoder"
 
     def encode(self, target_encoded: EncodedAudio, mel: torch.Tensor | None) -> EncodedAudio:
         """The draft's view of a batch of windows, computed once per window.
@@ -59,7 +61,7 @@ class WhisperAssistant:
         mel: Tensor, shape = (batch, draft n_mels, 3000); the draft's log-mel of the same
         windows (unused by a shared-encoder draft).
         """
-        if self.shape == "shared-encoder":
+        if self.pairing == "shared-encoder":
             layers = self.model.cross_from_target
             if layers is not None:  # a distilled draft: the target's projections, reused
                 cross = tuple(target_encoded.cross[layer] for layer in layers)
@@ -80,7 +82,7 @@ class WhisperAssistant:
         draft = self.model
         rules = LogitRules(draft.special, draft.suppress_tokens, timestamps=timestamps)
         model = WhisperTarget(draft, encoded, rules, measure_no_speech=False, exact=False)
-        if self.shape != "cross-tokenizer":
+        if self.pairing != "cross-tokenizer":
             return ModelDrafter(model)
         target_codec = WhisperTextCodec(self.target, language, task)
         draft_codec = WhisperTextCodec(draft, _draft_language(draft, language), task)
@@ -120,7 +122,7 @@ class LookupAssistant:
     max_ngram: int = 3
 
     name = LOOKUP
-    shape = LOOKUP
+    pairing = LOOKUP
     needs_mel = False
 
     def encode(self, target_encoded: EncodedAudio, mel: torch.Tensor | None) -> None:
@@ -145,7 +147,7 @@ def _draft_language(draft: WhisperModel, language: str | None) -> str | None:
 def load_assistant(
     target: WhisperModel,
     path: str,
-    shape: DraftShape | None = None,
+    pairing: DraftPairing | None = None,
     int8: bool | None = None,
 ) -> WhisperAssistant:
     """Loads a draft from a model directory or hub id and pairs it with `target`; a distilled
@@ -168,35 +170,37 @@ def load_assistant(
         draft.attention_dtype_override = target.attention_dtype
     else:
         draft = WhisperModel.load(path, target.device, target.dtype)
-    return pair_assistant(target, draft, shape)
+    return pair_assistant(target, draft, pairing)
 
 
 def pair_assistant(
-    target: WhisperModel, draft: WhisperModel, shape: DraftShape | None = None
+    target: WhisperModel, draft: WhisperModel, pairing: DraftPairing | None = None
 ) -> WhisperAssistant:
-    """Checks that `draft` can draft for `target` in `shape`; None picks the cheapest shape:
+    """Checks that `draft` can draft for `target` in `pairing`; None picks the cheapest one:
     cross-tokenizer when the vocabularies differ, shared-encoder when the draft has no encoder
     or the target's, otherwise own-encoder."""
     same_vocabulary = _same_vocabulary(target, draft)
-    if shape is None:
+    if pairing is None:
         if not same_vocabulary:
-            shape = "cross-tokenizer"
+            pairing = "cross-tokenizer"
         elif not draft.has_encoder or _same_encoder(target, draft):
-            shape = "shared-encoder"
+            pairing = "shared-encoder"
         else:
-            shape = "own-encoder"
+            pairing = "own-encoder"
     pair = f"draft {draft.name} for target {target.name}"
-    if shape not in DRAFT_SHAPES:
-        raise ValueError(f"{pair}: shape must be one of {', '.join(DRAFT_SHAPES)}, not {shape!r}")
-    if shape != "cross-tokenizer" and not same_vocabulary:
+    if pairing not in DRAFT_PAIRINGS:
         raise ValueError(
-            f"{pair}: the vocabularies differ; use the cross-tokenizer shape to draft across them"
+            f"{pair}: pairing must be one of {', '.join(DRAFT_PAIRINGS)}, not {pairing!r}"
         )
-    if shape == "shared-encoder":
+    if pairing != "cross-tokenizer" and not same_vocabulary:
+        raise ValueError(
+            f"{pair}: the vocabularies differ; use the cross-tokenizer pairing to draft across them"
+        )
+    if pairing == "shared-encoder":
         _check_shared_encoder(target, draft, pair)
     elif not draft.has_encoder:
         raise ValueError(f"{pair}: a decoder-only draft can only use the target's encoder")
-    return WhisperAssistant(target=target, model=draft, shape=shape)
+    return WhisperAssistant(target=target, model=draft, pairing=pairing)
 
 
 def _check_shared_encoder(target: WhisperModel, draft: WhisperModel, pair: str) -> None:
@@ -211,7 +215,7 @@ def _check_shared_encoder(target: WhisperModel, draft: WhisperModel, pair: str) 
     if draft.has_encoder and not _same_encoder(target, draft):
         raise ValueError(
             f"{pair}: the draft's encoder differs from the target's, so its decoder cannot read "
-            "the target's encoder output; use the own-encoder shape"
+            "the target's encoder output; use the own-encoder pairing"
         )
 
 

@@ -236,20 +236,27 @@ def draft_available(registry: ModelRegistry, name: str) -> tuple[bool, str]:
 # -- configurations ----------------------------------------------------------------------
 
 
-def make_policy(spec: str):
+# Each policy's k and confidence where a --policies spec gives no (or a zero) N: the settings
+# the ASR benchmarks have always run (the text-LLM front's are app.llm.draft_policy's).
+POLICY_DEFAULTS = {
+    "heuristic": (4, 0.0),
+    "constant": (4, 0.0),
+    "adaptive": (12, 0.0),
+    "confidence": (8, 0.4),
+}
+
+
+def parse_policy(spec: str):
     """heuristic[:START] | constant[:K] | adaptive[:K_MAX] | confidence[:K] -> a policy."""
-    from decoding import Adaptive, ConfidenceStop, ConstantK, Heuristic
+    from decoding.lookahead import make_policy
 
     kind, _, value = spec.partition(":")
-    makers = {
-        "heuristic": lambda k: Heuristic(start=k or 4),
-        "constant": lambda k: ConstantK(k or 4),
-        "adaptive": lambda k: Adaptive(k_max=k or 12),
-        "confidence": lambda k: ConfidenceStop(k or 8),
-    }
-    if kind not in makers or (value and not value.isdigit()):
-        raise ValueError(f"policy {spec!r}: expected one of {', '.join(makers)}, optionally :N")
-    return makers[kind](int(value) if value else None)
+    if kind not in POLICY_DEFAULTS or (value and not value.isdigit()):
+        raise ValueError(
+            f"policy {spec!r}: expected one of {', '.join(POLICY_DEFAULTS)}, optionally :N"
+        )
+    k, confidence = POLICY_DEFAULTS[kind]
+    return make_policy(kind, int(value or 0) or k, confidence)
 
 
 def ours(
@@ -275,7 +282,7 @@ def ours(
             samples,
             options,
             assistant=assistant,
-            policy=make_policy(policy) if draft else None,
+            policy=parse_policy(policy) if draft else None,
             spans=spans,
         )
         seconds = time.perf_counter() - started
@@ -321,7 +328,7 @@ def transformers_generate(models: Models, timestamps: bool, draft: str | None):
         if draft is not None:
             assistant = models.assistant(draft)
             extras["assistant_model"] = assistant.model.model
-            if assistant.shape == "cross-tokenizer":
+            if assistant.pairing == "cross-tokenizer":
                 extras["tokenizer"] = target.tokenizer
                 extras["assistant_tokenizer"] = assistant.model.tokenizer
             draft_timers = models.timers(draft)
@@ -742,7 +749,7 @@ def _drafts(registry: ModelRegistry, requested: list[str] | None) -> tuple[list[
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     for policy in args.policies:
-        make_policy(policy)  # a bad policy fails before any model loads
+        parse_policy(policy)  # a bad policy fails before any model loads
     for precision in args.precision:  # so does a precision the device cannot run
         resolve_precision(args.device, precision)
     torch.set_num_threads(args.threads)

@@ -113,7 +113,7 @@ def repetitiveness(tokens: tuple[int, ...]) -> dict[str, float]:
 
 
 def build_configs(models: dict) -> list[Config]:
-    from app.llm import DraftOptions, make_drafter, make_policy
+    from app.llm import DraftOptions, draft_policy, make_drafter
     from decoding import CausalLM, generate
 
     target, int8, smol = models["target"], models["int8"], models["cross"]
@@ -123,7 +123,7 @@ def build_configs(models: dict) -> list[Config]:
     def ours(options: DraftOptions, assistant=None) -> Callable[[list[int], int], Run]:
         def run(ids: list[int], new_tokens: int) -> Run:
             drafter = make_drafter(target, wrapped, options, assistant)
-            policy = make_policy(options) if drafter is not None else None
+            policy = draft_policy(options) if drafter is not None else None
             started = time.perf_counter()
             result = generate(
                 wrapped, [ids], drafter, policy, max_new_tokens=new_tokens, eos_token_id=eos

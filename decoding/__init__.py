@@ -15,8 +15,10 @@ from decoding.lookahead import (
     ConstantK,
     Heuristic,
     LookaheadPolicy,
+    PolicyName,
+    make_policy,
 )
-from decoding.protocols import Draft, Drafter, Target
+from decoding.protocols import Draft, Drafter, DraftRequest, Target
 from decoding.verify import (
     SamplingOptions,
     Verdict,
@@ -34,6 +36,7 @@ __all__ = [
     "CrossTokenizerDrafter",
     "DecodeStats",
     "Draft",
+    "DraftRequest",
     "Drafter",
     "EarlyExitDrafter",
     "EarlyExitLM",
@@ -41,6 +44,7 @@ __all__ = [
     "Heuristic",
     "LookaheadPolicy",
     "ModelDrafter",
+    "PolicyName",
     "PromptLookupDrafter",
     "SamplingOptions",
     "StepHook",
@@ -50,5 +54,6 @@ __all__ = [
     "device_clock",
     "generate",
     "greedy_accept",
+    "make_policy",
     "speculative_sample",
 ]

@@ -3,31 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch
 
-from decoding.protocols import NO_TOKEN, Draft, Drafter, Target
-from decoding.verify import Sampler
+from decoding.protocols import NO_TOKEN, Draft, Drafter, DraftRequest, Target
 
 
-def draft_block(
-    model: Target,
-    committed: torch.Tensor,
-    lengths: torch.Tensor,
-    cached: torch.Tensor,
-    k: int,
-    stop_below: float = 0.0,
-    sampler: Sampler | None = None,
-    stop_joint: bool = False,
-) -> Draft:
-    """Drafts up to k tokens per row, one model step each, after first feeding what is uncached.
+def draft_block(model: Target, request: DraftRequest, cached: torch.Tensor) -> Draft:
+    """Drafts up to request.k tokens per row, one model step each, after first feeding what is
+    uncached.
 
     model caches positions < cached[r] of row r on entry; on exit it also holds every committed
     position and the first `steps - 1` drafted tokens (the last one is never fed).
-    committed: Tensor, shape = (batch, capacity); lengths, cached: Tensor, shape = (batch,).
+    cached: Tensor, shape = (batch,).
     """
+    committed, lengths, k = request.committed, request.lengths, request.k
+    stop_below, sampler, stop_joint = request.stop_below, request.sampler, request.stop_joint
     # Right-align the uncached tails so every row's last committed token is the last column.
     width = int((lengths - cached).max())
     positions = lengths.unsqueeze(1) - width + torch.arange(width, device=lengths.device)
@@ -85,20 +78,11 @@ class ModelDrafter:
         self._fed = None
         self._cached = None
 
-    def propose(
-        self,
-        committed: torch.Tensor,
-        lengths: torch.Tensor,
-        k: int,
-        stop_below: float = 0.0,
-        sampler: Sampler | None = None,
-        stop_joint: bool = False,
-    ) -> Draft:
+    def propose(self, request: DraftRequest) -> Draft:
+        committed, lengths = request.committed, request.lengths
         if self._cached is None:
             self._cached = torch.zeros_like(lengths)
-        draft = draft_block(
-            self.model, committed, lengths, self._cached, k, stop_below, sampler, stop_joint
-        )
+        draft = draft_block(self.model, request, self._cached)
         fed_drafts = draft.tokens[:, : draft.steps - 1].clamp(min=0)
         width = int(lengths.max()) + fed_drafts.shape[1]
         fed = _pad_columns(committed, width)[:, :width].clone()
@@ -153,19 +137,8 @@ class EarlyExitDrafter:
     def reset(self) -> None:
         self.model.discard()
 
-    def propose(
-        self,
-        committed: torch.Tensor,
-        lengths: torch.Tensor,
-        k: int,
-        stop_below: float = 0.0,
-        sampler: Sampler | None = None,
-        stop_joint: bool = False,
-    ) -> Draft:
-        cached = self.model.cached_lengths(lengths)
-        draft = draft_block(
-            self.model, committed, lengths, cached, k, stop_below, sampler, stop_joint
-        )
+    def propose(self, request: DraftRequest) -> Draft:
+        draft = draft_block(self.model, request, self.model.cached_lengths(request.lengths))
         self.model.discard()
         return draft
 
@@ -192,15 +165,8 @@ class PromptLookupDrafter:
     def reset(self) -> None:
         """Stateless."""
 
-    def propose(
-        self,
-        committed: torch.Tensor,
-        lengths: torch.Tensor,
-        k: int,
-        stop_below: float = 0.0,
-        sampler: Sampler | None = None,
-        stop_joint: bool = False,
-    ) -> Draft:
+    def propose(self, request: DraftRequest) -> Draft:
+        committed, lengths, k = request.committed, request.lengths, request.k
         tokens = torch.full((len(lengths), k), NO_TOKEN, dtype=torch.long, device=lengths.device)
         for row, length in enumerate(lengths.tolist()):
             continuation = self._lookup(committed[row, :length], k)
@@ -277,15 +243,8 @@ class CrossTokenizerDrafter:
         self.drafter.reset()
         self._rows = []
 
-    def propose(
-        self,
-        committed: torch.Tensor,
-        lengths: torch.Tensor,
-        k: int,
-        stop_below: float = 0.0,
-        sampler: Sampler | None = None,
-        stop_joint: bool = False,
-    ) -> Draft:
+    def propose(self, request: DraftRequest) -> Draft:
+        committed, lengths, k = request.committed, request.lengths, request.k
         if not self._rows:
             self._rows = [_RowText() for _ in range(len(lengths))]
         target_rows = [
@@ -296,9 +255,11 @@ class CrossTokenizerDrafter:
         ]
         draft_committed, draft_lengths = _stack_rows(contexts, committed.device)
         self.drafter.rollback(draft_committed, draft_lengths)
-        inner = self.drafter.propose(
-            draft_committed, draft_lengths, k, stop_below, None, stop_joint
+        # Greedy inside, whatever the request's sampler: see the class docstring.
+        inner_request = replace(
+            request, committed=draft_committed, lengths=draft_lengths, sampler=None
         )
+        inner = self.drafter.propose(inner_request)
 
         tokens = torch.full((len(lengths), k), NO_TOKEN, dtype=torch.long)
         for row, drafted in enumerate(inner.tokens.tolist()):

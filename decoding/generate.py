@@ -4,6 +4,9 @@ Rows advance by different amounts every step (their own acceptance lengths) and 
 when they stop (EOS, max_new_tokens). Each row only ever sees its own tokens at its own
 positions, so a batch decodes every row exactly as that row would decode alone, and greedy
 speculative output is the target's greedy output token for token.
+
+`decoding.reference.speculative_greedy` is the same algorithm for one greedy row, written to be
+read first; tests check this loop against it token for token.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from decoding.lookahead import BlockOutcome, Heuristic, LookaheadPolicy
-from decoding.protocols import NO_TOKEN, Draft, Drafter, Target
+from decoding.protocols import NO_TOKEN, Draft, Drafter, DraftRequest, Target
 from decoding.verify import Sampler, SamplingOptions, Verdict, greedy_accept, speculative_sample
 
 PAD = 0  # fills unused slots of a block; masked, or placed after every token that matters
@@ -73,22 +76,36 @@ class GenerationResult:
 
 
 @dataclass(frozen=True)
-class _Committed:
-    """What one commit did, read back to the host in a single transfer."""
+class _StepReport:
+    """What one verify step committed, summed over the batch's rows; the numbers are read back
+    from the device in a single transfer (`_to_host`)."""
 
-    histogram: tuple[int, ...]
+    finished: torch.Tensor  # Tensor[bool], shape = (batch,): rows that stopped at this step
+    any_finished: bool
+    histogram: tuple[int, ...]  # histogram[n]: rows that accepted n drafted tokens
     reached: tuple[int, ...]  # per drafted column: rows that verified it, all before it accepted
     kept: tuple[int, ...]  # per drafted column: rows that accepted it
-    proposed: int
-    accepted: int
-    rejections: int
-    new_tokens: int
-    finished: torch.Tensor  # Tensor[bool], shape = (batch,)
-    any_finished: bool
+    proposed: int  # drafted tokens the target verified
+    accepted: int  # drafted tokens it accepted
+    rejections: int  # rows that rejected one of their drafted tokens
+    new_tokens: int  # tokens committed (accepted drafts, the target's own tokens)
 
 
-class _Rows:
-    """The rows still decoding: right-padded committed tokens and where each row stands."""
+def _to_host(**named: torch.Tensor) -> dict[str, list]:
+    """Each named tensor's values as a flat list, copied from the device in one transfer (one
+    synchronisation per step rather than one per number)."""
+    flat = [tensor.reshape(-1) for tensor in named.values()]
+    values = torch.cat(flat).tolist()
+    host, start = {}, 0
+    for name, tensor in zip(named, flat, strict=True):
+        host[name] = values[start : start + len(tensor)]
+        start += len(tensor)
+    return host
+
+
+class _BatchState:
+    """The decoding state of the rows still in the batch: right-padded committed tokens, where
+    each row stands, and the finished rows' results."""
 
     def __init__(self, prompts: list[torch.Tensor], max_new_tokens: int, device: torch.device):
         self.max_new_tokens = max_new_tokens
@@ -143,7 +160,7 @@ class _Rows:
         logits: torch.Tensor,
         proposals: torch.Tensor,
         stop_ids: torch.Tensor,
-    ) -> _Committed:
+    ) -> _StepReport:
         """Appends each row's accepted tokens, cut after the first stop token.
 
         logits: Tensor, shape = (batch, k + 1, vocab); column j scored verdict.tokens[:, j].
@@ -170,34 +187,29 @@ class _Rows:
         generated = self.lengths - self.prompt_lengths
         finished = hit_stop | (generated >= self.max_new_tokens)
         proposed = (proposals != NO_TOKEN).sum(dim=1)
-        totals = torch.stack(
-            [
-                proposed.sum(),
-                verdict.accepted.sum(),
-                (verdict.accepted < proposed).sum(),
-                count.sum(),
-                finished.sum(),
-                generated.masked_fill(finished, self.max_new_tokens).min(),
-            ]
+        drafted = columns[: proposals.shape[1]].unsqueeze(1)  # (k, 1) against rows
+        host = _to_host(
+            histogram=torch.bincount(verdict.accepted, minlength=width),
+            reached=((proposed > drafted) & (verdict.accepted >= drafted)).sum(dim=1),
+            kept=(verdict.accepted > drafted).sum(dim=1),
+            proposed=proposed.sum(),
+            accepted=verdict.accepted.sum(),
+            rejections=(verdict.accepted < proposed).sum(),
+            new_tokens=count.sum(),
+            finished=finished.sum(),
+            least_generated=generated.masked_fill(finished, self.max_new_tokens).min(),
         )
-        k = proposals.shape[1]
-        drafted = columns[:k].unsqueeze(1)  # (k, 1) against rows
-        reached = ((proposed > drafted) & (verdict.accepted >= drafted)).sum(dim=1)
-        kept = (verdict.accepted > drafted).sum(dim=1)
-        histogram = torch.bincount(verdict.accepted, minlength=width)
-        values = torch.cat([reached, kept, histogram, totals]).tolist()
-        *histogram, proposed, accepted, rejections, new, n_finished, least = values[2 * k :]
-        self.max_budget = self.max_new_tokens - least
-        return _Committed(
-            tuple(histogram),
-            tuple(values[:k]),
-            tuple(values[k : 2 * k]),
-            proposed,
-            accepted,
-            rejections,
-            new,
-            finished,
-            n_finished > 0,
+        self.max_budget = self.max_new_tokens - host["least_generated"][0]
+        return _StepReport(
+            finished=finished,
+            any_finished=host["finished"][0] > 0,
+            histogram=tuple(host["histogram"]),
+            reached=tuple(host["reached"]),
+            kept=tuple(host["kept"]),
+            proposed=host["proposed"][0],
+            accepted=host["accepted"][0],
+            rejections=host["rejections"][0],
+            new_tokens=host["new_tokens"][0],
         )
 
     def new_tokens(self, before: torch.Tensor) -> tuple[tuple[int, ...], ...]:
@@ -258,7 +270,7 @@ def device_clock(device: torch.device) -> float:
 
 
 def _roll_back(
-    target: Target, drafter: Drafter | None, rows: _Rows, kept: torch.Tensor | None
+    target: Target, drafter: Drafter | None, rows: _BatchState, kept: torch.Tensor | None
 ) -> None:
     """Both caches follow the batch: finished rows go, and the target keeps every committed
     token but each row's last, whose logits the next block needs."""
@@ -294,7 +306,7 @@ def generate(
     device = target.device
     policy = (policy or Heuristic()) if drafter is not None else None
     sampler = None if sampling is None else Sampler(sampling, device)
-    rows = _Rows(_as_rows(prompt_ids, device), max_new_tokens, device)
+    rows = _BatchState(_as_rows(prompt_ids, device), max_new_tokens, device)
     stop_ids = _stop_ids(eos_token_id, device)
     stats = DecodeStats()
     target.reset()
@@ -310,9 +322,10 @@ def generate(
             started = device_clock(device)
             k = 0 if policy is None or first_step else min(policy.next_k(), rows.max_budget - 1)
             if k > 0:
-                draft = drafter.propose(
+                request = DraftRequest(
                     rows.committed, rows.lengths, k, policy.stop_below, sampler, policy.stop_joint
                 )
+                draft = drafter.propose(request)
             else:
                 draft = Draft(tokens=torch.empty((rows.count, 0), dtype=torch.long, device=device))
             drafted = device_clock(device)

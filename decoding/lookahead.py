@@ -9,7 +9,7 @@ its state across `generate` calls on purpose: what it learned about a model pair
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 
 @dataclass(frozen=True)
@@ -306,3 +306,26 @@ def _line(points: dict[int, float], x: int) -> float:
     spread = sum((x_i - mean_x) ** 2 for x_i in points)
     slope = sum((x_i - mean_x) * (y_i - mean_y) for x_i, y_i in points.items()) / spread
     return mean_y + max(slope, 0.0) * (x - mean_x)
+
+
+PolicyName = Literal["constant", "heuristic", "confidence", "adaptive"]
+POLICY_NAMES: tuple[PolicyName, ...] = ("constant", "heuristic", "confidence", "adaptive")
+
+
+def make_policy(name: str, k: int, confidence: float) -> LookaheadPolicy:
+    """A fresh policy by name: the one factory behind every front's policy option.
+
+    k: the block length of constant and confidence, where heuristic starts, adaptive's k_max.
+    confidence: the confidence policy's per-token stop, adaptive's joint stop (0: none);
+    constant and heuristic ignore it. No defaults: the text-LLM front (app.llm.draft_policy)
+    and the ASR benchmark (bench.asr.parse_policy) start from different ones, each stated there.
+    """
+    makers = {
+        "constant": lambda: ConstantK(k),
+        "heuristic": lambda: Heuristic(start=k),
+        "confidence": lambda: ConfidenceStop(k, confidence),
+        "adaptive": lambda: Adaptive(k_max=k, confidence_stop=confidence),
+    }
+    if name not in makers:
+        raise ValueError(f"policy must be one of {', '.join(POLICY_NAMES)} (got {name!r})")
+    return makers[name]()

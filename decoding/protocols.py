@@ -34,6 +34,29 @@ class Draft:
     steps: int = 0
 
 
+@dataclass(frozen=True)
+class DraftRequest:
+    """What the loop asks a drafter for at one step: up to k tokens after each row's committed
+    tokens. One object rather than six arguments, so a drafter that does not use a setting
+    (n-gram lookup has no confidence to stop on) simply ignores its field.
+
+    committed: Tensor, shape = (batch, capacity); row r's tokens are committed[r, : lengths[r]].
+    lengths: Tensor, shape = (batch,).
+    k: the block length; a row may propose fewer (NO_TOKEN after its last proposal).
+    stop_below: a row's block ends before a token whose top draft probability is lower.
+    sampler: None for greedy drafts; otherwise draft tokens are sampled and `q` returned.
+    stop_joint: stop_below bounds the product of the block's top probabilities so far (the
+        draft's own estimate that the whole block up to this token is accepted) instead.
+    """
+
+    committed: torch.Tensor
+    lengths: torch.Tensor
+    k: int
+    stop_below: float = 0.0
+    sampler: Sampler | None = None
+    stop_joint: bool = False
+
+
 class Target(Protocol):
     """A model that scores blocks of tokens and keeps a cache it can roll back, per row."""
 
@@ -67,23 +90,8 @@ class Drafter(Protocol):
     def reset(self) -> None:
         """Forgets every row; the first `propose` of a batch prefills from the prompt."""
 
-    def propose(
-        self,
-        committed: torch.Tensor,
-        lengths: torch.Tensor,
-        k: int,
-        stop_below: float = 0.0,
-        sampler: Sampler | None = None,
-        stop_joint: bool = False,
-    ) -> Draft:
-        """Drafts continuations of committed[r, : lengths[r]].
-
-        committed: Tensor, shape = (batch, capacity); lengths: Tensor, shape = (batch,).
-        stop_below: a row's block ends before a token whose top draft probability is lower.
-        sampler: None for greedy drafts; otherwise draft tokens are sampled and `q` returned.
-        stop_joint: stop_below bounds the product of the block's top probabilities so far (the
-            draft's own estimate that the whole block up to this token is accepted) instead.
-        """
+    def propose(self, request: DraftRequest) -> Draft:
+        """Drafts up to request.k tokens after each row's committed tokens (`DraftRequest`)."""
 
     def rollback(self, committed: torch.Tensor, lengths: torch.Tensor) -> None:
         """Called after verification with the new committed rows: drops state past them."""

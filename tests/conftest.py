@@ -1,4 +1,11 @@
-"""Shared fixtures: models are loaded once per test session."""
+"""Shared fixtures (models are loaded once per test session) and the test tiers.
+
+Every test gets exactly one tier marker, selectable with `-m` (CI runs all three):
+- unit: pure logic and tiny random models; the whole tier runs in under a minute;
+- integration: real weights (a model fixture below, or the `slow` marker);
+- e2e: real processes, servers and the browser.
+`tier_of` assigns them; a test may also carry its tier marker itself.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +24,48 @@ SHARED_SPEECH = REPO.parent / "shared" / "speech"
 needs_speech = pytest.mark.skipif(
     not (SHARED_SPEECH / "manifest.tsv").is_file(), reason="../shared/speech is not present"
 )
+
+
+TIERS = ("unit", "integration", "e2e")
+# Fixtures that load real weights: a test that uses one, however indirectly, is integration.
+REAL_MODEL_FIXTURES = frozenset(
+    {"registry", "whisper_base", "whisper_tiny_en", "gemma", "gemma_int8", "smollm2", "diarizer"}
+)
+# Fixtures that start `specscribe` server processes (tests/test_ui.py, tests/test_openai_api.py)
+# or run the CLI in one (`generated`).
+PROCESS_FIXTURES = frozenset({"server", "servers", "generated"})
+# Tests that start processes themselves, by file and test name.
+E2E_TESTS = {
+    "test_cli.py": {"test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback"},
+    "test_bench_cli.py": {"test_a_one_file_run_times_real_processes"},
+    "test_worker.py": {
+        "test_claims_from_several_processes_never_overlap",
+        "test_a_worker_killed_mid_job_loses_nothing_and_finishes_each_file_once",
+        "test_ctrl_c_stops_a_worker_cleanly_and_hands_its_task_back",
+        "test_two_workers_process_twenty_queued_files_each_once",
+        "test_the_ray_engine_processes_a_folder_on_a_local_instance",
+    },
+}
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The item's own tier marker, else e2e for processes, integration for real weights (or the
+    `slow` marker, which marks tests that load real models or decode real audio), else unit."""
+    own = [tier for tier in TIERS if item.get_closest_marker(tier)]
+    if own:
+        return own[0]
+    fixtures = set(getattr(item, "fixturenames", ()))
+    name = getattr(item, "originalname", item.name)
+    if fixtures & PROCESS_FIXTURES or name in E2E_TESTS.get(item.path.name, ()):
+        return "e2e"
+    if fixtures & REAL_MODEL_FIXTURES or item.get_closest_marker("slow"):
+        return "integration"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(tier_of(item))
 
 
 def wait_for(condition, timeout: float, what: str, process=None, log: Path | None = None):

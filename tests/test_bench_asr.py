@@ -38,13 +38,13 @@ def test_benchmark_files_exist_with_references():
 
 
 def test_policies_parse_and_bad_ones_are_named():
-    assert isinstance(bench_asr.make_policy("heuristic"), Heuristic)
-    constant = bench_asr.make_policy("constant:6")
+    assert isinstance(bench_asr.parse_policy("heuristic"), Heuristic)
+    constant = bench_asr.parse_policy("constant:6")
     assert isinstance(constant, ConstantK) and constant.next_k() == 6
-    assert bench_asr.make_policy("adaptive:5").k_max == 5
-    assert isinstance(bench_asr.make_policy("adaptive"), Adaptive)
+    assert bench_asr.parse_policy("adaptive:5").k_max == 5
+    assert isinstance(bench_asr.parse_policy("adaptive"), Adaptive)
     with pytest.raises(ValueError, match="policy 'greedy:x'"):
-        bench_asr.make_policy("greedy:x")
+        bench_asr.parse_policy("greedy:x")
 
 
 def test_word_error_rate_normalises_case_and_punctuation():

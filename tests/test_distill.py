@@ -62,6 +62,7 @@ def test_generated_text_is_cut_into_speakable_sentences():
     ]
 
 
+@pytest.mark.integration  # runs espeak-ng: real synthesis, seconds of it
 def test_espeak_speech_is_packed_into_windows_of_at_most_28_seconds():
     sentences = ["The bridge was built in the spring of that year."] * 12
     clips = synthetic_clips(sentences, seed=1)
@@ -168,7 +169,7 @@ def test_training_raises_agreement_and_the_saved_draft_is_lossless(
     assert recipe["layers"] == [0, 5] and recipe["report"]["head_size"] == report.head_size
 
     assistant = load_assistant(whisper_base, str(tmp_path / "draft"))
-    assert assistant.shape == "shared-encoder"
+    assert assistant.pairing == "shared-encoder"
     assert assistant.model.output_vocabulary is not None
     audio = load_audio(SAMPLES / "librispeech_1089-134686-0002.wav")
     for timestamps in (True, False):
@@ -228,7 +229,7 @@ def test_shipped_draft_is_small_and_pairs_with_its_target(registry, whisper_base
     path = Path(registry.resolve("whisper-base-draft"))
     assert sum(f.stat().st_size for f in path.iterdir()) < 30e6
     assistant = load_assistant(whisper_base, str(path))
-    assert assistant.shape == "shared-encoder"
+    assert assistant.pairing == "shared-encoder"
     assert assistant.model.cross_from_target == (0, 5)
     recipe = json.loads((path / "recipe.json").read_text())
     trained_on = " ".join(recipe["real_training_windows"])

@@ -143,7 +143,6 @@ def test_data_url_and_the_blog_parameter_names(endpoint, one_torch_thread):
 
 @pytest.mark.slow
 def test_word_timestamps_give_one_chunk_per_word(endpoint, one_torch_thread):
-    pytest.importorskip("asr.word_timing", reason="word timestamps are not built yet")
     result = endpoint({"inputs": JFK.read_bytes(), "parameters": {"word_timestamps": True}})
 
     chunks = result["chunks"]

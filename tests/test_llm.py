@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from app.cli import main
-from app.llm import DraftOptions, prompt_ids, run_generation
+from app.llm import DraftOptions, draft_policy, prompt_ids, run_generation
 from tests.conftest import torch_threads
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
@@ -134,6 +134,15 @@ def test_a_seeded_adaptive_sampling_run_is_said_not_to_repeat(capsys):
     assert "--seed does not make this sampled run repeatable" in capsys.readouterr().err
     assert main([*command, "--prompt-lookup", "2", "--policy", "constant"]) == 0
     assert "repeatable" not in capsys.readouterr().err
+
+
+def test_draft_policy_starts_from_the_options_block_and_caps_adaptive_per_drafter():
+    assert draft_policy(DraftOptions(prompt_lookup=7)).next_k() == 7  # heuristic starts there
+    assert draft_policy(DraftOptions(assistant="a", policy="constant", k=3)).next_k() == 3
+    modelled = draft_policy(DraftOptions(assistant="a", policy="adaptive", confidence=0.3))
+    assert (modelled.k_max, modelled.stop_below) == (20, 0.3)
+    looked_up = draft_policy(DraftOptions(prompt_lookup=3, policy="adaptive"))
+    assert (looked_up.k_max, looked_up.stop_below) == (16, 0.0)  # no confidence to stop on
 
 
 def test_an_int8_draft_of_the_target_shares_its_weights_and_tokenizer(registry, gemma):

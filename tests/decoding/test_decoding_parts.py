@@ -22,10 +22,11 @@ from decoding import (
     Heuristic,
     PromptLookupDrafter,
     greedy_accept,
+    make_policy,
 )
 from decoding.drafters import draft_block
 from decoding.projection import OutputProjection
-from decoding.protocols import NO_TOKEN
+from decoding.protocols import NO_TOKEN, DraftRequest
 
 DECODING_DIR = pathlib.Path(decoding.__file__).parent
 
@@ -241,6 +242,17 @@ def test_adaptive_ignores_the_prefill_step_time():
     assert policy.alpha > 0.7
 
 
+def test_make_policy_builds_each_policy_by_name_and_names_the_choices():
+    assert make_policy("constant", 6, 0.5).next_k() == 6
+    assert make_policy("heuristic", 3, 0.5).next_k() == 3
+    confidence = make_policy("confidence", 5, 0.25)
+    assert isinstance(confidence, ConfidenceStop) and confidence.stop_below == 0.25
+    adaptive = make_policy("adaptive", 20, 0.1)
+    assert isinstance(adaptive, Adaptive) and (adaptive.k_max, adaptive.stop_below) == (20, 0.1)
+    with pytest.raises(ValueError, match="constant, heuristic, confidence, adaptive"):
+        make_policy("greedy", 4, 0.0)
+
+
 class ScriptedConfidenceModel:
     """A draft model whose top next-token probability follows a script, one value per call."""
 
@@ -266,8 +278,9 @@ def test_draft_block_stops_on_each_tokens_or_the_joint_confidence(stop_joint, dr
     model = ScriptedConfidenceModel([0.9, 0.8, 0.9, 0.9, 0.3, 0.3])
     committed, lengths = torch.tensor([[1, 1, 0, 0]]), torch.tensor([2])
 
-    draft = draft_block(model, committed, lengths, torch.zeros(1, dtype=torch.long), k=6,
-                        stop_below=0.7, stop_joint=stop_joint)  # fmt: skip
+    request = DraftRequest(committed, lengths, k=6, stop_below=0.7, stop_joint=stop_joint)
+
+    draft = draft_block(model, request, cached=torch.zeros(1, dtype=torch.long))
 
     assert draft.tokens[0, :drafted].tolist() == [2] * drafted
     assert draft.tokens[0, drafted:].tolist() == [NO_TOKEN] * (draft.steps - drafted)
@@ -279,7 +292,7 @@ def test_prompt_lookup_proposes_what_followed_the_latest_match():
     committed = torch.tensor([[1, 2, 3, 9, 1, 2, 0, 0], [5, 6, 7, 8, 0, 0, 0, 0]])
     lengths = torch.tensor([6, 4])
 
-    draft = drafter.propose(committed, lengths, k=5)
+    draft = drafter.propose(DraftRequest(committed, lengths, k=5))
 
     # Row 0: "1 2" occurred at the start; "3 9 1 2" followed, and the loop repeats.
     assert draft.tokens[0].tolist() == [3, 9, 1, 2, 3]
@@ -291,7 +304,7 @@ def test_prompt_lookup_falls_back_to_shorter_ngrams():
     drafter = PromptLookupDrafter(max_ngram=3, min_ngram=1)
     committed = torch.tensor([[4, 8, 6, 5, 8]])
 
-    draft = drafter.propose(committed, torch.tensor([5]), k=2)
+    draft = drafter.propose(DraftRequest(committed, torch.tensor([5]), k=2))
 
     assert draft.tokens.tolist() == [[6, 5]]
 

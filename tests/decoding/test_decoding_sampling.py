@@ -123,10 +123,11 @@ class MarkovDrafter:
     def reset(self) -> None:
         """Stateless."""
 
-    def propose(self, committed, lengths, k, stop_below=0.0, sampler=None, stop_joint=False):
+    def propose(self, request):
+        committed, lengths, sampler = request.committed, request.lengths, request.sampler
         token = committed.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)
         tokens, qs = [], []
-        for _ in range(k):
+        for _ in range(request.k):
             if self.deterministic:
                 token = Q[token].argmax(dim=-1)
             else:
@@ -135,7 +136,7 @@ class MarkovDrafter:
                 qs.append(q)
             tokens.append(token)
         q = torch.stack(qs, dim=1) if qs else None
-        return Draft(tokens=torch.stack(tokens, dim=1), q=q, steps=k)
+        return Draft(tokens=torch.stack(tokens, dim=1), q=q, steps=request.k)
 
     def rollback(self, committed, lengths) -> None:
         """Stateless."""
