@@ -287,7 +287,9 @@ def _cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         settings,
         asr_model=args.model,
         assistant_model=args.assistant,
+        diarization_model=args.diarization_pipeline,
         device=args.device,
+        precision=args.precision,
         progress=_print_progress,
     )
     # 2. The text front, when asked for; then serve.
@@ -637,7 +639,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, help="with --sample")
     gen.set_defaults(run=_cmd_generate)
 
-    default_speech = Path(__file__).resolve().parents[2] / "shared" / "speech" / "train"
+    # The project's training speech lies beside a checkout (../shared), not beside an installed
+    # package, so the default is found from where the command runs.
+    default_speech = Path("..") / "shared" / "speech" / "train"
     dist = commands.add_parser(
         "distill",
         help="train a small shared-encoder draft for a Whisper target (asr/distill.py)",
@@ -650,9 +654,9 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument(
         "--speech-dir",
         type=Path,
-        default=default_speech if default_speech.is_dir() else None,
-        help="real speech with a manifest.tsv (default: ../shared/speech/train); files a "
-        "benchmark reports on are left out",
+        default=default_speech.resolve() if default_speech.is_dir() else None,
+        help="real speech with a manifest.tsv (default: ../shared/speech/train from the current "
+        "directory, where it exists); files a benchmark reports on are left out",
     )
     dist.add_argument(
         "--layers", type=int, nargs="+", help="target layers kept (default: first, last)"
@@ -689,6 +693,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="draft model, auto, prompt-lookup or none (default: $ASSISTANT_MODEL, else auto)",
     )
     web.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cpu)")
+    web.add_argument("--precision", choices=PRECISIONS, help="as `transcribe --precision`")
+    web.add_argument(
+        "--diarization-pipeline",
+        metavar="ID",
+        help="pyannote pipeline id for requests that ask for speakers (default: embedded)",
+    )
     web.add_argument(
         "--queue-size",
         type=int,

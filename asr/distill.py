@@ -498,6 +498,14 @@ def train_draft(
 # 6. The whole recipe ----------------------------------------------------------------------
 
 
+def portable_name(name: str) -> str:
+    """What a saved draft records as its target: a hub id or model name as given, a local
+    directory by its last component (a path on the machine that trained it means nothing to
+    the draft's users, and a model cache's directory is named after its model)."""
+    path = Path(name)
+    return path.name if path.is_absolute() else name
+
+
 def prepare_windows(
     target: WhisperModel,
     config: DistillConfig,
@@ -591,7 +599,7 @@ def distill(
         },
     )
     recipe = {
-        "target": target.name,
+        "target": portable_name(target.name),
         "config": asdict(config),
         "layers": list(layers),
         "report": asdict(report),

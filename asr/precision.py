@@ -1,43 +1,31 @@
 """Precision settled in one place: (device, precision name) -> the torch dtype models load in.
 
 - "auto": "int8" on CPUs that have oneDNN's int8 kernels (x86), float32 on other CPUs, "mixed"
-  on CUDA: drafting is lossless in all three. On CPU, int8 with the shipped draft is the fastest
-  configuration measured as users run it (`python -m bench.cli`, docs/benchmarks.md) at the
-  same WER as float32; where the CPU lacks native bfloat16 the int8 precision's encoder stays
-  in float32 (emulated bfloat16 is slower than float32). On a GPU an fp16
-  decoder bought no speed for whisper-base, whose decoder step there is bound by kernel
-  launches rather than arithmetic, and fp16 drafting changed the long-form file's text against
-  fp16 greedy (H100, the benchmark set, greedy: 5.54 s mixed, 6.71 s fp16, 5.85 s fp32;
-  `python -m bench.asr --device cuda --precision fp16,mixed`,
-  bench/results/asr-2026-11-23-cuda-h100.json). A large model whose decoder is bound by
-  reading its weights may run faster in "fp16", which stays available, with that caveat.
+  on CUDA: drafting is lossless in all three, and each is the fastest lossless choice measured
+  where it applies (docs/decoder-runtime.md#precisions). Where the CPU lacks native bfloat16
+  the int8 precision's encoder stays in float32 (emulated bfloat16 is slower than float32).
 - "fp32": everywhere.
 - "bf16": CPU (fast where the CPU has AVX512-BF16 or AMX; emulated, and slower, elsewhere) and
   CUDA devices that support it (Ampere and later).
-- "mixed": the encoder in half precision (bf16 on CPU, fp16 on CUDA), the decoder in float32.
-  The encoder is most of the work for short files and gains the most from half precision
-  (whisper-base, one 30 s window on this CPU: 1.47 s fp32, 0.82 s bf16), while a float32
-  decoder keeps speculative decoding token-for-token lossless (below).
+- "mixed": the encoder in half precision (bf16 on CPU, fp16 on CUDA), the decoder in float32:
+  the encoder, most of the work for short files, gains the most from half precision, and a
+  float32 decoder keeps speculative decoding token-for-token lossless.
 - "int8": CPU only. The encoder in bf16 (fp32 where the CPU lacks native bf16), the decoder's
   linear layers and output head in int8 (`asr.int8`: a scale per weight row, the input
   quantized per row, as faster-whisper's int8 does), run by `asr.static_decoder`, whose every
   output row is computed the same way whatever else the call holds, so drafting and batching
-  stay token-for-token lossless against plain int8 decoding. A decoder step reads a quarter of
-  the weight bytes, and this CPU's decoder is bound by reading them.
-- "fp16": CUDA only. It is refused on CPU: x86 CPUs without AVX512-FP16/AMX-FP16 (most,
-  including AVX512-BF16 ones) have no fp16 arithmetic, so PyTorch converts every operand and a
-  float16 Whisper runs slower than float32 there; bfloat16 is the CPU's half format, with
-  float32's exponent range besides.
+  stay token-for-token lossless against plain int8 decoding.
+- "fp16": CUDA only; refused on CPU, where x86 CPUs without AVX512-FP16/AMX-FP16 have no fp16
+  arithmetic (bfloat16 is the CPU's half format).
 
 Logits always leave the model in at least float32 (`asr.whisper.WhisperModel.logits`), so the
 logit rules, verification and log-probabilities never run in half precision.
 
-Speculative decoding is token-for-token lossless in float32. In half precision a position's
-logits depend on how many tokens the call scores (kernels accumulate in another order for
-another block width): whisper-base in bf16 differs by up to 0.25 in a logit between one token
-and a 9-token block, against 6e-5 in fp32. A draft then changes which calls score a position,
-so where two tokens are that close (typically a timestamp against a text token) the drafted
-output can differ from plain bf16 greedy; `bench.asr` counts the files where it does.
+Contract on losslessness: drafted greedy output equals plain greedy output in "fp32", "int8"
+and "mixed". In "bf16" and "fp16" decoders a position's logits depend on how many tokens the
+call scores (kernels accumulate in another order for another block width), so where two tokens
+are nearly tied the drafted output can differ from plain greedy; `bench.asr` counts the files
+where it does.
 """
 
 from __future__ import annotations

@@ -43,7 +43,6 @@ from asr.window_decoder import (
     WindowDecoder,
     WindowResult,
     compression_ratio,
-    decode_window,
 )
 from asr.word_timing import add_word_timestamps
 from decoding import Adaptive, DecodeStats, LookaheadPolicy, device_clock
@@ -57,7 +56,6 @@ __all__ = [
     "TranscribeOptions",
     "WindowResult",
     "compression_ratio",
-    "decode_window",
     "detect_language",
     "transcribe",
 ]
@@ -392,14 +390,16 @@ class _Session:
         keep = [not self.guard.repeats(segment) for segment in split.segments]
         self.dropped_repeats += keep.count(False)
         split = _select(split, keep)
-        self.guard.add(segment.text for segment in split.segments if _keeps(segment))
+        self.guard.add(segment.text for segment in split.segments if _has_content(segment))
         return split
 
     def report(self, result: WindowResult, seek: int, split: WindowSplit) -> None:
         """Hands a decided window's kept segments to `on_window`, if there is one."""
         if self.on_window is None:
             return
-        pairs = [(s, t) for s, t in zip(split.segments, split.tokens, strict=True) if _keeps(s)]
+        pairs = [
+            (s, t) for s, t in zip(split.segments, split.tokens, strict=True) if _has_content(s)
+        ]
         segments = [s for s, _ in pairs]
         if self.timeline is not None:  # times on the recording's own timeline, as returned
             segments = self.timeline.restore(segments)
@@ -431,13 +431,14 @@ def _select(split: WindowSplit, keep: list[bool]) -> WindowSplit:
     )
 
 
-def _keeps(segment: Segment) -> bool:
+def _has_content(segment: Segment) -> bool:
     """Whether a segment has text and a duration (OpenAI clears the others)."""
     return bool(segment.text.strip()) and segment.end > segment.start
 
 
-def _kept(split: WindowSplit) -> list[Segment]:
-    return [s for s in split.segments if _keeps(s)]
+def _segments_with_content(split: WindowSplit) -> list[Segment]:
+    """A window's segments that stay in the transcript."""
+    return [s for s in split.segments if _has_content(s)]
 
 
 def _context(split: WindowSplit) -> list[int]:
@@ -445,7 +446,7 @@ def _context(split: WindowSplit) -> list[int]:
     The unfinished text after its last complete segment is not among them: the next window
     decodes that audio again, and must not find it in its prompt as already said."""
     pairs = zip(split.segments, split.tokens, strict=True)
-    return [token for segment, tokens in pairs if _keeps(segment) for token in tokens]
+    return [token for segment, tokens in pairs if _has_content(segment) for token in tokens]
 
 
 def _consumed(split: WindowSplit, seek: int, total: int, word_timestamps: bool) -> int:
@@ -478,7 +479,7 @@ def _seek_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
             seek += frames  # skipped, and its text does not become context
         else:
             [split] = session.split(encoded, [(result, seek, frames)], unfinished=False)
-            segments.extend(_kept(split))
+            segments.extend(_segments_with_content(split))
             session.report(result, seek, split)
             seek += max(_consumed(split, seek, total, options.word_timestamps), 1)
             # Text sampled hot is a poor prompt: OpenAI resets the context after it.
@@ -520,7 +521,7 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
             splits = session.split(encoded.rows(rows), decoded, unfinished=True)
             tails = []
             for (result, start, frames), split in zip(decoded, splits, strict=True):
-                kept = _kept(split)
+                kept = _segments_with_content(split)
                 segments.extend(kept)
                 session.report(result, start, split)
                 tail = _skipped_tail(kept, start, frames)

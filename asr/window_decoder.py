@@ -114,19 +114,3 @@ class WindowDecoder:
                 )
             )
         return tuple(results), generated.stats
-
-
-def decode_window(
-    model: WhisperModel,
-    audio_features: torch.Tensor,
-    prompt: list[int],
-    rules: LogitRules,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    seed: int = 0,
-) -> WindowResult:
-    """Plain decoding of one window. audio_features: Tensor, shape = (1, 1500, d_model)."""
-    decoder = WindowDecoder(model, rules, None, "transcribe", max_new_tokens)
-    batch = WindowBatch(model.cross_attention(audio_features), (tuple(prompt),))
-    results, _ = decoder.decode(batch, temperature, seed)
-    return results[0]

@@ -166,10 +166,11 @@ def transcribe_all(registry: ModelRegistry, audio: dict) -> dict[str, tuple[Segm
 
 
 def normalise(text: str) -> str:
-    from whisper_normalizer.english import EnglishTextNormalizer
+    """bench.asr's normaliser, after joining AMI's spelled letters ("L_C_D_" -> "LCD")."""
+    from bench.asr import normalise as normalise_english
 
-    text = re.sub(r"\b((?:[A-Za-z]_)+)", lambda m: m.group(1).replace("_", ""), text)  # L_C_D_
-    return EnglishTextNormalizer()(text)
+    text = re.sub(r"\b((?:[A-Za-z]_)+)", lambda m: m.group(1).replace("_", ""), text)
+    return normalise_english(text)
 
 
 def cpwer(segments: tuple[Segment, ...], one_speaker: bool) -> dict[str, float | int]:

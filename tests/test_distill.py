@@ -167,6 +167,7 @@ def test_training_raises_agreement_and_the_saved_draft_is_lossless(
     assert 0.0 < report.agreement_after_with_head <= 1.0  # trained on every token, saved head
     recipe = json.loads((tmp_path / "draft" / "recipe.json").read_text())
     assert recipe["layers"] == [0, 5] and recipe["report"]["head_size"] == report.head_size
+    assert recipe["target"] == target_dir.name  # not the path of this machine's model cache
 
     assistant = load_assistant(whisper_base, str(tmp_path / "draft"))
     assert assistant.pairing == "shared-encoder"

@@ -148,8 +148,8 @@ def test_plain_greedy_equals_transformers_generate(whisper_base):
     """Our window decoder and transformers' generate agree token for token (no timestamps)."""
     from asr.audio import load_audio
     from asr.logit_rules import LogitRules
-    from asr.transcribe import decode_window
     from asr.whisper import N_FRAMES
+    from tests.whisper_helpers import decode_window
 
     samples = load_audio(SAMPLES / "librispeech_1089-134686-0002.wav")
     mel = whisper_base.log_mel(samples)[:, :N_FRAMES]

@@ -195,6 +195,18 @@ def test_serve_refuses_bad_api_options_before_loading_anything(capsys):
     assert "--api-key must not be empty" in capsys.readouterr().err
 
 
+def test_serve_takes_the_model_options_the_other_commands_take(capsys):
+    from app.cli import build_parser, main
+
+    args = build_parser().parse_args(
+        ["serve", "--precision", "int8", "--diarization-pipeline", "my/pipeline"]
+    )
+    assert (args.precision, args.diarization_pipeline) == ("int8", "my/pipeline")
+    # The precision reaches the service, which refuses fp16 on a CPU before loading anything.
+    assert main(["serve", "--device", "cpu", "--precision", "fp16"]) == 2
+    assert "fp16 on device cpu" in capsys.readouterr().err
+
+
 # -- real servers -----------------------------------------------------------------------------
 
 

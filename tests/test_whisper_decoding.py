@@ -11,11 +11,11 @@ from asr.transcribe import TranscribeOptions, transcribe
 from asr.whisper import N_FRAMES, WhisperModel
 from asr.whisper_drafters import pair_assistant
 from asr.whisper_target import WhisperTarget
-from asr.window_decoder import WindowBatch, WindowDecoder, WindowResult, decode_window
+from asr.window_decoder import WindowBatch, WindowDecoder, WindowResult
 from decoding import ConstantK, Heuristic
 from decoding.reference import speculative_greedy
 from tests.conftest import SAMPLES
-from tests.whisper_helpers import random_whispers, reference_greedy
+from tests.whisper_helpers import decode_window, random_whispers, reference_greedy
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 

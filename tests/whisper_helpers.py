@@ -18,6 +18,7 @@ from transformers import (
 
 from asr.logit_rules import LogitRules
 from asr.whisper import WhisperModel, transformers_cache
+from asr.window_decoder import WindowBatch, WindowDecoder, WindowResult
 
 # The target's layers after the first add little to the residual stream, so that a draft made
 # of its first layers agrees with it often, but not always: both verification paths run.
@@ -136,3 +137,19 @@ def transformers_decode(
         use_cache=True,
     )
     return model.model.proj_out(out.last_hidden_state).float()
+
+
+def decode_window(
+    model: WhisperModel,
+    audio_features: torch.Tensor,
+    prompt: list[int],
+    rules: LogitRules,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> WindowResult:
+    """Plain decoding of one window. audio_features: Tensor, shape = (1, 1500, d_model)."""
+    decoder = WindowDecoder(model, rules, None, "transcribe", max_new_tokens)
+    batch = WindowBatch(model.cross_attention(audio_features), (tuple(prompt),))
+    results, _ = decoder.decode(batch, temperature, seed)
+    return results[0]
