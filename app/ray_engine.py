@@ -142,7 +142,10 @@ class RayWorker:
                         relay.forget(dispatch.task)
                         self._collect(ray, pool, dispatch)
                     relay.relay((d.task, d.actor) for d in in_flight.values())
-            except (Shutdown, KeyboardInterrupt) as stop:
+            except (Shutdown, KeyboardInterrupt, SystemError) as error:
+                stop = _stop_signal(error)
+                if stop is None:
+                    raise
                 reason = f"worker stopped ({stop or 'interrupt'})"
                 self._hand_back([*held, *(d.task for d in in_flight.values())], reason)
                 return self.finished
@@ -222,3 +225,14 @@ class RayWorker:
         place = f"Ray node {dispatch.node.label}"
         finish(self.store, task, self.worker, outcome, self.log, dispatch.record, place=place)
         pool.give_back(dispatch.actor)
+
+
+def _stop_signal(error: BaseException) -> Shutdown | KeyboardInterrupt | None:
+    """The stop request an exception carries, or None. A signal that arrives while the driver
+    waits inside Ray's compiled code (`ray.wait`, `ray.get`) has its handler's exception
+    re-raised by Ray as a SystemError caused by it, not as itself."""
+    stops = (Shutdown, KeyboardInterrupt)
+    if isinstance(error, stops):
+        return error
+    cause = error.__cause__ or error.__context__
+    return cause if isinstance(error, SystemError) and isinstance(cause, stops) else None

@@ -458,3 +458,24 @@ def test_the_ray_engine_processes_a_folder_on_a_local_instance(tmp_path):
     assert set(completions(store).values()) == {1} and len(completions(store)) == 3
     check_outputs(tmp_path / "out", originals)
     assert "Ray actors (whisper-tiny.en)" in log.read_text()
+
+
+def test_a_signal_inside_a_ray_call_still_stops_the_ray_driver_cleanly():
+    """Ray re-raises a signal handler's exception from its compiled wait as a SystemError
+    caused by it; the driver must still read it as the stop request it is."""
+    from app.ray_engine import _stop_signal
+    from app.worker import Shutdown
+
+    stop = Shutdown("SIGTERM")
+    try:
+        try:
+            raise stop
+        except Shutdown as inner:
+            raise SystemError("CoreWorker.wait returned a result with an exception set") from inner
+    except SystemError as wrapped:
+        assert _stop_signal(wrapped) is stop
+    assert _stop_signal(stop) is stop
+    interrupt = KeyboardInterrupt()
+    assert _stop_signal(interrupt) is interrupt
+    assert _stop_signal(SystemError("a real one")) is None
+    assert _stop_signal(ValueError("not a stop")) is None
