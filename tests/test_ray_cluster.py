@@ -227,9 +227,12 @@ def test_a_killed_actor_or_node_loses_nothing_and_a_returning_node_is_used_again
         # 3. Its file goes back too; node_a decodes the rest, and every file is done once.
         done = lambda job_id: all(t.state == "done" for t in store.tasks(job_id))  # noqa: E731
         wait_for(lambda: done(job), 240, "the job done without node_b", **watch)
-        (released,) = [event for event in store.events(second) if event.kind == "released"]
-        assert f"Ray actor on {label_b} died" in released.detail
-        assert [_task(store, task).attempts for task in (first, second)] == [2, 2]
+        # A lost node can hand its file back more than once (its actor's death, then a
+        # replacement started there that never answers); each hand-back is one more attempt.
+        released = [event for event in store.events(second) if event.kind == "released"]
+        assert released and f"Ray actor on {label_b} died" in released[0].detail
+        assert _task(store, first).attempts == 2
+        assert _task(store, second).attempts == 1 + len(released)
         labels = actor_nodes(log.read_text(), cluster)
         assert decoded_on(store, job, labels)[_task(store, second).path.name] == "node_a"
         assert set(completions(store).values()) == {1} and len(completions(store)) == 4
