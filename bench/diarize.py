@@ -173,15 +173,23 @@ def normalise(text: str) -> str:
     return normalise_english(text)
 
 
-def cpwer(segments: tuple[Segment, ...], one_speaker: bool) -> dict[str, float | int]:
-    """Concatenated minimum-permutation WER against the per-speaker reference words."""
-    from meeteval.wer import cp_word_error_rate
-
+def ami_reference_words() -> list[str]:
+    """The AMI mixture's words, one normalised text per reference speaker, in a fixed order."""
     folder = MULTI / f"{CPWER_FILE.removesuffix('_mixture')}_text"
-    reference = [
+    return [
         normalise(path.read_text(encoding="utf-8"))
         for path in sorted(folder.glob("mixture.*.words_joined.txt"))
     ]
+
+
+def speaker_cpwer(
+    reference: list[str], segments: tuple[Segment, ...], one_speaker: bool = False
+) -> dict[str, float | int]:
+    """Concatenated minimum-permutation WER of `segments` grouped by speaker label (None
+    counts as one more speaker; one_speaker: all of them as one) against `reference`, one
+    normalised text per reference speaker."""
+    from meeteval.wer import cp_word_error_rate
+
     by_speaker: dict[str, list[str]] = {}
     for segment in segments:
         speaker = "all" if one_speaker else (segment.speaker or "none")
@@ -194,6 +202,11 @@ def cpwer(segments: tuple[Segment, ...], one_speaker: bool) -> dict[str, float |
         "reference_words": result.length,
         "hypothesis_speakers": len(hypothesis),
     }
+
+
+def cpwer(segments: tuple[Segment, ...], one_speaker: bool) -> dict[str, float | int]:
+    """`speaker_cpwer` against the AMI mixture's per-speaker reference words."""
+    return speaker_cpwer(ami_reference_words(), segments, one_speaker)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,17 +25,15 @@ import torch
 import app.config  # noqa: F401  (switches the libraries offline before they load)
 from asr.types import Segment
 from bench import positive_int
-from bench.diarize import MULTI, normalise
+from bench.diarize import CPWER_FILE, MULTI, ami_reference_words, normalise, speaker_cpwer
 
-FILES = ("ami_es2004_1min_mixture", "pyannote_sample")
+FILES = (CPWER_FILE, "pyannote_sample")
 
 
 def reference_words(name: str) -> list[str]:
     """One normalised text per reference speaker, in a fixed order."""
-    if name == "ami_es2004_1min_mixture":
-        folder = MULTI / "ami_es2004_1min_text"
-        paths = sorted(folder.glob("mixture.*.words_joined.txt"))
-        return [normalise(path.read_text(encoding="utf-8")) for path in paths]
+    if name == CPWER_FILE:
+        return ami_reference_words()
     by_speaker: dict[str, list[str]] = {}
     for line in (MULTI / f"{name}.stm").read_text(encoding="utf-8").splitlines():
         fields = line.split(maxsplit=5)
@@ -46,19 +44,7 @@ def reference_words(name: str) -> list[str]:
 
 def cpwer(reference: list[str], segments: tuple[Segment, ...]) -> dict[str, float | int]:
     """cpWER of `segments`, grouped by their speaker label (None counts as one more speaker)."""
-    from meeteval.wer import cp_word_error_rate
-
-    by_speaker: dict[str, list[str]] = {}
-    for segment in segments:
-        by_speaker.setdefault(segment.speaker or "none", []).append(segment.text)
-    hypothesis = [normalise(" ".join(texts)) for texts in by_speaker.values()]
-    result = cp_word_error_rate(reference, hypothesis)
-    return {
-        "cpwer": round(result.error_rate, 4),
-        "errors": result.errors,
-        "reference_words": result.length,
-        "hypothesis_speakers": len(hypothesis),
-    }
+    return speaker_cpwer(reference, segments)
 
 
 def main(argv: list[str] | None = None) -> int:

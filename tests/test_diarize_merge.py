@@ -151,23 +151,28 @@ def _brute_force(word: Word, turns: list[SpeakerTurn]) -> set[str]:
     return {s for s, v in distance.items() if abs(v - best) < 1e-9}
 
 
+def _random_transcript(rng: random.Random, most_words: int) -> tuple[list, list]:
+    """Random speaker turns and segments of up to `most_words` timed words each."""
+    turns = []
+    for _ in range(rng.randint(1, 12)):
+        start = rng.uniform(0, 30)
+        turns.append(SpeakerTurn(start, start + rng.uniform(0.1, 6), rng.choice("ABCD")))
+    segments, clock = [], 0.0
+    for _ in range(rng.randint(1, 6)):
+        spans = []
+        for _ in range(rng.randint(1, most_words)):
+            start = clock + rng.uniform(0, 0.6)
+            # some words squeezed to no duration, as Whisper's alignment does
+            clock = start + (0.0 if rng.random() < 0.15 else rng.uniform(0.0, 0.8))
+            spans.append((start, clock, f" w{len(spans)}"))
+        segments.append(_segment(_words(*spans)))
+    return turns, segments
+
+
 def test_random_transcripts_keep_every_word_once_and_follow_the_rule():
     rng = random.Random(7)
     for _ in range(200):
-        turns = []
-        for _ in range(rng.randint(1, 12)):
-            start = rng.uniform(0, 30)
-            turns.append(SpeakerTurn(start, start + rng.uniform(0.1, 6), rng.choice("ABCD")))
-        segments, clock = [], 0.0
-        for _ in range(rng.randint(1, 6)):
-            spans = []
-            for _ in range(rng.randint(1, 8)):
-                start = clock + rng.uniform(0, 0.6)
-                # some words squeezed to no duration, as Whisper's alignment does
-                clock = start + (0.0 if rng.random() < 0.15 else rng.uniform(0.0, 0.8))
-                spans.append((start, clock, f" w{len(spans)}"))
-            segments.append(_segment(_words(*spans)))
-
+        turns, segments = _random_transcript(rng, most_words=8)
         result = assign_speakers(segments, turns, fragment=None)  # the per-word rule
 
         assert _all_words(result) == _all_words(segments)
@@ -251,19 +256,7 @@ def test_random_transcripts_with_fragments_absorbed():
     rng = random.Random(11)
     fragment = Fragment()
     for _ in range(200):
-        turns = []
-        for _ in range(rng.randint(1, 12)):
-            start = rng.uniform(0, 30)
-            turns.append(SpeakerTurn(start, start + rng.uniform(0.1, 6), rng.choice("ABCD")))
-        segments, clock = [], 0.0
-        for _ in range(rng.randint(1, 6)):
-            spans = []
-            for _ in range(rng.randint(1, 10)):
-                start = clock + rng.uniform(0, 0.6)
-                clock = start + (0.0 if rng.random() < 0.15 else rng.uniform(0.0, 0.8))
-                spans.append((start, clock, f" w{len(spans)}"))
-            segments.append(_segment(_words(*spans)))
-
+        turns, segments = _random_transcript(rng, most_words=10)
         result = assign_speakers(segments, turns)
 
         assert _all_words(result) == _all_words(segments)
