@@ -227,12 +227,13 @@ def test_a_killed_actor_or_node_loses_nothing_and_a_returning_node_is_used_again
         # 3. Its file goes back too; node_a decodes the rest, and every file is done once.
         done = lambda job_id: all(t.state == "done" for t in store.tasks(job_id))  # noqa: E731
         wait_for(lambda: done(job), 240, "the job done without node_b", **watch)
-        # A lost node can hand its file back more than once (its actor's death, then a
-        # replacement started there that never answers); each hand-back is one more attempt.
-        released = [event for event in store.events(second) if event.kind == "released"]
-        assert released and f"Ray actor on {label_b} died" in released[0].detail
-        assert _task(store, first).attempts == 2
-        assert _task(store, second).attempts == 1 + len(released)
+        # A lost node can hand a file back more than once (its actor's death, then a
+        # replacement started there that never answers), and the replacement may be handed the
+        # first file again (then `second` is `first`); each hand-back is one more attempt.
+        for task_id in (first, second):
+            released = [event for event in store.events(task_id) if event.kind == "released"]
+            assert released and f"Ray actor on {label_b} died" in released[0].detail
+            assert _task(store, task_id).attempts == 1 + len(released)
         labels = actor_nodes(log.read_text(), cluster)
         assert decoded_on(store, job, labels)[_task(store, second).path.name] == "node_a"
         assert set(completions(store).values()) == {1} and len(completions(store)) == 4
