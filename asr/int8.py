@@ -128,6 +128,21 @@ class Int8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8{passes}"
 
 
+def smoothing_divisor(
+    channel_range: torch.Tensor, weight: torch.Tensor, alpha: float = 0.75
+) -> torch.Tensor:
+    """Per input channel divisor s for products of inputs with outlier channels (SmoothQuant):
+    (x / s) @ (weight * s).T equals x @ weight.T, and x / s has flatter rows, so one int8 scale
+    per row leaves its other channels more levels; the weight's columns take the range instead.
+
+    channel_range: Tensor, shape = (in_features,), each input channel's typical magnitude (a
+    layer norm's |weight| + |bias| bounds what it emits without calibration data); weight:
+    (out_features, in_features). s = range^alpha / max|weight column|^(1 - alpha).
+    """
+    weight_range = weight.detach().float().abs().amax(dim=0).clamp(min=_TINY)
+    return channel_range.float().clamp(min=_TINY) ** alpha / weight_range ** (1 - alpha)
+
+
 def dynamic_int8_layers(module: torch.nn.Module, inplace: bool = False) -> torch.nn.Module:
     """`module` with every nn.Linear quantized by torch.ao's dynamic quantization (fbgemm: int8
     weights with a scale per tensor, the whole input block quantized with one scale on the fly);

@@ -190,3 +190,36 @@ def test_int8_batched_windows_equal_one_at_a_time(whisper_base_int8):
     )
     assert len(one.segments) >= 2
     assert batched.segments == one.segments
+
+
+@pytest.mark.slow
+def test_int8_cross_attention_keys_are_per_window_close_to_float_and_stored(
+    registry, whisper_base, whisper_base_int8, encoded_pair, tmp_path
+):
+    from asr.whisper import WhisperModel
+
+    features = encoded_pair.features
+    alone = whisper_base_int8.cross_attention(features[1:])
+    floats = whisper_base.cross_attention(features)
+    for (keys, values), (alone_keys, alone_values), (float_keys, float_values) in zip(
+        encoded_pair.cross, alone.cross, floats.cross, strict=True
+    ):
+        # A window's keys and values are the same bits alone as beside another window.
+        assert torch.equal(keys[1:], alone_keys) and torch.equal(values[1:], alone_values)
+        for ours, exact in ((keys, float_keys), (values, float_values)):
+            # int8, and close (keys about 1.3 %, values 2.3 %: asr.whisper._Int8CrossProjections)
+            assert 1e-3 < ((ours - exact).norm() / exact.norm()) < 0.04
+    # Quantized once: a second load reads them back from its store, bit for bit.
+    store = tmp_path / "int8.safetensors"
+    first, second = (
+        WhisperModel.load(registry.resolve("whisper-base"), int8_decoder=True, int8_store=store)
+        for _ in range(2)
+    )
+    made = first.cross_attention(features[:1])
+    assert store.is_file()
+    read = second.cross_attention(features[:1])
+    assert not second._int8_store._new
+    for (made_keys, made_values), (read_keys, read_values) in zip(
+        made.cross, read.cross, strict=True
+    ):
+        assert torch.equal(made_keys, read_keys) and torch.equal(made_values, read_values)
