@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import math
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -12,8 +15,13 @@ AUDIO_EXTENSIONS = frozenset(
     {".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".mp4", ".webm", ".aac", ".wma", ".mkv"}
 )
 # soundfile (libsndfile) decodes these in-process, which skips an ffmpeg start (about 0.1 s a
-# file) for the common case.
+# file, most of it CPU) for the common case.
 _SOUNDFILE_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".opus"})
+# Every path resamples with libsoxr at this quality (python-soxr in-process, ffmpeg's aresample
+# with resampler=soxr, whose default precision is the same 20 bits): the same PCM resamples to
+# the same samples whichever decoder read it (tests/test_audio.py).
+_SOXR_QUALITY = "HQ"
+_STEREO_GAIN = 0.5**0.5  # ffmpeg's stereo-to-mono coefficient (-3 dB)
 _STDERR_TAIL = 1500
 
 
@@ -30,7 +38,8 @@ def load_audio(
 ) -> np.ndarray:
     """Decodes `source` (a path or the bytes of a file).
 
-    Returns float32 samples in [-1, 1], shape = (n_samples,), mono at 16 kHz.
+    Returns float32 samples, shape = (n_samples,), mono at 16 kHz: in [-1, 1] for a mono
+    source (a stereo mix, at -3 dB a channel as ffmpeg mixes it, can reach 1.41).
     `name` labels bytes input in error messages. max_seconds: longer audio raises
     AudioTooLongError once that much is decoded, so a small, highly compressed upload cannot
     make the decoder hold hours of samples.
@@ -70,19 +79,29 @@ def load_audio(
 
 
 def _decode_with_soundfile(path: Path, limit: int | None = None) -> np.ndarray | None:
-    """The fast path for 16 kHz files soundfile can read; None hands over to ffmpeg.
-    limit: read at most one sample more than this (enough to tell the audio is too long)."""
+    """The fast path for files soundfile can read, resampled in-process; None hands over to
+    ffmpeg. limit: read at least one 16 kHz sample more than this (enough to tell the audio is
+    too long), not the whole file."""
     import soundfile
 
     try:
-        info = soundfile.info(str(path))
-        if info.samplerate != SAMPLE_RATE:
-            return None  # ffmpeg's resampler, so every input goes through one resampler
-        frames = -1 if limit is None else limit + 1
+        rate = soundfile.info(str(path)).samplerate
+        frames = -1 if limit is None else math.ceil((limit + 1) * rate / SAMPLE_RATE) + 1
         samples, _ = soundfile.read(str(path), frames=frames, dtype="float32", always_2d=True)
     except (RuntimeError, soundfile.LibsndfileError):
         return None  # ffmpeg gives the better error message
-    return np.ascontiguousarray(samples.mean(axis=1) if samples.shape[1] > 1 else samples[:, 0])
+    if samples.shape[1] > 2:
+        return None  # ffmpeg's channel matrix (centre and LFE levels) for surround layouts
+    # Stereo mixes as ffmpeg mixes it (each channel at -3 dB), so a file mixes the same
+    # whichever decoder reads it.
+    mono = (
+        samples.sum(axis=1) * np.float32(_STEREO_GAIN) if samples.shape[1] == 2 else samples[:, 0]
+    )
+    if rate != SAMPLE_RATE and mono.size:
+        import soxr
+
+        mono = soxr.resample(mono, rate, SAMPLE_RATE, quality=_SOXR_QUALITY)
+    return np.ascontiguousarray(mono, dtype=np.float32)
 
 
 def _decode_with_ffmpeg(path: str, label: str, max_seconds: float | None = None) -> np.ndarray:
@@ -90,9 +109,12 @@ def _decode_with_ffmpeg(path: str, label: str, max_seconds: float | None = None)
 
     # With a limit, ffmpeg stops a little past it: enough to tell that the audio is longer.
     limit = {} if max_seconds is None else {"t": f"{max_seconds + 1:.3f}"}
+    resampler = {"af": f"aresample={SAMPLE_RATE}:resampler=soxr"} if _ffmpeg_has_soxr() else {}
     stream = (
         ffmpeg.input(path, threads=0)
-        .output("pipe:", format="f32le", acodec="pcm_f32le", ac=1, ar=SAMPLE_RATE, **limit)
+        .output(
+            "pipe:", format="f32le", acodec="pcm_f32le", ac=1, ar=SAMPLE_RATE, **resampler, **limit
+        )
         .global_args("-nostdin", "-hide_banner", "-loglevel", "error")
     )
     try:
@@ -139,3 +161,17 @@ def check_distinct_outputs(files: list[tuple[Path, Path]], output_dir: Path) -> 
                 "transcribe them into different output folders"
             )
         by_stem[stem] = path
+
+
+@functools.cache
+def _ffmpeg_has_soxr() -> bool:
+    """Whether the installed ffmpeg was built with libsoxr (Debian's and most builds are);
+    without it ffmpeg's own resampler is used, and files it reads resample a little
+    differently from those soundfile reads."""
+    try:
+        done = subprocess.run(
+            ["ffmpeg", "-hide_banner", "-buildconf"], capture_output=True, text=True, check=False
+        )
+    except OSError:
+        return False  # no ffmpeg: its absence is reported where it is needed
+    return "--enable-libsoxr" in done.stdout

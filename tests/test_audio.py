@@ -126,3 +126,22 @@ def test_audio_longer_than_allowed_is_refused_once_the_limit_is_decoded(name):
     assert np.array_equal(load_audio(path, max_seconds=seconds + 1), whole)
     with pytest.raises(AudioTooLongError):
         load_audio(path.read_bytes(), name="upload", max_seconds=seconds / 2)
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_one_resampler_whichever_decoder_reads_the_file(tmp_path, channels):
+    # The same 22.05 kHz PCM in a WAV (soundfile, resampled in-process) and in a Matroska file
+    # (ffmpeg) resamples to the same 16 kHz samples: both go through libsoxr.
+    wav, mka = tmp_path / "jfk.wav", tmp_path / "jfk.mka"
+    _ffmpeg("-i", str(JFK), "-ac", str(channels), "-ar", "22050", "-c:a", "pcm_s16le", str(wav))
+    _ffmpeg("-i", str(wav), "-c:a", "copy", str(mka))
+    in_process, through_ffmpeg = load_audio(wav), load_audio(mka)
+    assert abs(in_process.size - 11 * SAMPLE_RATE) <= 1
+    n = min(in_process.size, through_ffmpeg.size)
+    assert abs(in_process.size - through_ffmpeg.size) <= 1
+    # Mono: the same bits; stereo: ffmpeg mixes the channels inside its resampler, a rounding.
+    tolerance = 0 if channels == 1 else 1e-6
+    np.testing.assert_allclose(in_process[:n], through_ffmpeg[:n], rtol=0, atol=tolerance)
+    # Reading only the start of a long file (a size limit) gives the same samples there.
+    limited = load_audio(wav, max_seconds=20)
+    assert np.array_equal(limited, in_process)
