@@ -37,7 +37,6 @@ COPY app ./app
 COPY asr ./asr
 COPY diarize ./diarize
 COPY decoding ./decoding
-COPY bench ./bench
 # torchaudio 2.11.0's compiled extension does not load with torch 2.13 (scripts/setup.sh step 4);
 # without its .so files torchaudio falls back to pure Python, which is all pyannote.audio uses.
 RUN python3.11 -m venv /opt/specscribe/venv \

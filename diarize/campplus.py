@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-SAMPLE_RATE = 16_000
+from asr.audio import SAMPLE_RATE  # CAM++'s rate, the one every audio path delivers
+
 NUM_MEL_BINS = 80
 EMBEDDING_DIM = 192
 CHECKPOINT = "campplus_cn_en_common.pt"

@@ -38,6 +38,7 @@ from pyannote.core import Annotation, SlidingWindowFeature
 from pyannote.core import Segment as TimeSpan
 from pyannote.pipeline.parameter import Uniform
 
+from asr.audio import SAMPLE_RATE
 from asr.types import MAX_SPEAKERS, ProgressHook, SpeakerTurn, no_progress
 from asr.vad import SpeechProbability, probability_from_activity
 from diarize.campplus import FRAME_SHIFT, load_campplus, num_frames
@@ -45,7 +46,6 @@ from diarize.embedding import CamPlusPlusEmbedding
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16_000
 SEGMENTATION_WINDOW = 10.0  # seconds: segmentation-3.0's chunk
 MIN_CLEAN_SPEECH = 0.5  # seconds: below this, an embedding keeps the overlapped frames
 

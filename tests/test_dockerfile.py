@@ -135,3 +135,23 @@ def test_pins_the_image_installs_are_the_locked_ones(name):
     pins = [d for d in pyproject["project"]["dependencies"] if d.startswith(f"{name}==")]
     assert len(pins) == 1
     assert pins[0] in (REPO / "requirements.lock").read_text().splitlines()
+
+
+def test_the_wheel_ships_what_users_import_and_no_benchmarks(tmp_path):
+    # What `pip install .` (the Dockerfile's install) puts in site-packages: the four packages
+    # and the shipped draft, not bench/, scripts/ or tests/.
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
+         "-q", "-w", str(tmp_path)],
+        check=True, cwd=tmp_path,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("specscribe-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert tops == {"app", "asr", "decoding", "diarize"}
+    assert "asr/drafts/whisper-base-draft/model.safetensors" in names
+    assert "app/api/__init__.py" in names
