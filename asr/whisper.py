@@ -557,13 +557,13 @@ class _Int8CrossProjections:
     """Each decoder layer's cross-attention key and value projections as one int8 product
     (keys first; the key projection has no bias), as the "int8" precision runs them.
 
-    They are most of what a window costs besides its encoder: 12 float32 products of 1500 rows,
-    about 64 ms a window on this project's 2-core CPU, 25 ms in int8 (what CTranslate2, faster-
-    whisper's int8, does too). The encoder's output has outlier channels, so the features are
-    divided per channel by `divisor` and the weights multiplied by it (`asr.int8.
-    smoothing_divisor`): the keys' error against float32 falls from about 2 % to 1.3 %, the
-    values' from 4.5 % to 2.3 %. Rows are quantized one by one, so a window's keys are the same
-    alone as beside other windows. Measured: docs/decoder-runtime.md#precisions.
+    After the encoder's layers they are a window's largest fixed cost: 12 float32 products of
+    1500 rows, about 64 ms a window on this project's 2-core CPU, 25 ms in int8 (CTranslate2,
+    faster-whisper's int8, quantizes them too). The encoder's output has outlier channels, so
+    the features are divided per channel by `divisor` and the weights multiplied by it
+    (`asr.int8.smoothing_divisor`): the keys' error against float32 falls from about 2 % to
+    1.3 %, the values' from 4.5 % to 2.3 %. Rows are quantized one by one, so a window's keys
+    are the same alone as beside other windows. Measured: docs/decoder-runtime.md ("Kept").
     """
 
     divisor: torch.Tensor  # (d_model,)
