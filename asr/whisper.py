@@ -213,7 +213,7 @@ class WhisperModel:
         self._runtime: StaticDecoder | None = None  # made on first use, for linear_kind
         self._encoder: StaticEncoder | None = None
         self._head: torch.nn.Module | OutputProjection | None = None
-        # The "int8" precision's cross-attention key and value products, one per layer.
+        # The "int8" precision's cross-attention key products, one per layer.
         self._cross_int8: _Int8CrossProjections | None = None
         self._module = None  # transformers' model, made on first use of `model`
         self._int8_store = Int8Store(None, "")  # where the "int8" layers come from
@@ -415,12 +415,12 @@ class WhisperModel:
             prefix = f"model.decoder.layers.{index}.encoder_attn."
             shape = (features.shape[0], -1, heads, self.config.d_model // heads)
             if self._cross_int8 is not None:
-                keys, values = self._cross_int8(features, index)
+                keys = self._cross_int8(features, index)
             else:
                 keys = F.linear(features, tensors[f"{prefix}k_proj.weight"])
-                values = F.linear(
-                    features, tensors[f"{prefix}v_proj.weight"], tensors[f"{prefix}v_proj.bias"]
-                )
+            values = F.linear(
+                features, tensors[f"{prefix}v_proj.weight"], tensors[f"{prefix}v_proj.bias"]
+            )
             # keys stored (batch, heads, head_dim, 1500), handed out transposed (see EncodedAudio)
             keys = keys.view(shape).permute(0, 2, 3, 1).contiguous()
             values = values.view(shape).transpose(1, 2).contiguous()
@@ -430,29 +430,22 @@ class WhisperModel:
         return EncodedAudio(features=features, cross=tuple(cross))
 
     def _cross_int8_products(self) -> _Int8CrossProjections:
-        """The "int8" precision's cross-attention key and value projections (below)."""
+        """The "int8" precision's cross-attention key projections (below)."""
         tensors = self.checkpoint.tensors
-        weights, biases = [], []
-        for index in range(self.config.decoder_layers):
-            prefix = f"model.decoder.layers.{index}.encoder_attn."
-            value_bias = tensors[f"{prefix}v_proj.bias"]
-            weights.append(
-                torch.cat([tensors[f"{prefix}k_proj.weight"], tensors[f"{prefix}v_proj.weight"]])
-            )
-            biases.append(torch.cat([torch.zeros_like(value_bias), value_bias]))
+        weights = [
+            tensors[f"model.decoder.layers.{index}.encoder_attn.k_proj.weight"]
+            for index in range(self.config.decoder_layers)
+        ]
         # The features are the encoder's final layer norm's output: its gain and bias bound
         # each channel's range (the encoder may be absent: a decoder reading another's output).
-        norm = self.checkpoint.tensors.get("model.encoder.layer_norm.weight")
+        norm = tensors.get("model.encoder.layer_norm.weight")
         channel_range = (
             norm.float().abs() + tensors["model.encoder.layer_norm.bias"].float().abs()
             if norm is not None
             else torch.ones(self.config.d_model)
         )
         divisor = smoothing_divisor(channel_range, torch.cat(weights))
-        products = tuple(
-            self._int8_store.linear(weight * divisor, bias)
-            for weight, bias in zip(weights, biases, strict=True)
-        )
+        products = tuple(self._int8_store.linear(weight * divisor) for weight in weights)
         return _Int8CrossProjections(divisor.to(self.device), products)
 
     def new_cache(self, encoded: EncodedAudio) -> SlotCache:
@@ -554,22 +547,24 @@ class WhisperModel:
 
 @dataclass(frozen=True)
 class _Int8CrossProjections:
-    """Each decoder layer's cross-attention key and value projections as one int8 product
-    (keys first; the key projection has no bias), as the "int8" precision runs them.
+    """Each decoder layer's cross-attention key projection as an int8 product, as the "int8"
+    precision runs it; the values stay float32 products.
 
-    After the encoder's layers they are a window's largest fixed cost: 12 float32 products of
-    1500 rows, about 64 ms a window on this project's 2-core CPU, 25 ms in int8 (CTranslate2,
-    faster-whisper's int8, quantizes them too). The encoder's output has outlier channels, so
-    the features are divided per channel by `divisor` and the weights multiplied by it
+    After the encoder's layers the twelve key and value products of 1500 rows are a window's
+    largest fixed cost: about 62 ms on this project's 2-core CPU in float32, 33 of them for the
+    keys, which take 18 ms in int8. The encoder's output has outlier channels, so the features
+    are divided per channel by `divisor` and the weights multiplied by it
     (`asr.int8.smoothing_divisor`): the keys' error against float32 falls from about 2 % to
-    1.3 %, the values' from 4.5 % to 2.3 %. Rows are quantized one by one, so a window's keys
-    are the same alone as beside other windows. Measured: docs/decoder-runtime.md ("Kept").
+    1.3 %. Values in int8 as well (4.5 % -> 2.3 % error) would save 20 ms more, but changed
+    more transcripts, among them the shipped JFK sample's punctuation, which the keys alone do
+    not. Rows are quantized one by one, so a window's keys are the same alone as beside other
+    windows. Measured: docs/decoder-runtime.md ("Kept").
     """
 
     divisor: torch.Tensor  # (d_model,)
-    products: tuple[Int8Linear, ...]  # per layer: d_model -> 2 * d_model
+    products: tuple[Int8Linear, ...]  # per layer: d_model -> d_model
 
-    def __call__(self, features: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """features: Tensor, shape = (batch, frames, d_model) -> keys, values, each Tensor,
+    def __call__(self, features: torch.Tensor, layer: int) -> torch.Tensor:
+        """features: Tensor, shape = (batch, frames, d_model) -> that layer's keys, Tensor,
         shape = (batch, frames, d_model), float32."""
-        return self.products[layer](features / self.divisor).chunk(2, dim=-1)
+        return self.products[layer](features / self.divisor)

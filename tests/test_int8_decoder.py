@@ -206,9 +206,10 @@ def test_int8_cross_attention_keys_are_per_window_close_to_float_and_stored(
     ):
         # A window's keys and values are the same bits alone as beside another window.
         assert torch.equal(keys[1:], alone_keys) and torch.equal(values[1:], alone_values)
-        for ours, exact in ((keys, float_keys), (values, float_values)):
-            # int8, and close (keys about 1.3 %, values 2.3 %: asr.whisper._Int8CrossProjections)
-            assert 1e-3 < ((ours - exact).norm() / exact.norm()) < 0.04
+        # Keys in int8, and close (about 1.3 %: asr.whisper._Int8CrossProjections); values
+        # are the float32 products.
+        assert 1e-3 < ((keys - float_keys).norm() / float_keys.norm()) < 0.02
+        assert torch.equal(values, float_values)
     # Quantized once: a second load reads them back from its store, bit for bit.
     store = tmp_path / "int8.safetensors"
     first, second = (

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from asr.audio import load_audio
+from asr.audio import SAMPLE_RATE, load_audio
 from asr.silence import chunk_window, sounds_like_speech, split_at_silence
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.types import Segment
@@ -199,9 +199,11 @@ def test_whisper_prompt_lookup_reads_text_tokens_only():
 
 @pytest.mark.slow
 def test_long_form_with_prompt_lookup_equals_plain(whisper_base, sonnet):
-    # The previous windows' text is in each window's prompt, so repeated lines are drafted.
-    plain = transcribe(whisper_base, sonnet)
-    looked_up = transcribe(whisper_base, sonnet, assistant=LookupAssistant(whisper_base))
+    # The previous windows' text is in each window's prompt, so repeated lines are drafted: the
+    # sonnet's first 20 s, read twice.
+    repeated = np.concatenate([sonnet[: 20 * SAMPLE_RATE]] * 2)
+    plain = transcribe(whisper_base, repeated)
+    looked_up = transcribe(whisper_base, repeated, assistant=LookupAssistant(whisper_base))
     assert_same_segments(looked_up.segments, plain.segments)
     assert sum(looked_up.stats["accepted_histogram"][3:]) > 0  # some blocks of 3 and more
     assert looked_up.stats["target_calls"] < plain.stats["target_calls"]
