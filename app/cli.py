@@ -80,7 +80,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
     from app.service import TranscriptionService
-    from asr.audio import AudioLoadError, AudioPrefetch, check_distinct_outputs, find_audio_files
+    from asr.audio import AudioLoadError, check_distinct_outputs, find_audio_files
     from asr.writers import SubtitleLayout, output_paths, outputs_state, write_outputs
 
     # 1. The request, checked before anything is read or loaded.
@@ -136,15 +136,13 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     options.transcribe_options().validate(service.model)
     service.load(diarization=options.diarize, vad=options.vad and not options.diarize)
 
-    # 4. Each file: a bad one is reported and skipped, the rest go on. The next file's audio
-    #    is decoded while this one is transcribed.
+    # 4. Each file: a bad one is reported and skipped, the rest go on.
     failures: list[tuple[Path, str]] = []  # (file, reason)
     bar = tqdm(jobs, unit="file", disable=None, file=sys.stderr)
-    audio = AudioPrefetch([path for path, _ in jobs])
     for path, outputs in bar:
         bar.set_postfix_str(path.name)
         try:
-            transcript = service.run(audio.next(), options)
+            transcript = service.run(path, options)
             write_outputs(transcript, outputs, record, layout)
         except AudioLoadError as error:
             failures.append((path, str(error)))
@@ -159,7 +157,6 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             tqdm.write(f"specscribe: warning: {path}: {warning}", file=sys.stderr)
         tqdm.write(f"== {path}\n{transcript.text}")
     bar.close()
-    audio.close()
 
     # 5. Summary; non-zero exit when any file failed.
     done = len(jobs) - len(failures)

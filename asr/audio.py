@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import subprocess
@@ -176,45 +175,3 @@ def _ffmpeg_has_soxr() -> bool:
     except OSError:
         return False  # no ffmpeg: its absence is reported where it is needed
     return "--enable-libsoxr" in done.stdout
-
-
-class AudioPrefetch:
-    """Decodes a list of files one ahead of their use, in a background thread, so that the next
-    file's decoding (an ffmpeg process for MP3, M4A, video: about 0.1 s of CPU a file, seconds
-    for long ones) overlaps the model's work on this one.
-
-    next() returns the files' samples in order, or raises the AudioLoadError that file's
-    decoding raised. At most two files are held decoded at once; a file larger than
-    `max_prefetch_bytes` on disk is decoded when its turn comes instead, so two very long
-    recordings never sit in memory together.
-    """
-
-    def __init__(self, paths: list[Path], max_prefetch_bytes: int = 200 * 2**20) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self._paths = list(paths)
-        self._max_bytes = max_prefetch_bytes
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="audio-prefetch")
-        self._index = 0
-        self._ahead = self._submit(0)
-
-    def _submit(self, index: int):
-        if index >= len(self._paths):
-            return None
-        path = self._paths[index]
-        with contextlib.suppress(OSError):  # a missing file: load_audio names the problem
-            if path.stat().st_size > self._max_bytes:
-                return None
-        return self._pool.submit(load_audio, path)
-
-    def next(self) -> np.ndarray:
-        """The next file's samples (raises its AudioLoadError)."""
-        index = self._index
-        if index >= len(self._paths):
-            raise IndexError("every file was handed out")
-        self._index += 1
-        current, self._ahead = self._ahead, self._submit(index + 1)
-        return load_audio(self._paths[index]) if current is None else current.result()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)

