@@ -12,7 +12,7 @@ import torch
 from asr.audio import load_audio
 from asr.linears import PackedLinear, packed_linear_available
 from asr.logit_rules import LogitRules, Prefixes
-from asr.static_decoder import _attend
+from asr.static_decoder import SLOT_BUCKET, _attend, _attend_in_buckets, _slot_buckets
 from asr.whisper import N_FRAMES, WhisperModel
 from tests.conftest import SAMPLES, torch_threads
 from tests.test_int8_decoder import JFK, LIBRISPEECH, _score
@@ -67,6 +67,41 @@ def test_exact_attention_gives_a_query_the_same_bits_in_any_block_and_batch(slot
         assert torch.equal(block, whole[:, :, start : start + width])
     assert torch.equal(attend(slice(1, 2), slice(None)), whole[1:2])  # a row without the batch
     assert whole.dtype == torch.float32 and torch.isfinite(whole).all()
+
+
+def test_a_query_reads_the_slots_of_its_own_bucket_whatever_block_and_batch_hold_it():
+    generator = torch.Generator().manual_seed(2)
+    batch, heads, head_dim, slots, n = 2, 8, 64, 448, 40
+    keys = torch.randn(batch, heads, head_dim, slots, generator=generator)
+    values = torch.randn(batch, heads, slots, head_dim, generator=generator)
+    queries = torch.randn(batch, heads, n, head_dim, generator=generator) / 8
+    # Row 0 crosses the first bucket's end (64), row 1 the second's (128).
+    positions = torch.stack([torch.arange(40, 40 + n), torch.arange(110, 110 + n)])
+
+    def attend(rows: slice, columns: slice) -> torch.Tensor:
+        block = positions[rows, columns]
+        hidden = torch.arange(slots) > block[:, None, :, None]
+        buckets = _slot_buckets(block, slots)
+        return _attend_in_buckets(
+            queries[rows, :, columns], keys[rows], values[rows], hidden, buckets
+        )
+
+    assert [(b.row, b.start, b.stop, b.slots) for b in _slot_buckets(positions, slots)] == [
+        (0, 0, 24, SLOT_BUCKET), (0, 24, 40, 2 * SLOT_BUCKET),
+        (1, 0, 18, 2 * SLOT_BUCKET), (1, 18, 40, 3 * SLOT_BUCKET),
+    ]  # fmt: skip
+    whole = attend(slice(None), slice(None))
+    for row in range(batch):
+        for start in range(n):  # every query alone, in its own row
+            alone = attend(slice(row, row + 1), slice(start, start + 1))
+            assert torch.equal(alone, whole[row : row + 1, :, start : start + 1])
+        for start, width in ((20, 8), (0, 5), (15, 12), (30, 10)):  # blocks across an end
+            block = attend(slice(row, row + 1), slice(start, start + width))
+            assert torch.equal(block, whole[row : row + 1, :, start : start + width])
+    # The same as attending to every slot, up to rounding: the slots past a bucket are hidden.
+    hidden = torch.arange(slots) > positions[:, None, :, None]
+    everything = _attend(queries, keys, values, hidden, True)
+    torch.testing.assert_close(whole, everything, rtol=1e-5, atol=1e-6)
 
 
 def _reference_rules(rules: LogitRules, logits: torch.Tensor, generated: list[list[int]]):
