@@ -219,13 +219,13 @@ class StaticDecoder:
         batch, n = tokens.shape
         states = F.embedding(tokens, self.embed_tokens) + self.embed_positions[positions]
         store = _StoreIndex.of(positions, valid)
-        slots = cache.slots if exact else int(positions.max()) + 1
+        buckets = _slot_buckets(positions, cache.slots) if exact else None
+        slots = max(b.slots for b in buckets) if exact else int(positions.max()) + 1
         # A query at position p sees slots 0..p: Tensor[bool], shape = (batch, 1, n, slots);
         # a lone query of a lone row sees every slot up to its own (a draft's step).
         hidden = None
         if exact or tokens.numel() > 1:
             hidden = torch.arange(slots, device=tokens.device) > positions[:, None, :, None]
-        buckets = _slot_buckets(positions, cache.slots) if exact else None
         for index, layer in enumerate(self.layers):
             normed = layer.self_norm(states)
             query, key, value = layer.qkv(normed).view(batch, n, 3, self.heads, -1).unbind(2)
@@ -329,6 +329,10 @@ class _Bucket:
     stop: int
     slots: int
 
+    @property
+    def columns(self) -> slice:
+        return slice(self.start, self.stop)
+
 
 def _slot_buckets(positions: torch.Tensor, max_slots: int) -> list[_Bucket]:
     """positions: Tensor, shape = (batch, n), each row's increasing positions -> its columns
@@ -351,18 +355,14 @@ def _attend_in_buckets(
     hidden: torch.Tensor,
     buckets: list[_Bucket],
 ) -> torch.Tensor:
-    """Exact `_attend` of each bucket's queries against its slots (shapes as `_attend`'s,
-    keys and values holding every slot)."""
+    """Exact `_attend` of each bucket's queries against its slots (shapes as `_attend`'s;
+    keys and values hold every slot, hidden at least the buckets' slots)."""
     if len(buckets) == 1 and queries.shape[0] == 1:  # a plain step or a block within a bucket
         slots = buckets[0].slots
         return _attend(queries, keys[..., :slots], values[:, :, :slots], hidden[..., :slots], True)
     out = queries.new_empty(queries.shape)
     for bucket in buckets:
-        row, columns, slots = (
-            slice(bucket.row, bucket.row + 1),
-            slice(bucket.start, bucket.stop),
-            bucket.slots,
-        )
+        row, columns, slots = slice(bucket.row, bucket.row + 1), bucket.columns, bucket.slots
         out[row, :, columns] = _attend(
             queries[row, :, columns],
             keys[row, ..., :slots],
