@@ -14,9 +14,12 @@ Pools come in powers of two (`pool_size`): a batch of 5 windows decodes in a poo
 last rows repeat its last window (computed and dropped), and when rows finish, the rest move to
 a smaller pool (`adopt`). A model thus keeps at most log2(largest batch) pools.
 
-A replay computes exactly what the same exact-mode step computes uncaptured (the same kernels
-in the same order), which `tests/test_cuda.py` checks bit for bit; without CUDA (`capture`
-False) the same buffers run eagerly, which the CPU tests use.
+A step attends to every cache slot, masked by position (`StaticDecoder.forward`'s every_slot),
+since a graph cannot read positions on the host to pick the slots. A replay computes exactly
+what the same step computes uncaptured (the same kernels in the same order), which
+`tests/test_cuda.py` checks bit for bit; without CUDA (`capture` False) the same buffers run
+eagerly, which the CPU tests use. `asr.graph_rounds` captures whole rounds (draft, verification,
+rules, commit) on these pools' buffers.
 """
 
 from __future__ import annotations
@@ -116,7 +119,9 @@ class StepGraphs:
         return graph.logits[: self.rows]
 
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        states = self.model.runtime.forward(tokens, positions, self.cache, exact=True)
+        states = self.model.runtime.forward(
+            tokens, positions, self.cache, exact=True, every_slot=True
+        )
         return self.model.logits(states)
 
     def _record(self, width: int) -> _Graph:

@@ -49,6 +49,37 @@ class Prefixes:
         )
 
     @classmethod
+    def empty(cls, rows: int, device) -> Prefixes:
+        """`rows` prefixes of no generated token."""
+        none = torch.full((rows,), NONE, dtype=torch.long, device=device)
+        return cls(torch.zeros_like(none), none, none.clone(), none.clone())
+
+    def after(self, token: torch.Tensor, timestamp_begin: int, take: torch.Tensor) -> Prefixes:
+        """These prefixes with `token` appended where `take` (both Tensor, shape = (rows,)),
+        unchanged elsewhere; on the device, without reading anything back."""
+        # The greatest timestamp so far, as from_history's running maximum reads it.
+        latest = torch.maximum(token, self.last_timestamp)
+        stamp = torch.where(token >= timestamp_begin, latest, self.last_timestamp)
+        return Prefixes(
+            count=self.count + take.long(),
+            last=torch.where(take, token, self.last),
+            penultimate=torch.where(take, self.last, self.penultimate),
+            last_timestamp=torch.where(take, stamp, self.last_timestamp),
+        )
+
+    @classmethod
+    def interleave(cls, columns: list[Prefixes]) -> Prefixes:
+        """Prefixes of rows x columns (each of `columns` holds one column's rows), row by row
+        as `from_history` orders them."""
+        names = ("count", "last", "penultimate", "last_timestamp")
+        return cls(*(torch.stack([getattr(c, n) for c in columns], 1).flatten() for n in names))
+
+    def assign(self, other: Prefixes) -> None:
+        """Copies `other`'s values into these tensors (static buffers of a CUDA graph)."""
+        for name in ("count", "last", "penultimate", "last_timestamp"):
+            getattr(self, name).copy_(getattr(other, name))
+
+    @classmethod
     def from_history(
         cls, history: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, timestamp_begin: int
     ) -> Prefixes:
@@ -91,20 +122,24 @@ class LogitRules:
         prefixes = Prefixes.of(generated, begin, logits.device)
         return self.apply_prefixes(logits.clone(), prefixes)
 
-    def apply_prefixes(self, logits: torch.Tensor, prefixes: Prefixes) -> torch.Tensor:
+    def apply_prefixes(
+        self, logits: torch.Tensor, prefixes: Prefixes, branch_free: bool = False
+    ) -> torch.Tensor:
         """`apply` for prefixes already summarised, IN PLACE: logits: Tensor, shape = (rows,
-        vocab), returned."""
+        vocab), returned. branch_free: apply every mask without first reading on the host
+        whether any row needs it (a CUDA graph records no such read; same result)."""
         special = self.special
         begin, eot = special.timestamp_begin, special.eot
-        logits[:, self._suppressed(logits.device)] = -torch.inf
+        self.suppress(logits)
         empty = (prefixes.count == 0)[:, None]
-        any_empty = bool(empty.any())  # rare after a block's first position: skip what it masks
+        # Rare after a block's first position: skip what it masks.
+        any_empty = branch_free or bool(empty.any())
         if any_empty:  # SuppressBlank: no leading space or immediate end.
             logits[:, BLANK_TOKEN : BLANK_TOKEN + 1].masked_fill_(empty, -torch.inf)
             logits[:, eot : eot + 1].masked_fill_(empty, -torch.inf)
         if not self.timestamps:
             return logits
-        self._timestamp_grammar(logits, prefixes, empty, any_empty)
+        self._timestamp_grammar(logits, prefixes, empty, any_empty, branch_free)
         # Sample a timestamp when their total probability beats any single text token (row by
         # row, as OpenAI). Compared on the logits: both sides of OpenAI's comparison of
         # log-probabilities carry the same normaliser.
@@ -112,13 +147,25 @@ class LogitRules:
         logits[:, :begin].masked_fill_(timestamp_wins[:, None], -torch.inf)
         return logits
 
+    def suppress(self, logits: torch.Tensor) -> torch.Tensor:
+        """Masks the always-suppressed ids, IN PLACE (the first rule; alone, a draft's cheap
+        rules). logits: Tensor, shape = (rows, vocab), returned."""
+        # index_fill_ rather than an indexed assignment, whose value would be a host tensor
+        # copied to the device (which a CUDA graph cannot record).
+        return logits.index_fill_(1, self._suppressed(logits.device), -torch.inf)
+
     def _suppressed(self, device) -> torch.Tensor:
         """The ids always masked: suppress_tokens, and <|notimestamps|> with timestamps."""
         ids = self.suppress_tokens + ((self.special.no_timestamps,) if self.timestamps else ())
         return _constant(ids, str(device))
 
     def _timestamp_grammar(
-        self, logits: torch.Tensor, prefixes: Prefixes, empty: torch.Tensor, any_empty: bool
+        self,
+        logits: torch.Tensor,
+        prefixes: Prefixes,
+        empty: torch.Tensor,
+        any_empty: bool,
+        branch_free: bool,
     ) -> None:
         """Pairing, monotonic and initial-timestamp rules, in place. empty: (rows, 1) bool."""
         begin, eot = self.special.timestamp_begin, self.special.eot
@@ -135,7 +182,7 @@ class LogitRules:
         floor = torch.where(closed_pair, stamps.shape[1], floor.clamp(min=0))
         offsets = _constant(tuple(range(stamps.shape[1])), str(logits.device))
         stamps.masked_fill_(offsets < floor[:, None], -torch.inf)
-        if bool(open_pair.any()):
+        if branch_free or bool(open_pair.any()):
             logits[:, :eot].masked_fill_(open_pair[:, None], -torch.inf)
         if any_empty:  # the first token is a timestamp, no later than max_initial_timestamp
             text.masked_fill_(empty, -torch.inf)

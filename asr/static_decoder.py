@@ -30,6 +30,10 @@ Two ways to attend, chosen per call:
   the slots used so far. The first call of a generation scores every row's whole prompt; it is
   the same call with and without a draft, and rows whose prompts have the same length get the
   same bits in a batch as alone (`asr.whisper_target` groups them).
+
+Either mode can instead attend to every slot, masked by position (`every_slot`), so that it
+reads no position on the host and its product shapes never change: what a CUDA graph records
+(`asr.cuda_graphs`, `asr.graph_rounds`), exact still in the sense above.
 """
 
 from __future__ import annotations
@@ -149,6 +153,14 @@ class SlotCache:
         for name in ("keys", "values", "cross_keys", "cross_values"):
             setattr(self, name, [tensor[rows] for tensor in getattr(self, name)])
 
+    def row(self, index: int) -> SlotCache:
+        """Row `index` alone, as a one-row cache whose tensors are views of this one's: what
+        a call writes to it lands in this cache (a pool's row taking a new window)."""
+        view = SlotCache.__new__(SlotCache)
+        for name in ("keys", "values", "cross_keys", "cross_values"):
+            setattr(view, name, [tensor[index : index + 1] for tensor in getattr(self, name)])
+        return view
+
 
 def _transposed(keys: torch.Tensor) -> torch.Tensor:
     """(batch, heads, positions, head_dim) -> contiguous (batch, heads, head_dim, positions);
@@ -203,6 +215,7 @@ class StaticDecoder:
         exact: bool = False,
         valid: torch.Tensor | None = None,
         cross_queries: dict[int, torch.Tensor] | None = None,
+        every_slot: bool = False,
     ) -> torch.Tensor:
         """Stores the block's keys and values in `cache` and returns its final states.
 
@@ -212,6 +225,9 @@ class StaticDecoder:
         every column. exact: attend as the module docstring says (no padding allowed then).
         cross_queries: filled with each listed layer's scaled cross-attention queries, Tensor,
         shape = (batch, heads, n, head_dim) (word timing reads them).
+        every_slot: attend to every slot, masked by position, and read nothing of the
+        positions on the host, so the call can be recorded as a CUDA graph and replayed with
+        other positions (asr.cuda_graphs); exact then stays exact, in products of one shape.
         Returns Tensor, shape = (batch, n, d_model), after the final layer norm.
         """
         if exact and valid is not None and not bool(valid.all()):
@@ -219,12 +235,15 @@ class StaticDecoder:
         batch, n = tokens.shape
         states = F.embedding(tokens, self.embed_tokens) + self.embed_positions[positions]
         store = _StoreIndex.of(positions, valid)
-        buckets = _slot_buckets(positions, cache.slots) if exact else None
-        slots = max(b.slots for b in buckets) if exact else int(positions.max()) + 1
+        buckets = _slot_buckets(positions, cache.slots) if exact and not every_slot else None
+        if every_slot:
+            slots = cache.slots
+        else:
+            slots = max(b.slots for b in buckets) if exact else int(positions.max()) + 1
         # A query at position p sees slots 0..p: Tensor[bool], shape = (batch, 1, n, slots);
         # a lone query of a lone row sees every slot up to its own (a draft's step).
         hidden = None
-        if exact or tokens.numel() > 1:
+        if exact or every_slot or tokens.numel() > 1:
             hidden = torch.arange(slots, device=tokens.device) > positions[:, None, :, None]
         for index, layer in enumerate(self.layers):
             normed = layer.self_norm(states)
