@@ -222,6 +222,8 @@ class WhisperModel:
         self._step_graphs_mode = "auto"
         self.attention_dtype_override: torch.dtype | None = None
         self._pools: dict[int, StepGraphs] = {}
+        # asr.graph_rounds pools of this model as a target, by rows, draft, length and rules.
+        self.round_pools: dict = {}
 
     @classmethod
     def load(
@@ -306,7 +308,7 @@ class WhisperModel:
         linear_factory(kind)  # refuses unknown kinds
         self.linear_kind = kind
         self._runtime = self._head = None
-        self._pools = {}
+        self._pools, self.round_pools = {}, {}
 
     @property
     def step_graphs_mode(self) -> str:
@@ -319,7 +321,8 @@ class WhisperModel:
         if mode not in ("auto", "off", "eager"):
             raise ValueError(f"step_graphs_mode is auto, off or eager, not {mode!r}")
         self._step_graphs_mode = mode
-        self._pools = {}  # pools made under another mode are captured, or not, the other way
+        # Pools made under another mode are captured, or not, the other way.
+        self._pools, self.round_pools = {}, {}
 
     def step_graphs(self, rows: int) -> StepGraphs | None:
         """The pool of captured decoder steps that holds `rows` windows (asr.cuda_graphs), or

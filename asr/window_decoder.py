@@ -11,11 +11,17 @@ from dataclasses import dataclass
 
 import torch
 
+from asr.cuda_graphs import pool_size
+from asr.graph_rounds import DRAFT_GRAMMAR, default_draft_tokens, rounds_for
 from asr.logit_rules import LogitRules
 from asr.whisper import EncodedAudio, WhisperModel
-from asr.whisper_drafters import Assistant
+from asr.whisper_drafters import Assistant, WhisperAssistant
 from asr.whisper_target import WhisperTarget
 from decoding import DecodeStats, LookaheadPolicy, SamplingOptions, generate
+
+# The most rows a pool of rounds (asr.graph_rounds) has by default: more windows pass
+# through them.
+MAX_ROUND_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,12 @@ class WindowDecoder:
 
     policy: the draft-length policy, shared by every batch of a transcription so that what it
     learns about the pair carries over (None: decoding.Heuristic per batch).
+    in_rounds: decode greedily in whole rounds on the device (`asr.graph_rounds`); None: where
+    rounds are captured as CUDA graphs (a float32 decoder on CUDA, with no draft or one that
+    shares the target's vocabulary). round_rows: windows decoded at once, a stopped one's row
+    taking the next (None: all of a batch, up to MAX_ROUND_ROWS); round_draft_tokens: drafted
+    per round (None: `asr.graph_rounds.default_draft_tokens` for the pool);
+    round_draft_grammar: the draft applies its whole rules, not only its suppressed ids.
     """
 
     model: WhisperModel
@@ -74,12 +86,18 @@ class WindowDecoder:
     max_new_tokens: int
     assistant: Assistant | None = None
     policy: LookaheadPolicy | None = None
+    in_rounds: bool | None = None
+    round_rows: int | None = None
+    round_draft_tokens: int | None = None
+    round_draft_grammar: bool = DRAFT_GRAMMAR
 
     def decode(
         self, batch: WindowBatch, temperature: float = 0.0, seed: int = 0
     ) -> tuple[tuple[WindowResult, ...], DecodeStats]:
         """Greedy at temperature 0, else sampled (seeded). One result per row of `batch`."""
         model = self.model
+        if temperature == 0 and self._decodes_in_rounds():
+            return self._decode_in_rounds(batch)
         target = WhisperTarget(model, batch.encoded, self.rules)
         drafter = None
         if self.assistant is not None:
@@ -99,8 +117,41 @@ class WindowDecoder:
             max_new_tokens=max_new_tokens,
             eos_token_id=model.special.eot,
         )
-        results = []
         rows = zip(generated.tokens, generated.sum_logprobs, target.no_speech_probs, strict=True)
+        return self._results(rows, temperature), generated.stats
+
+    def _decodes_in_rounds(self) -> bool:
+        if self.in_rounds is not None:
+            return self.in_rounds
+        model, assistant = self.model, self.assistant
+        same_vocabulary = isinstance(assistant, WhisperAssistant) and (
+            assistant.pairing != "cross-tokenizer"
+        )
+        return (
+            model.device.type == "cuda"
+            and model.step_graphs_mode == "auto"
+            and model.attention_dtype == torch.float32  # exact mode's products are float32
+            and (assistant is None or same_vocabulary)
+        )
+
+    def _decode_in_rounds(self, batch: WindowBatch) -> tuple[tuple[WindowResult, ...], DecodeStats]:
+        """Greedy decoding in whole rounds (`asr.graph_rounds`): a pool of `round_rows` rows
+        through which every window of the batch passes."""
+        model = self.model
+        draft = None if self.assistant is None else self.assistant.model
+        longest = max(len(prompt) for prompt in batch.prompts)
+        max_new_tokens = min(self.max_new_tokens, model.max_context - longest)
+        rows = self.round_rows or min(len(batch.prompts), MAX_ROUND_ROWS)
+        draft_tokens = self.round_draft_tokens or default_draft_tokens(pool_size(rows))
+        pool = rounds_for(model, self.rules, rows, draft, draft_tokens, self.round_draft_grammar)
+        draft_encoded = None if draft is None else batch.draft_encoded
+        run = pool.decode(batch.encoded, batch.prompts, max_new_tokens, draft_encoded)
+        rows = zip(run.tokens, run.sum_logprobs, run.no_speech_probs, strict=True)
+        return self._results(rows, 0.0), run.stats
+
+    def _results(self, rows, temperature: float) -> tuple[WindowResult, ...]:
+        """rows: (tokens, sum of log-probabilities, no-speech probability) per window."""
+        model, results = self.model, []
         for tokens, sum_logprob, no_speech_prob in rows:
             text_tokens = tokens[:-1] if tokens and tokens[-1] == model.special.eot else tokens
             results.append(
@@ -113,4 +164,4 @@ class WindowDecoder:
                     temperature=temperature,
                 )
             )
-        return tuple(results), generated.stats
+        return tuple(results)

@@ -61,6 +61,7 @@ def test_drafted_long_form_equals_plain_greedy_on_the_gpu(pair, speech):
     assert len(plain.segments) >= 4
     assert_same_segments(drafted.segments, plain.segments)
     assert drafted.stats["target_calls"] * 2 < plain.stats["target_calls"]
+    assert target.round_pools  # greedy windows decode in captured rounds on a GPU
     assert "ask not what your country can do for you" in " ".join(normalised_words(plain.text))
 
 
@@ -118,3 +119,37 @@ def test_captured_steps_equal_uncaptured_steps_bit_for_bit(registry):
     for captured, eager in zip(logits[True], logits[False], strict=True):
         assert torch.equal(captured, eager)
     assert torch.isfinite(torch.cat([s.flatten() for s in logits[True]])).all()
+
+
+def test_captured_rounds_equal_eager_rounds_and_drafting_keeps_them(pair):
+    """asr.graph_rounds: a replayed round computes what the same round computes eagerly, bit
+    for bit, plain and drafted; drafted rounds give plain rounds' tokens in fewer target
+    calls."""
+    from asr.graph_rounds import RoundGraphs
+    from asr.logit_rules import LogitRules
+    from asr.whisper import N_FRAMES
+
+    target, assistant, _ = pair
+    mels = []
+    for name in JOINED:
+        mel = target.log_mel(load_audio(SAMPLES / name))[:, :N_FRAMES]
+        mels.append(torch.nn.functional.pad(mel, (0, N_FRAMES - mel.shape[1])))
+    encoded = target.cross_attention(target.encode(torch.stack(mels)))
+    draft_encoded = assistant.encode(encoded, None)
+    rules = LogitRules(target.special, target.suppress_tokens, timestamps=True)
+    prompts = (tuple(target.sot_sequence("en", "transcribe", True)),) * len(JOINED)
+    runs = {}
+    for capture in (True, False):
+        for draft, k in ((None, 0), (assistant.model, 4)):
+            pool = RoundGraphs(target, rules, len(JOINED), draft, k, capture=capture)
+            runs[capture, k] = pool.decode(
+                encoded, prompts, 224, None if draft is None else draft_encoded
+            )
+    for k in (0, 4):
+        captured, eager = runs[True, k], runs[False, k]
+        assert (captured.tokens, captured.sum_logprobs) == (eager.tokens, eager.sum_logprobs)
+    plain, drafted = runs[True, 0], runs[True, 4]
+    assert drafted.tokens == plain.tokens
+    assert drafted.stats.target_calls * 2 < plain.stats.target_calls
+    text = target.text_of([t for t in plain.tokens[0] if t < target.special.eot])
+    assert "ask not what your country can do for you" in " ".join(normalised_words(text))
