@@ -23,6 +23,9 @@ prompting the next (condition on previous text):
 - `--device cuda` runs every configuration on a GPU: faster-whisper as int8_float16 and
   float16 instead of int8 and float32, timings synchronised with the GPU. A configuration that
   cannot run at all (faster-whisper not installed, say) is reported as failed, not measured.
+- `--batch-sweep` (with `--device cuda`) adds `bench.batch_sweep`'s report with its defaults:
+  drafted against plain decoding at batch 1-32, uncaptured, captured steps and captured rounds
+  (docs/gpu.md).
 - `--precision bf16,mixed` adds ours greedy and our fastest speculative configuration in
   bfloat16, and with a bf16 encoder and fp32 decoder ("mixed"), each compared with greedy in
   the same precision (see asr.precision for why bf16 drafting can differ from bf16 greedy).
@@ -36,7 +39,7 @@ encoders' forward; faster-whisper by timing its `encode`), whether ours equal ou
 same precision (segment times and text, every file), and speedups against our greedy,
 transformers generate and faster-whisper int8. The last line printed is one JSON object.
 
-    python -m bench.asr [--repeats 3] [--threads 2] [--device cuda] [--speech DIR]
+    python -m bench.asr [--repeats 3] [--threads 2] [--device cuda [--batch-sweep]] [--speech DIR]
         [--assistants whisper-tiny.en]
         [--policies heuristic,constant:4,adaptive] [--no-timestamps] [--precision bf16,mixed]
         [--only REGEX] [--max-files N] [--save]
@@ -698,6 +701,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-timestamps", action="store_true", help="decode without timestamps")
     parser.add_argument(
+        "--batch-sweep",
+        action="store_true",
+        help="with --device cuda: add bench.batch_sweep's report (docs/gpu.md)",
+    )
+    parser.add_argument(
         "--precision",
         type=lambda v: [s.strip() for s in v.split(",") if s.strip() and s.strip() != "fp32"],
         default=[],
@@ -748,6 +756,8 @@ def _drafts(registry: ModelRegistry, requested: list[str] | None) -> tuple[list[
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.batch_sweep and not args.device.startswith("cuda"):
+        _parser().error("--batch-sweep measures a GPU: it needs --device cuda")
     for policy in args.policies:
         parse_policy(policy)  # a bad policy fails before any model loads
     for precision in args.precision:  # so does a precision the device cannot run
@@ -811,6 +821,11 @@ def main(argv: list[str] | None = None) -> int:
         "configs": rows,
     }
     print_table(rows)
+    if args.batch_sweep:
+        from bench import batch_sweep
+
+        sweep_args = batch_sweep.parser().parse_args(["--device", args.device])
+        report["batch_sweep"] = batch_sweep.build_report(sweep_args)
     if args.save:
         _save(report, args.device)
     print(json.dumps(report))
