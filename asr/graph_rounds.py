@@ -230,17 +230,9 @@ class RoundGraphs:
         device = self.target.device
         tokens = torch.tensor([prompt], device=device)
         positions = torch.arange(len(prompt), device=device)[None]
-        pools = [(self._target_rows, encoded)]
+        states = _score_in_row(self._target_rows, row, encoded, window, tokens, positions)
         if self._draft_rows is not None:
-            pools.append((self._draft_rows, draft_encoded))
-        states = None
-        for pool, view in pools:
-            cache = pool.cache.row(row)
-            for index, (keys, values) in enumerate(view.cross):
-                cache.cross_keys[index][0].copy_(keys[window].transpose(-1, -2))
-                cache.cross_values[index][0].copy_(values[window])
-            out = pool.model.runtime.forward(tokens, positions, cache)
-            states = out if states is None else states  # the target's (first)
+            _score_in_row(self._draft_rows, row, draft_encoded, window, tokens, positions)
         every = torch.ones_like(tokens, dtype=torch.bool)
         first, probs = self._prompt_logits(tokens, every, states)
 
@@ -453,3 +445,20 @@ def _first_rows(encoded: EncodedAudio, rows: int) -> EncodedAudio:
     if encoded.features.shape[0] == rows:
         return encoded
     return encoded.rows(torch.arange(rows, device=encoded.features.device))
+
+
+def _score_in_row(
+    pool: StepGraphs,
+    row: int,
+    encoded: EncodedAudio,
+    window: int,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """Puts window `window` of `encoded` into one row of a pool's cache and scores a prompt
+    there (tokens, positions: shape = (1, n)); returns its states, shape = (1, n, d_model)."""
+    cache = pool.cache.row(row)
+    for index, (keys, values) in enumerate(encoded.cross):
+        cache.cross_keys[index][0].copy_(keys[window].transpose(-1, -2))
+        cache.cross_values[index][0].copy_(values[window])
+    return pool.model.runtime.forward(tokens, positions, cache)
