@@ -83,6 +83,7 @@ class RoundGraphs:
         draft_tokens: int = 0,
         capture: bool = True,
         draft_grammar: bool = DRAFT_GRAMMAR,
+        every_slot: bool | None = None,
     ) -> None:
         if (draft is None) != (draft_tokens == 0):
             raise ValueError("a draft needs draft_tokens >= 1, and draft_tokens a draft")
@@ -113,6 +114,11 @@ class RoundGraphs:
         self._columns = torch.arange(width, **long)
         self._every_row = torch.ones(size, dtype=torch.bool, device=device)
         self._graph: torch.cuda.CUDAGraph | None = None
+        # Steps attend to every cache slot where a graph may record them (CUDA, captured or
+        # not, so both compute alike); on a CPU they read the positions to attend to fewer.
+        self.every_slot = device.type == "cuda" if every_slot is None else every_slot
+        if capture and not self.every_slot:
+            raise ValueError("a captured round attends to every slot")
 
     @torch.inference_mode()
     def decode(
@@ -331,7 +337,7 @@ class RoundGraphs:
             positions.clamp(max=self.max_context - 1),
             self._target_rows.cache,
             exact=True,
-            every_slot=True,
+            every_slot=self.every_slot,
         )
         logits = self.target.logits(states)
         columns = [self.prefixes]
@@ -359,7 +365,7 @@ class RoundGraphs:
                 tokens,
                 positions.clamp(max=self.max_context - 1),
                 self._draft_rows.cache,
-                every_slot=True,
+                every_slot=self.every_slot,
             )
             logits = draft.logits(states[:, -1])
             if self.draft_grammar:

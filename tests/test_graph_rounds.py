@@ -157,12 +157,14 @@ def _no_host_reads():
 
 @pytest.mark.slow
 def test_a_round_reads_nothing_on_the_host(windows):
-    from asr.graph_rounds import rounds_for
+    """As a round runs where it is captured (every slot attended to; on a CPU it reads the
+    positions to attend to fewer)."""
+    from asr.graph_rounds import RoundGraphs
 
     target, assistant, batch = windows
     rules = LogitRules(target.special, target.suppress_tokens, timestamps=True)
     for draft, k in ((None, 0), (assistant.model, 2)):
-        pool = rounds_for(target, rules, 2, draft, k)
+        pool = RoundGraphs(target, rules, 2, draft, k, capture=False, every_slot=True)
         part = batch.rows([0, 1])
         pool.decode(part.encoded, part.prompts, 3, part.draft_encoded if draft else None)
         lengths = pool.lengths.clone()
