@@ -40,15 +40,14 @@ from dataclasses import dataclass
 import torch
 
 from asr.cuda_graphs import StepGraphs, pool_size
-from asr.logit_rules import LogitRules, Prefixes
+from asr.logit_rules import DRAFT_GRAMMAR, LogitRules, Prefixes
 from asr.whisper import EncodedAudio, WhisperModel
 from decoding import DecodeStats
 
-# How rounds draft by default, from the batch sweep on an H200 (whisper-base and its 2-layer
-# draft; docs/gpu.md): the draft masks only its suppressed ids, as its whole grammar costs
-# about 40 more kernels a step and accepted no more; and it drafts fewer tokens the more rows a
-# pool has, as each draft step costs more with more rows and the slowest row sets the rounds.
-DRAFT_GRAMMAR = False
+# How many tokens rounds draft by default, from the batch sweep on an H200 (whisper-base and
+# its 2-layer draft; docs/gpu.md): fewer the more rows a pool has, as each draft step costs
+# more with more rows and the slowest row sets the rounds. (What rules the draft applies:
+# asr.logit_rules.DRAFT_GRAMMAR.)
 
 
 def default_draft_tokens(rows: int) -> int:

@@ -25,7 +25,7 @@ from typing import Literal
 
 import torch
 
-from asr.logit_rules import LogitRules
+from asr.logit_rules import DRAFT_GRAMMAR, LogitRules
 from asr.whisper import EncodedAudio, WhisperModel
 from asr.whisper_target import WhisperTarget
 from asr.whisper_text import WhisperTextCodec
@@ -81,8 +81,17 @@ class WhisperAssistant:
         """A Drafter for one batch of windows (rows in the target's order)."""
         draft = self.model
         rules = LogitRules(draft.special, draft.suppress_tokens, timestamps=timestamps)
-        model = WhisperTarget(draft, encoded, rules, measure_no_speech=False, exact=False)
-        if self.pairing != "cross-tokenizer":
+        same_vocabulary = self.pairing != "cross-tokenizer"
+        model = WhisperTarget(
+            draft,
+            encoded,
+            rules,
+            measure_no_speech=False,
+            exact=False,
+            # A draft in another vocabulary keeps its grammar: its text is translated.
+            grammar=DRAFT_GRAMMAR or not same_vocabulary,
+        )
+        if same_vocabulary:
             return ModelDrafter(model)
         target_codec = WhisperTextCodec(self.target, language, task)
         draft_codec = WhisperTextCodec(draft, _draft_language(draft, language), task)

@@ -34,6 +34,8 @@ class WhisperTarget:
     measure_no_speech: read P(<|nospeech|>) at each window's SOT (a target; not a draft).
     exact: score later calls in the decoder's exact mode (a target; None: where the model's
     kernels allow it). A draft needs neither: verification checks what it proposes.
+    grammar: apply the whole rules; False: only the suppressed ids (a draft's cheap rules,
+    `asr.logit_rules.DRAFT_GRAMMAR`).
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class WhisperTarget:
         rules: LogitRules,
         measure_no_speech: bool = True,
         exact: bool | None = None,
+        grammar: bool = True,
     ) -> None:
         self.model = model
         self.device = model.device
@@ -50,6 +53,7 @@ class WhisperTarget:
         self.sot_length = len(model.sot_sequence(None, "transcribe", rules.timestamps))
         self.measure_no_speech = measure_no_speech
         self.exact = model.exact_steps if exact is None else exact
+        self.grammar = grammar
         self.encoded = encoded  # every window, in the caller's order; the cache reads its K/V
         self._no_speech: tuple[float, ...] | None = None
         self.reset()
@@ -150,6 +154,8 @@ class WhisperTarget:
         row's generated tokens up to and including that position. Shapes: (batch, keep, vocab),
         (batch, keep)."""
         batch, keep, vocab = logits.shape
+        if not self.grammar:
+            return self.rules.suppress(logits.reshape(batch * keep, vocab)).reshape(logits.shape)
         prefixes = Prefixes.from_history(
             self._history,
             self._generated_from,

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from asr.cuda_graphs import pool_size
-from asr.graph_rounds import DRAFT_GRAMMAR, default_draft_tokens, rounds_for
-from asr.logit_rules import LogitRules
+from asr.graph_rounds import default_draft_tokens, rounds_for
+from asr.logit_rules import DRAFT_GRAMMAR, LogitRules
 from asr.whisper import EncodedAudio, WhisperModel
 from asr.whisper_drafters import Assistant, WhisperAssistant
 from asr.whisper_target import WhisperTarget

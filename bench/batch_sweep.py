@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from asr.cuda_graphs import pool_size
-from asr.graph_rounds import DRAFT_GRAMMAR, default_draft_tokens
+from asr.graph_rounds import default_draft_tokens
+from asr.logit_rules import DRAFT_GRAMMAR
 from bench import positive_int
 from bench.asr_data import SPEECH
 from decoding import device_clock

@@ -180,3 +180,29 @@ def test_a_pool_refuses_more_windows_than_rows_and_a_draft_without_tokens(whispe
     rules = LogitRules(whisper_base.special, whisper_base.suppress_tokens, timestamps=True)
     with pytest.raises(ValueError, match="draft_tokens"):
         RoundGraphs(whisper_base, rules, 1, draft=whisper_base, draft_tokens=0, capture=False)
+
+
+@pytest.mark.slow
+def test_a_draft_without_its_grammar_masks_only_the_suppressed_ids(windows):
+    """asr.logit_rules.DRAFT_GRAMMAR: after a closed timestamp pair the grammar forbids every
+    timestamp; a draft scoring without it still masks the suppressed ids, nothing else."""
+    from asr.whisper_target import WhisperTarget
+
+    target, _, batch = windows
+    rules = LogitRules(target.special, target.suppress_tokens, timestamps=True)
+    begin = target.special.timestamp_begin
+    sot = list(target.sot_sequence("en", "transcribe", True))
+    block = [*sot, begin, 400, 370, begin + 20, begin + 20]  # "<0.00> And so <0.40><0.40>"
+    tokens = torch.tensor([block])
+    positions = torch.arange(len(block))[None]
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    scored = {}
+    for grammar in (True, False):
+        model = WhisperTarget(target, batch.encoded.rows(torch.tensor([0])), rules, grammar=grammar)
+        scored[grammar] = model.score(tokens, positions, mask, keep=1)[0, -1]
+    assert torch.isinf(scored[True][begin:]).all()  # a closed pair: text must follow
+    assert torch.isfinite(scored[False][begin:]).all()
+    suppressed = [*rules.suppress_tokens, target.special.no_timestamps]
+    assert torch.isinf(scored[False][suppressed]).all()
+    finite = torch.isfinite(scored[False])
+    assert int((~finite).sum()) == len(set(suppressed))
