@@ -24,12 +24,13 @@ buffers, which is how the CPU tests check it.
 
 What it computes is `asr.window_decoder`'s greedy decoding of the same windows: the same first
 call over each row's whole prompt (its last position gives the first token, its
-<|startoftranscript|> the no-speech probability), then steps in the decoder's exact mode over
-every cache slot, whose product shapes do not depend on the position, the block or the batch.
-Drafted and plain rounds thus score a position with the same operations, and with row-invariant
-kernels (CPUs) with the same bits; on a GPU the linear kernels may pick other tiles for a block
-of k + 1 rows than for one, which `tests/test_cuda.py` and `bench.batch_sweep` check on real
-speech. Sampling, and drafts that need a tokenizer bridge, stay on `decoding.generate`.
+<|startoftranscript|> the no-speech probability), then steps in the decoder's exact mode
+(over every cache slot where a graph records them), whose product shapes do not depend on the
+block or the batch. Drafted and plain rounds thus score a position with the same operations,
+and with row-invariant kernels (CPUs) with the same bits; on a GPU the linear kernels may pick
+other tiles for a block of k + 1 rows than for one, which `tests/test_cuda.py` and
+`bench.batch_sweep` check on real speech. Sampling, and drafts that need a tokenizer bridge,
+stay on `decoding.generate`.
 """
 
 from __future__ import annotations
@@ -44,14 +45,13 @@ from asr.logit_rules import DRAFT_GRAMMAR, LogitRules, Prefixes
 from asr.whisper import EncodedAudio, WhisperModel
 from decoding import DecodeStats
 
-# How many tokens rounds draft by default, from the batch sweep on an H200 (whisper-base and
-# its 2-layer draft; docs/gpu.md): fewer the more rows a pool has, as each draft step costs
-# more with more rows and the slowest row sets the rounds. (What rules the draft applies:
-# asr.logit_rules.DRAFT_GRAMMAR.)
-
 
 def default_draft_tokens(rows: int) -> int:
-    """Drafted tokens per round for a pool of `rows` rows: 3 up to 8 rows, 2 up to 16, then 1."""
+    """Drafted tokens per round for a pool of `rows` rows: 3 up to 8 rows, 2 up to 16, then 1.
+
+    From the batch sweep on an H200 (whisper-base and its 2-layer draft; docs/gpu.md): fewer
+    the more rows, as a draft step costs more with more rows and the slowest row sets the
+    number of rounds. (What rules the draft applies: asr.logit_rules.DRAFT_GRAMMAR.)"""
     return 3 if rows <= 8 else 2 if rows <= 16 else 1
 
 
