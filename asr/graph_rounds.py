@@ -150,12 +150,13 @@ class RoundGraphs:
         rounds = prompt_calls = 0
         while any(window is not None for window in window_of_row):
             rounds += self._run_rounds(max_new_tokens, until_any=bool(waiting))
+            # One read of each per harvest (each read waits for the device).
             done, sums = self.done.tolist(), self.sum_logprobs.tolist()
+            lengths = self.lengths.tolist()
             for row, window in enumerate(window_of_row):
                 if window is None or not done[row]:
                     continue
-                end = int(self.lengths[row])
-                tokens = tuple(self.history[row, len(prompts[window]) : end].tolist())
+                tokens = tuple(self.history[row, len(prompts[window]) : lengths[row]].tolist())
                 results[window] = (tokens, sums[row])
                 window_of_row[row] = None
                 self.occupied[row] = False
@@ -247,9 +248,7 @@ class RoundGraphs:
         self.budget_end[row] = len(prompt) + max_new_tokens
         self.done[row], self.occupied[row] = False, True
         self.sum_logprobs[row] = 0.0
-        empty = Prefixes.empty(1, device)
-        for name in ("count", "last", "penultimate", "last_timestamp"):
-            getattr(self.prefixes, name)[row] = getattr(empty, name)[0]
+        self.prefixes.assign(Prefixes.empty(1, device), row)
         logits = first.new_zeros((self.size, first.shape[-1]))
         logits[row] = first[0]
         self._commit_first(logits, torch.arange(self.size, device=device) == row)

@@ -25,6 +25,9 @@ DRAFT_GRAMMAR = False
 NONE = -1  # no such token (an empty or one-token prefix, no timestamp yet)
 
 
+_FIELDS = ("count", "last", "penultimate", "last_timestamp")  # Prefixes' tensors
+
+
 @dataclass(frozen=True)
 class Prefixes:
     """What the rules read of the generated prefixes of `rows` positions; each Tensor, shape =
@@ -76,13 +79,14 @@ class Prefixes:
     def interleave(cls, columns: list[Prefixes]) -> Prefixes:
         """Prefixes of rows x columns (each of `columns` holds one column's rows), row by row
         as `from_history` orders them."""
-        names = ("count", "last", "penultimate", "last_timestamp")
-        return cls(*(torch.stack([getattr(c, n) for c in columns], 1).flatten() for n in names))
+        return cls(*(torch.stack([getattr(c, n) for c in columns], 1).flatten() for n in _FIELDS))
 
-    def assign(self, other: Prefixes) -> None:
-        """Copies `other`'s values into these tensors (static buffers of a CUDA graph)."""
-        for name in ("count", "last", "penultimate", "last_timestamp"):
-            getattr(self, name).copy_(getattr(other, name))
+    def assign(self, other: Prefixes, row: int | None = None) -> None:
+        """Copies `other`'s values into these tensors (static buffers of a CUDA graph): into
+        every row, or into row `row` alone (`other` then holds one row)."""
+        for name in _FIELDS:
+            mine = getattr(self, name)
+            (mine if row is None else mine[row : row + 1]).copy_(getattr(other, name))
 
     @classmethod
     def from_history(

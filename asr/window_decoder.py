@@ -104,9 +104,7 @@ class WindowDecoder:
             drafter = self.assistant.drafter(
                 batch.draft_encoded, self.language, self.task, self.rules.timestamps
             )
-        # Whisper knows max_context positions; rows of a batch share one token budget.
-        longest = max(len(prompt) for prompt in batch.prompts)
-        max_new_tokens = min(self.max_new_tokens, model.max_context - longest)
+        max_new_tokens = self._token_budget(batch)
         sampling = None if temperature == 0 else SamplingOptions(temperature, seed=seed)
         generated = generate(
             target,
@@ -119,6 +117,12 @@ class WindowDecoder:
         )
         rows = zip(generated.tokens, generated.sum_logprobs, target.no_speech_probs, strict=True)
         return self._results(rows, temperature), generated.stats
+
+    def _token_budget(self, batch: WindowBatch) -> int:
+        """New tokens each row may add: Whisper knows max_context positions, and the rows of a
+        batch share one budget."""
+        longest = max(len(prompt) for prompt in batch.prompts)
+        return min(self.max_new_tokens, self.model.max_context - longest)
 
     def _decodes_in_rounds(self) -> bool:
         if self.in_rounds is not None:
@@ -139,8 +143,7 @@ class WindowDecoder:
         through which every window of the batch passes."""
         model = self.model
         draft = None if self.assistant is None else self.assistant.model
-        longest = max(len(prompt) for prompt in batch.prompts)
-        max_new_tokens = min(self.max_new_tokens, model.max_context - longest)
+        max_new_tokens = self._token_budget(batch)
         rows = self.round_rows or min(len(batch.prompts), MAX_ROUND_ROWS)
         draft_tokens = self.round_draft_tokens or default_draft_tokens(pool_size(rows))
         pool = rounds_for(model, self.rules, rows, draft, draft_tokens, self.round_draft_grammar)
