@@ -64,32 +64,33 @@ def _formats(value: str) -> list[str]:
 
 
 def _output_formats(asked: list[str] | None, diarize: bool) -> list[str]:
-    """--format's list (default txt). "all" (every writer) leaves rttm out without --diarize;
-    naming rttm without --diarize is refused: it would be an empty file."""
+    """--format's list (default txt), checked as every request's formats are
+    (app.request.check_formats); "all" (every writer) leaves rttm out without speakers."""
+    from app.request import check_formats
     from asr.writers import WRITERS
 
     formats = asked or ["txt"]
-    if "rttm" in formats and not diarize:
-        if set(formats) != set(WRITERS):
-            raise ValueError("--format rttm needs --diarize: RTTM holds speaker turns")
+    if not diarize and set(formats) == set(WRITERS):
         formats = [name for name in formats if name != "rttm"]
+    check_formats(formats, diarize)
     return formats
 
 
 def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
+    from app.output_plan import plan_outputs
     from app.service import TranscriptionService
     from asr.audio import AudioLoadError, check_distinct_outputs, find_audio_files
-    from asr.writers import SubtitleLayout, output_paths, outputs_state, write_outputs
+    from asr.writers import SubtitleLayout, output_paths, write_outputs
 
     # 1. The request, checked before anything is read or loaded.
-    if args.diarization_pipeline and not args.diarize:
-        raise ValueError("--diarization-pipeline needs --diarize")
     layout = SubtitleLayout(args.max_line_width, args.max_line_count).validate()
     if layout.shaped:
         args.word_timestamps = True  # cues are timed by their words
     options = _request_options(args)
+    if args.diarization_pipeline and not options.diarize:
+        raise ValueError("--diarization-pipeline needs --diarize")
     if args.format is not None and not args.output_dir:
         raise ValueError("--format needs --output-dir (without it the transcript is printed)")
     formats = _output_formats(args.format, options.diarize)
@@ -117,12 +118,12 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     jobs, skipped = [], 0
     for path, stem in files:
         outputs = output_paths(args.output_dir, stem, formats) if args.output_dir else {}
-        state, changes = outputs_state(outputs, record)
-        if state == "done" and not args.overwrite:
+        plan = plan_outputs(outputs, record, args.overwrite)
+        if not plan.decode:
             skipped += 1
             continue
-        if state == "changed" and not args.overwrite:
-            print(f"specscribe: redoing {path}: options changed ({changes})", file=sys.stderr)
+        if plan.action == "redo":
+            print(f"specscribe: redoing {path}: options changed ({plan.changes})", file=sys.stderr)
         jobs.append((path, outputs))
 
     if not jobs:
@@ -405,27 +406,22 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--diarize", action="store_true", help="label speakers (offline: segmentation-3.0 + CAM++)"
     )
-    parser.add_argument("--num-speakers", type=int, metavar="N", help="exactly N speakers")
+    parser.add_argument(
+        "--num-speakers", type=int, metavar="N", help="exactly N speakers (implies --diarize)"
+    )
     parser.add_argument("--min-speakers", type=int, metavar="N", help="at least N speakers")
     parser.add_argument("--max-speakers", type=int, metavar="N", help="at most N speakers")
 
 
 def _request_options(args: argparse.Namespace):
-    from app.service import ServiceOptions, decoding_choices, language_code
+    """The request's ServiceOptions (app.request: checked as every front's are)."""
+    from app.request import ServiceOptions, decoding_choices
 
-    counts = {
-        "--num-speakers": args.num_speakers,
-        "--min-speakers": args.min_speakers,
-        "--max-speakers": args.max_speakers,
-    }
-    given = [flag for flag, value in counts.items() if value is not None]
-    if given and not args.diarize:  # said in the user's own terms, before ServiceOptions does
-        raise ValueError(f"{', '.join(given)} needs --diarize")
     return ServiceOptions(
-        language=language_code(args.language),
+        language=args.language,
         task=args.task,
         word_timestamps=args.word_timestamps,
-        diarize=args.diarize,
+        diarize=True if args.diarize else None,  # None: on when a speaker count is given
         num_speakers=args.num_speakers,
         min_speakers=args.min_speakers,
         max_speakers=args.max_speakers,
@@ -433,7 +429,7 @@ def _request_options(args: argparse.Namespace):
         initial_prompt=args.initial_prompt,
         condition_on_previous_text=args.condition_on_previous_text,
         **decoding_choices(args),
-    ).validate()
+    )
 
 
 def _store(args: argparse.Namespace, create: bool = True):

@@ -25,7 +25,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from app.config import Settings
 from app.service import (
@@ -33,7 +33,6 @@ from app.service import (
     ServiceOptions,
     TranscriptionService,
     decoding_choices,
-    language_code,
 )
 from asr.types import MAX_SPEAKERS, Transcript
 
@@ -90,20 +89,14 @@ class EndpointParameters(BaseModel):
     chunk_length_s: Literal[30] | None = None
     sampling_rate: Literal[16000] | None = None
 
-    @field_validator("language")
-    @classmethod
-    def _language_code(cls, value: str | None) -> str | None:
-        return language_code(value)
-
     def service_options(self) -> ServiceOptions:
-        counts = (self.num_speakers, self.min_speakers, self.max_speakers)
-        diarize = self.diarize if self.diarize is not None else any(c is not None for c in counts)
+        """The request's ServiceOptions (app.request's rules; ValueError names a field)."""
         return ServiceOptions(
             language=self.language,
             task=self.task,
             word_timestamps=self.word_timestamps,
             use_assistant=self.assistant is not False,
-            diarize=diarize,
+            diarize=self.diarize,
             num_speakers=self.num_speakers,
             min_speakers=self.min_speakers,
             max_speakers=self.max_speakers,
@@ -325,7 +318,10 @@ class EndpointHandler:
 
     def _options(self, parameters: EndpointParameters) -> ServiceOptions:
         """ServiceOptions checked against this endpoint's models: EndpointError 422."""
-        options = parameters.service_options()
+        try:
+            options = parameters.service_options()
+        except ValueError as error:
+            raise EndpointError(422, f"invalid parameters: {error}") from None
         if parameters.assistant and self.service.assistant is None:
             raise EndpointError(
                 422,
@@ -337,7 +333,6 @@ class EndpointHandler:
                 422, "diarize: diarization is off on this endpoint (DIARIZATION_MODEL=none)"
             )
         try:
-            options.validate()
             options.transcribe_options().validate(self.service.model)
         except ValueError as error:
             raise EndpointError(422, f"invalid parameters: {error}") from None

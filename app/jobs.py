@@ -104,18 +104,10 @@ class JobSpec:
     overwrite: bool = False  # False: a file whose outputs all exist is done without decoding
 
     def validate(self) -> JobSpec:
-        from asr.writers import WRITERS
+        """Checks the formats; the options were checked when they were made."""
+        from app.request import check_formats
 
-        if not self.formats:
-            raise ValueError("formats is empty: name at least one output format")
-        unknown = [name for name in self.formats if name not in WRITERS]
-        if unknown:
-            raise ValueError(
-                f"unknown format {', '.join(unknown)}; choose from {', '.join(WRITERS)}"
-            )
-        self.options.validate()
-        if "rttm" in self.formats and not self.options.diarize:
-            raise ValueError("format rttm needs diarize: RTTM holds speaker turns")
+        check_formats(self.formats, self.options.diarize)
         return self
 
 
@@ -206,14 +198,6 @@ class Event:
     kind: str
     worker: str | None
     detail: str | None
-
-
-def _options_to_json(options: ServiceOptions) -> str:
-    return json.dumps(dataclasses.asdict(options), sort_keys=True)
-
-
-def _options_from_json(text: str) -> ServiceOptions:
-    return ServiceOptions(**json.loads(text))
 
 
 def _process_is_gone(pid: int) -> bool:
@@ -348,7 +332,7 @@ class JobStore:
                     json.dumps([str(p) for p in sources]),
                     str(output_dir),
                     json.dumps(list(spec.formats)),
-                    _options_to_json(spec.options),
+                    spec.options.to_json(),
                     spec.model,
                     int(spec.overwrite),
                 ),
@@ -438,7 +422,7 @@ class JobStore:
         spec = JobSpec(
             output_dir=Path(row["output_dir"]),
             formats=tuple(json.loads(row["formats"])),
-            options=_options_from_json(row["options"]),
+            options=ServiceOptions.from_json(row["options"]),
             model=row["model"],
             overwrite=bool(row["overwrite"]),
         )

@@ -10,13 +10,19 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from app.config import Settings
+from app.request import (  # re-exported: the Python API takes them from here
+    DECODING_CHOICES,
+    MAX_PROMPT_CHARACTERS,
+    ServiceOptions,
+    decoding_choices,
+    language_code,
+)
 from asr.types import (
     DecidedWindow,
     ProgressHook,
@@ -34,179 +40,18 @@ if TYPE_CHECKING:
     from asr.whisper_drafters import Assistant
     from diarize.pipeline import Diarization, DiarizeOptions, Diarizer
 
+__all__ = [
+    "DECODING_CHOICES",
+    "MAX_PROMPT_CHARACTERS",
+    "AudioInput",
+    "ServiceOptions",
+    "TranscriptionService",
+    "decoding_choices",
+    "language_code",
+]
+
 AudioInput = str | Path | bytes | np.ndarray
 """A path, the bytes of an audio file, or float32 16 kHz mono samples."""
-
-
-def language_code(value: str | None) -> str | None:
-    """Whisper's language code for a code ("de"), an English name ("German") or a token
-    ("<|de|>"); None, "" and "auto" mean: detect it. Unknown values pass through, for
-    ServiceOptions.validate to refuse."""
-    if value is None:
-        return None
-    from asr.languages import TO_LANGUAGE_CODE
-
-    text = value.strip().lower().removeprefix("<|").removesuffix("|>")
-    if text in ("", "auto"):
-        return None
-    return TO_LANGUAGE_CODE.get(text, text)
-
-
-MAX_PROMPT_CHARACTERS = 4000  # a sanity bound: a longer prompt is a mistake, not a prompt
-
-# ServiceOptions fields every front takes under the same names (CLI flags, endpoint
-# parameters, API form fields): `decoding_choices` copies them from a front's request.
-DECODING_CHOICES = (
-    "hotwords",
-    "clip_timestamps",
-    "vad",
-    "vad_threshold",
-    "vad_min_speech_duration",
-    "vad_min_silence_duration",
-    "vad_speech_pad",
-    "repetition_ngram",
-    "hallucination_silence_threshold",
-)
-
-
-def decoding_choices(request: object) -> dict:
-    """The DECODING_CHOICES of a front's request (an argparse namespace, a pydantic model), as
-    ServiceOptions keyword arguments: empty text means none, a repetition n-gram of 0 off."""
-    choices = {name: getattr(request, name) for name in DECODING_CHOICES}
-    for name in ("hotwords", "clip_timestamps"):
-        choices[name] = choices[name] or None
-    choices["repetition_ngram"] = choices["repetition_ngram"] or None
-    return choices
-
-
-@dataclass(frozen=True)
-class ServiceOptions:
-    """What one request asks for; `validate` names the offending field."""
-
-    language: str | None = None  # None: detected
-    task: Literal["transcribe", "translate"] = "transcribe"
-    word_timestamps: bool = False
-    use_assistant: bool = True  # draft with the service's assistant, when it has one
-    diarize: bool = False
-    num_speakers: int | None = None
-    min_speakers: int | None = None
-    max_speakers: int | None = None
-    batch_size: int = 1  # >1: windows cut at silences, decoded together
-    # Text the first window is prompted with (spellings, names, style); every window with
-    # batch_size > 1, whose windows have no text before them.
-    initial_prompt: str | None = None
-    # Each window prompted with the text before it (OpenAI's default); off, a window that went
-    # wrong cannot lead the next into repeating it. Always off with batch_size > 1.
-    condition_on_previous_text: bool = True
-    # The first decoding temperature (OpenAI's `temperature`): 0 decodes greedily and falls
-    # back to sampling where the text fails the quality checks; t > 0 samples from the start,
-    # then t + 0.2, ... up to 1.0 (openai-whisper's --temperature with its 0.2 increment).
-    temperature: float = 0.0
-    # Words carried into every window's prompt (names, jargon): faster-whisper's hotwords.
-    hotwords: str | None = None
-    # Voice activity detection (`asr.vad`): decode only the speech regions it finds.
-    vad: bool = True
-    vad_threshold: float = 0.4  # chosen on the development speech (docs/vad.md)
-    vad_min_speech_duration: float = 0.25  # s: shorter speech is ignored
-    vad_min_silence_duration: float = 2.0  # s: shorter pauses stay inside a region
-    vad_speech_pad: float = 0.4  # s: added on both sides of every region
-    # Only these ranges of the file: "start,end,..." seconds or "10:00-20:00,..." (OpenAI's
-    # --clip_timestamps); None: all of it.
-    clip_timestamps: str | None = None
-    # Hallucination guards (asr.guards): a segment repeating earlier text has its window
-    # decoded again without the previous-text prompt, and is dropped if it still repeats
-    # (None: off); with word timestamps, anomalous words alone between pauses longer than
-    # this many seconds are dropped (None: off).
-    repetition_ngram: int | None = 6
-    hallucination_silence_threshold: float | None = None
-
-    def validate(self) -> ServiceOptions:
-        from asr.languages import LANGUAGES
-
-        if self.task not in ("transcribe", "translate"):
-            raise ValueError(f"task must be 'transcribe' or 'translate', not {self.task!r}")
-        # Every Whisper's languages are among these codes; a model's own list is checked when
-        # it is loaded (English-only models take "en" alone).
-        if self.language is not None and self.language not in LANGUAGES:
-            raise ValueError(
-                f"language {self.language!r} is not a Whisper language code: "
-                f"{', '.join(sorted(LANGUAGES))}"
-            )
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
-        if self.initial_prompt is not None and len(self.initial_prompt) > MAX_PROMPT_CHARACTERS:
-            raise ValueError(
-                f"initial_prompt is {len(self.initial_prompt)} characters; at most "
-                f"{MAX_PROMPT_CHARACTERS} (Whisper reads only the last 223 tokens of a prompt)"
-            )
-        if not 0.0 <= self.temperature <= 1.0:
-            raise ValueError(f"temperature must be in [0, 1], not {self.temperature}")
-        if self.hotwords is not None and len(self.hotwords) > MAX_PROMPT_CHARACTERS:
-            raise ValueError(
-                f"hotwords is {len(self.hotwords)} characters; at most {MAX_PROMPT_CHARACTERS}"
-            )
-        if self.vad:
-            self.vad_options()  # raises on out-of-range thresholds and durations
-        if self.clip_timestamps is not None:
-            self.clip_spans()  # raises on malformed ranges
-        self.transcribe_options()  # guard settings (ranges, word timestamps)
-        speaker_counts = {
-            "num_speakers": self.num_speakers,
-            "min_speakers": self.min_speakers,
-            "max_speakers": self.max_speakers,
-        }
-        given = [name for name, value in speaker_counts.items() if value is not None]
-        if given and not self.diarize:
-            raise ValueError(f"{', '.join(given)} needs diarize=True")
-        if self.diarize:
-            self.speaker_options()  # raises on inconsistent counts
-        return self
-
-    def vad_options(self):
-        from asr.vad import VadOptions
-
-        return VadOptions(
-            threshold=self.vad_threshold,
-            min_speech_duration=self.vad_min_speech_duration,
-            min_silence_duration=self.vad_min_silence_duration,
-            speech_pad=self.vad_speech_pad,
-        ).validate()
-
-    def clip_spans(self):
-        """The clip ranges as sorted (start, end) seconds, or None for the whole file."""
-        from asr.speech_timeline import parse_clip_ranges
-
-        if self.clip_timestamps is None:
-            return None
-        return parse_clip_ranges(self.clip_timestamps)
-
-    def speaker_options(self):
-        from diarize.pipeline import DiarizeOptions
-
-        return DiarizeOptions(self.num_speakers, self.min_speakers, self.max_speakers).validate()
-
-    def transcribe_options(self):
-        from asr.transcribe import TranscribeOptions
-
-        batched = self.batch_size > 1
-        return TranscribeOptions(
-            language=self.language,
-            task=self.task,
-            word_timestamps=self.word_timestamps,
-            windows="silence" if batched else "seek",
-            condition_on_previous_text=self.condition_on_previous_text and not batched,
-            initial_prompt=self.initial_prompt or None,
-            hotwords=self.hotwords or None,
-            batch_size=self.batch_size,
-            **({"temperatures": self.temperatures()} if self.temperature > 0 else {}),
-            repetition_ngram=self.repetition_ngram,
-            hallucination_silence_threshold=self.hallucination_silence_threshold,
-        ).checked()
-
-    def temperatures(self) -> tuple[float, ...]:
-        """The fallback schedule starting at `temperature` (t, t + 0.2, ... <= 1.0)."""
-        count = int((1.0 - self.temperature) / 0.2 + 1e-6) + 1
-        return tuple(round(self.temperature + 0.2 * step, 6) for step in range(count))
 
 
 # Options and the value every output made before them was made with.
@@ -293,7 +138,7 @@ class TranscriptionService:
     def output_record(self, options: ServiceOptions) -> dict:
         """What decides a request's outputs, as JSON values: the model, the precision and the
         request's options (the draft is left out: it never changes the output)."""
-        request = dataclasses.asdict(options)
+        request = options.model_dump()
         del request["use_assistant"]
         # Options added after records began are recorded only when they differ from what
         # outputs were made with before them, so those outputs still count as made that way
@@ -397,7 +242,7 @@ class TranscriptionService:
     def run(
         self,
         audio: AudioInput,
-        options: ServiceOptions = ServiceOptions(),
+        options: ServiceOptions | None = None,
         progress: ProgressHook = no_progress,
         on_window: WindowHook | None = None,
     ) -> Transcript:
@@ -408,8 +253,9 @@ class TranscriptionService:
         from asr.audio import load_audio
         from asr.transcribe import transcribe
 
-        # 1. Check everything that can be checked before any work.
-        options.validate()
+        options = options if options is not None else ServiceOptions()
+        # 1. Check everything that can be checked before any work (the options were checked
+        # when they were made; what depends on the model is checked once it is loaded).
         transcribe_options = options.transcribe_options()
         samples = audio if isinstance(audio, np.ndarray) else load_audio(audio)
         with self._lock:

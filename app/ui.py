@@ -161,7 +161,7 @@ def request_options(
         return int(value)
 
     return ServiceOptions(
-        language=None if language in (None, "", AUTO_LANGUAGE) else language,
+        language=None if language == AUTO_LANGUAGE else language,
         task=task,
         word_timestamps=word_timestamps,
         use_assistant=use_draft,
@@ -170,8 +170,8 @@ def request_options(
         min_speakers=count(min_speakers, "min_speakers"),
         max_speakers=count(max_speakers, "max_speakers"),
         vad=vad,
-        initial_prompt=(initial_prompt or "").strip() or None,
-    ).validate()
+        initial_prompt=initial_prompt,
+    )
 
 
 def safe_stem(path: str | Path) -> str:

@@ -115,19 +115,19 @@ def prepare(
     """Step 2. True when the task still needs decoding; False when it was finished here.
 
     record: what makes this task's outputs (TranscriptionService.output_record); outputs
-    whose record says they were made otherwise are made again."""
-    from asr.writers import outputs_state
+    whose record says they were made otherwise are made again (app.output_plan, as the CLI)."""
+    from app.output_plan import plan_outputs
 
     for leftover in _temporary_leftovers(task):
         leftover.unlink(missing_ok=True)  # half an output from an attempt that was killed
+    plan = plan_outputs(task.outputs, record, task.spec.overwrite)
+    if plan.action == "make":
+        return True
+    if plan.action == "redo":
+        log(f"task {task.id} (job {task.job_id}): options changed ({plan.changes}): {task.path}")
+        return True
     outputs = list(task.outputs.values())
-    state, changes = outputs_state(task.outputs, record)
-    if state == "missing":
-        return True
-    if state == "changed":
-        log(f"task {task.id} (job {task.job_id}): options changed ({changes}): {task.path}")
-        return True
-    if not task.spec.overwrite:
+    if plan.action == "skip":
         note = "outputs existed"
     elif task.attempt > 1 and min(p.stat().st_mtime for p in outputs) >= task.first_started:
         note = "outputs written by an earlier attempt"  # it died after writing, before recording

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import shutil
+import sqlite3
 
 import pytest
 import torch
 
 from app.cli import main
+from app.request import ServiceOptions
 from asr.models import EMBEDDED
 from tests.conftest import SAMPLES, reference_text, word_error_rate
 
@@ -45,7 +47,7 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
     refused = {
         ("--diarize", "--min-speakers", "3", "--max-speakers", "1"): "exceeds max_speakers",
         ("--language", "xx"): "'xx' is not a Whisper language code",
-        ("--format", "rttm"): "--format rttm needs --diarize",
+        ("--format", "rttm"): "format rttm needs diarize",
         ("--vad-threshold", "2"): "vad threshold must be in (0, 1)",
         ("--clip-timestamps", "20-10"): "start must be >= 0 and before its end",
         ("--hallucination-silence-threshold", "2"): "needs word_timestamps",
@@ -66,7 +68,13 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
     assert main([*submit, *store, "--language", "xx"]) == 2
     assert "'xx' is not a Whisper language code" in capsys.readouterr().err
     assert main([*submit, *store, "--format", "rttm"]) == 2
-    assert "--format rttm needs --diarize" in capsys.readouterr().err
+    assert "format rttm needs diarize" in capsys.readouterr().err
+    # Speaker counts ask for speakers, as in every front (app.request): rttm is then allowed.
+    assert main([*submit, *store, "--format", "rttm", "--num-speakers", "2"]) == 0
+    with sqlite3.connect(tmp_path / "jobs.db") as db:
+        (stored,) = db.execute("SELECT options FROM jobs").fetchone()
+    options = ServiceOptions.from_json(stored)
+    assert options.diarize and options.num_speakers == 2
 
 
 def test_bad_output_folders_and_devices_are_refused_before_any_work(capsys, tmp_path):

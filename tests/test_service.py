@@ -36,14 +36,14 @@ def test_prompt_options_reach_the_decoder_and_the_output_record(settings):
     options = ServiceOptions(
         initial_prompt="Kubernetes, Grafana.", condition_on_previous_text=False
     )
-    decoding = options.validate().transcribe_options()
+    decoding = options.transcribe_options()
     assert decoding.initial_prompt == "Kubernetes, Grafana."
     assert decoding.condition_on_previous_text is False
     # Batched windows are independent: never prompted with each other's text.
     batched = ServiceOptions(batch_size=4, condition_on_previous_text=True).transcribe_options()
     assert batched.condition_on_previous_text is False
-    with pytest.raises(ValueError, match="initial_prompt is 4001 characters"):
-        ServiceOptions(initial_prompt="x" * (MAX_PROMPT_CHARACTERS + 1)).validate()
+    with pytest.raises(ValueError, match="initial_prompt: string should have at most 4000"):
+        ServiceOptions(initial_prompt="x" * (MAX_PROMPT_CHARACTERS + 1))
     service = TranscriptionService(settings)
     # Set, they are part of what made an output; at their defaults, records made before these
     # options existed still match.

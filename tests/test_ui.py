@@ -159,7 +159,7 @@ def test_bad_form_values_name_the_field():
         request_options(AUTO_LANGUAGE, "transcribe", False, False, True, 2.5, 0, 0)
     with pytest.raises(ValueError, match=r"num_speakers must be in 1\.\.100"):
         request_options(AUTO_LANGUAGE, "transcribe", False, False, True, -1, 0, 0)
-    with pytest.raises(ValueError, match="task must be"):
+    with pytest.raises(ValueError, match="task: input should be 'transcribe' or 'translate'"):
         request_options(AUTO_LANGUAGE, "summarise", False, False, False, 0, 0, 0)
 
 

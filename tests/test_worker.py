@@ -266,8 +266,8 @@ def test_submit_names_what_is_wrong(tmp_path):
         store.submit([tmp_path / "a" / "a000.wav", tmp_path / "b" / "a000.wav"], JobSpec(out))
     with pytest.raises(ValueError, match="unknown format docx"):
         store.submit([tmp_path / "a"], JobSpec(out, ("txt", "docx")))
-    with pytest.raises(ValueError, match="num_speakers needs diarize"):
-        store.submit([tmp_path / "a"], JobSpec(out, options=ServiceOptions(num_speakers=2)))
+    with pytest.raises(ValueError, match="format rttm needs diarize"):
+        store.submit([tmp_path / "a"], JobSpec(out, ("rttm",), ServiceOptions(language="en")))
     assert store.jobs() == []
 
 

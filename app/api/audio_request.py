@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import FormData, UploadFile
 
 from app.api.errors import ApiError
-from app.service import MAX_PROMPT_CHARACTERS, ServiceOptions, decoding_choices, language_code
+from app.request import MAX_PROMPT_CHARACTERS, ServiceOptions, decoding_choices
 from asr.types import MAX_SPEAKERS
 
 ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
@@ -54,11 +54,6 @@ class AudioRequest(BaseModel):
     repetition_ngram: int = Field(6, ge=0, le=50)  # 0: the repetition guard is off
     hallucination_silence_threshold: float | None = Field(None, gt=0.0)
 
-    @field_validator("language")
-    @classmethod
-    def _code(cls, value: str | None) -> str | None:
-        return language_code(value)
-
     @property
     def words(self) -> bool:
         return "word" in self.timestamp_granularities
@@ -88,23 +83,20 @@ class AudioRequest(BaseModel):
 
     def service_options(self, task: Literal["transcribe", "translate"]) -> ServiceOptions:
         """ServiceOptions for this request; ApiError 422 for values the service refuses."""
-        counts = (self.num_speakers, self.min_speakers, self.max_speakers)
-        diarize = self.diarize if self.diarize is not None else any(c is not None for c in counts)
-        options = ServiceOptions(
-            language=self.language,
-            task=task,
-            word_timestamps=self.words,
-            use_assistant=self.assistant is not False,
-            diarize=diarize,
-            num_speakers=self.num_speakers,
-            min_speakers=self.min_speakers,
-            max_speakers=self.max_speakers,
-            initial_prompt=self.prompt or None,
-            temperature=self.temperature,
-            **decoding_choices(self),
-        )
         try:
-            return options.validate()
+            return ServiceOptions(
+                language=self.language,
+                task=task,
+                word_timestamps=self.words,
+                use_assistant=self.assistant is not False,
+                diarize=self.diarize,
+                num_speakers=self.num_speakers,
+                min_speakers=self.min_speakers,
+                max_speakers=self.max_speakers,
+                initial_prompt=self.prompt,
+                temperature=self.temperature,
+                **decoding_choices(self),
+            )
         except ValueError as error:
             raise ApiError(422, str(error), param=_param_of(str(error))) from None
 

@@ -1,0 +1,262 @@
+"""ServiceOptions: what one transcription request asks for, checked once, the same for every front.
+
+The CLI (transcribe, submit), the web UI, the Inference Endpoint handler, the OpenAI-compatible
+API and the job store all build this one pydantic model; whatever it holds has passed every
+rule below, so no later stage checks a request again (only what depends on the loaded model:
+`asr.transcribe.TranscribeOptions.validate`). One rule for each question:
+
+- a language is a Whisper code; a code, an English name ("German") or a token ("<|de|>") is
+  turned into the code, and "", "auto" or None mean: detect it;
+- speaker counts ask for speakers: given without `diarize`, they turn diarization on; given with
+  `diarize=False`, the request contradicts itself and is refused;
+- empty text means none (prompt, hotwords, clip ranges), and a repetition n-gram of 0 turns
+  the repetition guard off;
+- numbers in range, VAD settings, clip ranges, guard settings and speaker counts are checked
+  by the objects that use them (`asr.vad.VadOptions`, `asr.speech_timeline`,
+  `asr.transcribe.TranscribeOptions`, `diarize.pipeline.DiarizeOptions`), at construction.
+
+A bad request raises ValueError naming the field; fronts turn that into their own errors
+(exit status 2, HTTP 400/422, a message in the page).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+MAX_PROMPT_CHARACTERS = 4000  # a sanity bound: a longer prompt is a mistake, not a prompt
+
+# ServiceOptions fields every front takes under the same names (CLI flags, endpoint
+# parameters, API form fields): `decoding_choices` copies them from a front's request.
+DECODING_CHOICES = (
+    "hotwords",
+    "clip_timestamps",
+    "vad",
+    "vad_threshold",
+    "vad_min_speech_duration",
+    "vad_min_silence_duration",
+    "vad_speech_pad",
+    "repetition_ngram",
+    "hallucination_silence_threshold",
+)
+
+SPEAKER_COUNTS = ("num_speakers", "min_speakers", "max_speakers")
+
+
+def language_code(value: str | None) -> str | None:
+    """Whisper's language code for a code ("de"), an English name ("German") or a token
+    ("<|de|>"); None, "" and "auto" mean: detect it. Unknown values pass through, for
+    ServiceOptions to refuse."""
+    if value is None:
+        return None
+    from asr.languages import TO_LANGUAGE_CODE
+
+    text = value.strip().lower().removeprefix("<|").removesuffix("|>")
+    if text in ("", "auto"):
+        return None
+    return TO_LANGUAGE_CODE.get(text, text)
+
+
+def check_formats(formats: tuple[str, ...] | list[str], diarize: bool) -> None:
+    """Output formats a request may ask for (files written by the CLI and the job worker):
+    known names, at least one, and rttm only with speakers (it holds the diarizer's turns)."""
+    from asr.writers import WRITERS
+
+    if not formats:
+        raise ValueError("formats is empty: name at least one output format")
+    unknown = [name for name in formats if name not in WRITERS]
+    if unknown:
+        raise ValueError(f"unknown format {', '.join(unknown)}; choose from {', '.join(WRITERS)}")
+    if "rttm" in formats and not diarize:
+        raise ValueError("format rttm needs diarize: RTTM holds the diarizer's speaker turns")
+
+
+def decoding_choices(request: object) -> dict:
+    """The DECODING_CHOICES of a front's request (an argparse namespace, a pydantic model), as
+    ServiceOptions keyword arguments."""
+    return {name: getattr(request, name) for name in DECODING_CHOICES}
+
+
+class ServiceOptions(BaseModel):
+    """What one request asks for (module docstring); constructing one checks it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    language: str | None = None  # None: detected
+    task: Literal["transcribe", "translate"] = "transcribe"
+    word_timestamps: bool = False
+    use_assistant: bool = True  # draft with the service's assistant, when it has one
+    diarize: bool = False  # also on when a speaker count is given
+    # Ranges and consistency: diarize.pipeline.DiarizeOptions (1..MAX_SPEAKERS, min <= max).
+    num_speakers: int | None = None
+    min_speakers: int | None = None
+    max_speakers: int | None = None
+    batch_size: int = Field(1, ge=1)  # >1: windows cut at silences, decoded together
+    # Text the first window is prompted with (spellings, names, style); every window with
+    # batch_size > 1, whose windows have no text before them.
+    initial_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
+    # Each window prompted with the text before it (OpenAI's default); off, a window that went
+    # wrong cannot lead the next into repeating it. Always off with batch_size > 1.
+    condition_on_previous_text: bool = True
+    # The first decoding temperature (OpenAI's `temperature`): 0 decodes greedily and falls
+    # back to sampling where the text fails the quality checks; t > 0 samples from the start,
+    # then t + 0.2, ... up to 1.0 (openai-whisper's --temperature with its 0.2 increment).
+    temperature: float = Field(0.0, ge=0.0, le=1.0)
+    # Words carried into every window's prompt (names, jargon): faster-whisper's hotwords.
+    hotwords: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
+    # Voice activity detection (`asr.vad`): decode only the speech regions it finds.
+    vad: bool = True
+    vad_threshold: float = 0.4  # chosen on the development speech (docs/vad.md)
+    vad_min_speech_duration: float = 0.25  # s: shorter speech is ignored
+    vad_min_silence_duration: float = 2.0  # s: shorter pauses stay inside a region
+    vad_speech_pad: float = 0.4  # s: added on both sides of every region
+    # Only these ranges of the file: "start,end,..." seconds or "10:00-20:00,..." (OpenAI's
+    # --clip_timestamps); None: all of it.
+    clip_timestamps: str | None = None
+    # Hallucination guards (asr.guards): a segment repeating earlier text has its window
+    # decoded again without the previous-text prompt, and is dropped if it still repeats
+    # (None: off); with word timestamps, anomalous words alone between pauses longer than
+    # this many seconds are dropped (None: off).
+    repetition_ngram: int | None = 6
+    hallucination_silence_threshold: float | None = None
+
+    def __init__(self, **fields: Any) -> None:
+        try:
+            super().__init__(**fields)
+        except ValidationError as error:  # one line per problem, in the request's own terms
+            raise ValueError(describe(error)) from None
+
+    @classmethod
+    def from_json(cls, text: str) -> ServiceOptions:
+        """Options stored by `to_json` (the job store)."""
+        import json
+
+        return cls(**json.loads(text))
+
+    def to_json(self) -> str:
+        import json
+
+        return json.dumps(self.model_dump(), sort_keys=True)
+
+    def replace(self, **changes: Any) -> ServiceOptions:
+        """A copy with these fields changed, checked as a new request is."""
+        return ServiceOptions(**{**self.model_dump(), **changes})
+
+    # -- the rules (module docstring) --------------------------------------------------
+
+    @field_validator("language", mode="before")
+    @classmethod
+    def _language(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        code = language_code(value)
+        from asr.languages import LANGUAGES
+
+        # Every Whisper's languages are among these codes; a model's own list is checked when
+        # it is loaded (English-only models take "en" alone).
+        if code is not None and code not in LANGUAGES:
+            raise ValueError(
+                f"language {value!r} is not a Whisper language code: {', '.join(sorted(LANGUAGES))}"
+            )
+        return code
+
+    @field_validator("initial_prompt", "hotwords", "clip_timestamps", mode="before")
+    @classmethod
+    def _empty_text_is_none(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @field_validator("repetition_ngram", mode="before")
+    @classmethod
+    def _zero_is_off(cls, value: Any) -> Any:
+        return None if value == 0 else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _counts_ask_for_speakers(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        given = [name for name in SPEAKER_COUNTS if data.get(name) is not None]
+        if data.get("diarize") is False and given:
+            raise ValueError(f"{', '.join(given)} needs diarize=True (counts label speakers)")
+        if data.get("diarize") is None:
+            data = {**data, "diarize": bool(given)}
+        return data
+
+    @model_validator(mode="after")
+    def _settings_hold(self) -> ServiceOptions:
+        if self.vad:
+            self.vad_options()  # raises on out-of-range thresholds and durations
+        if self.clip_timestamps is not None:
+            self.clip_spans()  # raises on malformed ranges
+        self.transcribe_options()  # guard settings (ranges, word timestamps)
+        if self.diarize:
+            self.speaker_options()  # raises on inconsistent counts
+        return self
+
+    # -- what the stages take ----------------------------------------------------------
+
+    def vad_options(self):
+        from asr.vad import VadOptions
+
+        return VadOptions(
+            threshold=self.vad_threshold,
+            min_speech_duration=self.vad_min_speech_duration,
+            min_silence_duration=self.vad_min_silence_duration,
+            speech_pad=self.vad_speech_pad,
+        ).validate()
+
+    def clip_spans(self):
+        """The clip ranges as sorted (start, end) seconds, or None for the whole file."""
+        from asr.speech_timeline import parse_clip_ranges
+
+        if self.clip_timestamps is None:
+            return None
+        return parse_clip_ranges(self.clip_timestamps)
+
+    def speaker_options(self):
+        from diarize.pipeline import DiarizeOptions
+
+        return DiarizeOptions(self.num_speakers, self.min_speakers, self.max_speakers).validate()
+
+    def transcribe_options(self):
+        from asr.transcribe import TranscribeOptions
+
+        batched = self.batch_size > 1
+        return TranscribeOptions(
+            language=self.language,
+            task=self.task,
+            word_timestamps=self.word_timestamps,
+            windows="silence" if batched else "seek",
+            condition_on_previous_text=self.condition_on_previous_text and not batched,
+            initial_prompt=self.initial_prompt,
+            hotwords=self.hotwords,
+            batch_size=self.batch_size,
+            **({"temperatures": self.temperatures()} if self.temperature > 0 else {}),
+            repetition_ngram=self.repetition_ngram,
+            hallucination_silence_threshold=self.hallucination_silence_threshold,
+        ).checked()
+
+    def temperatures(self) -> tuple[float, ...]:
+        """The fallback schedule starting at `temperature` (t, t + 0.2, ... <= 1.0)."""
+        count = int((1.0 - self.temperature) / 0.2 + 1e-6) + 1
+        return tuple(round(self.temperature + 0.2 * step, 6) for step in range(count))
+
+
+def describe(error: ValidationError) -> str:
+    """A pydantic error as "field: what is wrong (got value)", one clause per problem; rules
+    that raise ValueError themselves keep their own words."""
+    clauses = []
+    for problem in error.errors():
+        message = problem["msg"].removeprefix("Value error, ")
+        name = ".".join(str(part) for part in problem["loc"])
+        if problem["type"] == "value_error":
+            own_words = not name or message.startswith(name)
+            clauses.append(message if own_words else f"{name}: {message}")
+        elif problem["type"] == "extra_forbidden":
+            clauses.append(f"{name}: unknown option")
+        else:
+            clauses.append(f"{name}: {message[:1].lower()}{message[1:]} (got {problem['input']!r})")
+    return "; ".join(clauses)

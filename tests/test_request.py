@@ -1,0 +1,114 @@
+"""app.request: the one request type every front builds, its rules, and the plan of which
+files are left (app.output_plan), shared by the CLI and the workers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.output_plan import plan_outputs
+from app.request import MAX_PROMPT_CHARACTERS, ServiceOptions, check_formats
+from asr.writers import output_paths, record_path
+
+
+def test_languages_are_codes_whatever_the_front_sent():
+    for given, code in [("de", "de"), ("German", "de"), ("<|de|>", "de"), (" EN ", "en")]:
+        assert ServiceOptions(language=given).language == code
+    for detect in (None, "", "auto", "AUTO"):
+        assert ServiceOptions(language=detect).language is None
+    with pytest.raises(ValueError, match=r"^language 'xx' is not a Whisper language code"):
+        ServiceOptions(language="xx")
+
+
+def test_speaker_counts_ask_for_speakers_and_a_contradiction_is_refused():
+    assert ServiceOptions().diarize is False
+    assert ServiceOptions(num_speakers=2).diarize is True
+    assert ServiceOptions(diarize=None, min_speakers=2).diarize is True
+    assert ServiceOptions(diarize=True).diarize is True
+    with pytest.raises(ValueError, match="num_speakers, max_speakers needs diarize"):
+        ServiceOptions(diarize=False, num_speakers=2, max_speakers=3)
+    # Ranges and consistency are the diarizer's options' own rule.
+    with pytest.raises(ValueError, match=r"num_speakers must be in 1\.\.100"):
+        ServiceOptions(num_speakers=0)
+    with pytest.raises(ValueError, match=r"min_speakers \(5\) exceeds max_speakers \(2\)"):
+        ServiceOptions(min_speakers=5, max_speakers=2)
+
+
+def test_empty_text_means_none_and_a_zero_ngram_turns_the_guard_off():
+    options = ServiceOptions(initial_prompt="  ", hotwords="", clip_timestamps="")
+    assert (options.initial_prompt, options.hotwords, options.clip_timestamps) == (None,) * 3
+    assert ServiceOptions(repetition_ngram=0).repetition_ngram is None
+    assert ServiceOptions().repetition_ngram == 6
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"batch_size": 0}, "batch_size: input should be greater than or equal to 1 (got 0)"),
+        ({"temperature": 1.5}, "temperature: input should be less than or equal to 1"),
+        ({"task": "summarise"}, "task: input should be 'transcribe' or 'translate'"),
+        ({"initial_prompt": "x" * (MAX_PROMPT_CHARACTERS + 1)}, "initial_prompt: string should"),
+        ({"vad_threshold": 1.5}, "vad threshold must be in (0, 1)"),
+        ({"clip_timestamps": "20-10"}, "start must be >= 0 and before its end"),
+        ({"hallucination_silence_threshold": 2.0}, "needs word_timestamps"),
+        ({"beam_size": 5}, "beam_size: unknown option"),
+    ],
+)
+def test_a_bad_request_is_refused_when_made_in_one_line_naming_the_field(fields, message):
+    with pytest.raises(ValueError) as refused:
+        ServiceOptions(**fields)
+    assert message in str(refused.value)
+    assert "\n" not in str(refused.value) and "pydantic" not in str(refused.value)
+
+
+def test_options_are_frozen_and_a_changed_copy_is_checked_again():
+    options = ServiceOptions(language="en", word_timestamps=True)
+    with pytest.raises(ValueError):
+        options.language = "de"  # type: ignore[misc]
+    assert options.replace(vad=False) == ServiceOptions(
+        language="en", word_timestamps=True, vad=False
+    )
+    with pytest.raises(ValueError, match="batch_size"):
+        options.replace(batch_size=0)
+
+
+def test_stored_options_read_back_equal_and_keep_the_stored_json_shape():
+    options = ServiceOptions(language="en", num_speakers=2, hotwords="Kubernetes")
+    text = options.to_json()
+    assert ServiceOptions.from_json(text) == options
+    stored = json.loads(text)
+    assert list(stored) == sorted(stored)  # sorted keys: equal options, equal text
+    assert stored["diarize"] is True and stored["use_assistant"] is True
+
+
+def test_output_formats_have_one_rule():
+    check_formats(["txt", "srt"], diarize=False)
+    check_formats(["rttm"], diarize=True)
+    with pytest.raises(ValueError, match="format rttm needs diarize"):
+        check_formats(["txt", "rttm"], diarize=False)
+    with pytest.raises(ValueError, match="unknown format docx"):
+        check_formats(["docx"], diarize=False)
+    with pytest.raises(ValueError, match="formats is empty"):
+        check_formats([], diarize=False)
+
+
+def test_the_plan_makes_missing_outputs_redoes_changed_ones_and_skips_finished_ones(tmp_path):
+    outputs = output_paths(tmp_path, tmp_path / "talk", ["txt", "json"])
+    record = {"model": "whisper-base", "language": "en"}
+    assert plan_outputs(outputs, record, overwrite=False).action == "make"
+    outputs["txt"].write_text("hello")
+    assert plan_outputs(outputs, record, overwrite=False).action == "make"  # json missing
+    outputs["json"].write_text("{}")
+    # Outputs without a record (written by hand or an older version) count as finished.
+    assert plan_outputs(outputs, record, overwrite=False).action == "skip"
+    record_path(outputs).write_text(json.dumps(record))
+    plan = plan_outputs(outputs, record, overwrite=False)
+    assert (plan.action, plan.decode) == ("skip", False)
+    assert plan_outputs(outputs, record, overwrite=True).action == "overwrite"
+    changed = plan_outputs(outputs, {**record, "language": "de"}, overwrite=False)
+    assert (changed.action, changed.changes, changed.decode) == (
+        "redo",
+        'language "en" -> "de"',
+        True,
+    )
