@@ -22,6 +22,12 @@ waiting window then takes its row (its prompt scored alone), so a long window ho
 row but its own. Without CUDA (`capture` False) the same round runs eagerly on the same
 buffers, which is how the CPU tests check it.
 
+At whisper-base's size a round costs what its kernels cost to launch, and the k draft steps
+are a third of them (docs/gpu.md). `fused_draft` compiles the draft's k steps into one
+function with torch.compile (inductor: layer norms, residual adds, masks, softmaxes and the
+head's argmax fused into few kernels) before the round is recorded. Only what the draft
+proposes can change with it, never what is committed: the target verifies every token.
+
 What it computes is `asr.window_decoder`'s greedy decoding of the same windows: the same first
 call over each row's whole prompt (its last position gives the first token, its
 <|startoftranscript|> the no-speech probability), then steps in the decoder's exact mode
@@ -71,7 +77,8 @@ class RoundGraphs:
     round (0: plain steps, no draft). draft_grammar: the draft applies the whole of its rules
     to what it proposes; False: only the suppressed ids, which saves a few dozen small kernels
     per draft step and may cost acceptance where the grammar decides (verification applies the
-    target's whole rules either way, so the output is the same)."""
+    target's whole rules either way, so the output is the same). fused_draft: the draft's steps
+    compiled into one function (module docstring; the draft masking its suppressed ids)."""
 
     def __init__(
         self,
@@ -83,12 +90,32 @@ class RoundGraphs:
         capture: bool = True,
         draft_grammar: bool = DRAFT_GRAMMAR,
         every_slot: bool | None = None,
+        fused_draft: bool = False,
     ) -> None:
         if (draft is None) != (draft_tokens == 0):
             raise ValueError("a draft needs draft_tokens >= 1, and draft_tokens a draft")
+        if fused_draft and (draft is None or draft_grammar):
+            raise ValueError("fused_draft needs a draft that masks only its suppressed ids")
+        # Buffers are ordinary tensors even when made in inference mode (decoding runs in it):
+        # a compiled function (fused_draft) cannot take inference tensors.
+        with torch.inference_mode(False):
+            self._allocate(target, rules, size, draft, draft_tokens, capture, every_slot)
+        self.draft_grammar = draft_grammar
+        self._fused_draft = self._compile_draft() if fused_draft else None
+
+    def _allocate(
+        self,
+        target: WhisperModel,
+        rules: LogitRules,
+        size: int,
+        draft: WhisperModel | None,
+        draft_tokens: int,
+        capture: bool,
+        every_slot: bool | None,
+    ) -> None:
+        """The pool's models, rules and static buffers."""
         self.target, self.rules, self.size, self.capture = target, rules, size, capture
         self.draft, self.draft_tokens = draft, draft_tokens
-        self.draft_grammar = draft_grammar
         self.draft_rules = None
         if draft is not None:
             self.draft_rules = LogitRules(draft.special, draft.suppress_tokens, rules.timestamps)
@@ -353,6 +380,9 @@ class RoundGraphs:
         """k greedy draft tokens per row, Tensor, shape = (size, k). The first step rescores
         the row's last two committed tokens, so the draft's cache holds every committed
         position whether the last round accepted all of its tokens or not."""
+        if self._fused_draft is not None:
+            with torch.inference_mode(False), torch.no_grad():
+                return self._fused_draft(self.history, self.lengths)
         draft, rules = self.draft, self.draft_rules
         begin = draft.special.timestamp_begin
         positions = (self.lengths - 2)[:, None] + self._columns[:2]
@@ -374,6 +404,36 @@ class RoundGraphs:
             proposals.append(token)
             tokens, positions = token[:, None], positions[:, -1:] + 1
         return torch.stack(proposals, dim=1)
+
+    def _compile_draft(self):
+        """`_draft` (masking the suppressed ids) as one torch.compile'd function of the history
+        and the lengths, traced outside inference mode, which torch.compile cannot trace."""
+        draft, cache = self.draft, self._draft_rows.cache
+        head = draft.output_head()  # made now: a traced function must not build modules
+        device = self.history.device
+        with torch.inference_mode(False):
+            vocabulary = torch.arange(draft.config.vocab_size, device=device)
+            if draft.output_vocabulary is not None:  # a reduced head scores only these ids
+                vocabulary = torch.as_tensor(draft.output_vocabulary, device=device)
+            blocked = torch.isin(vocabulary, self.draft_rules._suppressed(device))
+        pairs, max_position, k = self._columns[:2].clone(), self.max_context - 1, self.draft_tokens
+
+        def draft_steps(history: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+            positions = (lengths - 2)[:, None] + pairs
+            tokens = history.gather(1, positions)
+            proposals = []
+            for _ in range(k):
+                # Every slot, masked: shapes that do not depend on the positions.
+                states = draft.runtime.compute(
+                    tokens, positions.clamp(max=max_position), cache, every_slot=True
+                )
+                scores = head(states[:, -1]).float().masked_fill(blocked, -torch.inf)
+                token = vocabulary[scores.argmax(dim=-1)]
+                proposals.append(token)
+                tokens, positions = token[:, None], positions[:, -1:] + 1
+            return torch.stack(proposals, dim=1)
+
+        return torch.compile(draft_steps, fullgraph=True, dynamic=False)
 
     def _commit(
         self,
@@ -422,12 +482,13 @@ def rounds_for(
     draft: WhisperModel | None,
     draft_tokens: int,
     draft_grammar: bool = DRAFT_GRAMMAR,
+    fused_draft: bool = False,
 ) -> RoundGraphs:
     """The target's pool of rounds for `rows` windows (the next power of two), made and
-    recorded once per draft, draft length, draft rules and rules, then reused."""
+    recorded once per draft, draft length, draft rules, fused or not, and rules, then reused."""
     # Rules differ only in these fields for one target (its special tokens are its own).
     rule_key = (rules.suppress_tokens, rules.timestamps, rules.max_initial_timestamp_index)
-    drafting = (id(draft), draft_tokens, draft_grammar) if draft is not None else None
+    drafting = (id(draft), draft_tokens, draft_grammar, fused_draft) if draft is not None else None
     key = (pool_size(rows), drafting, rule_key)
     pools = target.round_pools
     if key not in pools:
@@ -440,6 +501,7 @@ def rounds_for(
             draft_tokens if draft is not None else 0,
             capture=capture,
             draft_grammar=draft_grammar,
+            fused_draft=fused_draft and draft is not None,
         )
     return pools[key]
 

@@ -217,6 +217,28 @@ class StaticDecoder:
         cross_queries: dict[int, torch.Tensor] | None = None,
         every_slot: bool = False,
     ) -> torch.Tensor:
+        """`compute` in inference mode (what every caller but a compiled one wants)."""
+        return self.compute(
+            tokens,
+            positions,
+            cache,
+            exact=exact,
+            valid=valid,
+            cross_queries=cross_queries,
+            every_slot=every_slot,
+        )
+
+    def compute(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: SlotCache,
+        *,
+        exact: bool = False,
+        valid: torch.Tensor | None = None,
+        cross_queries: dict[int, torch.Tensor] | None = None,
+        every_slot: bool = False,
+    ) -> torch.Tensor:
         """Stores the block's keys and values in `cache` and returns its final states.
 
         tokens, positions: Tensor, shape = (batch, n); a row's positions follow what the cache
@@ -229,6 +251,8 @@ class StaticDecoder:
         positions on the host, so the call can be recorded as a CUDA graph and replayed with
         other positions (asr.cuda_graphs); exact then stays exact, in products of one shape.
         Returns Tensor, shape = (batch, n, d_model), after the final layer norm.
+        Runs in the caller's autograd mode (callers turn gradients off): torch.compile traces
+        this, as it cannot trace into inference mode (asr.graph_rounds' fused draft).
         """
         if exact and valid is not None and not bool(valid.all()):
             raise ValueError("exact attention takes blocks without padding")

@@ -501,6 +501,20 @@ class WhisperModel:
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """Tensor, shape = (..., d_model) -> logits, Tensor, shape = (..., vocab); at least
         float32 (half-precision models), float64 for float64 models (tests keep ties away)."""
+        head = self.output_head()(states)
+        if self.output_vocabulary is None:
+            return head.to(torch.promote_types(head.dtype, torch.float32))
+        # A reduced head: tokens outside it get -inf, so they are never drafted.
+        dtype = torch.promote_types(head.dtype, torch.float32)
+        logits = head.new_full(
+            (*states.shape[:-1], self.config.vocab_size), -torch.inf, dtype=dtype
+        )
+        logits[..., self.output_vocabulary] = head.to(dtype)
+        return logits
+
+    def output_head(self) -> torch.nn.Module:
+        """The head's product, made on first use for `linear_kind`: states (..., d_model) ->
+        scores (..., len(output_vocabulary) or vocab)."""
         if self._head is None and self.linear_kind == "int8" and self._runtime is None:
             _ = self.runtime  # makes the head after the layers (asr.int8_store's order)
         if self._head is None:
@@ -520,16 +534,7 @@ class WhisperModel:
                 self._head = PackedLinear(weight)
             else:
                 self._head = OutputProjection(weight)
-        head = self._head(states)
-        if self.output_vocabulary is None:
-            return head.to(torch.promote_types(head.dtype, torch.float32))
-        # A reduced head: tokens outside it get -inf, so they are never drafted.
-        dtype = torch.promote_types(head.dtype, torch.float32)
-        logits = head.new_full(
-            (*states.shape[:-1], self.config.vocab_size), -torch.inf, dtype=dtype
-        )
-        logits[..., self.output_vocabulary] = head.to(dtype)
-        return logits
+        return self._head
 
     def language_code(self, token_id: int) -> str:
         return next(code for code, i in self.special.language_ids.items() if i == token_id)

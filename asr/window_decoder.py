@@ -76,7 +76,8 @@ class WindowDecoder:
     shares the target's vocabulary). round_rows: windows decoded at once, a stopped one's row
     taking the next (None: all of a batch, up to MAX_ROUND_ROWS); round_draft_tokens: drafted
     per round (None: `asr.graph_rounds.default_draft_tokens` for the pool);
-    round_draft_grammar: the draft applies its whole rules, not only its suppressed ids.
+    round_draft_grammar: the draft applies its whole rules, not only its suppressed ids;
+    round_fused_draft: the draft's steps compiled with torch.compile (`asr.graph_rounds`).
     """
 
     model: WhisperModel
@@ -90,6 +91,7 @@ class WindowDecoder:
     round_rows: int | None = None
     round_draft_tokens: int | None = None
     round_draft_grammar: bool = DRAFT_GRAMMAR
+    round_fused_draft: bool = False
 
     def decode(
         self, batch: WindowBatch, temperature: float = 0.0, seed: int = 0
@@ -146,7 +148,15 @@ class WindowDecoder:
         max_new_tokens = self._token_budget(batch)
         rows = self.round_rows or min(len(batch.prompts), MAX_ROUND_ROWS)
         draft_tokens = self.round_draft_tokens or default_draft_tokens(pool_size(rows))
-        pool = rounds_for(model, self.rules, rows, draft, draft_tokens, self.round_draft_grammar)
+        pool = rounds_for(
+            model,
+            self.rules,
+            rows,
+            draft,
+            draft_tokens,
+            self.round_draft_grammar,
+            self.round_fused_draft,
+        )
         draft_encoded = None if draft is None else batch.draft_encoded
         run = pool.decode(batch.encoded, batch.prompts, max_new_tokens, draft_encoded)
         rows = zip(run.tokens, run.sum_logprobs, run.no_speech_probs, strict=True)

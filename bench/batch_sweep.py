@@ -74,13 +74,14 @@ def decode_all(
     draft_tokens: int | None = None,
     draft_grammar: bool = DRAFT_GRAMMAR,
     refill: bool = False,
+    fused_draft: bool = False,
 ):
     """Every window greedily, `batch` at a time (refill: all through a pool of `batch` rows,
     a stopped window's row taking the next): (tokens per window, seconds, stats).
     in_rounds: decode in whole captured rounds (asr.graph_rounds), drafting `draft_tokens`
     per round (None: the default for the pool) under the draft's whole rules or
-    (draft_grammar False) its suppression only; else through decoding.generate (its adaptive
-    draft length)."""
+    (draft_grammar False) its suppression only, its steps compiled where fused_draft; else
+    through decoding.generate (its adaptive draft length)."""
     from asr.logit_rules import LogitRules
     from asr.window_decoder import WindowBatch, WindowDecoder
     from decoding import DecodeStats, Heuristic
@@ -98,6 +99,7 @@ def decode_all(
         round_draft_tokens=draft_tokens,
         round_draft_grammar=draft_grammar,
         round_rows=batch if refill else None,
+        round_fused_draft=fused_draft,
     )
     prompt = tuple(target.sot_sequence("en", "transcribe", True))
     count = encoded.features.shape[0]
@@ -147,7 +149,8 @@ def sweep(
     draft_rules: list[str] = ("grammar",),
 ) -> list[dict]:
     """Plain against drafted decoding of the same windows in each mode and batch size (rounds:
-    each draft length, under each of `draft_rules`, "grammar" or "suppress"). Each row:
+    each draft length, under each of `draft_rules`: "grammar", "suppress", or "fused" (suppress,
+    the draft's steps compiled: asr.graph_rounds)). Each row:
     seconds, ms per token, tokens per target call, and how many windows equal the plain
     decoding of the same mode and batch and the uncaptured plain one."""
     device = target.device
@@ -174,6 +177,7 @@ def sweep(
                     "draft_tokens": draft_tokens if in_rounds and drafted else None,
                     "draft_grammar": rules == "grammar",
                     "refill": refill,
+                    "fused_draft": rules == "fused",
                 }
                 # Warm-up on one batch, untimed: graph captures, kernel workspaces.
                 decode_all(
@@ -287,10 +291,17 @@ def kernel_profile(target, assistant, encoded, draft_encoded, batches=(1, 16), k
     report = {}
     for batch in batches:
         rows = torch.arange(batch, device=device) % encoded.features.shape[0]
-        configs = (("plain", 0, True), ("grammar", k, True), ("suppress", k, False))
-        for label, drafts, grammar in configs:
+        configs = (
+            ("plain", 0, True, False),
+            ("grammar", k, True, False),
+            ("suppress", k, False, False),
+            ("fused", k, False, True),
+        )
+        for label, drafts, grammar, fused in configs:
             draft = assistant.model if drafts else None
-            pool = RoundGraphs(target, rules, batch, draft, drafts, False, grammar)
+            pool = RoundGraphs(
+                target, rules, batch, draft, drafts, False, grammar, fused_draft=fused
+            )
             draft_rows = draft_encoded.rows(rows) if drafts else None
             pool.decode(encoded.rows(rows), (prompt,) * batch, 8, draft_rows)
             parts = {"round": pool._round, **({"draft steps": pool._draft} if drafts else {})}
@@ -494,7 +505,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--draft-rules",
         default="grammar,suppress",
-        help="the draft's rules in rounds: grammar (all of them), suppress (suppressed ids only)",
+        help="the draft's rules in rounds: grammar (all of them), suppress (suppressed ids "
+        "only), fused (suppress, the draft's steps compiled with torch.compile)",
     )
     parser.add_argument("--profile", action="store_true", help="count a round's kernels")
     parser.add_argument("--precision", default="fp32", help="fp32 or auto (asr.precision)")

@@ -153,3 +153,35 @@ def test_captured_rounds_equal_eager_rounds_and_drafting_keeps_them(pair):
     assert drafted.stats.target_calls * 2 < plain.stats.target_calls
     text = target.text_of([t for t in plain.tokens[0] if t < target.special.eot])
     assert "ask not what your country can do for you" in " ".join(normalised_words(text))
+
+
+def test_a_compiled_draft_in_captured_rounds_keeps_plain_greedy(pair):
+    """asr.graph_rounds' fused draft (its steps through torch.compile, recorded inside the
+    round's CUDA graph): the windows decode to plain rounds' tokens, in about as many target
+    calls as the eager draft takes."""
+    from asr.graph_rounds import RoundGraphs
+    from asr.logit_rules import LogitRules
+    from asr.whisper import N_FRAMES
+
+    target, assistant, _ = pair
+    mels = []
+    for name in JOINED:
+        mel = target.log_mel(load_audio(SAMPLES / name))[:, :N_FRAMES]
+        mels.append(torch.nn.functional.pad(mel, (0, N_FRAMES - mel.shape[1])))
+    encoded = target.cross_attention(target.encode(torch.stack(mels)))
+    draft_encoded = assistant.encode(encoded, None)
+    rules = LogitRules(target.special, target.suppress_tokens, timestamps=True)
+    prompts = (tuple(target.sot_sequence("en", "transcribe", True)),) * len(JOINED)
+    runs = {}
+    for draft, k, fused in (
+        (None, 0, False),
+        (assistant.model, 3, False),
+        (assistant.model, 3, True),
+    ):
+        pool = RoundGraphs(
+            target, rules, len(JOINED), draft, k, draft_grammar=False, fused_draft=fused
+        )
+        runs[k, fused] = pool.decode(encoded, prompts, 224, draft_encoded if k else None)
+    plain, eager, fused = runs[0, False], runs[3, False], runs[3, True]
+    assert fused.tokens == plain.tokens
+    assert abs(fused.stats.target_calls - eager.stats.target_calls) <= 4

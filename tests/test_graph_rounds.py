@@ -68,7 +68,15 @@ def windows(whisper_base, registry):
 
 
 def _decode(
-    target, assistant, batch, in_rounds: bool, max_new_tokens=224, k=4, rows=None, grammar=True
+    target,
+    assistant,
+    batch,
+    in_rounds: bool,
+    max_new_tokens=224,
+    k=4,
+    rows=None,
+    grammar=True,
+    fused=False,
 ):
     rules = LogitRules(target.special, target.suppress_tokens, timestamps=True)
     decoder = WindowDecoder(
@@ -82,6 +90,7 @@ def _decode(
         round_draft_tokens=k,
         round_draft_grammar=grammar,
         round_rows=rows,
+        round_fused_draft=fused,
     )
     return decoder.decode(batch)
 
@@ -134,6 +143,28 @@ def test_windows_passing_through_fewer_rows_decode_as_in_one_batch(windows):
     assert max(per_window) <= rounds <= sum(per_window) / 2 + max(per_window)
     assert rounds < sum(per_window) - 10
     assert drafted_stats.target_calls * 1.5 < plain_stats.target_calls
+
+
+@pytest.mark.slow
+def test_a_compiled_draft_proposes_within_rounds_and_changes_nothing_committed(windows, registry):
+    """The draft's steps through torch.compile (inductor; F.linear products, as on a GPU):
+    every window decodes as plain greedy decoding does, with as few target calls as drafting
+    eagerly takes, give or take what fused arithmetic changes in the proposals."""
+    from asr.whisper_drafters import load_assistant
+
+    target, _, batch = windows
+    assistant = load_assistant(target, registry.resolve("whisper-base-draft"), int8=False)
+    assistant.model.use_linear_kind("dense")
+    expected, _ = _decode(target, None, batch, False)
+    eager, eager_stats = _decode(target, assistant, batch, True, k=3, grammar=False)
+    fused, fused_stats = _decode(target, assistant, batch, True, k=3, grammar=False, fused=True)
+    for ours in (eager, fused):
+        assert [(r.tokens, r.avg_logprob) for r in ours] == [
+            (r.tokens, r.avg_logprob) for r in expected
+        ]
+    assert abs(fused_stats.target_calls - eager_stats.target_calls) <= 3
+    with pytest.raises(ValueError, match="masks only its suppressed ids"):
+        _decode(target, assistant, batch, True, k=3, grammar=True, fused=True)
 
 
 @contextmanager
