@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.config import Settings
+from .config import Settings
 
 # asr.precision.PRECISIONS, spelled out so that parsing arguments does not import torch
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "mixed", "int8")
@@ -66,8 +66,9 @@ def _formats(value: str) -> list[str]:
 def _output_formats(asked: list[str] | None, diarize: bool) -> list[str]:
     """--format's list (default txt), checked as every request's formats are
     (app.request.check_formats); "all" (every writer) leaves rttm out without speakers."""
-    from app.request import check_formats
     from asr.writers import WRITERS
+
+    from .request import check_formats
 
     formats = asked or ["txt"]
     if not diarize and set(formats) == set(WRITERS):
@@ -79,10 +80,11 @@ def _output_formats(asked: list[str] | None, diarize: bool) -> list[str]:
 def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
-    from app.output_plan import plan_outputs
-    from app.service import TranscriptionService
     from asr.audio import AudioLoadError, check_distinct_outputs, find_audio_files
     from asr.writers import SubtitleLayout, output_paths, write_outputs
+
+    from .output_plan import plan_outputs
+    from .service import TranscriptionService
 
     # 1. The request, checked before anything is read or loaded.
     layout = SubtitleLayout(args.max_line_width, args.max_line_count).validate()
@@ -182,9 +184,10 @@ def _check_output_dir(output_dir: Path) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
-    from app.llm import DraftOptions, load_language_model, run_generation
     from asr.models import ModelRegistry
     from decoding import SamplingOptions
+
+    from .llm import DraftOptions, load_language_model, run_generation
 
     options = DraftOptions(
         assistant=args.assistant,
@@ -266,8 +269,8 @@ def _cmd_distill(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    from app.server import serve
-    from app.service import TranscriptionService
+    from .server import serve
+    from .service import TranscriptionService
 
     # 1. Everything that can be refused before a model loads.
     if not 1 <= args.port <= 65535:
@@ -278,7 +281,7 @@ def _cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError("--text-assistant needs --text-model")
     text_drafter = args.text_assistant or "none"
     if args.text_model is not None:
-        from app.api.text_front import draft_options
+        from .api.text_front import draft_options
 
         draft_options(text_drafter, args.text_policy)  # a bad spec fails before loading
     api_key = args.api_key if args.api_key is not None else settings.api_key
@@ -296,8 +299,9 @@ def _cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     # 2. The text front, when asked for; then serve.
     text = None
     if args.text_model is not None:
-        from app.api.text_front import TextFront
         from asr.models import ModelRegistry
+
+        from .api.text_front import TextFront
 
         registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
         text = TextFront.load(registry, args.text_model, text_drafter, args.text_policy)
@@ -415,7 +419,7 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _request_options(args: argparse.Namespace):
     """The request's ServiceOptions (app.request: checked as every front's are)."""
-    from app.request import ServiceOptions, decoding_choices
+    from .request import ServiceOptions, decoding_choices
 
     return ServiceOptions(
         language=args.language,
@@ -435,7 +439,7 @@ def _request_options(args: argparse.Namespace):
 def _store(args: argparse.Namespace, create: bool = True):
     """The --store given, or the default one. create=False: a --store that does not exist is
     an error (a mistyped path must not become an empty store); the default store is made."""
-    from app.jobs import JobStore, default_store_path
+    from .jobs import JobStore, default_store_path
 
     if args.store is None:
         return JobStore(default_store_path())
@@ -443,8 +447,9 @@ def _store(args: argparse.Namespace, create: bool = True):
 
 
 def _cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
-    from app.jobs import JobSpec
     from asr.models import check_model_name
+
+    from .jobs import JobSpec
 
     if args.model is not None:
         check_model_name(args.model, kind="whisper")  # a job no worker could run waits forever
@@ -465,8 +470,8 @@ def _cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    from app.service import TranscriptionService
-    from app.worker import LocalWorker, WorkerOptions
+    from .service import TranscriptionService
+    from .worker import LocalWorker, WorkerOptions
 
     options = WorkerOptions(lease=args.lease, poll=args.poll, until_idle=args.until_idle).validate()
     models = {
@@ -478,7 +483,7 @@ def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     }
     store = _store(args, create=False)
     if args.engine == "ray":
-        from app.ray_engine import RayOptions, RayWorker
+        from .ray_engine import RayOptions, RayWorker
 
         ray_options = RayOptions(args.ray_address, args.actors, args.cpus_per_actor).validate()
         finished = RayWorker(store, settings, models, options, ray_options).run()
@@ -782,8 +787,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from app.jobs import JobStoreError
     from asr.models import ModelFetchError
+
+    from .jobs import JobStoreError
 
     args = build_parser().parse_args(argv)
     try:

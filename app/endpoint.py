@@ -27,14 +27,15 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
-from app.config import Settings
-from app.service import (
+from asr.types import MAX_SPEAKERS, Transcript
+
+from .config import Settings
+from .service import (
     MAX_PROMPT_CHARACTERS,
     ServiceOptions,
     TranscriptionService,
     decoding_choices,
 )
-from asr.types import MAX_SPEAKERS, Transcript
 
 logger = logging.getLogger(__name__)
 

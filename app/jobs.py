@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.service import ServiceOptions
+from .service import ServiceOptions
 
 SCHEMA_VERSION = 1
 SCHEMA = """
@@ -105,7 +105,7 @@ class JobSpec:
 
     def validate(self) -> JobSpec:
         """Checks the formats; the options were checked when they were made."""
-        from app.request import check_formats
+        from .request import check_formats
 
         check_formats(self.formats, self.options.diarize)
         return self

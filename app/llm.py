@@ -126,7 +126,7 @@ def _read_model(path, name: str) -> torch.nn.Module:
 def _read_tokenizer(path):
     """`tokenizers` directly (`app.text_tokenizer`: seconds faster for Gemma's 262k tokens),
     transformers' AutoTokenizer where that cannot stand in for it."""
-    from app.text_tokenizer import read_tokenizer
+    from .text_tokenizer import read_tokenizer
 
     tokenizer = read_tokenizer(path)
     if tokenizer is None:

@@ -17,9 +17,9 @@ import socket
 import threading
 from dataclasses import dataclass
 
-from app.config import Settings
-from app.service import ServiceOptions, TranscriptionService
-from app.worker import Outcome, execute
+from .config import Settings
+from .service import ServiceOptions, TranscriptionService
+from .worker import Outcome, execute
 
 
 @dataclass(frozen=True)

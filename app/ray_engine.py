@@ -19,12 +19,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from app.config import Settings
-from app.jobs import ClaimedTask, JobStore, WorkerId
-from app.ray_actor import ActorSpec, NodeInfo
-from app.ray_pool import ActorPool, ActorStartError, first_line
-from app.ray_progress import ProgressRelay
-from app.worker import (
+from .config import Settings
+from .jobs import ClaimedTask, JobStore, WorkerId
+from .ray_actor import ActorSpec, NodeInfo
+from .ray_pool import ActorPool, ActorStartError, first_line
+from .ray_progress import ProgressRelay
+from .worker import (
     LeaseKeeper,
     Log,
     Outcome,

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.ray_actor import ActorSpec, NodeInfo, Transcriber
-from app.worker import Log
+from .ray_actor import ActorSpec, NodeInfo, Transcriber
+from .worker import Log
 
 
 class ActorStartError(RuntimeError):

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from app.jobs import ClaimedTask, JobStore
+from .jobs import ClaimedTask, JobStore
 
 
 class ProgressRelay:

@@ -21,11 +21,11 @@ import gradio as gr
 import uvicorn
 from fastapi import FastAPI
 
-from app.api.app import build_api
-from app.api.text_front import TextFront
-from app.api.work_queue import WorkQueue
-from app.service import TranscriptionService
-from app.ui import DEFAULT_HOST, DEFAULT_PORT, build_app
+from .api.app import build_api
+from .api.text_front import TextFront
+from .api.work_queue import WorkQueue
+from .service import TranscriptionService
+from .ui import DEFAULT_HOST, DEFAULT_PORT, build_app
 
 log = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_SECONDS = 5  # open event streams (the page's queue) are closed after this

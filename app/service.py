@@ -15,14 +15,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from app.config import Settings
-from app.request import (  # re-exported: the Python API takes them from here
-    DECODING_CHOICES,
-    MAX_PROMPT_CHARACTERS,
-    ServiceOptions,
-    decoding_choices,
-    language_code,
-)
 from asr.types import (
     DecidedWindow,
     ProgressHook,
@@ -31,6 +23,15 @@ from asr.types import (
     Transcript,
     WindowHook,
     no_progress,
+)
+
+from .config import Settings
+from .request import (  # re-exported: the Python API takes them from here
+    DECODING_CHOICES,
+    MAX_PROMPT_CHARACTERS,
+    ServiceOptions,
+    decoding_choices,
+    language_code,
 )
 
 if TYPE_CHECKING:

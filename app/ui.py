@@ -29,10 +29,11 @@ from pathlib import Path
 
 import gradio as gr
 
-from app.service import MAX_PROMPT_CHARACTERS, ServiceOptions, TranscriptionService
 from asr.audio import AudioLoadError
 from asr.types import ProgressHook, Transcript
 from asr.writers import output_paths, write_outputs
+
+from .service import MAX_PROMPT_CHARACTERS, ServiceOptions, TranscriptionService
 
 log = logging.getLogger(__name__)
 

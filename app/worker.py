@@ -26,9 +26,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.jobs import ClaimedTask, JobStore, WorkerId
-from app.service import ServiceOptions, TranscriptionService
 from asr.types import ProgressHook, Transcript, no_progress
+
+from .jobs import ClaimedTask, JobStore, WorkerId
+from .service import ServiceOptions, TranscriptionService
 
 Log = Callable[[str], None]
 
@@ -116,7 +117,7 @@ def prepare(
 
     record: what makes this task's outputs (TranscriptionService.output_record); outputs
     whose record says they were made otherwise are made again (app.output_plan, as the CLI)."""
-    from app.output_plan import plan_outputs
+    from .output_plan import plan_outputs
 
     for leftover in _temporary_leftovers(task):
         leftover.unlink(missing_ok=True)  # half an output from an attempt that was killed

@@ -106,7 +106,7 @@ def start_server(port: int, queue_size: int, assistant: str, log: Path) -> subpr
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
-    command = [sys.executable, "-m", "app.cli", "serve", "--port", str(port)]
+    command = [sys.executable, "-m", "specscribe.cli", "serve", "--port", str(port)]
     command += ["--queue-size", str(queue_size), "--assistant", assistant]
     return subprocess.Popen(
         command, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT

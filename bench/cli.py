@@ -67,7 +67,7 @@ DEFAULT_CONFIGS = tuple(CONFIGS)
 def _specscribe() -> list[str]:
     """The installed command, or the module when run from a checkout without one."""
     script = Path(sys.executable).with_name("specscribe")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "app.cli"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "specscribe.cli"]
 
 
 def _command(config: Config, folder: Path, out: Path, ct2_dir: Path, threads: int) -> list[str]:

@@ -66,7 +66,7 @@ def run_config(name: str, files: list[Path], model: str, folder: Path) -> dict:
             cluster.start_node(node, cache, head=index == 0, cpus=cpus)
         actors = nodes * cpus
         command = [
-            sys.executable, "-m", "app.cli", "worker", "--engine", "ray",
+            sys.executable, "-m", "specscribe.cli", "worker", "--engine", "ray",
             "--ray-address", cluster.address, "--actors", str(actors), "--store", str(store.path),
             "--model", model, "--until-idle", "--poll", "0.2",
         ]  # fmt: skip

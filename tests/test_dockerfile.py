@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import re
 import shlex
+import shutil
 import tomllib
 
 import pytest
@@ -85,9 +87,11 @@ def test_every_copied_path_exists_and_is_in_the_build_context():
         assert (REPO / source).exists(), f"COPY {source}: no such file in the repository"
         assert not _ignored(source), f"COPY {source}: excluded by .dockerignore"
     # `pip install .` needs every package and the readme that pyproject.toml names.
-    packages = pyproject["tool"]["setuptools"]["packages"]
-    # A sub-package (app.api) comes with its parent's folder.
-    needed = [*{name.split(".")[0] for name in packages}, pyproject["project"]["readme"]]
+    setuptools = pyproject["tool"]["setuptools"]
+    folders = setuptools.get("package-dir", {})  # specscribe is the app/ folder
+    # A sub-package (specscribe.api) comes with its parent's folder.
+    tops = {name.split(".")[0] for name in setuptools["packages"]}
+    needed = [*{folders.get(top, top) for top in tops}, pyproject["project"]["readme"]]
     assert set(needed) <= set(copied), f"not copied: {set(needed) - set(copied)}"
     assert "requirements.lock" in copied
 
@@ -144,14 +148,48 @@ def test_the_wheel_ships_what_users_import_and_no_benchmarks(tmp_path):
     import sys
     import zipfile
 
+    # Built from what the Dockerfile copies, in a folder of its own (setuptools' build/ folder
+    # in a checkout can hold packages of earlier builds).
+    source = tmp_path / "source"
+    source.mkdir()
+    for instruction, arguments in _instructions():
+        if instruction == "COPY":
+            for name in arguments.split()[:-1]:
+                copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy
+                copy(REPO / name, source / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
          "-q", "-w", str(tmp_path)],
         check=True, cwd=tmp_path,
     )  # fmt: skip
     (wheel,) = tmp_path.glob("specscribe-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
-    assert tops == {"app", "asr", "decoding", "diarize"}
+    # The fronts install as `specscribe`: no generic `app` package in site-packages.
+    assert tops == {"specscribe", "asr", "decoding", "diarize"}
     assert "asr/drafts/whisper-base-draft/model.safetensors" in names
-    assert "app/api/__init__.py" in names
+    assert "specscribe/api/__init__.py" in names
+    # Installed (here into a folder ahead of the environment's packages) and run from outside
+    # the checkout, the command works and nothing named `app` can be imported.
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+         str(wheel)],
+        check=True, cwd=tmp_path,
+    )  # fmt: skip
+    probe = (
+        "import importlib.util, specscribe.cli;"
+        "assert importlib.util.find_spec('app') is None;"
+        "print(specscribe.cli.__file__)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    found = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == str(site / "specscribe" / "cli.py")
+    usage = subprocess.run(
+        [sys.executable, "-m", "specscribe.cli", "transcribe", "--help"],
+        cwd=tmp_path, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert usage.returncode == 0 and "--num-speakers" in usage.stdout, usage.stderr

@@ -231,7 +231,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / "server.log"
         self.log = self.log_path.open("w")
-        command = [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), *args]
+        command = [sys.executable, "-m", "specscribe.cli", "serve", "--port", str(self.port), *args]
         self.process = subprocess.Popen(
             command, env=env, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT
         )
@@ -637,7 +637,7 @@ PROMPT = "The three primary colours are"
 def generated() -> str:
     """`specscribe generate`'s greedy output for PROMPT (the text line of its stdout)."""
     env = _child_env(Path(os.environ.get("TMPDIR", "/tmp")))
-    command = [sys.executable, "-m", "app.cli", "generate", PROMPT]
+    command = [sys.executable, "-m", "specscribe.cli", "generate", PROMPT]
     command += ["--model", TEXT_MODEL, "--max-new-tokens", "24"]
     run = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr

@@ -52,7 +52,7 @@ def driver(cluster: LocalCluster, store: JobStore, log: Path, *extra: str) -> su
     env = cluster.env(SPECSCRIBE_CACHE_DIR=str(empty_cache), OMP_NUM_THREADS="1")
     with log.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "app.cli", *args],
+            [sys.executable, "-m", "specscribe.cli", *args],
             cwd=REPO,
             env=env,
             stdout=out,

@@ -239,7 +239,7 @@ def _free_port() -> int:
 
 def _serve_command(port: int) -> list[str]:
     script = Path(sys.executable).with_name("specscribe")
-    entry = [str(script)] if script.exists() else [sys.executable, "-m", "app.cli"]
+    entry = [str(script)] if script.exists() else [sys.executable, "-m", "specscribe.cli"]
     return [*entry, "serve", "--host", "127.0.0.1", "--port", str(port), "--assistant", "none"]
 
 

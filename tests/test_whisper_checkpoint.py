@@ -65,7 +65,7 @@ def test_an_int8_store_hands_back_the_layers_it_saved(tmp_path):
 def test_transcribing_imports_nothing_from_transformers(registry, tmp_path):
     script = (
         "import sys\n"
-        "from app.cli import main\n"
+        "from specscribe.cli import main\n"
         f"code = main(['transcribe', {str(SAMPLES / 'jfk.wav')!r}, '--precision', 'int8',"
         " '--language', 'en'])\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] == 'transformers')\n"

@@ -50,7 +50,7 @@ def specscribe(*args: str | Path, log: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with log.open("ab") as stream:
         return subprocess.Popen(
-            [sys.executable, "-m", "app.cli", *map(str, args)],
+            [sys.executable, "-m", "specscribe.cli", *map(str, args)],
             cwd=REPO,
             env=env,
             stdout=stream,
@@ -352,7 +352,7 @@ def test_two_workers_process_twenty_queued_files_each_once(tmp_path):
     originals = copy_clips(tmp_path / "in", 20, CLIPS[1:])  # the two shortest, 5 s and 7 s
     store_path = tmp_path / "jobs.db"
     submitted = subprocess.run(
-        [sys.executable, "-m", "app.cli", "submit", tmp_path / "in", "--output-dir",
+        [sys.executable, "-m", "specscribe.cli", "submit", tmp_path / "in", "--output-dir",
          tmp_path / "out", "--format", "json,srt", "--model", MODEL, "--language", "en",
          "--store", store_path],
         cwd=REPO, capture_output=True, text=True, check=True,

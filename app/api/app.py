@@ -12,12 +12,12 @@ import time
 
 from fastapi import Depends, FastAPI, Request
 
-from app.api.audio_routes import AudioApi
-from app.api.errors import ApiError, install_handlers
-from app.api.text_front import TextFront
-from app.api.text_routes import TextApi
-from app.api.work_queue import WorkQueue
-from app.service import TranscriptionService
+from ..service import TranscriptionService
+from .audio_routes import AudioApi
+from .errors import ApiError, install_handlers
+from .text_front import TextFront
+from .text_routes import TextApi
+from .work_queue import WorkQueue
 
 
 def bearer_check(api_key: str | None):

@@ -14,10 +14,11 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from app.api.audio_request import AudioRequest
 from asr.languages import LANGUAGES
 from asr.types import DecidedWindow, Segment, Transcript
 from asr.writers import WRITERS
+
+from .audio_request import AudioRequest
 
 
 def usage(transcript: Transcript) -> dict[str, Any]:

@@ -15,9 +15,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import FormData, UploadFile
 
-from app.api.errors import ApiError
-from app.request import MAX_PROMPT_CHARACTERS, ServiceOptions, decoding_choices
 from asr.types import MAX_SPEAKERS
+
+from ..request import MAX_PROMPT_CHARACTERS, ServiceOptions, decoding_choices
+from .errors import ApiError
 
 ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
 Granularity = Literal["segment", "word"]

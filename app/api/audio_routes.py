@@ -19,13 +19,14 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from app.api.audio_formats import render, usage
-from app.api.audio_request import WHISPER_ALIAS, AudioRequest, parse_form
-from app.api.errors import ApiError, error_body
-from app.api.events import sse
-from app.api.work_queue import QueueFull, WorkQueue
-from app.service import ServiceOptions, TranscriptionService
 from asr.types import DecidedWindow, Transcript
+
+from ..service import ServiceOptions, TranscriptionService
+from .audio_formats import render, usage
+from .audio_request import WHISPER_ALIAS, AudioRequest, parse_form
+from .errors import ApiError, error_body
+from .events import sse
+from .work_queue import QueueFull, WorkQueue
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from app.llm import (
+from asr.models import ModelRegistry
+from decoding import DecodeStats, SamplingOptions
+
+from ..llm import (
     DraftOptions,
     LanguageModel,
     PolicyName,
@@ -22,8 +25,6 @@ from app.llm import (
     prompt_ids,
     run_generation_ids,
 )
-from asr.models import ModelRegistry
-from decoding import DecodeStats, SamplingOptions
 
 FinishReason = Literal["stop", "length"]
 PROMPT_LOOKUP_TOKENS = 4  # `--text-assistant prompt-lookup` without :N

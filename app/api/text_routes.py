@@ -21,12 +21,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from app.api.audio_routes import queue_full
-from app.api.errors import ApiError, error_body
-from app.api.events import sse
-from app.api.text_front import Completion, TextFront
-from app.api.work_queue import QueueFull, WorkQueue
 from decoding import SamplingOptions
+
+from .audio_routes import queue_full
+from .errors import ApiError, error_body
+from .events import sse
+from .text_front import Completion, TextFront
+from .work_queue import QueueFull, WorkQueue
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_MAX_TOKENS = 1024  # chat default: this, or what the context leaves

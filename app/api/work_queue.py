@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
-from app.api.events import until_done
+from .events import until_done
 
 T = TypeVar("T")
 E = TypeVar("E")
