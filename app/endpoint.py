@@ -282,7 +282,7 @@ class EndpointHandler:
             "endpoint ready in %.1f s: asr %s, assistant %s, diarization %s",
             time.perf_counter() - started,
             self.service.asr_model_name,
-            self.service.assistant_model_name,
+            self.service.draft_model_name,
             self.settings.diarization_model,
         )
 
@@ -323,7 +323,7 @@ class EndpointHandler:
             options = parameters.service_options()
         except ValueError as error:
             raise EndpointError(422, f"invalid parameters: {error}") from None
-        if parameters.assistant and self.service.assistant is None:
+        if parameters.assistant and self.service.draft is None:
             raise EndpointError(
                 422,
                 f"assistant: this endpoint has no assistant model (ASSISTANT_MODEL="

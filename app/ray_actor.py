@@ -110,7 +110,7 @@ class Transcriber:
         """Fetches what this node's cache lacks and re-hashes what it has, before loading."""
         from asr.models import EMBEDDED
 
-        for name in (self.service.asr_model_name, self.service.assistant_model_name):
+        for name in (self.service.asr_model_name, self.service.draft_model_name):
             if name in EMBEDDED:
                 self.service.registry.ensure(name)
 

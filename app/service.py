@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from asr.models import ModelRegistry
     from asr.vad import VoiceActivityDetector
     from asr.whisper import WhisperModel
-    from asr.whisper_drafters import Assistant
+    from asr.whisper_drafters import DraftSource
     from diarize.pipeline import Diarization, DiarizeOptions, Diarizer
 
 __all__ = [
@@ -68,7 +68,7 @@ _BEFORE_RECORDED = {
 }
 
 
-def _choose_assistant(requested: str, asr_model: str) -> str:
+def _choose_draft(requested: str, asr_model: str) -> str:
     """The requested draft; for "auto", the shipped draft distilled for this ASR model when one
     is built (asr.models.SHIPPED_DRAFTS, e.g. whisper-base-draft for whisper-base), else none.
     It pays in every precision the decoder runtime offers (docs/benchmarks.md)."""
@@ -123,7 +123,7 @@ class TranscriptionService:
         # (device, precision) pair, fails here.
         self.device = check_device(device or self.settings.device)
         self.dtypes = resolve_precision(self.device, precision or self.settings.precision)
-        self.assistant_model_name = _choose_assistant(
+        self.draft_model_name = _choose_draft(
             assistant_model or self.settings.assistant_model, self.asr_model_name
         )
         self.dtype = self.dtypes.decoder
@@ -132,7 +132,7 @@ class TranscriptionService:
         self._lock = threading.Lock()
         self._registry: ModelRegistry | None = None
         self._model: WhisperModel | None = None
-        self._assistant: Assistant | None = None
+        self._draft: DraftSource | None = None
         self._diarizer: Diarizer | None = None
         self._vad: VoiceActivityDetector | None = None
 
@@ -186,21 +186,21 @@ class TranscriptionService:
         return self._model
 
     @property
-    def assistant(self) -> Assistant | None:
-        if self.assistant_model_name == "none":
+    def draft(self) -> DraftSource | None:
+        if self.draft_model_name == "none":
             return None
-        if self._assistant is None:
-            from asr.whisper_drafters import LOOKUP, LookupAssistant, load_assistant
+        if self._draft is None:
+            from asr.whisper_drafters import LOOKUP, LookupDraft, load_draft
 
-            if self.assistant_model_name == LOOKUP:  # no model to load
-                self._assistant = LookupAssistant(self.model)
-                return self._assistant
-            # The draft computes in the target's dtype and device (load_assistant): a
+            if self.draft_model_name == LOOKUP:  # no model to load
+                self._draft = LookupDraft(self.model)
+                return self._draft
+            # The draft computes in the target's dtype and device (load_draft): a
             # shared-encoder draft reads the target's encoder output, and both see logits of
             # the same precision.
-            draft_path = self.registry.resolve(self.assistant_model_name)
-            self._assistant = load_assistant(self.model, draft_path)
-        return self._assistant
+            draft_path = self.registry.resolve(self.draft_model_name)
+            self._draft = load_draft(self.model, draft_path)
+        return self._draft
 
     @property
     def diarizer(self) -> Diarizer:
@@ -231,7 +231,7 @@ class TranscriptionService:
 
     def load(self, diarization: bool = False, vad: bool = False) -> TranscriptionService:
         """Loads the models now instead of at the first request (a server's start-up)."""
-        _ = self.model, self.assistant
+        _ = self.model, self.draft
         if diarization:
             _ = self.diarizer
         if vad:
@@ -280,13 +280,13 @@ class TranscriptionService:
             # 3. Which parts to decode: the clip ranges, and where someone speaks.
             spans, vad = self._spans(samples, options, diarization)
             # 4. Transcribe, speculatively when there is a draft and the request wants it.
-            assistant = self.assistant if options.use_assistant else None
+            draft = self.draft if options.use_assistant else None
             transcript = transcribe(
                 self.model,
                 samples,
                 transcribe_options,
                 progress=progress,
-                assistant=assistant,
+                draft=draft,
                 on_window=on_window,
                 spans=spans,
             )
@@ -296,7 +296,7 @@ class TranscriptionService:
                 options={
                     **transcript.options,
                     "model": self.asr_model_name,
-                    "assistant": self.assistant_model_name if assistant else None,
+                    "assistant": self.draft_model_name if draft else None,
                     "precision": self.precision,
                 },
             )

@@ -207,7 +207,7 @@ class WebApp:
 
     @property
     def has_draft(self) -> bool:
-        return self.service.assistant is not None
+        return self.service.draft is not None
 
     def transcribe(
         self,
@@ -305,7 +305,7 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
     model = service.model
     multilingual = model.special.multilingual
     codes = sorted(model.special.language_ids) if multilingual else ["en"]
-    draft_name = service.assistant_model_name if app.has_draft else None
+    draft_name = service.draft_model_name if app.has_draft else None
 
     # delete_cache: every 30 min, Gradio drops uploads and served copies older than 1 h.
     with gr.Blocks(

@@ -415,7 +415,7 @@ class RoundGraphs:
             vocabulary = torch.arange(draft.config.vocab_size, device=device)
             if draft.output_vocabulary is not None:  # a reduced head scores only these ids
                 vocabulary = torch.as_tensor(draft.output_vocabulary, device=device)
-            blocked = torch.isin(vocabulary, self.draft_rules._suppressed(device))
+            blocked = torch.isin(vocabulary, self.draft_rules.suppressed_ids(device))
         pairs, max_position, k = self._columns[:2].clone(), self.max_context - 1, self.draft_tokens
 
         def draft_steps(history: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -161,9 +161,9 @@ class LogitRules:
         rules). logits: Tensor, shape = (rows, vocab), returned."""
         # index_fill_ rather than an indexed assignment, whose value would be a host tensor
         # copied to the device (which a CUDA graph cannot record).
-        return logits.index_fill_(1, self._suppressed(logits.device), -torch.inf)
+        return logits.index_fill_(1, self.suppressed_ids(logits.device), -torch.inf)
 
-    def _suppressed(self, device) -> torch.Tensor:
+    def suppressed_ids(self, device) -> torch.Tensor:
         """The ids always masked: suppress_tokens, and <|notimestamps|> with timestamps."""
         ids = self.suppress_tokens + ((self.special.no_timestamps,) if self.timestamps else ())
         return _constant(ids, str(device))

@@ -8,7 +8,7 @@ Two ways to lay out windows (`TranscribeOptions.windows`):
   (`asr.silence`), which decode `batch_size` at a time; text after a chunk's last complete
   segment ends with the chunk, and a chunk whose text stops seconds before its audio does has
   that loud tail decoded as one more window.
-A draft (`assistant`) changes how many target calls a window takes, never its tokens.
+A draft changes how many target calls a window takes, never its tokens.
 
 With `word_timestamps`, every decided window gets one more decoder pass for its words'
 times (`asr.word_timing`); segment times follow the words and, as in OpenAI's transcribe, a
@@ -37,7 +37,7 @@ from asr.silence import chunk_window, loudness, sounds_like_speech, split_at_sil
 from asr.speech_timeline import Span, SpeechTimeline
 from asr.types import DecidedWindow, ProgressHook, Segment, Transcript, WindowHook, no_progress
 from asr.whisper import FRAMES_PER_SECOND, N_FRAMES, EncodedAudio, WhisperModel
-from asr.whisper_drafters import Assistant
+from asr.whisper_drafters import DraftSource
 from asr.window_decoder import (
     WindowBatch,
     WindowDecoder,
@@ -196,19 +196,19 @@ class _Session:
         model: WhisperModel,
         samples: np.ndarray,
         options: TranscribeOptions,
-        assistant: Assistant | None,
+        draft: DraftSource | None,
         policy: LookaheadPolicy | None,
         on_window: WindowHook | None = None,
         timeline: SpeechTimeline | None = None,
     ) -> None:
-        self.model, self.options, self.assistant, self.policy = model, options, assistant, policy
+        self.model, self.options, self.draft, self.policy = model, options, draft, policy
         self.on_window = on_window
         self.timeline = timeline  # where the decoded spans lie in the recording (None: all)
         self.mel = model.log_mel(samples)  # shape = (n_mels, content frames + 3000)
         self.draft_mel = None
-        if assistant is not None and assistant.needs_mel:
-            same_mel = assistant.model.n_mels == model.n_mels
-            self.draft_mel = self.mel if same_mel else assistant.model.log_mel(samples)
+        if draft is not None and draft.needs_mel:
+            same_mel = draft.model.n_mels == model.n_mels
+            self.draft_mel = self.mel if same_mel else draft.model.log_mel(samples)
         self.content_frames = self.mel.shape[-1] - N_FRAMES
         self.duration = len(samples) / SAMPLE_RATE
         self.rules = LogitRules(model.special, model.suppress_tokens, timestamps=options.timestamps)
@@ -241,14 +241,14 @@ class _Session:
             return torch.stack([mel[:, start : start + N_FRAMES] for start, _ in windows])
 
         encoded = self.model.cross_attention(self.model.encode(stack(self.mel)))
-        draft = None
-        if self.assistant is not None:
+        draft_encoded = None
+        if self.draft is not None:
             draft_mel = None if self.draft_mel is None else stack(self.draft_mel)
-            draft = self.assistant.encode(encoded, draft_mel)
+            draft_encoded = self.draft.encode(encoded, draft_mel)
         self.encoder_seconds += device_clock(self.model.device) - started
         if self.language is None:
             self.language = detect_language(self.model, encoded)
-        return encoded, draft
+        return encoded, draft_encoded
 
     def prompt(self, previous: list[int]) -> tuple[int, ...]:
         """[<|startofprev|>, hotwords, previous text] (at most half the context), SOT sequence."""
@@ -282,10 +282,10 @@ class _Session:
             self.language,
             options.task,
             options.max_new_tokens,
-            self.assistant,
+            self.draft,
             self.policy,
         )
-        plain = replace(decoder, assistant=None, policy=None)
+        plain = replace(decoder, draft=None, policy=None)
         bare = self.prompt([])
         results: list[WindowResult | None] = [None] * len(batch.prompts)
         for temperature in options.temperatures:
@@ -472,8 +472,8 @@ def _seek_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
     seek = 0
     while seek < total:
         frames = min(N_FRAMES, total - seek)
-        encoded, draft = session.encode([(seek, seek + frames)], padded=False)
-        batch = WindowBatch(encoded, (session.prompt(previous),), draft)
+        encoded, draft_encoded = session.encode([(seek, seek + frames)], padded=False)
+        batch = WindowBatch(encoded, (session.prompt(previous),), draft_encoded)
         [result] = session.decode(batch, seeds=[options.seed + seek])
         if _is_silent(result, options):
             seek += frames  # skipped, and its text does not become context
@@ -505,10 +505,10 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
     reached = 0  # frames reported to `progress`: tails go back, the report does not
     while queue:
         group = [queue.popleft() for _ in range(min(options.batch_size, len(queue)))]
-        encoded, draft = session.encode(group, padded=True)
+        encoded, draft_encoded = session.encode(group, padded=True)
         prompts = (session.prompt(session.initial_prompt),) * len(group)
         results = session.decode(
-            WindowBatch(encoded, prompts, draft), seeds=[options.seed + s for s, _ in group]
+            WindowBatch(encoded, prompts, draft_encoded), seeds=[options.seed + s for s, _ in group]
         )
         spoken = [
             (row, (result, start, end - start))
@@ -550,7 +550,7 @@ def transcribe(
     samples: np.ndarray,
     options: TranscribeOptions = TranscribeOptions(),
     progress: ProgressHook = no_progress,
-    assistant: Assistant | None = None,
+    draft: DraftSource | None = None,
     policy: LookaheadPolicy | None = None,
     on_window: WindowHook | None = None,
     spans: tuple[Span, ...] | None = None,
@@ -560,7 +560,8 @@ def transcribe(
     spans: decode only these (start, end) seconds of the recording (speech regions, clip
     ranges); None decodes all of it. No span at all gives an empty transcript with a warning.
 
-    assistant: a draft paired with `model` (`asr.whisper_drafters.pair_assistant`); policy: its
+    draft: a draft paired with `model` (`asr.whisper_drafters.pair_draft`) or prompt lookup
+    (`LookupDraft`); policy: its
     draft-length policy for the whole recording (default: decoding.Adaptive, which drafts only
     where it pays by the acceptance and call costs it measures: on bench.cli's 59 files it cut
     the int8 decoder phase 1.49x against 1.38x for decoding.Heuristic, and matched it in fp32).
@@ -570,9 +571,9 @@ def transcribe(
     """
     # 1. Check the request; mel spectrograms for the target and a draft that needs its own.
     options.validate(model)
-    if assistant is not None and assistant.target is not model:
+    if draft is not None and draft.target is not model:
         raise ValueError(
-            f"draft {assistant.name} was paired with {assistant.target.name}, not with {model.name}"
+            f"draft {draft.name} was paired with {draft.target.name}, not with {model.name}"
         )
     started = time.perf_counter()
     duration = len(samples) / SAMPLE_RATE
@@ -586,10 +587,10 @@ def transcribe(
             stats={"speech_seconds": 0.0, "total_seconds": 0.0},
             warnings=("no speech found: nothing was decoded",),
         )
-    if assistant is not None and policy is None:
+    if draft is not None and policy is None:
         policy = Adaptive()  # one for the whole recording: it learns the pair as it goes
     decoded = samples if timeline is None else timeline.compact(samples)
-    session = _Session(model, decoded, options, assistant, policy, on_window, timeline)
+    session = _Session(model, decoded, options, draft, policy, on_window, timeline)
 
     # 2. Decode every window, then put times back on the recording's timeline.
     progress("transcribe", 0, session.content_frames)

@@ -12,7 +12,7 @@ the pair is made, and prompt lookup, which needs no model.
 Every draft decodes through `WhisperTarget`, so it sees its own vocabulary's logit rules, as the
 target sees its own. An incompatible pair raises ValueError naming both models.
 
-`LookupAssistant` ("prompt-lookup") drafts what followed the window's last text tokens where
+`LookupDraft` ("prompt-lookup") drafts what followed the window's last text tokens where
 they occur earlier in its prompt (the previous windows' text) or its own output, at no model
 cost: it pays on repeated phrases and names, and the adaptive policy stops drafting where it
 does not.
@@ -38,8 +38,8 @@ DRAFT_PAIRINGS: tuple[DraftPairing, ...] = ("shared-encoder", "own-encoder", "cr
 
 
 @dataclass(frozen=True)
-class WhisperAssistant:
-    """A draft Whisper paired with a target; make it with `pair_assistant`."""
+class WhisperDraft:
+    """A draft Whisper paired with a target; make it with `pair_draft`."""
 
     target: WhisperModel
     model: WhisperModel
@@ -104,7 +104,7 @@ class WhisperAssistant:
         )
 
 
-LOOKUP = "prompt-lookup"  # the --assistant name of LookupAssistant
+LOOKUP = "prompt-lookup"  # the --assistant name of LookupDraft
 
 
 class WhisperLookupDrafter(PromptLookupDrafter):
@@ -124,8 +124,8 @@ class WhisperLookupDrafter(PromptLookupDrafter):
 
 
 @dataclass(frozen=True)
-class LookupAssistant:
-    """Prompt lookup for `target`: the same interface as WhisperAssistant, with no model."""
+class LookupDraft:
+    """Prompt lookup for `target`: the same interface as WhisperDraft, with no model."""
 
     target: WhisperModel
     max_ngram: int = 3
@@ -143,7 +143,7 @@ class LookupAssistant:
         return WhisperLookupDrafter(self.target.special.eot, self.max_ngram)
 
 
-Assistant = WhisperAssistant | LookupAssistant
+DraftSource = WhisperDraft | LookupDraft
 
 
 def _draft_language(draft: WhisperModel, language: str | None) -> str | None:
@@ -153,12 +153,12 @@ def _draft_language(draft: WhisperModel, language: str | None) -> str | None:
     return language if language in draft.special.language_ids else "en"
 
 
-def load_assistant(
+def load_draft(
     target: WhisperModel,
     path: str,
     pairing: DraftPairing | None = None,
     int8: bool | None = None,
-) -> WhisperAssistant:
+) -> WhisperDraft:
     """Loads a draft from a model directory or hub id and pairs it with `target`; a distilled
     draft (asr.draft_checkpoint) borrows the target's embeddings.
 
@@ -179,12 +179,12 @@ def load_assistant(
         draft.attention_dtype_override = target.attention_dtype
     else:
         draft = WhisperModel.load(path, target.device, target.dtype)
-    return pair_assistant(target, draft, pairing)
+    return pair_draft(target, draft, pairing)
 
 
-def pair_assistant(
+def pair_draft(
     target: WhisperModel, draft: WhisperModel, pairing: DraftPairing | None = None
-) -> WhisperAssistant:
+) -> WhisperDraft:
     """Checks that `draft` can draft for `target` in `pairing`; None picks the cheapest one:
     cross-tokenizer when the vocabularies differ, shared-encoder when the draft has no encoder
     or the target's, otherwise own-encoder."""
@@ -209,7 +209,7 @@ def pair_assistant(
         _check_shared_encoder(target, draft, pair)
     elif not draft.has_encoder:
         raise ValueError(f"{pair}: a decoder-only draft can only use the target's encoder")
-    return WhisperAssistant(target=target, model=draft, pairing=pairing)
+    return WhisperDraft(target=target, model=draft, pairing=pairing)
 
 
 def _check_shared_encoder(target: WhisperModel, draft: WhisperModel, pair: str) -> None:

@@ -15,7 +15,7 @@ from asr.cuda_graphs import pool_size
 from asr.graph_rounds import default_draft_tokens, rounds_for
 from asr.logit_rules import DRAFT_GRAMMAR, LogitRules
 from asr.whisper import EncodedAudio, WhisperModel
-from asr.whisper_drafters import Assistant, WhisperAssistant
+from asr.whisper_drafters import DraftSource, WhisperDraft
 from asr.whisper_target import WhisperTarget
 from decoding import DecodeStats, LookaheadPolicy, SamplingOptions, generate
 
@@ -85,7 +85,7 @@ class WindowDecoder:
     language: str | None
     task: str
     max_new_tokens: int
-    assistant: Assistant | None = None
+    draft: DraftSource | None = None
     policy: LookaheadPolicy | None = None
     in_rounds: bool | None = None
     round_rows: int | None = None
@@ -102,8 +102,8 @@ class WindowDecoder:
             return self._decode_in_rounds(batch)
         target = WhisperTarget(model, batch.encoded, self.rules)
         drafter = None
-        if self.assistant is not None:
-            drafter = self.assistant.drafter(
+        if self.draft is not None:
+            drafter = self.draft.drafter(
                 batch.draft_encoded, self.language, self.task, self.rules.timestamps
             )
         max_new_tokens = self._token_budget(batch)
@@ -129,22 +129,20 @@ class WindowDecoder:
     def _decodes_in_rounds(self) -> bool:
         if self.in_rounds is not None:
             return self.in_rounds
-        model, assistant = self.model, self.assistant
-        same_vocabulary = isinstance(assistant, WhisperAssistant) and (
-            assistant.pairing != "cross-tokenizer"
-        )
+        model, draft = self.model, self.draft
+        same_vocabulary = isinstance(draft, WhisperDraft) and draft.pairing != "cross-tokenizer"
         return (
             model.device.type == "cuda"
             and model.step_graphs_mode == "auto"
             and model.attention_dtype == torch.float32  # exact mode's products are float32
-            and (assistant is None or same_vocabulary)
+            and (draft is None or same_vocabulary)
         )
 
     def _decode_in_rounds(self, batch: WindowBatch) -> tuple[tuple[WindowResult, ...], DecodeStats]:
         """Greedy decoding in whole rounds (`asr.graph_rounds`): a pool of `round_rows` rows
         through which every window of the batch passes."""
         model = self.model
-        draft = None if self.assistant is None else self.assistant.model
+        draft_model = None if self.draft is None else self.draft.model
         max_new_tokens = self._token_budget(batch)
         rows = self.round_rows or min(len(batch.prompts), MAX_ROUND_ROWS)
         draft_tokens = self.round_draft_tokens or default_draft_tokens(pool_size(rows))
@@ -152,12 +150,12 @@ class WindowDecoder:
             model,
             self.rules,
             rows,
-            draft,
+            draft_model,
             draft_tokens,
             self.round_draft_grammar,
             self.round_fused_draft,
         )
-        draft_encoded = None if draft is None else batch.draft_encoded
+        draft_encoded = None if draft_model is None else batch.draft_encoded
         run = pool.decode(batch.encoded, batch.prompts, max_new_tokens, draft_encoded)
         rows = zip(run.tokens, run.sum_logprobs, run.no_speech_probs, strict=True)
         return self._results(rows, 0.0), run.stats

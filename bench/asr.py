@@ -185,14 +185,14 @@ class Models:
             self._vad.append(VoiceActivityDetector())
         return self._vad[0]
 
-    def assistant(self, name: str, precision: str = "fp32"):
+    def draft(self, name: str, precision: str = "fp32"):
         """The draft `name` paired with the target of this precision, loaded the way the
         service loads it (a distilled draft borrows the target's embeddings)."""
-        from asr.whisper_drafters import load_assistant
+        from asr.whisper_drafters import load_draft
 
         if (name, precision) not in self._pairs:
             path = self.registry.resolve(name)
-            self._pairs[(name, precision)] = load_assistant(self.target(precision), path)
+            self._pairs[(name, precision)] = load_draft(self.target(precision), path)
         return self._pairs[(name, precision)]
 
     def timers(self, name: str | None) -> tuple[ModuleTimer | None, ModuleTimer]:
@@ -200,7 +200,7 @@ class Models:
         baselines run the very instances ours use: the same weights. A decoder-only draft has
         no encoder timer."""
         if name not in self._timers:
-            whisper = self.target() if name is None else self.assistant(name).model
+            whisper = self.target() if name is None else self.draft(name).model
             model = whisper.model.model
             encoder = ModuleTimer(model.encoder) if hasattr(model, "encoder") else None
             self._timers[name] = (encoder, ModuleTimer(model.decoder))
@@ -277,14 +277,14 @@ def ours(
 
     def run(samples: np.ndarray) -> Measured:
         model = models.target(precision)
-        assistant = models.assistant(draft, precision) if draft else None
+        draft_source = models.draft(draft, precision) if draft else None
         started = time.perf_counter()
         spans = models.vad().regions(samples) if vad else None
         result = transcribe(
             model,
             samples,
             options,
-            assistant=assistant,
+            draft=draft_source,
             policy=parse_policy(policy) if draft else None,
             spans=spans,
         )
@@ -329,11 +329,11 @@ def transformers_generate(models: Models, timestamps: bool, draft: str | None):
             features_of["extractor"] = WhisperFeatureExtractor.from_pretrained(target.name)
         extras, draft_timers = {}, (None, None)
         if draft is not None:
-            assistant = models.assistant(draft)
-            extras["assistant_model"] = assistant.model.model
-            if assistant.pairing == "cross-tokenizer":
+            paired = models.draft(draft)
+            extras["assistant_model"] = paired.model.model
+            if paired.pairing == "cross-tokenizer":
                 extras["tokenizer"] = target.tokenizer
-                extras["assistant_tokenizer"] = assistant.model.tokenizer
+                extras["assistant_tokenizer"] = paired.model.tokenizer
             draft_timers = models.timers(draft)
         encoder, decoder = models.timers(None)
         for timer in (encoder, decoder, *draft_timers):

@@ -65,7 +65,7 @@ def speech_windows(count: int, speech: Path = SPEECH) -> np.ndarray:
 
 def decode_all(
     target,
-    assistant,
+    draft_source,
     encoded,
     draft_encoded,
     batch: int,
@@ -93,7 +93,7 @@ def decode_all(
         "en",
         "transcribe",
         224,
-        assistant if drafted else None,
+        draft_source if drafted else None,
         Heuristic(),
         in_rounds=in_rounds,
         round_draft_tokens=draft_tokens,
@@ -130,18 +130,18 @@ MODES = {
 }
 
 
-def encode_windows(target, assistant, samples: np.ndarray):
+def encode_windows(target, draft_source, samples: np.ndarray):
     """The windows' EncodedAudio for the target and for the draft, 8 windows per encoder call."""
     mel = torch.stack([target.log_mel(s)[:, :3000] for s in samples])
     encoded = _join(
         [target.cross_attention(target.encode(mel[i : i + 8])) for i in range(0, len(mel), 8)]
     )
-    return encoded, assistant.encode(encoded, None)
+    return encoded, draft_source.encode(encoded, None)
 
 
 def sweep(
     target,
-    assistant,
+    draft_source,
     samples: np.ndarray,
     batches: list[int],
     modes: list[str],
@@ -154,11 +154,11 @@ def sweep(
     seconds, ms per token, tokens per target call, and how many windows equal the plain
     decoding of the same mode and batch and the uncaptured plain one."""
     device = target.device
-    encoded, draft_encoded = encode_windows(target, assistant, samples)
+    encoded, draft_encoded = encode_windows(target, draft_source, samples)
     rows, tokens_of = [], {}
     for mode in modes:
         capture, in_rounds, refill = MODES[mode]
-        for model in (target, assistant.model):
+        for model in (target, draft_source.model):
             model.step_graphs_mode = capture  # fresh pools
         for batch in batches:
             if refill and batch == 1:  # one row: the same as plain rounds
@@ -182,7 +182,7 @@ def sweep(
                 # Warm-up on one batch, untimed: graph captures, kernel workspaces.
                 decode_all(
                     target,
-                    assistant,
+                    draft_source,
                     encoded.rows(first),
                     draft_encoded.rows(first),
                     batch,
@@ -190,7 +190,7 @@ def sweep(
                     **settings,
                 )
                 tokens, seconds, stats = decode_all(
-                    target, assistant, encoded, draft_encoded, batch, drafted, **settings
+                    target, draft_source, encoded, draft_encoded, batch, drafted, **settings
                 )
                 generated = sum(len(t) + 1 for t in tokens)
                 row = {
@@ -270,7 +270,9 @@ def targets(rows: list[dict], windows: int) -> dict:
 
 
 @torch.inference_mode()
-def kernel_profile(target, assistant, encoded, draft_encoded, batches=(1, 16), k: int = 3) -> dict:
+def kernel_profile(
+    target, draft_source, encoded, draft_encoded, batches=(1, 16), k: int = 3
+) -> dict:
     """Kernels launched and their summed device time (torch.profiler, one eager round after a
     warm-up) for a plain round, a drafted round and its draft steps alone, at each batch size:
     what a captured round's replay cannot go below."""
@@ -298,7 +300,7 @@ def kernel_profile(target, assistant, encoded, draft_encoded, batches=(1, 16), k
             ("fused", k, False, True),
         )
         for label, drafts, grammar, fused in configs:
-            draft = assistant.model if drafts else None
+            draft = draft_source.model if drafts else None
             pool = RoundGraphs(
                 target, rules, batch, draft, drafts, False, grammar, fused_draft=fused
             )
@@ -336,10 +338,10 @@ def _join(parts):
     )
 
 
-def anchors(target, assistant, samples: np.ndarray, count: int) -> dict:
+def anchors(target, draft_source, samples: np.ndarray, count: int) -> dict:
     """transformers' generate and assisted generation, batch 1, on the same weights."""
     device = target.device
-    module, draft = target.model, assistant.model.model
+    module, draft = target.model, draft_source.model.model
     mels = [target.log_mel(s)[None, :, :3000] for s in samples[:count]]
     settings = {
         "language": "en",
@@ -371,7 +373,7 @@ def large_pair_costs(tokenizer_model, samples: np.ndarray, device: torch.device)
 
     from asr.transcribe import TranscribeOptions, transcribe
     from asr.whisper import WhisperModel
-    from asr.whisper_drafters import pair_assistant
+    from asr.whisper_drafters import pair_draft
 
     config = WhisperConfig(
         vocab_size=51866, num_mel_bins=128, d_model=1280, encoder_layers=32, decoder_layers=32,
@@ -395,13 +397,13 @@ def large_pair_costs(tokenizer_model, samples: np.ndarray, device: torch.device)
     draft_module.proj_out.weight = module.proj_out.weight
     draft_module.generation_config = module.generation_config
     draft = WhisperModel.from_transformers(draft_module, tokenizer_model.tokenizer, "random-2")
-    assistant = pair_assistant(target, draft)
+    draft_source = pair_draft(target, draft)
 
     report: dict = {"shape": "large-v3 target, 2-layer shared-encoder draft, random weights"}
     audio = samples[:2].reshape(-1)
     options = TranscribeOptions(language="en", temperatures=(0.0,), max_new_tokens=48)
     plain = transcribe(target, audio, options)
-    drafted = transcribe(target, audio, options, assistant=assistant)
+    drafted = transcribe(target, audio, options, draft=draft_source)
     report["transcript_equal_with_draft"] = [
         (s.start, s.end, s.text) for s in drafted.segments
     ] == [(s.start, s.end, s.text) for s in plain.segments]
@@ -415,7 +417,7 @@ def large_pair_costs(tokenizer_model, samples: np.ndarray, device: torch.device)
         one = encoded.rows(rows)
         for name, model, cross in (
             ("target", target, one.cross),
-            ("draft", draft, assistant.encode(one, None).cross),
+            ("draft", draft, draft_source.encode(one, None).cross),
         ):
             graphs = model.step_graphs(batch)
             graphs.load(cross)
@@ -431,7 +433,7 @@ def large_pair_costs(tokenizer_model, samples: np.ndarray, device: torch.device)
                 key = f"{name} batch {batch} width {width}"
                 costs[key] = round(1e3 * statistics.median(times), 4)
     report["step_ms"] = costs
-    report["round_ms"] = round_costs(target, draft, assistant.encode(encoded, None), encoded)
+    report["round_ms"] = round_costs(target, draft, draft_source.encode(encoded, None), encoded)
     report["implied_speedup"] = implied_speedups(report["round_ms"])
     return report
 
@@ -525,7 +527,7 @@ def build_report(args: argparse.Namespace) -> dict:
     from asr.models import ModelRegistry
     from asr.precision import resolve_precision
     from asr.whisper import WhisperModel
-    from asr.whisper_drafters import load_assistant
+    from asr.whisper_drafters import load_draft
 
     device = torch.device(args.device)
     if args.windows_file:
@@ -540,7 +542,7 @@ def build_report(args: argparse.Namespace) -> dict:
         dtypes.decoder,
         encoder_dtype=dtypes.encoder,
     )
-    assistant = load_assistant(target, registry.resolve("whisper-base-draft"))
+    draft_source = load_draft(target, registry.resolve("whisper-base-draft"))
     report: dict = {
         "benchmark": "batch_sweep",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -552,12 +554,12 @@ def build_report(args: argparse.Namespace) -> dict:
         batches = [int(b) for b in args.batches.split(",")]
         lengths = [int(k) for k in args.draft_lengths.split(",")]
         draft_rules = args.draft_rules.split(",")
-        report["sweep"] = sweep(target, assistant, samples, batches, modes, lengths, draft_rules)
+        report["sweep"] = sweep(target, draft_source, samples, batches, modes, lengths, draft_rules)
         report["targets"] = targets(report["sweep"], len(samples))
         print(json.dumps({"targets": report["targets"]}), file=sys.stderr, flush=True)
     if args.profile:
-        encoded, draft_encoded = encode_windows(target, assistant, samples[:16])
-        report["kernels"] = kernel_profile(target, assistant, encoded, draft_encoded)
+        encoded, draft_encoded = encode_windows(target, draft_source, samples[:16])
+        report["kernels"] = kernel_profile(target, draft_source, encoded, draft_encoded)
         print(json.dumps({"kernels": report["kernels"]}), file=sys.stderr, flush=True)
     app.config  # noqa: B018  (imported for its side effect: offline hub)
     for name, part in (("anchors", not args.no_anchors), ("large_v3_shape", not args.no_large)):
@@ -565,7 +567,7 @@ def build_report(args: argparse.Namespace) -> dict:
             continue
         try:
             if name == "anchors":
-                report[name] = anchors(target, assistant, samples, args.anchor_windows)
+                report[name] = anchors(target, draft_source, samples, args.anchor_windows)
             else:
                 report[name] = large_pair_costs(target, samples, device)
         except Exception as error:  # reported, not fatal: the sweep above is the main result

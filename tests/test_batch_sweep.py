@@ -50,9 +50,9 @@ def test_targets_read_the_issue_figures_off_a_sweep():
 
 @pytest.mark.slow
 def test_a_small_sweep_runs_on_the_cpu(whisper_base, registry):
-    from asr.whisper_drafters import load_assistant
+    from asr.whisper_drafters import load_draft
 
-    assistant = load_assistant(whisper_base, registry.resolve("whisper-base-draft"))
+    assistant = load_draft(whisper_base, registry.resolve("whisper-base-draft"))
     jfk = load_audio(SAMPLES / "jfk.wav")
     samples = np.pad(jfk, (0, 30 * 16_000 - len(jfk)))[None]
     rows = sweep(whisper_base, assistant, samples, [1], ["uncaptured", "rounds"], [2], ["suppress"])

@@ -17,7 +17,7 @@ from asr.audio import load_audio
 from asr.precision import resolve_precision
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.whisper import WhisperModel
-from asr.whisper_drafters import load_assistant
+from asr.whisper_drafters import load_draft
 from tests.conftest import SAMPLES, normalised_words
 from tests.test_transcribe_speculative import assert_same_segments
 
@@ -51,13 +51,13 @@ def pair(request, registry):
     target = WhisperModel.load(
         registry.resolve("whisper-base"), "cuda", dtypes.decoder, encoder_dtype=dtypes.encoder
     )
-    return target, load_assistant(target, registry.resolve("whisper-base-draft")), dtypes
+    return target, load_draft(target, registry.resolve("whisper-base-draft")), dtypes
 
 
 def test_drafted_long_form_equals_plain_greedy_on_the_gpu(pair, speech):
     target, assistant, _ = pair
     plain = transcribe(target, speech, GREEDY)
-    drafted = transcribe(target, speech, GREEDY, assistant=assistant)
+    drafted = transcribe(target, speech, GREEDY, draft=assistant)
     assert len(plain.segments) >= 4
     assert_same_segments(drafted.segments, plain.segments)
     assert drafted.stats["target_calls"] * 2 < plain.stats["target_calls"]
@@ -76,7 +76,7 @@ def test_drafting_a_large_batch_of_windows_equals_plain_greedy_on_the_gpu(pair, 
     eight = np.concatenate([speech] * 8)
     batched = TranscribeOptions(**independent, batch_size=32)
     plain = transcribe(target, eight, batched)
-    drafted = transcribe(target, eight, batched, assistant=assistant)
+    drafted = transcribe(target, eight, batched, draft=assistant)
     assert len(plain.segments) >= 16
     assert_same_segments(drafted.segments, plain.segments)
     # Rows share target calls, so the slowest row sets their number: fewer, not 2.8x fewer.

@@ -32,7 +32,7 @@ from asr.distill_data import (
 from asr.draft_checkpoint import save_draft
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.whisper import WhisperModel
-from asr.whisper_drafters import load_assistant
+from asr.whisper_drafters import load_draft
 from bench.asr_data import SPEECH, benchmark_files, held_out_files, user_files
 from tests.conftest import SAMPLES
 
@@ -169,14 +169,14 @@ def test_training_raises_agreement_and_the_saved_draft_is_lossless(
     assert recipe["layers"] == [0, 5] and recipe["report"]["head_size"] == report.head_size
     assert recipe["target"] == target_dir.name  # not the path of this machine's model cache
 
-    assistant = load_assistant(whisper_base, str(tmp_path / "draft"))
+    assistant = load_draft(whisper_base, str(tmp_path / "draft"))
     assert assistant.pairing == "shared-encoder"
     assert assistant.model.output_vocabulary is not None
     audio = load_audio(SAMPLES / "librispeech_1089-134686-0002.wav")
     for timestamps in (True, False):
         options = TranscribeOptions(timestamps=timestamps)
         plain = transcribe(whisper_base, audio, options)
-        speculative = transcribe(whisper_base, audio, options, assistant=assistant)
+        speculative = transcribe(whisper_base, audio, options, draft=assistant)
         assert [(s.start, s.end, s.text) for s in speculative.segments] == [
             (s.start, s.end, s.text) for s in plain.segments
         ]
@@ -192,7 +192,7 @@ def test_saved_draft_loads_with_the_targets_shared_tensors(whisper_base, tmp_pat
     assert {"config.json", "model.safetensors", "tokenizer.json", "recipe.json"} <= files
     size = (tmp_path / "d" / "model.safetensors").stat().st_size
     assert size < 20e6  # the embeddings and cross-attention projections are not stored
-    loaded = load_assistant(whisper_base, str(tmp_path / "d"), int8=False).model
+    loaded = load_draft(whisper_base, str(tmp_path / "d"), int8=False).model
     target_layer = whisper_base.model.model.decoder.layers[5].encoder_attn.k_proj.weight
     assert torch.equal(
         loaded.model.model.decoder.layers[1].encoder_attn.k_proj.weight, target_layer
@@ -208,7 +208,7 @@ def test_saved_draft_loads_with_the_targets_shared_tensors(whisper_base, tmp_pat
     )
     # On CPU a draft's layers run in int8 by default (the decoder runtime's fbgemm kernels):
     # still close to the float draft.
-    assistant = load_assistant(whisper_base, str(tmp_path / "d"))
+    assistant = load_draft(whisper_base, str(tmp_path / "d"))
     quantized = assistant.model
     assert quantized.linear_kind == "dynamic-int8" and loaded.linear_kind == "packed"
     encoded = assistant.encode(whisper_base.cross_attention(features), None)
@@ -229,7 +229,7 @@ def test_shipped_draft_is_small_and_pairs_with_its_target(registry, whisper_base
     # Its losslessness and acceptance on a >2 min recording: tests/test_long_form.py.
     path = Path(registry.resolve("whisper-base-draft"))
     assert sum(f.stat().st_size for f in path.iterdir()) < 30e6
-    assistant = load_assistant(whisper_base, str(path))
+    assistant = load_draft(whisper_base, str(path))
     assert assistant.pairing == "shared-encoder"
     assert assistant.model.cross_from_target == (0, 5)
     recipe = json.loads((path / "recipe.json").read_text())

@@ -51,10 +51,10 @@ def test_prefixes_advanced_token_by_token_equal_those_read_from_the_history():
 def windows(whisper_base, registry):
     """Four real windows as the target and the shipped draft see them; the last row's prompt
     carries previous text, so prompts differ in length."""
-    from asr.whisper_drafters import load_assistant
+    from asr.whisper_drafters import load_draft
 
     target = whisper_base
-    assistant = load_assistant(target, registry.resolve("whisper-base-draft"))
+    assistant = load_draft(target, registry.resolve("whisper-base-draft"))
     mels = []
     for name in WINDOWS:
         mel = target.log_mel(load_audio(SAMPLES / name))[:, :N_FRAMES]
@@ -150,10 +150,10 @@ def test_a_compiled_draft_proposes_within_rounds_and_changes_nothing_committed(w
     """The draft's steps through torch.compile (inductor; F.linear products, as on a GPU):
     every window decodes as plain greedy decoding does, with as few target calls as drafting
     eagerly takes, give or take what fused arithmetic changes in the proposals."""
-    from asr.whisper_drafters import load_assistant
+    from asr.whisper_drafters import load_draft
 
     target, _, batch = windows
-    assistant = load_assistant(target, registry.resolve("whisper-base-draft"), int8=False)
+    assistant = load_draft(target, registry.resolve("whisper-base-draft"), int8=False)
     assistant.model.use_linear_kind("dense")
     expected, _ = _decode(target, None, batch, False)
     eager, eager_stats = _decode(target, assistant, batch, True, k=3, grammar=False)

@@ -10,7 +10,7 @@ from asr.audio import load_audio
 from asr.int8 import Int8Linear
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.whisper import N_FRAMES
-from asr.whisper_drafters import LookupAssistant, load_assistant
+from asr.whisper_drafters import LookupDraft, load_draft
 from tests.conftest import SAMPLES, reference_text, word_error_rate
 
 JFK = SAMPLES / "jfk.wav"
@@ -165,16 +165,16 @@ def test_int8_scores_like_float32(whisper_base, whisper_base_int8, encoded_pair)
 @pytest.mark.slow
 def test_int8_transcribes_and_drafting_equals_its_greedy(registry, whisper_base_int8):
     model = whisper_base_int8
-    assistant = load_assistant(model, registry.resolve("whisper-base-draft"))
+    assistant = load_draft(model, registry.resolve("whisper-base-draft"))
     for path in (JFK, SONNET):
         audio = load_audio(path)
         plain = transcribe(model, audio, TranscribeOptions(language="en"))
-        drafted = transcribe(model, audio, TranscribeOptions(language="en"), assistant=assistant)
+        drafted = transcribe(model, audio, TranscribeOptions(language="en"), draft=assistant)
         assert drafted.stats["target_calls"] < plain.stats["target_calls"]
         # Bit-for-bit the same logits, so the same tokens and the same probabilities.
         assert drafted.segments == plain.segments
         looked_up = transcribe(
-            model, audio, TranscribeOptions(language="en"), assistant=LookupAssistant(model)
+            model, audio, TranscribeOptions(language="en"), draft=LookupDraft(model)
         )
         assert looked_up.segments == plain.segments  # prompt lookup: the same, bit for bit
     assert word_error_rate(reference_text(JFK), transcribe(model, load_audio(JFK)).text) <= 0.05

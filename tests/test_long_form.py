@@ -8,7 +8,7 @@ import pytest
 
 from asr.audio import load_audio
 from asr.transcribe import transcribe
-from asr.whisper_drafters import load_assistant
+from asr.whisper_drafters import load_draft
 from tests.conftest import SHARED_SPEECH, reference_text, word_error_rate
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
@@ -42,8 +42,8 @@ def test_segments_are_monotonic_non_overlapping_and_cover_the_speech(plain):
 def test_the_distilled_draft_changes_nothing_but_the_target_calls(
     registry, whisper_base, sonnets, plain
 ):
-    assistant = load_assistant(whisper_base, registry.resolve("whisper-base-draft"))
-    speculative = transcribe(whisper_base, sonnets, assistant=assistant)
+    assistant = load_draft(whisper_base, registry.resolve("whisper-base-draft"))
+    speculative = transcribe(whisper_base, sonnets, draft=assistant)
     assert [(s.start, s.end, s.text) for s in speculative.segments] == [
         (s.start, s.end, s.text) for s in plain.segments
     ]

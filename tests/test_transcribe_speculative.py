@@ -15,10 +15,10 @@ from asr.transcribe import TranscribeOptions, transcribe
 from asr.types import Segment
 from asr.whisper import N_FRAMES
 from asr.whisper_drafters import (
-    LookupAssistant,
+    LookupDraft,
     WhisperLookupDrafter,
-    load_assistant,
-    pair_assistant,
+    load_draft,
+    pair_draft,
 )
 from asr.whisper_text import WhisperTextCodec
 from decoding import DraftRequest
@@ -52,8 +52,8 @@ def assert_same_segments(ours: tuple[Segment, ...], theirs: tuple[Segment, ...])
 @pytest.mark.slow
 def test_long_form_with_a_cross_tokenizer_draft_equals_plain(whisper_base, whisper_tiny_en, sonnet):
     plain = transcribe(whisper_base, sonnet)
-    assistant = pair_assistant(whisper_base, whisper_tiny_en)
-    speculative = transcribe(whisper_base, sonnet, assistant=assistant)
+    assistant = pair_draft(whisper_base, whisper_tiny_en)
+    speculative = transcribe(whisper_base, sonnet, draft=assistant)
     assert len(plain.segments) >= 4
     assert_same_segments(speculative.segments, plain.segments)
     # Adaptive (the default policy) drafts where it pays: measured 129 target calls against 215.
@@ -73,9 +73,9 @@ def test_batched_independent_windows_equal_one_at_a_time(
     assert batched.stats["target_calls"] < one.stats["target_calls"]  # rows share target calls
     assert one.segments[-1].end > one.duration - 3.0  # the last chunk's text is kept
 
-    assistant = pair_assistant(whisper_base, whisper_tiny_en)
+    assistant = pair_draft(whisper_base, whisper_tiny_en)
     options = TranscribeOptions(**{**vars(INDEPENDENT), "batch_size": 2})
-    speculative = transcribe(whisper_base, sonnet, options, assistant=assistant)
+    speculative = transcribe(whisper_base, sonnet, options, draft=assistant)
     assert_same_segments(speculative.segments, one.segments)
 
 
@@ -160,10 +160,10 @@ def test_sampled_fallback_of_a_batched_window_does_not_depend_on_its_batch(
 ):
     # A log-probability threshold of 0 fails every greedy window: each is sampled at 0.5.
     fallback = {**vars(INDEPENDENT), "temperatures": (0.0, 0.5), "logprob_threshold": 0.0}
-    assistant = pair_assistant(whisper_base, whisper_tiny_en)
-    one = transcribe(whisper_base, sonnet, TranscribeOptions(**fallback), assistant=assistant)
+    assistant = pair_draft(whisper_base, whisper_tiny_en)
+    one = transcribe(whisper_base, sonnet, TranscribeOptions(**fallback), draft=assistant)
     options = TranscribeOptions(**{**fallback, "batch_size": 2})
-    batched = transcribe(whisper_base, sonnet, options, assistant=assistant)
+    batched = transcribe(whisper_base, sonnet, options, draft=assistant)
     assert_same_segments(batched.segments, one.segments)
     # Every window was decoded twice: greedily, then sampled.
     assert one.stats["generated_tokens"] > 1.5 * independent.stats["generated_tokens"]
@@ -175,9 +175,9 @@ def test_a_window_that_falls_back_to_sampling_is_the_same_with_a_draft(whisper_b
     # without the draft, so the sample is the one plain decoding draws.
     fallback = TranscribeOptions(temperatures=(0.0, 0.5), logprob_threshold=0.0)
     jfk = load_audio(SAMPLES / "jfk.wav")
-    assistant = load_assistant(whisper_base, registry.resolve("whisper-base-draft"))
+    assistant = load_draft(whisper_base, registry.resolve("whisper-base-draft"))
     plain = transcribe(whisper_base, jfk, fallback)
-    drafted = transcribe(whisper_base, jfk, fallback, assistant=assistant)
+    drafted = transcribe(whisper_base, jfk, fallback, draft=assistant)
     assert_same_segments(drafted.segments, plain.segments)
     greedy = transcribe(whisper_base, jfk, TranscribeOptions(temperatures=(0.0,)))
     assert plain.stats["generated_tokens"] > 1.5 * greedy.stats["generated_tokens"]  # resampled
@@ -203,7 +203,7 @@ def test_long_form_with_prompt_lookup_equals_plain(whisper_base, sonnet):
     # sonnet's first 20 s, read twice.
     repeated = np.concatenate([sonnet[: 20 * SAMPLE_RATE]] * 2)
     plain = transcribe(whisper_base, repeated)
-    looked_up = transcribe(whisper_base, repeated, assistant=LookupAssistant(whisper_base))
+    looked_up = transcribe(whisper_base, repeated, draft=LookupDraft(whisper_base))
     assert_same_segments(looked_up.segments, plain.segments)
     assert sum(looked_up.stats["accepted_histogram"][3:]) > 0  # some blocks of 3 and more
     assert looked_up.stats["target_calls"] < plain.stats["target_calls"]
@@ -216,8 +216,8 @@ def test_prompt_options_keep_drafting_lossless(whisper_base, registry, sonnet):
         initial_prompt="Shakespeare's sonnets: thee, thou, thy, thine.",
         condition_on_previous_text=False,
     )
-    assistant = load_assistant(whisper_base, registry.resolve("whisper-base-draft"))
+    assistant = load_draft(whisper_base, registry.resolve("whisper-base-draft"))
     plain = transcribe(whisper_base, sonnet, options)
-    drafted = transcribe(whisper_base, sonnet, options, assistant=assistant)
+    drafted = transcribe(whisper_base, sonnet, options, draft=assistant)
     assert_same_segments(drafted.segments, plain.segments)
     assert drafted.stats["target_calls"] < plain.stats["target_calls"]

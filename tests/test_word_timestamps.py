@@ -18,7 +18,7 @@ import torch
 from asr.audio import load_audio
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.types import Segment, Transcript
-from asr.whisper_drafters import pair_assistant
+from asr.whisper_drafters import pair_draft
 from asr.word_timing import WordPiece, dtw, median_filter, merge_punctuations, split_words
 from asr.writers import WRITERS
 from tests.conftest import SAMPLES
@@ -248,8 +248,8 @@ def test_starts_agree_with_transformers_word_timestamps(registry, timed):
 
 @pytest.mark.slow
 def test_speculative_decoding_gives_the_same_words(whisper_base, timed):
-    assistant = pair_assistant(whisper_base, whisper_base)  # drafts for itself
-    speculative = transcribe(whisper_base, load_audio(JFK), WORDS, assistant=assistant)
+    assistant = pair_draft(whisper_base, whisper_base)  # drafts for itself
+    speculative = transcribe(whisper_base, load_audio(JFK), WORDS, draft=assistant)
     plain = timed[JFK.name]
     assert speculative.stats["draft_calls"] > 0
     assert [(s.start, s.end, s.text, s.words) for s in speculative.segments] == [
