@@ -408,11 +408,12 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "than S seconds (OpenAI's option; default: off)",
     )
     parser.add_argument(
-        "--diarize", action="store_true", help="label speakers (offline: segmentation-3.0 + CAM++)"
+        "--diarize",
+        action="store_true",
+        help="label speakers (offline: segmentation-3.0 + CAM++); a speaker count implies it",
     )
-    parser.add_argument(
-        "--num-speakers", type=int, metavar="N", help="exactly N speakers (implies --diarize)"
-    )
+    # A speaker count asks for speakers: it implies --diarize (app.request).
+    parser.add_argument("--num-speakers", type=int, metavar="N", help="exactly N speakers")
     parser.add_argument("--min-speakers", type=int, metavar="N", help="at least N speakers")
     parser.add_argument("--max-speakers", type=int, metavar="N", help="at most N speakers")
 
