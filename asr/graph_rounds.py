@@ -23,10 +23,13 @@ row but its own. Without CUDA (`capture` False) the same round runs eagerly on t
 buffers, which is how the CPU tests check it.
 
 At whisper-base's size a round costs what its kernels cost to launch, and the k draft steps
-are a third of them (docs/gpu.md). `fused_draft` compiles the draft's k steps into one
-function with torch.compile (inductor: layer norms, residual adds, masks, softmaxes and the
-head's argmax fused into few kernels) before the round is recorded. Only what the draft
-proposes can change with it, never what is committed: the target verifies every token.
+are a third of them (docs/gpu.md). `fused` compiles the draft's k steps into one function
+with torch.compile (inductor: layer norms, residual adds, masks, softmaxes and the head's
+argmax fused into few kernels), and likewise the rule state advanced token by token for every
+drafted column and again in the commit (integer arithmetic, so its results are exact), before
+the round is recorded; a fused round then runs outside inference mode, which torch.compile
+cannot trace. Only what the draft proposes can change with it, never what is committed: the
+target's own arithmetic is not compiled, and it verifies every token.
 
 What it computes is `asr.window_decoder`'s greedy decoding of the same windows: the same first
 call over each row's whole prompt (its last position gives the first token, its
@@ -77,8 +80,8 @@ class RoundGraphs:
     round (0: plain steps, no draft). draft_grammar: the draft applies the whole of its rules
     to what it proposes; False: only the suppressed ids, which saves a few dozen small kernels
     per draft step and may cost acceptance where the grammar decides (verification applies the
-    target's whole rules either way, so the output is the same). fused_draft: the draft's steps
-    compiled into one function (module docstring; the draft masking its suppressed ids)."""
+    target's whole rules either way, so the output is the same). fused: the draft's steps and the
+    rule-state bookkeeping compiled (module docstring; the draft masking its suppressed ids)."""
 
     def __init__(
         self,
@@ -90,18 +93,19 @@ class RoundGraphs:
         capture: bool = True,
         draft_grammar: bool = DRAFT_GRAMMAR,
         every_slot: bool | None = None,
-        fused_draft: bool = False,
+        fused: bool = False,
     ) -> None:
         if (draft is None) != (draft_tokens == 0):
             raise ValueError("a draft needs draft_tokens >= 1, and draft_tokens a draft")
-        if fused_draft and (draft is None or draft_grammar):
-            raise ValueError("fused_draft needs a draft that masks only its suppressed ids")
+        if fused and (draft is None or draft_grammar):
+            raise ValueError("fused rounds need a draft that masks only its suppressed ids")
         # Buffers are ordinary tensors even when made in inference mode (decoding runs in it):
-        # a compiled function (fused_draft) cannot take inference tensors.
+        # a compiled function (fused) cannot take inference tensors.
         with torch.inference_mode(False):
             self._allocate(target, rules, size, draft, draft_tokens, capture, every_slot)
-        self.draft_grammar = draft_grammar
-        self._fused_draft = self._compile_draft() if fused_draft else None
+        self.draft_grammar, self.fused = draft_grammar, fused
+        self._fused_draft = self._compile_draft() if fused else None
+        self._fused_chain = self._compile_chain() if fused else None
 
     def _allocate(
         self,
@@ -351,26 +355,41 @@ class RoundGraphs:
 
     def _round(self) -> None:
         """One round on the pool's buffers (module docstring); reads nothing on the host."""
+        if not self.fused:
+            self._round_steps()
+            return
+        with torch.inference_mode(False), torch.no_grad():
+            self._round_steps()
+
+    def _round_steps(self) -> None:
+        """`_round`'s work, in the caller's mode."""
         k, size = self.draft_tokens, self.size
         begin = self.target.special.timestamp_begin
         proposals = self._draft() if k else self.lengths.new_empty((size, 0))
         last = self.history.gather(1, (self.lengths - 1)[:, None])
         tokens = torch.cat([last, proposals], dim=1)
         positions = (self.lengths - 1)[:, None] + self._columns
-        states = self.target.runtime.forward(
+        states = self.target.runtime.compute(
             tokens,
             positions.clamp(max=self.max_context - 1),
             self._target_rows.cache,
             exact=True,
             every_slot=self.every_slot,
         )
-        logits = self.target.logits(states)
-        columns = [self.prefixes]
-        for column in range(k):
-            columns.append(columns[-1].after(proposals[:, column], begin, self._every_row))
+        logits = self.target.compute_logits(states)
+        # Each row's prefixes before each of its columns, row by row as the logits are.
+        if self._fused_chain is None:
+            columns = [self.prefixes]
+            for column in range(k):
+                columns.append(columns[-1].after(proposals[:, column], begin, self._every_row))
+            prefixes = Prefixes.interleave(columns)
+        else:
+            take = self._every_row[:, None].expand(size, k)
+            chained = self._fused_chain(*_fields(self.prefixes), proposals, take)
+            prefixes = Prefixes(*(field.flatten() for field in chained))
         vocab = logits.shape[-1]
         masked = self.rules.apply_prefixes(
-            logits.reshape(-1, vocab), Prefixes.interleave(columns), branch_free=True
+            logits.reshape(-1, vocab), prefixes, branch_free=True
         ).reshape(size, k + 1, vocab)
         choice = masked.argmax(dim=-1)
         accepted = (proposals == choice[:, :k]).long().cumprod(dim=1).sum(dim=1)
@@ -435,6 +454,15 @@ class RoundGraphs:
 
         return torch.compile(draft_steps, fullgraph=True, dynamic=False)
 
+    def _compile_chain(self):
+        """`_prefix_chain` for this target's timestamps, compiled (integer arithmetic: exact)."""
+        begin = self.target.special.timestamp_begin
+
+        def chain(count, last, penultimate, last_timestamp, tokens, take):
+            return _prefix_chain(count, last, penultimate, last_timestamp, tokens, take, begin)
+
+        return torch.compile(chain, fullgraph=True, dynamic=False)
+
     def _commit(
         self,
         choice: torch.Tensor,
@@ -463,10 +491,14 @@ class RoundGraphs:
             self.sum_logprobs += logprobs[:, column]
         at = self.lengths[:, None] + columns
         self.history.scatter_(1, at, torch.where(take, choice, self.history.gather(1, at)))
-        prefixes = self.prefixes
-        begin = self.target.special.timestamp_begin
-        for column in range(width):
-            prefixes = prefixes.after(choice[:, column], begin, take[:, column])
+        if self._fused_chain is not None and not torch.is_inference_mode_enabled():
+            chained = self._fused_chain(*_fields(self.prefixes), choice, take)
+            prefixes = Prefixes(*(field[:, -1] for field in chained))
+        else:  # plain steps, a fused pool's prompts (in inference mode)
+            prefixes = self.prefixes
+            begin = self.target.special.timestamp_begin
+            for column in range(width):
+                prefixes = prefixes.after(choice[:, column], begin, take[:, column])
         self.prefixes.assign(prefixes)
         self.accepted_counts.index_add_(0, accepted, live.long())
         self.lengths += count
@@ -482,13 +514,13 @@ def rounds_for(
     draft: WhisperModel | None,
     draft_tokens: int,
     draft_grammar: bool = DRAFT_GRAMMAR,
-    fused_draft: bool = False,
+    fused: bool = False,
 ) -> RoundGraphs:
     """The target's pool of rounds for `rows` windows (the next power of two), made and
     recorded once per draft, draft length, draft rules, fused or not, and rules, then reused."""
     # Rules differ only in these fields for one target (its special tokens are its own).
     rule_key = (rules.suppress_tokens, rules.timestamps, rules.max_initial_timestamp_index)
-    drafting = (id(draft), draft_tokens, draft_grammar, fused_draft) if draft is not None else None
+    drafting = (id(draft), draft_tokens, draft_grammar, fused) if draft is not None else None
     key = (pool_size(rows), drafting, rule_key)
     pools = target.round_pools
     if key not in pools:
@@ -501,9 +533,23 @@ def rounds_for(
             draft_tokens if draft is not None else 0,
             capture=capture,
             draft_grammar=draft_grammar,
-            fused_draft=fused_draft and draft is not None,
+            fused=fused and draft is not None,
         )
     return pools[key]
+
+
+def _fields(prefixes: Prefixes) -> tuple[torch.Tensor, ...]:
+    return prefixes.count, prefixes.last, prefixes.penultimate, prefixes.last_timestamp
+
+
+def _prefix_chain(count, last, penultimate, last_timestamp, tokens, take, timestamp_begin):
+    """Prefixes (given as their four fields) advanced through each column of `tokens` where
+    `take` (both Tensor, shape = (rows, n)): each field before every column and after the
+    last, Tensor, shape = (rows, n + 1), in `_fields`' order."""
+    chain = [Prefixes(count, last, penultimate, last_timestamp)]
+    for column in range(tokens.shape[1]):
+        chain.append(chain[-1].after(tokens[:, column], timestamp_begin, take[:, column]))
+    return tuple(torch.stack(fields, dim=1) for fields in zip(*map(_fields, chain), strict=True))
 
 
 def _first_rows(encoded: EncodedAudio, rows: int) -> EncodedAudio:

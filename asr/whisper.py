@@ -501,6 +501,11 @@ class WhisperModel:
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """Tensor, shape = (..., d_model) -> logits, Tensor, shape = (..., vocab); at least
         float32 (half-precision models), float64 for float64 models (tests keep ties away)."""
+        return self.compute_logits(states)
+
+    def compute_logits(self, states: torch.Tensor) -> torch.Tensor:
+        """`logits` in the caller's autograd mode (asr.graph_rounds' fused rounds run outside
+        inference mode); callers turn gradients off."""
         head = self.output_head()(states)
         if self.output_vocabulary is None:
             return head.to(torch.promote_types(head.dtype, torch.float32))

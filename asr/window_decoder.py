@@ -77,7 +77,8 @@ class WindowDecoder:
     taking the next (None: all of a batch, up to MAX_ROUND_ROWS); round_draft_tokens: drafted
     per round (None: `asr.graph_rounds.default_draft_tokens` for the pool);
     round_draft_grammar: the draft applies its whole rules, not only its suppressed ids;
-    round_fused_draft: the draft's steps compiled with torch.compile (`asr.graph_rounds`).
+    round_fused: the draft's steps and the rule-state bookkeeping compiled with
+    torch.compile (`asr.graph_rounds`).
     """
 
     model: WhisperModel
@@ -91,7 +92,7 @@ class WindowDecoder:
     round_rows: int | None = None
     round_draft_tokens: int | None = None
     round_draft_grammar: bool = DRAFT_GRAMMAR
-    round_fused_draft: bool = False
+    round_fused: bool = False
 
     def decode(
         self, batch: WindowBatch, temperature: float = 0.0, seed: int = 0
@@ -153,7 +154,7 @@ class WindowDecoder:
             draft_model,
             draft_tokens,
             self.round_draft_grammar,
-            self.round_fused_draft,
+            self.round_fused,
         )
         draft_encoded = None if draft_model is None else batch.draft_encoded
         run = pool.decode(batch.encoded, batch.prompts, max_new_tokens, draft_encoded)

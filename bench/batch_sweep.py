@@ -74,14 +74,14 @@ def decode_all(
     draft_tokens: int | None = None,
     draft_grammar: bool = DRAFT_GRAMMAR,
     refill: bool = False,
-    fused_draft: bool = False,
+    fused: bool = False,
 ):
     """Every window greedily, `batch` at a time (refill: all through a pool of `batch` rows,
     a stopped window's row taking the next): (tokens per window, seconds, stats).
     in_rounds: decode in whole captured rounds (asr.graph_rounds), drafting `draft_tokens`
     per round (None: the default for the pool) under the draft's whole rules or
-    (draft_grammar False) its suppression only, its steps compiled where fused_draft; else
-    through decoding.generate (its adaptive draft length)."""
+    (draft_grammar False) its suppression only (fused: its steps and the rule bookkeeping
+    compiled); else through decoding.generate (its adaptive draft length)."""
     from asr.logit_rules import LogitRules
     from asr.window_decoder import WindowBatch, WindowDecoder
     from decoding import DecodeStats, Heuristic
@@ -99,7 +99,7 @@ def decode_all(
         round_draft_tokens=draft_tokens,
         round_draft_grammar=draft_grammar,
         round_rows=batch if refill else None,
-        round_fused_draft=fused_draft,
+        round_fused=fused,
     )
     prompt = tuple(target.sot_sequence("en", "transcribe", True))
     count = encoded.features.shape[0]
@@ -177,7 +177,7 @@ def sweep(
                     "draft_tokens": draft_tokens if in_rounds and drafted else None,
                     "draft_grammar": rules == "grammar",
                     "refill": refill,
-                    "fused_draft": rules == "fused",
+                    "fused": rules == "fused",
                 }
                 # Warm-up on one batch, untimed: graph captures, kernel workspaces.
                 decode_all(
@@ -301,9 +301,7 @@ def kernel_profile(
         )
         for label, drafts, grammar, fused in configs:
             draft = draft_source.model if drafts else None
-            pool = RoundGraphs(
-                target, rules, batch, draft, drafts, False, grammar, fused_draft=fused
-            )
+            pool = RoundGraphs(target, rules, batch, draft, drafts, False, grammar, fused=fused)
             draft_rows = draft_encoded.rows(rows) if drafts else None
             pool.decode(encoded.rows(rows), (prompt,) * batch, 8, draft_rows)
             parts = {"round": pool._round, **({"draft steps": pool._draft} if drafts else {})}

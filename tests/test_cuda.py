@@ -178,9 +178,7 @@ def test_a_compiled_draft_in_captured_rounds_keeps_plain_greedy(pair):
         (assistant.model, 3, False),
         (assistant.model, 3, True),
     ):
-        pool = RoundGraphs(
-            target, rules, len(JOINED), draft, k, draft_grammar=False, fused_draft=fused
-        )
+        pool = RoundGraphs(target, rules, len(JOINED), draft, k, draft_grammar=False, fused=fused)
         runs[k, fused] = pool.decode(encoded, prompts, 224, draft_encoded if k else None)
     plain, eager, fused = runs[0, False], runs[3, False], runs[3, True]
     assert fused.tokens == plain.tokens

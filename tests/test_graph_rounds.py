@@ -47,6 +47,29 @@ def test_prefixes_advanced_token_by_token_equal_those_read_from_the_history():
             assert torch.equal(getattr(state, name), getattr(expected, name)), (step, name)
 
 
+def test_a_prefix_chain_compiled_or_not_equals_advancing_column_by_column():
+    """What a fused round compiles (asr.graph_rounds._prefix_chain) gives the prefixes that
+    `Prefixes.after` gives column by column, before each column and after the last."""
+    from asr.graph_rounds import _fields, _prefix_chain
+
+    begin, rows, width = 100, 5, 4
+    generator = torch.Generator().manual_seed(7)
+    start = Prefixes.of([[5, 101], [], [102], [7, 7, 104], [103, 9]], begin, "cpu")
+    tokens = torch.tensor([5, 7, 100, 101, 104, 120])[
+        torch.randint(0, 6, (rows, width), generator=generator)
+    ]
+    take = torch.rand((rows, width), generator=generator) < 0.7
+    expected = [start]
+    for column in range(width):
+        expected.append(expected[-1].after(tokens[:, column], begin, take[:, column]))
+    compiled = torch.compile(_prefix_chain, fullgraph=True, dynamic=False)
+    for chain in (_prefix_chain, compiled):
+        fields = chain(*_fields(start), tokens, take, begin)
+        for column, prefixes in enumerate(expected):
+            for mine, theirs in zip(fields, _fields(prefixes), strict=True):
+                assert torch.equal(mine[:, column], theirs)
+
+
 @pytest.fixture(scope="module")
 def windows(whisper_base, registry):
     """Four real windows as the target and the shipped draft see them; the last row's prompt
@@ -90,7 +113,7 @@ def _decode(
         round_draft_tokens=k,
         round_draft_grammar=grammar,
         round_rows=rows,
-        round_fused_draft=fused,
+        round_fused=fused,
     )
     return decoder.decode(batch)
 
