@@ -36,6 +36,9 @@ class Settings:
     max_audio_bytes: int = 100_000_000  # endpoint: largest audio file a request may send
     max_audio_seconds: float = 10_800.0  # endpoint: longest recording a request may send
     api_key: str | None = None  # serve: the bearer token the HTTP API and the page ask for
+    # Greedy rounds on a GPU compiled once per pool (asr.graph_rounds): faster decoding after
+    # seconds of compiling, for servers and workers (docs/gpu.md).
+    fused_rounds: bool = False
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -52,7 +55,19 @@ class Settings:
             max_audio_bytes=int(_positive_number("MAX_AUDIO_BYTES", 100_000_000)),
             max_audio_seconds=_positive_number("MAX_AUDIO_SECONDS", 10_800.0),
             api_key=os.environ.get("SPECSCRIBE_API_KEY") or None,
+            fused_rounds=_flag("SPECSCRIBE_FUSED_ROUNDS"),
         )
+
+
+def _flag(name: str) -> bool:
+    """The environment variable `name` as a switch: 1/true/yes/on or 0/false/no/off (unset:
+    off)."""
+    text = os.environ.get(name, "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{name} must be 1 or 0 (true/false, yes/no, on/off), not {text!r}")
 
 
 def _positive_number(name: str, default: float) -> float:

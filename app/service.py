@@ -183,6 +183,7 @@ class TranscriptionService:
                 int8_decoder=self.dtypes.int8_decoder,
                 int8_store=self.settings.cache_dir / "int8" / f"{_file_name(path)}.safetensors",
             )
+            self._model.fused_rounds = self.settings.fused_rounds
         return self._model
 
     @property

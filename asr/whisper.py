@@ -220,6 +220,9 @@ class WhisperModel:
         # A distilled draft's layer i reads the target's layer cross_from_target[i] keys/values.
         self.cross_from_target: tuple[int, ...] | None = None
         self._step_graphs_mode = "auto"
+        # Greedy rounds on CUDA fused (asr.graph_rounds: compiled once per pool, then faster);
+        # for processes that decode for long, as the compilation costs seconds.
+        self.fused_rounds = False
         self.attention_dtype_override: torch.dtype | None = None
         self._pools: dict[int, StepGraphs] = {}
         # asr.graph_rounds pools of this model as a target, by rows, draft, length and rules.

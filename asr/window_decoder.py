@@ -78,7 +78,7 @@ class WindowDecoder:
     per round (None: `asr.graph_rounds.default_draft_tokens` for the pool);
     round_draft_grammar: the draft applies its whole rules, not only its suppressed ids;
     round_fused: the draft's steps and the rule-state bookkeeping compiled with
-    torch.compile (`asr.graph_rounds`).
+    torch.compile (`asr.graph_rounds`); also where the model's `fused_rounds` is set.
     """
 
     model: WhisperModel
@@ -154,7 +154,7 @@ class WindowDecoder:
             draft_model,
             draft_tokens,
             self.round_draft_grammar,
-            self.round_fused,
+            self.round_fused or model.fused_rounds,
         )
         draft_encoded = None if draft_model is None else batch.draft_encoded
         run = pool.decode(batch.encoded, batch.prompts, max_new_tokens, draft_encoded)

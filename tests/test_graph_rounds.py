@@ -186,6 +186,14 @@ def test_a_compiled_draft_proposes_within_rounds_and_changes_nothing_committed(w
             (r.tokens, r.avg_logprob) for r in expected
         ]
     assert abs(fused_stats.target_calls - eager_stats.target_calls) <= 3
+    # The model's switch (SPECSCRIBE_FUSED_ROUNDS, set by the service) fuses them too.
+    target.fused_rounds = True
+    try:
+        switched, _ = _decode(target, assistant, batch, True, k=3, grammar=False)
+    finally:
+        target.fused_rounds = False
+    assert [r.tokens for r in switched] == [r.tokens for r in expected]
+    assert any(pool.fused for pool in target.round_pools.values())
     with pytest.raises(ValueError, match="masks only its suppressed ids"):
         _decode(target, assistant, batch, True, k=3, grammar=True, fused=True)
 

@@ -51,3 +51,23 @@ def test_prompt_options_reach_the_decoder_and_the_output_record(settings):
     assert service.output_record(options)["condition_on_previous_text"] is False
     default = service.output_record(ServiceOptions())
     assert "initial_prompt" not in default and "condition_on_previous_text" not in default
+
+
+def test_fused_rounds_are_a_setting_of_the_environment_that_reaches_the_loaded_model(
+    settings, monkeypatch
+):
+    from dataclasses import replace
+
+    from app.config import Settings
+
+    assert Settings.from_env().fused_rounds is False
+    for text, value in (("1", True), ("true", True), ("On", True), ("0", False), ("no", False)):
+        monkeypatch.setenv("SPECSCRIBE_FUSED_ROUNDS", text)
+        assert Settings.from_env().fused_rounds is value
+    monkeypatch.setenv("SPECSCRIBE_FUSED_ROUNDS", "maybe")
+    with pytest.raises(ValueError, match="SPECSCRIBE_FUSED_ROUNDS must be 1 or 0"):
+        Settings.from_env()
+    service = TranscriptionService(
+        replace(settings, fused_rounds=True), asr_model="whisper-tiny.en", assistant_model="none"
+    )
+    assert service.model.fused_rounds is True  # WindowDecoder fuses its rounds (CUDA only)
