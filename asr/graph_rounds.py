@@ -385,7 +385,7 @@ class RoundGraphs:
             prefixes = Prefixes.interleave(columns)
         else:
             take = self._every_row[:, None].expand(size, k)
-            chained = self._fused_chain(*_fields(self.prefixes), proposals, take)
+            chained = self._fused_chain(*self.prefixes.tensors(), proposals, take)
             prefixes = Prefixes(*(field.flatten() for field in chained))
         vocab = logits.shape[-1]
         masked = self.rules.apply_prefixes(
@@ -492,7 +492,7 @@ class RoundGraphs:
         at = self.lengths[:, None] + columns
         self.history.scatter_(1, at, torch.where(take, choice, self.history.gather(1, at)))
         if self._fused_chain is not None and not torch.is_inference_mode_enabled():
-            chained = self._fused_chain(*_fields(self.prefixes), choice, take)
+            chained = self._fused_chain(*self.prefixes.tensors(), choice, take)
             prefixes = Prefixes(*(field[:, -1] for field in chained))
         else:  # plain steps, a fused pool's prompts (in inference mode)
             prefixes = self.prefixes
@@ -538,18 +538,15 @@ def rounds_for(
     return pools[key]
 
 
-def _fields(prefixes: Prefixes) -> tuple[torch.Tensor, ...]:
-    return prefixes.count, prefixes.last, prefixes.penultimate, prefixes.last_timestamp
-
-
 def _prefix_chain(count, last, penultimate, last_timestamp, tokens, take, timestamp_begin):
     """Prefixes (given as their four fields) advanced through each column of `tokens` where
     `take` (both Tensor, shape = (rows, n)): each field before every column and after the
-    last, Tensor, shape = (rows, n + 1), in `_fields`' order."""
+    last, Tensor, shape = (rows, n + 1), in `Prefixes.tensors`' order."""
     chain = [Prefixes(count, last, penultimate, last_timestamp)]
     for column in range(tokens.shape[1]):
         chain.append(chain[-1].after(tokens[:, column], timestamp_begin, take[:, column]))
-    return tuple(torch.stack(fields, dim=1) for fields in zip(*map(_fields, chain), strict=True))
+    fields = zip(*(prefixes.tensors() for prefixes in chain), strict=True)
+    return tuple(torch.stack(field, dim=1) for field in fields)
 
 
 def _first_rows(encoded: EncodedAudio, rows: int) -> EncodedAudio:

@@ -75,6 +75,10 @@ class Prefixes:
             last_timestamp=torch.where(take, stamp, self.last_timestamp),
         )
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The four tensors, in the order the constructor takes them."""
+        return tuple(getattr(self, name) for name in _FIELDS)
+
     @classmethod
     def interleave(cls, columns: list[Prefixes]) -> Prefixes:
         """Prefixes of rows x columns (each of `columns` holds one column's rows), row by row

@@ -121,23 +121,30 @@ def test_captured_steps_equal_uncaptured_steps_bit_for_bit(registry):
     assert torch.isfinite(torch.cat([s.flatten() for s in logits[True]])).all()
 
 
-def test_captured_rounds_equal_eager_rounds_and_drafting_keeps_them(pair):
-    """asr.graph_rounds: a replayed round computes what the same round computes eagerly, bit
-    for bit, plain and drafted; drafted rounds give plain rounds' tokens in fewer target
-    calls."""
-    from asr.graph_rounds import RoundGraphs
+def _joined_windows(target, assistant):
+    """The JOINED samples as one 30 s window each, for the target and the draft, with the
+    target's rules and a plain English prompt per window."""
     from asr.logit_rules import LogitRules
     from asr.whisper import N_FRAMES
 
-    target, assistant, _ = pair
     mels = []
     for name in JOINED:
         mel = target.log_mel(load_audio(SAMPLES / name))[:, :N_FRAMES]
         mels.append(torch.nn.functional.pad(mel, (0, N_FRAMES - mel.shape[1])))
     encoded = target.cross_attention(target.encode(torch.stack(mels)))
-    draft_encoded = assistant.encode(encoded, None)
     rules = LogitRules(target.special, target.suppress_tokens, timestamps=True)
     prompts = (tuple(target.sot_sequence("en", "transcribe", True)),) * len(JOINED)
+    return encoded, assistant.encode(encoded, None), rules, prompts
+
+
+def test_captured_rounds_equal_eager_rounds_and_drafting_keeps_them(pair):
+    """asr.graph_rounds: a replayed round computes what the same round computes eagerly, bit
+    for bit, plain and drafted; drafted rounds give plain rounds' tokens in fewer target
+    calls."""
+    from asr.graph_rounds import RoundGraphs
+
+    target, assistant, _ = pair
+    encoded, draft_encoded, rules, prompts = _joined_windows(target, assistant)
     runs = {}
     for capture in (True, False):
         for draft, k in ((None, 0), (assistant.model, 4)):
@@ -160,18 +167,9 @@ def test_a_compiled_draft_in_captured_rounds_keeps_plain_greedy(pair):
     round's CUDA graph): the windows decode to plain rounds' tokens, in about as many target
     calls as the eager draft takes."""
     from asr.graph_rounds import RoundGraphs
-    from asr.logit_rules import LogitRules
-    from asr.whisper import N_FRAMES
 
     target, assistant, _ = pair
-    mels = []
-    for name in JOINED:
-        mel = target.log_mel(load_audio(SAMPLES / name))[:, :N_FRAMES]
-        mels.append(torch.nn.functional.pad(mel, (0, N_FRAMES - mel.shape[1])))
-    encoded = target.cross_attention(target.encode(torch.stack(mels)))
-    draft_encoded = assistant.encode(encoded, None)
-    rules = LogitRules(target.special, target.suppress_tokens, timestamps=True)
-    prompts = (tuple(target.sot_sequence("en", "transcribe", True)),) * len(JOINED)
+    encoded, draft_encoded, rules, prompts = _joined_windows(target, assistant)
     runs = {}
     for draft, k, fused in (
         (None, 0, False),

@@ -50,7 +50,7 @@ def test_prefixes_advanced_token_by_token_equal_those_read_from_the_history():
 def test_a_prefix_chain_compiled_or_not_equals_advancing_column_by_column():
     """What a fused round compiles (asr.graph_rounds._prefix_chain) gives the prefixes that
     `Prefixes.after` gives column by column, before each column and after the last."""
-    from asr.graph_rounds import _fields, _prefix_chain
+    from asr.graph_rounds import _prefix_chain
 
     begin, rows, width = 100, 5, 4
     generator = torch.Generator().manual_seed(7)
@@ -64,9 +64,9 @@ def test_a_prefix_chain_compiled_or_not_equals_advancing_column_by_column():
         expected.append(expected[-1].after(tokens[:, column], begin, take[:, column]))
     compiled = torch.compile(_prefix_chain, fullgraph=True, dynamic=False)
     for chain in (_prefix_chain, compiled):
-        fields = chain(*_fields(start), tokens, take, begin)
+        fields = chain(*start.tensors(), tokens, take, begin)
         for column, prefixes in enumerate(expected):
-            for mine, theirs in zip(fields, _fields(prefixes), strict=True):
+            for mine, theirs in zip(fields, prefixes.tensors(), strict=True):
                 assert torch.equal(mine[:, column], theirs)
 
 
