@@ -232,7 +232,10 @@ def _same_vocabulary(target: WhisperModel, draft: WhisperModel) -> bool:
     return (
         target.config.vocab_size == draft.config.vocab_size
         and target.special == draft.special
-        and target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()
+        and (
+            target.tokenizer.digest == draft.tokenizer.digest
+            or target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()
+        )
     )
 
 

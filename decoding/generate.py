@@ -313,7 +313,7 @@ def generate(
     if drafter is not None:
         drafter.reset()
 
-    first_step = True
+    first_step, draft_primed = True, False
     with torch.inference_mode():
         while rows.count:
             # 2. Draft up to k tokens per row (none without a drafter, with one token to go, or
@@ -372,10 +372,10 @@ def generate(
                         kept=step.kept,
                         draft_seconds=drafted - started,
                         verify_seconds=verified - drafted,
-                        includes_prefill=first_step,
+                        includes_prefill=k > 0 and not draft_primed,
                         draft_steps=draft.steps,
                     )
                 )
-            first_step = False
+            first_step, draft_primed = False, draft_primed or k > 0
     tokens, sum_logprobs = zip(*rows.results, strict=True)
     return GenerationResult(tokens, sum_logprobs, stats)

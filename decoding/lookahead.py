@@ -23,7 +23,10 @@ class BlockOutcome:
     rejections: int  # rows whose block ended at a rejected token
     draft_seconds: float
     verify_seconds: float
-    includes_prefill: bool  # the first step of a generation also processed the prompts
+    # The step also processed a prompt, so its times say nothing about k: the target's first
+    # step of a generation, or the draft's first block of one (it catches up on the whole prompt,
+    # and in a process's first generation also sets up its kernels).
+    includes_prefill: bool
     draft_steps: int = 0  # draft model calls the block took (0: unknown, taken as k)
     # Per drafted column i: rows whose i-th draft was verified with every earlier one accepted,
     # and rows that accepted it (empty when the caller does not count them).
@@ -145,8 +148,10 @@ class Adaptive:
     part besides its k draft steps: the draft first catches up on the tokens committed since its
     last call, and a draft with another tokenizer re-encodes text each call, which makes short
     blocks dearer per token than long ones. Before any measurement v = 1 and d(k) = k *
-    prior_cost * v; with one block length measured, d is proportional to k. Times from a
-    generation's first step (prompt prefill) are ignored.
+    prior_cost * v; with one block length measured, d is proportional to k. Times of steps that
+    also processed a prompt (`BlockOutcome.includes_prefill`) are ignored: a first drafted block
+    that took ten times the usual, and was rejected, would otherwise keep the policy off drafting
+    for the rest of a short file.
 
     k = 0 is plain decoding (E(0) = 1, nothing drafted), chosen when drafting does not pay; every
     `probe_every`-th such step still drafts one token so that alpha can recover, and a probe

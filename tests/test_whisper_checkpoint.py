@@ -3,6 +3,7 @@ computes what transformers' does, int8 layers quantized once, and no transformer
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -78,3 +79,43 @@ def test_transcribing_imports_nothing_from_transformers(registry, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "ask not what your country can do for you" in done.stdout
     assert "transformers modules: 0" in done.stdout
+
+
+def test_a_tokenizer_file_is_parsed_once_and_named_by_its_digest(whisper_base, whisper_tiny_en):
+    from asr.tokenizer import WhisperTokenizer
+    from asr.whisper_drafters import _same_vocabulary
+
+    again = WhisperTokenizer(whisper_base.checkpoint.path)
+    assert again.digest == whisper_base.tokenizer.digest
+    assert again._tokenizer is whisper_base.tokenizer._tokenizer  # parsed once
+    assert again.encode(" ask not") == whisper_base.tokenizer.encode(" ask not")
+    # Another file: another digest, and the vocabularies are then compared in full.
+    assert whisper_tiny_en.tokenizer.digest != whisper_base.tokenizer.digest
+    assert not _same_vocabulary(whisper_base, whisper_tiny_en)
+    assert _same_vocabulary(whisper_base, whisper_base)
+
+
+@pytest.mark.slow
+def test_the_console_entry_exits_with_the_runs_status_after_writing_everything(tmp_path):
+    """`python -m specscribe.cli transcribe` leaves without the interpreter's teardown
+    (app.cli.run): outputs, printed text and the exit status must all be there."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "jfk.wav").symlink_to(SAMPLES / "jfk.wav")
+    (folder / "notes.wav").write_text("not audio")
+    command = [sys.executable, "-m", "specscribe.cli", "transcribe", str(folder)]
+    command += ["--output-dir", str(tmp_path / "out"), "--language", "en", "--format", "json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+
+    assert done.returncode == 1, done.stderr  # one file failed
+    assert "ask not what your country can do for you" in done.stdout
+    assert "1 transcribed, 0 skipped (outputs exist), 1 failed" in done.stderr
+    assert json.loads((tmp_path / "out" / "jfk.json").read_text())["text"]
+    again = subprocess.run(
+        [*command[:4], str(folder / "jfk.wav"), *command[5:]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert again.returncode == 0 and "have their outputs" in again.stderr

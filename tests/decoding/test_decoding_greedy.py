@@ -263,3 +263,28 @@ def test_on_step_sees_every_committed_token_in_order_and_can_stop(models, refere
     for row, tokens in enumerate(stopped.tokens):
         assert tokens == tuple(t for step in steps for t in step[row])
         assert tokens == references[row][: len(tokens)] and len(tokens) < MAX_NEW
+
+
+def test_the_policy_learns_no_price_from_the_drafts_first_block(models, references):
+    """The draft's first block of a generation also feeds it the whole prompt (and in a fresh
+    process sets up its kernels): its times must not price k, its acceptance still counts."""
+
+    class Recording(ConstantK):
+        def __init__(self) -> None:
+            super().__init__(3)
+            self.outcomes = []
+
+        def update(self, outcome) -> None:
+            self.outcomes.append(outcome)
+
+    target = CausalLM(models.target)
+    policy = Recording()
+    result = generate(
+        target, PROMPTS[:1], ModelDrafter(CausalLM(models.draft)), policy, max_new_tokens=MAX_NEW
+    )
+
+    assert result.tokens[0] == references[0]
+    drafted = [outcome for outcome in policy.outcomes if outcome.k > 0]
+    assert len(drafted) >= 2
+    assert drafted[0].includes_prefill and drafted[0].proposed == 3
+    assert not any(outcome.includes_prefill for outcome in drafted[1:])
