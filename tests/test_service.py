@@ -71,3 +71,33 @@ def test_fused_rounds_are_a_setting_of_the_environment_that_reaches_the_loaded_m
         replace(settings, fused_rounds=True), asr_model="whisper-tiny.en", assistant_model="none"
     )
     assert service.model.fused_rounds is True  # WindowDecoder fuses its rounds (CUDA only)
+
+
+@pytest.mark.slow
+def test_auto_loads_its_draft_once_the_speech_transcribed_repays_it(settings):
+    from app.service import DRAFT_PAYS_AFTER_SECONDS
+    from asr.audio import SAMPLE_RATE, load_audio
+    from tests.conftest import SAMPLES
+
+    jfk = load_audio(SAMPLES / "jfk.wav")  # 11 s
+    options = ServiceOptions(language="en", vad=False)
+    auto = TranscriptionService(settings, asr_model="whisper-base", assistant_model="auto")
+    transcripts = []
+    while not auto._draft:
+        transcripts.append(auto.run(jfk, options))
+    runs_without = len(transcripts) - 1
+    assert runs_without == int(DRAFT_PAYS_AFTER_SECONDS // (len(jfk) / SAMPLE_RATE))  # 1
+    for plain in transcripts[:-1]:
+        assert plain.options["assistant"] is None and plain.stats["draft_calls"] == 0
+    drafted = transcripts[-1]
+    assert drafted.options["assistant"] == "whisper-base-draft"
+    assert drafted.stats["draft_calls"] > 0
+    assert {t.text for t in transcripts} == {drafted.text}  # the draft changes no word
+
+    # A draft the caller names is used from the first request, as is one a server loaded.
+    named = TranscriptionService(
+        settings, asr_model="whisper-base", assistant_model="whisper-base-draft"
+    )
+    assert named.run(jfk, options).stats["draft_calls"] > 0
+    loaded = TranscriptionService(settings, asr_model="whisper-base", assistant_model="auto")
+    assert loaded.load().run(jfk, options).stats["draft_calls"] > 0
