@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .config import Settings
+from .config import Settings, draft_branches
 
 # asr.precision.PRECISIONS, spelled out so that parsing arguments does not import torch
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "mixed", "int8")
@@ -98,6 +98,8 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     if args.format is not None and not args.output_dir:
         raise ValueError("--format needs --output-dir (without it the transcript is printed)")
     formats = _output_formats(args.format, options.diarize)
+    if args.draft_branches is not None:
+        settings = dataclasses.replace(settings, draft_branches=draft_branches(args.draft_branches))
     service = TranscriptionService(  # names, device and precision settled; nothing loaded yet
         settings,
         asr_model=args.model,
@@ -576,6 +578,13 @@ def build_parser() -> argparse.ArgumentParser:
         "$ASSISTANT_MODEL, else auto. "
         "The output does not change (in fp32, mixed and int8; bf16 and fp16 near-ties "
         "can flip).",
+    )
+    transcribe.add_argument(
+        "--draft-branches",
+        metavar="N",
+        help="chains the model draft proposes per block, 1 to 8: its N best first tokens, each "
+        "drafted on greedily, all verified in one target call (a tree; the output does not "
+        "change); default: $SPECSCRIBE_DRAFT_BRANCHES, else 1",
     )
     transcribe.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cpu)")
     transcribe.add_argument(

@@ -39,6 +39,9 @@ class Settings:
     # Greedy rounds on a GPU compiled once per pool (asr.graph_rounds): faster decoding after
     # seconds of compiling, for servers and workers (docs/gpu.md).
     fused_rounds: bool = False
+    # Chains a model draft proposes per block: its best first tokens, each continued greedily,
+    # verified in one target call (decoding.generate's branches; CPU decoding; docs/drafts.md).
+    draft_branches: int = 1
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -56,7 +59,22 @@ class Settings:
             max_audio_seconds=_positive_number("MAX_AUDIO_SECONDS", 10_800.0),
             api_key=os.environ.get("SPECSCRIBE_API_KEY") or None,
             fused_rounds=_flag("SPECSCRIBE_FUSED_ROUNDS"),
+            draft_branches=draft_branches(os.environ.get("SPECSCRIBE_DRAFT_BRANCHES", "1")),
         )
+
+
+MAX_DRAFT_BRANCHES = 8
+
+
+def draft_branches(text: str | int) -> int:
+    """A draft-branches setting (SPECSCRIBE_DRAFT_BRANCHES, --draft-branches): 1 to 8."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_DRAFT_BRANCHES:
+        raise ValueError(f"draft branches must be a whole number from 1 to 8, not {text!r}")
+    return value
 
 
 def _flag(name: str) -> bool:

@@ -210,7 +210,9 @@ class TranscriptionService:
             # shared-encoder draft reads the target's encoder output, and both see logits of
             # the same precision.
             draft_path = self.registry.resolve(self.draft_model_name)
-            self._draft = load_draft(self.model, draft_path)
+            self._draft = dataclasses.replace(
+                load_draft(self.model, draft_path), branches=self.settings.draft_branches
+            )
         return self._draft
 
     @property

@@ -129,13 +129,17 @@ class SlotCache:
     head_dim).
     """
 
-    def __init__(self, cross, slots: int, dtype: torch.dtype) -> None:
-        """cross: per layer (keys, values), each Tensor, shape = (batch, heads, 1500, head_dim)
-        (`asr.whisper.EncodedAudio.cross`, whose keys are transposed views); dtype: what
-        attention reads (a copy of `cross` when it differs)."""
+    def __init__(self, cross, slots: int, dtype: torch.dtype, group: int = 1) -> None:
+        """cross: per layer (keys, values), each Tensor, shape = (windows, heads, 1500,
+        head_dim) (`asr.whisper.EncodedAudio.cross`, whose keys are transposed views); dtype:
+        what attention reads (a copy of `cross` when it differs); group: rows per window (the
+        chains of a drafted tree), consecutive, which read their window's cross-attention keys
+        and values in one product: batch = windows * group."""
+        self.group = group
         self.cross_keys = [_transposed(keys).to(dtype) for keys, _ in cross]
         self.cross_values = [values.to(dtype) for _, values in cross]
-        batch, heads, head_dim, _ = self.cross_keys[0].shape
+        windows, heads, head_dim, _ = self.cross_keys[0].shape
+        batch = windows * group
         like = self.cross_values[0]
         self.keys = [like.new_zeros((batch, heads, head_dim, slots)) for _ in cross]
         self.values = [like.new_zeros((batch, heads, slots, head_dim)) for _ in cross]
@@ -149,14 +153,21 @@ class SlotCache:
         return self.keys[0].shape[-1]
 
     def keep_rows(self, rows: torch.Tensor) -> None:
-        """Keeps only these rows, in this order. Tensor, shape = (n,)."""
-        for name in ("keys", "values", "cross_keys", "cross_values"):
-            setattr(self, name, [tensor[rows] for tensor in getattr(self, name)])
+        """Keeps only these rows, in this order (whole groups of rows). Tensor, shape = (n,)."""
+        windows = rows[:: self.group] // self.group
+        for name, kept in (("keys", rows), ("values", rows)):
+            setattr(self, name, [tensor[kept] for tensor in getattr(self, name)])
+        for name in ("cross_keys", "cross_values"):
+            setattr(self, name, [tensor[windows] for tensor in getattr(self, name)])
 
     def row(self, index: int) -> SlotCache:
         """Row `index` alone, as a one-row cache whose tensors are views of this one's: what
-        a call writes to it lands in this cache (a pool's row taking a new window)."""
+        a call writes to it lands in this cache (a pool's row taking a new window). Rows in
+        groups of one only."""
+        if self.group != 1:
+            raise ValueError("a single row of a grouped cache would lose its window")
         view = SlotCache.__new__(SlotCache)
+        view.group = 1
         for name in ("keys", "values", "cross_keys", "cross_values"):
             setattr(view, name, [tensor[index : index + 1] for tensor in getattr(self, name)])
         return view
@@ -198,12 +209,12 @@ class StaticDecoder:
     def max_context(self) -> int:
         return self.embed_positions.shape[0]
 
-    def new_cache(self, cross) -> SlotCache:
+    def new_cache(self, cross, group: int = 1) -> SlotCache:
         """An empty cache for a batch of windows; cross: their `EncodedAudio.cross`, one entry
-        per layer of this decoder."""
+        per layer of this decoder; group: rows per window (`SlotCache`)."""
         if len(cross) != len(self.layers):
             raise ValueError(f"cross has {len(cross)} layers, the decoder {len(self.layers)}")
-        return SlotCache(cross, self.max_context, self.attention_dtype)
+        return SlotCache(cross, self.max_context, self.attention_dtype, group)
 
     @torch.inference_mode()
     def forward(
@@ -286,8 +297,8 @@ class StaticDecoder:
             query = layer.cross_query(normed).view(batch, n, self.heads, -1).transpose(1, 2)
             if cross_queries is not None and index in cross_queries:
                 cross_queries[index] = query
-            attended = _attend(
-                query, cache.cross_keys[index], cache.cross_values[index], None, exact
+            attended = _attend_grouped(
+                query, cache.cross_keys[index], cache.cross_values[index], cache.group, exact
             )
             states = states + layer.cross_out(_merge(attended))
 
@@ -360,6 +371,31 @@ def _attend(
         outputs.append(attended[:, :, :rows])
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
     return out.to(queries.dtype)
+
+
+def _attend_grouped(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: int, exact: bool
+) -> torch.Tensor:
+    """Unmasked `_attend` of rows in groups of `group` consecutive rows that read one window's
+    keys and values. In exact mode a group's queries go in one product: a drafted tree's
+    chains read their window's cross-attention once, not once per chain, and products of 4 to
+    32 rows give each row the same bits in any of them, so a chain's positions score as plain
+    steps. Fast mode (a prompt) keeps each product's shape. queries: (windows * group, heads,
+    n, head_dim); keys, values: per window."""
+    if group == 1:
+        return _attend(queries, keys, values, None, exact)
+    if not exact:  # products of other shapes would give other bits: one per chain instead
+        out = torch.empty_like(queries)
+        for member in range(group):
+            out[member::group] = _attend(queries[member::group], keys, values, None, False)
+        return out
+    batch, heads, n, head_dim = queries.shape
+    shared = queries.view(batch // group, group, heads, n, head_dim).transpose(1, 2)
+    out = _attend(
+        shared.reshape(batch // group, heads, group * n, head_dim), keys, values, None, exact
+    )
+    out = out.view(batch // group, heads, group, n, head_dim).transpose(1, 2)
+    return out.reshape(batch, heads, n, head_dim)
 
 
 @dataclass(frozen=True)

@@ -454,10 +454,11 @@ class WhisperModel:
         products = tuple(self._int8_store.linear(weight * divisor) for weight in weights)
         return _Int8CrossProjections(divisor.to(self.device), products)
 
-    def new_cache(self, encoded: EncodedAudio) -> SlotCache:
-        """An empty self-attention cache for `encoded`'s windows, holding their cross-attention
-        keys and values (shared, not copied)."""
-        return self.runtime.new_cache(encoded.cross)
+    def new_cache(self, encoded: EncodedAudio, group: int = 1) -> SlotCache:
+        """An empty self-attention cache for `encoded`'s windows, `group` rows each (the
+        chains of a drafted tree), holding their cross-attention keys and values (shared, not
+        copied)."""
+        return self.runtime.new_cache(encoded.cross, group)
 
     def decoder_states(
         self,

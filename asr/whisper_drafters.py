@@ -44,6 +44,9 @@ class WhisperDraft:
     target: WhisperModel
     model: WhisperModel
     pairing: DraftPairing
+    # Chains per drafted block, from the draft's best first tokens (a tree verified in one
+    # target call: `decoding.generate`'s branches). 1: one chain.
+    branches: int = 1
 
     @property
     def name(self) -> str:
@@ -77,8 +80,10 @@ class WhisperDraft:
         language: str | None,
         task: str,
         timestamps: bool,
+        group: int = 1,
     ) -> Drafter:
-        """A Drafter for one batch of windows (rows in the target's order)."""
+        """A Drafter for one batch of windows (rows in the target's order), `group` rows per
+        window (a drafted tree's chains)."""
         draft = self.model
         rules = LogitRules(draft.special, draft.suppress_tokens, timestamps=timestamps)
         same_vocabulary = self.pairing != "cross-tokenizer"
@@ -88,6 +93,7 @@ class WhisperDraft:
             rules,
             measure_no_speech=False,
             exact=False,
+            group=group,
             # A draft in another vocabulary keeps its grammar: its text is translated.
             grammar=DRAFT_GRAMMAR or not same_vocabulary,
         )
@@ -133,12 +139,13 @@ class LookupDraft:
     name = LOOKUP
     pairing = LOOKUP
     needs_mel = False
+    branches = 1  # one chain: lookup has no second-best proposal
 
     def encode(self, target_encoded: EncodedAudio, mel: torch.Tensor | None) -> None:
         """Nothing to encode."""
 
     def drafter(
-        self, encoded: None, language: str | None, task: str, timestamps: bool
+        self, encoded: None, language: str | None, task: str, timestamps: bool, group: int = 1
     ) -> WhisperLookupDrafter:
         return WhisperLookupDrafter(self.target.special.eot, self.max_ngram)
 

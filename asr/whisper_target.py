@@ -36,6 +36,8 @@ class WhisperTarget:
     kernels allow it). A draft needs neither: verification checks what it proposes.
     grammar: apply the whole rules; False: only the suppressed ids (a draft's cheap rules,
     `asr.logit_rules.DRAFT_GRAMMAR`).
+    group: rows per window of `encoded`, consecutive (the chains of a drafted tree,
+    `decoding.generate`'s branches): `score` takes windows * group rows.
     """
 
     def __init__(
@@ -46,6 +48,7 @@ class WhisperTarget:
         measure_no_speech: bool = True,
         exact: bool | None = None,
         grammar: bool = True,
+        group: int = 1,
     ) -> None:
         self.model = model
         self.device = model.device
@@ -54,6 +57,7 @@ class WhisperTarget:
         self.measure_no_speech = measure_no_speech
         self.exact = model.exact_steps if exact is None else exact
         self.grammar = grammar
+        self.group = group
         self.encoded = encoded  # every window, in the caller's order; the cache reads its K/V
         self._no_speech: tuple[float, ...] | None = None
         self.reset()
@@ -86,9 +90,10 @@ class WhisperTarget:
         positions = positions.clamp(max=self.model.max_context - 1)
         first = self.cache is None
         if first:
-            self.graphs = self.model.step_graphs(tokens.shape[0])
+            # Captured steps hold one row per window.
+            self.graphs = self.model.step_graphs(tokens.shape[0]) if self.group == 1 else None
             if self.graphs is None:
-                self.cache = self.model.new_cache(self.encoded)
+                self.cache = self.model.new_cache(self.encoded, self.group)
             else:
                 self.cache = self.graphs.load(self.encoded.cross)
             self._history = torch.zeros(
@@ -164,6 +169,31 @@ class WhisperTarget:
         )
         masked = self.rules.apply_prefixes(logits.reshape(batch * keep, vocab), prefixes)
         return masked.reshape(batch, keep, vocab)
+
+    def copy_positions(
+        self, source: torch.Tensor, starts: torch.Tensor, stops: torch.Tensor
+    ) -> None:
+        """Row r takes row source[r]'s cached positions starts[r] .. stops[r] - 1: keys and
+        values in every layer, and the tokens the rules read (the chain of a drafted tree that
+        its group committed, `decoding.generate`). Rows with source[r] == r keep theirs.
+        Tensors, shape = (batch,)."""
+        rows = torch.arange(len(source), device=source.device)
+        moved = ((source != rows) & (stops > starts)).nonzero().flatten().tolist()
+        if not moved:
+            return
+        spans = zip(
+            source[moved].tolist(), starts[moved].tolist(), stops[moved].tolist(), strict=True
+        )
+        triples = [
+            (row, chain, slot)
+            for row, (chain, start, stop) in zip(moved, spans, strict=True)
+            for slot in range(start, stop)
+        ]
+        into, chains, slots = torch.tensor(triples, device=self.device).unbind(1)
+        for keys, values in zip(self.cache.keys, self.cache.values, strict=True):
+            keys[into, :, :, slots] = keys[chains, :, :, slots]
+            values[into, :, slots] = values[chains, :, slots]
+        self._history[into, slots] = self._history[chains, slots]
 
     def rollback(self, lengths: torch.Tensor) -> None:
         """Forgets cached positions >= lengths[r]. Tensor, shape = (batch,). Nothing to do: a

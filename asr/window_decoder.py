@@ -101,14 +101,17 @@ class WindowDecoder:
         model = self.model
         if temperature == 0 and self._decodes_in_rounds():
             return self._decode_in_rounds(batch)
-        target = WhisperTarget(model, batch.encoded, self.rules)
+        sampling = None if temperature == 0 else SamplingOptions(temperature, seed=seed)
+        branches = self.draft.branches if self.draft is not None and sampling is None else 1
+        # A tree's chains are rows of their own, each window's consecutive, which share the
+        # window's cross-attention (`asr.static_decoder.SlotCache`'s group).
+        target = WhisperTarget(model, batch.encoded, self.rules, group=branches)
         drafter = None
         if self.draft is not None:
             drafter = self.draft.drafter(
-                batch.draft_encoded, self.language, self.task, self.rules.timestamps
+                batch.draft_encoded, self.language, self.task, self.rules.timestamps, branches
             )
         max_new_tokens = self._token_budget(batch)
-        sampling = None if temperature == 0 else SamplingOptions(temperature, seed=seed)
         generated = generate(
             target,
             batch.prompts,
@@ -117,8 +120,11 @@ class WindowDecoder:
             sampling=sampling,
             max_new_tokens=max_new_tokens,
             eos_token_id=model.special.eot,
+            branches=branches,
         )
-        rows = zip(generated.tokens, generated.sum_logprobs, target.no_speech_probs, strict=True)
+        # A tree's chains are rows of their own; the first of each window speaks for it.
+        no_speech = target.no_speech_probs[::branches]
+        rows = zip(generated.tokens, generated.sum_logprobs, no_speech, strict=True)
         return self._results(rows, temperature), generated.stats
 
     def _token_budget(self, batch: WindowBatch) -> int:

@@ -58,10 +58,18 @@ CONFIGS: dict[str, Config] = {
         Config("draft fp32", ("--precision", "fp32", "--assistant", DRAFT), "plain fp32"),
         Config("plain int8", ("--precision", "int8", "--assistant", "none")),
         Config("draft int8", ("--precision", "int8", "--assistant", DRAFT), "plain int8"),
+        *(
+            Config(
+                f"tree{n} int8",  # the draft's n best first tokens, each drafted on
+                ("--precision", "int8", "--assistant", DRAFT, "--draft-branches", str(n)),
+                "plain int8",
+            )
+            for n in (2, 3)
+        ),
         Config(BASELINE, ()),
     )
 }
-DEFAULT_CONFIGS = tuple(CONFIGS)
+DEFAULT_CONFIGS = tuple(name for name in CONFIGS if not name.startswith("tree"))
 
 
 def _specscribe() -> list[str]:

@@ -33,7 +33,13 @@ def draft_block(model: Target, request: DraftRequest, cached: torch.Tensor) -> D
     every_column = torch.ones_like(drafting).unsqueeze(1)
     tokens, q = [], []
     for j in range(k):
-        if sampler is None:
+        if sampler is None and j == 0 and request.branches > 1:
+            # A tree's root: the rows of a group start from the draft's best tokens in turn.
+            rank = torch.arange(len(lengths), device=lengths.device) % request.branches
+            best = logits.topk(request.branches, dim=-1).indices
+            token = best.gather(1, rank.unsqueeze(1)).squeeze(1)
+            confidence = logits.float().softmax(dim=-1).amax(dim=-1) if stop_below else None
+        elif sampler is None:
             token = logits.argmax(dim=-1)
             confidence = logits.float().softmax(dim=-1).amax(dim=-1) if stop_below else None
         else:

@@ -90,6 +90,27 @@ class _StepReport:
     rejections: int  # rows that rejected one of their drafted tokens
     new_tokens: int  # tokens committed (accepted drafts, the target's own tokens)
 
+    def per_group(self, size: int) -> _StepReport:
+        """The counts of one row per group of `size` identical rows (a tree's branches, which
+        all commit their group's best chain)."""
+        if size == 1:
+            return self
+
+        def each(counts: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(count // size for count in counts)
+
+        return _StepReport(
+            finished=self.finished,
+            any_finished=self.any_finished,
+            histogram=each(self.histogram),
+            reached=each(self.reached),
+            kept=each(self.kept),
+            proposed=self.proposed // size,
+            accepted=self.accepted // size,
+            rejections=self.rejections // size,
+            new_tokens=self.new_tokens // size,
+        )
+
 
 def _to_host(**named: torch.Tensor) -> dict[str, list]:
     """Each named tensor's values as a flat list, copied from the device in one transfer (one
@@ -107,7 +128,15 @@ class _BatchState:
     """The decoding state of the rows still in the batch: right-padded committed tokens, where
     each row stands, and the finished rows' results."""
 
-    def __init__(self, prompts: list[torch.Tensor], max_new_tokens: int, device: torch.device):
+    def __init__(
+        self,
+        prompts: list[torch.Tensor],
+        max_new_tokens: int,
+        device: torch.device,
+        branches: int = 1,
+    ):
+        """prompts: one per row; with branches > 1, each caller's prompt `branches` times in a
+        row (its tree's chains), which give one result."""
         self.max_new_tokens = max_new_tokens
         self.prompt_lengths = torch.tensor([len(p) for p in prompts], device=device)
         self.lengths = self.prompt_lengths.clone()
@@ -118,8 +147,9 @@ class _BatchState:
         for row, prompt in enumerate(prompts):
             self.committed[row, : len(prompt)] = prompt
         self.sum_logprobs = torch.zeros(len(prompts), dtype=torch.float64, device=device)
-        self.ids = list(range(len(prompts)))  # each row's index in the caller's batch
-        self.results: list[tuple[tuple[int, ...], float]] = [((), 0.0)] * len(prompts)
+        # each row's index in the caller's batch
+        self.ids = [row // branches for row in range(len(prompts))]
+        self.results: list[tuple[tuple[int, ...], float]] = [((), 0.0)] * (len(prompts) // branches)
         self.uncached = self.longest_prompt  # widest uncached tail: the prompts, then one token
         self.max_budget = max_new_tokens  # most tokens any row may still add
 
@@ -269,6 +299,21 @@ def device_clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def _best_chains(
+    verdict: Verdict, logits: torch.Tensor, proposals: torch.Tensor, branches: int
+) -> tuple[Verdict, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every row of a group of `branches` takes its group's longest accepted chain (the first
+    of the longest: the draft's own choice on a tie). Returns the verdict, logits and
+    proposals row by row as that chain's row has them, and source: Tensor, shape = (batch,),
+    the row each row now follows."""
+    groups = verdict.accepted.shape[0] // branches
+    best = verdict.accepted.view(groups, branches).argmax(dim=1)
+    first_rows = torch.arange(groups, device=best.device) * branches
+    source = (first_rows + best).repeat_interleave(branches)
+    followed = Verdict(accepted=verdict.accepted[source], tokens=verdict.tokens[source])
+    return followed, logits[source], proposals[source], source
+
+
 def _roll_back(
     target: Target, drafter: Drafter | None, rows: _BatchState, kept: torch.Tensor | None
 ) -> None:
@@ -292,6 +337,7 @@ def generate(
     max_new_tokens: int = 128,
     eos_token_id: int | Sequence[int] | None = None,
     on_step: StepHook | None = None,
+    branches: int = 1,
 ) -> GenerationResult:
     """Decodes every prompt row with `target`, speculatively when a drafter is given.
 
@@ -299,14 +345,31 @@ def generate(
     samples exactly from the target's distribution under `sampling`. Without a drafter each
     step commits one token. `policy` picks the draft length (default: Heuristic()).
     on_step: sees each step's committed tokens and may stop the generation (`StepHook`).
+    branches: greedy tree drafting. Each prompt decodes as this many rows with the same
+    committed tokens; at every block row i of a prompt starts from the draft's i-th best token
+    and drafts on greedily (a tree whose root has `branches` chains), one target call verifies
+    them all, and the prompt's longest accepted chain is committed to each of its rows, which
+    take the chain's cache positions from its row (`BranchingTarget.copy_positions`). A chain
+    per row rather than one row holding the tree: every position is then scored in a row
+    whose slots hold exactly its prefix, as a plain step scores it, so the target's exact
+    (bit-for-bit) mode stays exact. 1: one chain.
     """
     # 1. Check the request; set up the rows, both caches and the random stream.
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1 (got {max_new_tokens})")
+    if branches < 1:
+        raise ValueError(f"branches must be >= 1 (got {branches})")
+    if branches > 1 and (drafter is None or sampling is not None):
+        raise ValueError(
+            "branches > 1 drafts a tree of greedy chains: it needs a drafter and greedy decoding"
+        )
+    if branches > 1 and not hasattr(target, "copy_positions"):
+        raise ValueError(f"branches > 1: {type(target).__name__} cannot copy cached positions")
     device = target.device
     policy = (policy or Heuristic()) if drafter is not None else None
     sampler = None if sampling is None else Sampler(sampling, device)
-    rows = _BatchState(_as_rows(prompt_ids, device), max_new_tokens, device)
+    prompts = [row for row in _as_rows(prompt_ids, device) for _ in range(branches)]
+    rows = _BatchState(prompts, max_new_tokens, device, branches)
     stop_ids = _stop_ids(eos_token_id, device)
     stats = DecodeStats()
     target.reset()
@@ -323,7 +386,13 @@ def generate(
             k = 0 if policy is None or first_step else min(policy.next_k(), rows.max_budget - 1)
             if k > 0:
                 request = DraftRequest(
-                    rows.committed, rows.lengths, k, policy.stop_below, sampler, policy.stop_joint
+                    rows.committed,
+                    rows.lengths,
+                    k,
+                    policy.stop_below,
+                    sampler,
+                    policy.stop_joint,
+                    branches,
                 )
                 draft = drafter.propose(request)
             else:
@@ -339,10 +408,17 @@ def generate(
             else:
                 p = sampler.probs(logits)
                 verdict = speculative_sample(proposals, draft.q, p, sampler.generator)
+            if branches > 1:
+                verdict, logits, proposals, source = _best_chains(
+                    verdict, logits, proposals, branches
+                )
 
             # 4. Commit; rows that stopped leave the batch; caches drop what was rejected.
-            before = rows.lengths.clone() if on_step is not None else None
+            before = rows.lengths.clone() if on_step is not None or branches > 1 else None
             step = rows.commit(verdict, logits, proposals, stop_ids)
+            if branches > 1:
+                target.copy_positions(source, before, before + verdict.accepted)
+                step = step.per_group(branches)
             finished, any_finished = step.finished, step.any_finished
             if on_step is not None and on_step(rows.new_tokens(before)):
                 finished, any_finished = torch.ones_like(finished), True

@@ -47,6 +47,9 @@ class DraftRequest:
     sampler: None for greedy drafts; otherwise draft tokens are sampled and `q` returned.
     stop_joint: stop_below bounds the product of the block's top probabilities so far (the
         draft's own estimate that the whole block up to this token is accepted) instead.
+    branches: rows come in groups of this many consecutive rows with the same committed
+        tokens (greedy tree drafting, `decoding.generate`); row r starts its block with the
+        draft's (r % branches)-th best token and continues greedily. 1: one chain per row.
     """
 
     committed: torch.Tensor
@@ -55,6 +58,7 @@ class DraftRequest:
     stop_below: float = 0.0
     sampler: Sampler | None = None
     stop_joint: bool = False
+    branches: int = 1
 
 
 class Target(Protocol):
@@ -82,6 +86,16 @@ class Target(Protocol):
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keeps only these rows, in this order (finished rows leave the batch). shape = (n,)."""
+
+
+class BranchingTarget(Target, Protocol):
+    """A target that tree drafting can use: rows can take each other's cached positions."""
+
+    def copy_positions(
+        self, source: torch.Tensor, starts: torch.Tensor, stops: torch.Tensor
+    ) -> None:
+        """Row r takes row source[r]'s cached positions starts[r] .. stops[r] - 1 (rows with
+        source[r] == r keep theirs). Tensors, shape = (batch,)."""
 
 
 class Drafter(Protocol):

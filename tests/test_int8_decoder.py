@@ -3,6 +3,8 @@ batching stay token-for-token lossless against plain int8 decoding; and it still
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -178,6 +180,26 @@ def test_int8_transcribes_and_drafting_equals_its_greedy(registry, whisper_base_
         )
         assert looked_up.segments == plain.segments  # prompt lookup: the same, bit for bit
     assert word_error_rate(reference_text(JFK), transcribe(model, load_audio(JFK)).text) <= 0.05
+
+
+@pytest.mark.slow
+def test_int8_tree_drafts_equal_its_greedy_in_order_and_in_batches(registry, whisper_base_int8):
+    """Chains from the draft's 2 or 3 best first tokens, verified in one call, the longest
+    accepted committed: the same segments and probabilities as plain decoding, bit for bit,
+    one window at a time (seek windows) and two windows at once (silence-cut windows)."""
+    model = whisper_base_int8
+    chain = load_draft(model, registry.resolve("whisper-base-draft"))
+    sonnet = load_audio(SONNET)
+    seek = TranscribeOptions(language="en")
+    batched = TranscribeOptions(
+        language="en", windows="silence", condition_on_previous_text=False, batch_size=2
+    )
+    for options in (seek, batched):
+        plain = transcribe(model, sonnet, options)
+        for branches in (2, 3):
+            tree = transcribe(model, sonnet, options, draft=replace(chain, branches=branches))
+            assert tree.segments == plain.segments, (options.windows, branches)
+            assert 0 < tree.stats["target_calls"] < plain.stats["target_calls"]
 
 
 @pytest.mark.slow

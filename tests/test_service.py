@@ -101,3 +101,25 @@ def test_auto_loads_its_draft_once_the_speech_transcribed_repays_it(settings):
     assert named.run(jfk, options).stats["draft_calls"] > 0
     loaded = TranscriptionService(settings, asr_model="whisper-base", assistant_model="auto")
     assert loaded.load().run(jfk, options).stats["draft_calls"] > 0
+
+
+def test_draft_branches_are_a_setting_of_the_environment_and_reach_the_loaded_draft(
+    settings, monkeypatch
+):
+    from dataclasses import replace
+
+    from app.config import Settings
+
+    assert Settings.from_env().draft_branches == 1
+    monkeypatch.setenv("SPECSCRIBE_DRAFT_BRANCHES", "3")
+    assert Settings.from_env().draft_branches == 3
+    for bad in ("0", "9", "two", ""):
+        monkeypatch.setenv("SPECSCRIBE_DRAFT_BRANCHES", bad)
+        with pytest.raises(ValueError, match="draft branches must be a whole number from 1 to 8"):
+            Settings.from_env()
+    service = TranscriptionService(
+        replace(settings, draft_branches=2),
+        asr_model="whisper-base",
+        assistant_model="whisper-base-draft",
+    )
+    assert service.draft.branches == 2

@@ -62,6 +62,15 @@ def test_long_form_with_a_cross_tokenizer_draft_equals_plain(whisper_base, whisp
 
 
 @pytest.mark.slow
+def test_a_float32_tree_of_drafts_equals_plain(registry, whisper_base, sonnet):
+    plain = transcribe(whisper_base, sonnet)
+    chain = load_draft(whisper_base, registry.resolve("whisper-base-draft"))
+    tree = transcribe(whisper_base, sonnet, draft=replace(chain, branches=2))
+    assert tree.segments == plain.segments  # exact mode: the same bits as plain steps
+    assert tree.stats["draft_calls"] > 0
+
+
+@pytest.mark.slow
 def test_batched_independent_windows_equal_one_at_a_time(
     whisper_base, whisper_tiny_en, sonnet, independent
 ):

@@ -288,3 +288,39 @@ def test_the_policy_learns_no_price_from_the_drafts_first_block(models, referenc
     assert len(drafted) >= 2
     assert drafted[0].includes_prefill and drafted[0].proposed == 3
     assert not any(outcome.includes_prefill for outcome in drafted[1:])
+
+
+def test_a_tree_needs_a_drafter_greedy_decoding_and_a_target_that_copies_positions(models):
+    from decoding import SamplingOptions
+
+    target = CausalLM(models.target)
+    drafter = ModelDrafter(CausalLM(models.draft))
+    with pytest.raises(ValueError, match="branches must be >= 1"):
+        generate(target, PROMPTS, drafter, branches=0)
+    with pytest.raises(ValueError, match="needs a drafter and greedy decoding"):
+        generate(target, PROMPTS, None, branches=2)
+    with pytest.raises(ValueError, match="needs a drafter and greedy decoding"):
+        generate(target, PROMPTS, drafter, sampling=SamplingOptions(0.7), branches=2)
+    with pytest.raises(ValueError, match="CausalLM cannot copy cached positions"):
+        generate(target, PROMPTS, drafter, branches=2)
+
+
+def test_every_chain_of_a_group_takes_its_groups_longest_accepted_chain():
+    from decoding.generate import _best_chains
+    from decoding.verify import Verdict
+
+    # Two prompts, three chains each: the first prompt's second chain accepted most; the
+    # second prompt's chains tie, and the draft's own choice (the first) wins the tie.
+    accepted = torch.tensor([1, 2, 0, 1, 1, 0])
+    tokens = torch.arange(18).view(6, 3)
+    logits = torch.arange(6.0).view(6, 1, 1).expand(6, 3, 4)
+    proposals = torch.arange(12).view(6, 2)
+    verdict, followed_logits, followed_proposals, source = _best_chains(
+        Verdict(accepted=accepted, tokens=tokens), logits, proposals, 3
+    )
+
+    assert source.tolist() == [1, 1, 1, 3, 3, 3]
+    assert verdict.accepted.tolist() == [2, 2, 2, 1, 1, 1]
+    assert torch.equal(verdict.tokens, tokens[source])
+    assert torch.equal(followed_logits, logits[source])
+    assert torch.equal(followed_proposals, proposals[source])
