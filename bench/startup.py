@@ -24,8 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _specscribe(tree: Path, audio: Path, out: Path, language: str | None) -> list[str]:
-    command = [sys.executable, "-m", "specscribe.cli", "transcribe", str(audio.resolve())]
-    command += ["--output-dir", str(out), "--overwrite"]
+    """This checkout's `specscribe transcribe` as users start it; another checkout's through
+    its own `app.cli.main` (run with its folder first on PYTHONPATH), since `specscribe` names
+    the installed package, which is this checkout's."""
+    if tree == ROOT:
+        command = [sys.executable, "-m", "specscribe.cli"]
+    else:
+        command = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
+    command += ["transcribe", str(audio.resolve()), "--output-dir", str(out), "--overwrite"]
     return command + (["--language", language] if language else [])
 
 
