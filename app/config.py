@@ -59,7 +59,7 @@ class Settings:
             max_audio_seconds=_positive_number("MAX_AUDIO_SECONDS", 10_800.0),
             api_key=os.environ.get("SPECSCRIBE_API_KEY") or None,
             fused_rounds=_flag("SPECSCRIBE_FUSED_ROUNDS"),
-            draft_branches=draft_branches(os.environ.get("SPECSCRIBE_DRAFT_BRANCHES", "1")),
+            draft_branches=draft_branches(os.environ.get("SPECSCRIBE_DRAFT_BRANCHES") or 1),
         )
 
 
@@ -73,7 +73,9 @@ def draft_branches(text: str | int) -> int:
     except ValueError:
         value = 0
     if not 1 <= value <= MAX_DRAFT_BRANCHES:
-        raise ValueError(f"draft branches must be a whole number from 1 to 8, not {text!r}")
+        raise ValueError(
+            f"draft branches must be a whole number from 1 to {MAX_DRAFT_BRANCHES}, not {text!r}"
+        )
     return value
 
 

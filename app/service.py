@@ -330,8 +330,9 @@ class TranscriptionService:
 
         "auto"'s model draft is loaded once the speech this service has transcribed, this
         request's included, reaches DRAFT_PAYS_AFTER_SECONDS; until then its load would cost
-        more than it saves. Like ski rental, a run that turns out long pays at most the
-        draft's load twice over. A loaded draft (a server's `load`) is always used.
+        more than it saves. As in ski rental, the plain decoding before it costs about one
+        load, so a run that turns out long loses at most that. A loaded draft (a server's
+        `load`) is always used.
         """
         if self._draft is None and self._draft_when_it_pays:
             self._speech_seconds_before_draft += speech_seconds
