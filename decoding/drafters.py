@@ -33,14 +33,11 @@ def draft_block(model: Target, request: DraftRequest, cached: torch.Tensor) -> D
     every_column = torch.ones_like(drafting).unsqueeze(1)
     tokens, q = [], []
     for j in range(k):
-        if sampler is None and j == 0 and request.branches > 1:
-            # A tree's root: the rows of a group start from the draft's best tokens in turn.
-            rank = torch.arange(len(lengths), device=lengths.device) % request.branches
-            best = logits.topk(request.branches, dim=-1).indices
-            token = best.gather(1, rank.unsqueeze(1)).squeeze(1)
-            confidence = logits.float().softmax(dim=-1).amax(dim=-1) if stop_below else None
-        elif sampler is None:
-            token = logits.argmax(dim=-1)
+        if sampler is None:
+            if j == 0 and request.branches > 1:  # a tree's root: each row of a group its rank
+                token = _ranked_tokens(logits, request.branches)
+            else:
+                token = logits.argmax(dim=-1)
             confidence = logits.float().softmax(dim=-1).amax(dim=-1) if stop_below else None
         else:
             probs = sampler.probs(logits)
@@ -64,6 +61,13 @@ def draft_block(model: Target, request: DraftRequest, cached: torch.Tensor) -> D
         q=torch.stack(q, dim=1) if q else None,
         steps=len(tokens),
     )
+
+
+def _ranked_tokens(logits: torch.Tensor, branches: int) -> torch.Tensor:
+    """Row r's (r % branches)-th best token: the rows of a group start a tree's chains from the
+    draft's best tokens in turn. Tensor, shape = (batch, vocab) -> (batch,)."""
+    rank = torch.arange(logits.shape[0], device=logits.device) % branches
+    return logits.topk(branches, dim=-1).indices.gather(1, rank.unsqueeze(1)).squeeze(1)
 
 
 class ModelDrafter:
