@@ -75,9 +75,11 @@ class EndpointParameters(BaseModel):
     num_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
     min_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
     max_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
-    batch_size: int = Field(1, ge=1)  # >1: windows cut at silences and decoded together
+    # >1: windows cut at silences and decoded together; None: speech regions in batches of 8
+    # with VAD, one window after another without (app.request.ServiceOptions.windows_at_once).
+    batch_size: int | None = Field(None, ge=1)
     initial_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
-    condition_on_previous_text: bool = True
+    condition_on_previous_text: bool | None = None  # None: on unless windows are batched
     hotwords: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
     clip_timestamps: str | None = Field(None, max_length=1000)
     vad: bool = True

@@ -244,7 +244,9 @@ class _Session:
         draft_encoded = None
         if self.draft is not None:
             draft_mel = None if self.draft_mel is None else stack(self.draft_mel)
-            draft_encoded = self.draft.encode(encoded, draft_mel)
+            # Mel frames of audio in the longest window -> encoder frames (two mel frames each).
+            audio = max(min(end, self.content_frames) - start for start, end in windows)
+            draft_encoded = self.draft.encode(encoded, draft_mel, -(-audio // 2))
         self.encoder_seconds += device_clock(self.model.device) - started
         if self.language is None:
             self.language = detect_language(self.model, encoded)
@@ -496,12 +498,15 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
 
     A window padded with silence can end its text early, with a final timestamp seconds before
     its audio ends, although words follow: that tail is queued as a window of its own (as a
-    sequential window would start there), unless it is no louder than a pause.
+    sequential window would start there), unless it is no louder than a pause. Windows reach
+    `on_window` in time order, so a tail is reported before the chunks after it, which were
+    decoded first.
     """
     options, total = session.options, session.content_frames
     level = loudness(session.mel, total)
     queue = deque(split_at_silence(session.mel, total))
     segments: list[Segment] = []
+    decided: list[tuple[int, WindowResult, WindowSplit]] = []  # not yet reported
     reached = 0  # frames reported to `progress`: tails go back, the report does not
     while queue:
         group = [queue.popleft() for _ in range(min(options.batch_size, len(queue)))]
@@ -523,11 +528,16 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
             for (result, start, frames), split in zip(decoded, splits, strict=True):
                 kept = _segments_with_content(split)
                 segments.extend(kept)
-                session.report(result, start, split)
+                decided.append((start, result, split))
                 tail = _skipped_tail(kept, start, frames)
                 if tail is not None and sounds_like_speech(level, (start, start + frames), tail):
                     tails.append((tail, start + frames))
             queue.extendleft(reversed(tails))  # next, in time order
+        # Everything before the first window still queued is final.
+        decided.sort(key=lambda window: window[0])
+        while decided and (not queue or decided[0][0] < queue[0][0]):
+            start, result, split = decided.pop(0)
+            session.report(result, start, split)
         reached = max(reached, *(end for _, end in group))
         progress("transcribe", reached, total)
     return sorted(segments, key=lambda s: (s.start, s.end))

@@ -92,15 +92,33 @@ class EncodedAudio:
     """What one decoder attends to for a batch of 30 s windows, computed once per window.
 
     features: Tensor, shape = (batch, 1500, d_model); the encoder output.
-    cross: per decoder layer, (keys, values), each Tensor, shape = (batch, heads, 1500, head_dim);
-    the decoder's cross-attention projections of `features`, which every decoder call would
-    otherwise recompute (they depend on the decoder's weights, so each model has its own). The
-    keys are transposed views of contiguous (batch, heads, head_dim, 1500) tensors, the layout
+    cross: per decoder layer, (keys, values), each Tensor, shape = (batch, heads, frames,
+    head_dim), frames = 1500 (fewer in a draft's view: `first_frames`); the decoder's
+    cross-attention projections of `features`, which every decoder call would otherwise
+    recompute (they depend on the decoder's weights, so each model has its own). The keys are
+    transposed views of contiguous (batch, heads, head_dim, frames) tensors, the layout
     `asr.static_decoder` multiplies by.
     """
 
     features: torch.Tensor
     cross: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+    def first_frames(self, frames: int) -> EncodedAudio:
+        """The cross-attention of the first `frames` encoder frames alone (all when there are
+        no more), in the stored layouts; for a draft, whose proposals may differ from what all
+        1500 frames would give."""
+        if frames >= self.features.shape[1]:
+            return self
+        return EncodedAudio(
+            features=self.features,
+            cross=tuple(
+                (
+                    keys.transpose(-1, -2)[..., :frames].contiguous().transpose(-1, -2),
+                    values[..., :frames, :].contiguous(),
+                )
+                for keys, values in self.cross
+            ),
+        )
 
     def rows(self, rows: torch.Tensor) -> EncodedAudio:
         """These windows, in this order. rows: Tensor, shape = (n,)."""
@@ -327,12 +345,19 @@ class WhisperModel:
         # Pools made under another mode are captured, or not, the other way.
         self._pools, self.round_pools = {}, {}
 
+    @property
+    def static_steps(self) -> bool:
+        """Whether decoder steps run on asr.cuda_graphs' static pools (captured or eager),
+        whose cross-attention buffers hold all 1500 frames."""
+        mode = self.step_graphs_mode
+        return mode == "eager" or (mode == "auto" and self.device.type == "cuda")
+
     def step_graphs(self, rows: int) -> StepGraphs | None:
         """The pool of captured decoder steps that holds `rows` windows (asr.cuda_graphs), or
         None where steps are not captured (CPUs, step_graphs_mode "off")."""
-        mode = self.step_graphs_mode
-        if mode == "off" or (mode == "auto" and self.device.type != "cuda"):
+        if not self.static_steps:
             return None
+        mode = self.step_graphs_mode
         size = pool_size(rows)
         if size not in self._pools:
             self._pools[size] = StepGraphs(self, size, capture=mode == "auto")

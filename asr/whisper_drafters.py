@@ -31,6 +31,10 @@ from asr.whisper_target import WhisperTarget
 from asr.whisper_text import WhisperTextCodec
 from decoding import CrossTokenizerDrafter, Drafter, ModelDrafter, PromptLookupDrafter
 
+# Encoder frames of padding a draft attends to after a window's audio (WhisperDraft.encode):
+# 2 s, where Whisper places a segment's closing timestamp.
+DRAFT_PADDING_FRAMES = 100
+
 DraftPairing = Literal["shared-encoder", "own-encoder", "cross-tokenizer"]
 """How a draft Whisper works with its target: whose encoder it reads, and whether committed
 tokens must travel to it as text (see the module docstring)."""
@@ -57,22 +61,38 @@ class WhisperDraft:
         """Whether the draft reads a log-mel of its own (it has an encoder of its own)."""
         return self.pairing != "shared-encoder"
 
-    def encode(self, target_encoded: EncodedAudio, mel: torch.Tensor | None) -> EncodedAudio:
+    def encode(
+        self,
+        target_encoded: EncodedAudio,
+        mel: torch.Tensor | None,
+        audio_frames: int | None = None,
+    ) -> EncodedAudio:
         """The draft's view of a batch of windows, computed once per window.
 
         target_encoded: the target's EncodedAudio for these windows.
         mel: Tensor, shape = (batch, draft n_mels, 3000); the draft's log-mel of the same
         windows (unused by a shared-encoder draft).
+        audio_frames: encoder frames (50 a second) holding audio in the longest of these
+        windows, the rest being the 30 s window's padding, or None. Given, the draft attends
+        to them and DRAFT_PADDING_FRAMES more, not to all 1500: a draft only proposes, so it
+        need not see what the target sees, and on short windows cross-attention is most of its
+        attention's price (docs/drafts.md, "What a faster draft needs"). Ignored where the
+        draft's steps run on static buffers of all 1500 frames (`WhisperModel.static_steps`).
         """
         if self.pairing == "shared-encoder":
             layers = self.model.cross_from_target
             if layers is not None:  # a distilled draft: the target's projections, reused
                 cross = tuple(target_encoded.cross[layer] for layer in layers)
-                return EncodedAudio(features=target_encoded.features, cross=cross)
-            return self.model.cross_attention(target_encoded.features)
-        if mel is None:
+                view = EncodedAudio(features=target_encoded.features, cross=cross)
+            else:
+                view = self.model.cross_attention(target_encoded.features)
+        elif mel is None:
             raise ValueError(f"draft {self.model.name} has its own encoder and needs a mel")
-        return self.model.cross_attention(self.model.encode(mel))
+        else:
+            view = self.model.cross_attention(self.model.encode(mel))
+        if audio_frames is None or self.model.static_steps:
+            return view
+        return view.first_frames(audio_frames + DRAFT_PADDING_FRAMES)
 
     def drafter(
         self,
@@ -141,7 +161,12 @@ class LookupDraft:
     needs_mel = False
     branches = 1  # one chain: lookup has no second-best proposal
 
-    def encode(self, target_encoded: EncodedAudio, mel: torch.Tensor | None) -> None:
+    def encode(
+        self,
+        target_encoded: EncodedAudio,
+        mel: torch.Tensor | None,
+        audio_frames: int | None = None,
+    ) -> None:
         """Nothing to encode."""
 
     def drafter(

@@ -15,6 +15,7 @@ from asr.transcribe import TranscribeOptions, transcribe
 from asr.types import Segment
 from asr.whisper import N_FRAMES
 from asr.whisper_drafters import (
+    DRAFT_PADDING_FRAMES,
     LookupDraft,
     WhisperLookupDrafter,
     load_draft,
@@ -61,6 +62,21 @@ def test_long_form_with_a_cross_tokenizer_draft_equals_plain(whisper_base, whisp
     assert speculative.stats["draft_calls"] > 0
 
 
+def test_a_draft_attends_to_the_windows_audio_and_two_seconds_more(registry, whisper_base, sonnet):
+    draft = load_draft(whisper_base, registry.resolve("whisper-base-draft"))
+    mel = whisper_base.log_mel(sonnet[: 5 * SAMPLE_RATE])[None, :, :N_FRAMES]
+    encoded = whisper_base.cross_attention(whisper_base.encode(mel))
+    full = draft.encode(encoded, None)
+    short = draft.encode(encoded, None, audio_frames=250)  # 5 s
+    frames = 250 + DRAFT_PADDING_FRAMES
+    for (keys, values), (all_keys, all_values) in zip(short.cross, full.cross, strict=True):
+        assert keys.shape[-2] == values.shape[-2] == frames
+        assert torch.equal(keys, all_keys[..., :frames, :])
+        assert torch.equal(values, all_values[..., :frames, :])
+        assert keys.transpose(-1, -2).is_contiguous()  # the layout the decoder multiplies by
+    assert draft.encode(encoded, None, audio_frames=1450).cross[0][0].shape[-2] == 1500
+
+
 @pytest.mark.slow
 def test_a_float32_tree_of_drafts_equals_plain(registry, whisper_base, sonnet):
     plain = transcribe(whisper_base, sonnet)
@@ -75,10 +91,18 @@ def test_batched_independent_windows_equal_one_at_a_time(
     whisper_base, whisper_tiny_en, sonnet, independent
 ):
     one = independent
+    reported = []
     batched = transcribe(
-        whisper_base, sonnet, TranscribeOptions(**{**vars(INDEPENDENT), "batch_size": 2})
+        whisper_base,
+        sonnet,
+        TranscribeOptions(**{**vars(INDEPENDENT), "batch_size": 2}),
+        on_window=reported.append,
     )
     assert_same_segments(batched.segments, one.segments)
+    # The first chunk's tail is decoded after the second chunk, but reported before it:
+    # streamed windows add up to the transcript, in its order.
+    streamed = [segment for window in reported for segment in window.segments]
+    assert [s.text for s in streamed] == [s.text for s in batched.segments]
     assert batched.stats["target_calls"] < one.stats["target_calls"]  # rows share target calls
     assert one.segments[-1].end > one.duration - 3.0  # the last chunk's text is kept
 
