@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 MAX_PROMPT_CHARACTERS = 4000  # a sanity bound: a longer prompt is a mistake, not a prompt
 # Windows decoded at once where the request leaves it to us and VAD cuts the recording: its
 # speech regions are independent, so they decode together, as whisperX and faster-whisper's
-# batched pipeline do. On 2 CPU threads this decodes the 159 s sonnets reading in 0.75 of the
-# sequential time and the half-silence recording in 0.7 (docs/vad.md); 16 gained no more.
+# batched pipeline do. On 2 CPU threads this decodes the 159 s sonnets reading in about 0.8 of
+# the sequential time (docs/vad.md); batches of 16 gained no more.
 AUTO_BATCH_SIZE = 8
 
 # ServiceOptions fields every front takes under the same names (CLI flags, endpoint
