@@ -17,6 +17,7 @@ from asr.whisper import N_FRAMES
 from asr.whisper_drafters import (
     DRAFT_PADDING_FRAMES,
     LookupDraft,
+    WhisperDraft,
     WhisperLookupDrafter,
     load_draft,
     pair_draft,
@@ -75,6 +76,25 @@ def test_a_draft_attends_to_the_windows_audio_and_two_seconds_more(registry, whi
         assert torch.equal(values, all_values[..., :frames, :])
         assert keys.transpose(-1, -2).is_contiguous()  # the layout the decoder multiplies by
     assert draft.encode(encoded, None, audio_frames=1450).cross[0][0].shape[-2] == 1500
+
+
+def test_a_transcription_gives_its_draft_only_the_windows_audio(
+    registry, whisper_base, monkeypatch
+):
+    draft = load_draft(whisper_base, registry.resolve("whisper-base-draft"))
+    views = []  # encoder frames the draft attends to, per batch of windows
+    encode = WhisperDraft.encode
+
+    def recording(self, *args):
+        view = encode(self, *args)
+        views.append(view.cross[0][0].shape[-2])
+        return view
+
+    monkeypatch.setattr(WhisperDraft, "encode", recording)
+    jfk = load_audio(SAMPLES / "jfk.wav")  # 11.0 s: 550 encoder frames of audio
+    drafted = transcribe(whisper_base, jfk, TranscribeOptions(temperatures=(0.0,)), draft=draft)
+    assert views == [550 + DRAFT_PADDING_FRAMES]
+    assert drafted.stats["draft_calls"] > 0
 
 
 @pytest.mark.slow
