@@ -338,9 +338,8 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-size",
         type=int,
-        help="decode this many windows at once (cuts at silences, no cross-window prompt; "
-        "default: the speech regions VAD finds 8 at a time, one window after another with "
-        "--no-vad or --condition-on-previous-text)",
+        default=1,
+        help="decode this many windows at once (cuts at silences, no cross-window prompt)",
     )
     parser.add_argument(
         "--initial-prompt",
@@ -350,9 +349,9 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--condition-on-previous-text",
         action=argparse.BooleanOptionalAction,
-        help="prompt each window with the text before it (default where windows are decoded one "
-        "after another); --no-condition-on-previous-text keeps one window's mistake from "
-        "repeating in the next",
+        default=True,
+        help="prompt each window with the text before it (default); --no-condition-on-previous-"
+        "text keeps one window's mistake from repeating in the next",
     )
     parser.add_argument(
         "--hotwords",

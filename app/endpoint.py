@@ -75,11 +75,9 @@ class EndpointParameters(BaseModel):
     num_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
     min_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
     max_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
-    # >1: windows cut at silences and decoded together; None: speech regions in batches of 8
-    # with VAD, one window after another without (app.request.ServiceOptions.windows_at_once).
-    batch_size: int | None = Field(None, ge=1)
+    batch_size: int = Field(1, ge=1)  # >1: windows cut at silences and decoded together
     initial_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
-    condition_on_previous_text: bool | None = None  # None: on unless windows are batched
+    condition_on_previous_text: bool = True
     hotwords: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
     clip_timestamps: str | None = Field(None, max_length=1000)
     vad: bool = True

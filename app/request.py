@@ -26,11 +26,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_PROMPT_CHARACTERS = 4000  # a sanity bound: a longer prompt is a mistake, not a prompt
-# Windows decoded at once where the request leaves it to us and VAD cuts the recording: its
-# speech regions are independent, so they decode together, as whisperX and faster-whisper's
-# batched pipeline do. On 2 CPU threads this decodes the 159 s sonnets reading in about 0.8 of
-# the sequential time (docs/vad.md); batches of 16 gained no more.
-AUTO_BATCH_SIZE = 8
 
 # ServiceOptions fields every front takes under the same names (CLI flags, endpoint
 # parameters, API form fields): `decoding_choices` copies them from a front's request.
@@ -97,15 +92,13 @@ class ServiceOptions(BaseModel):
     num_speakers: int | None = None
     min_speakers: int | None = None
     max_speakers: int | None = None
-    # >1: windows cut at silences, decoded together; None: `windows_at_once` decides.
-    batch_size: int | None = Field(None, ge=1)
-    # Text the first window is prompted with (spellings, names, style); every window when
-    # windows are batched, as they have no text before them.
+    batch_size: int = Field(1, ge=1)  # >1: windows cut at silences, decoded together
+    # Text the first window is prompted with (spellings, names, style); every window with
+    # batch_size > 1, whose windows have no text before them.
     initial_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
     # Each window prompted with the text before it (OpenAI's default); off, a window that went
-    # wrong cannot lead the next into repeating it. Always off when windows are batched; None:
-    # on unless they are (`conditioned`), and True asks for sequential windows under VAD.
-    condition_on_previous_text: bool | None = None
+    # wrong cannot lead the next into repeating it. Always off with batch_size > 1.
+    condition_on_previous_text: bool = True
     # The first decoding temperature (OpenAI's `temperature`): 0 decodes greedily and falls
     # back to sampling where the text fails the quality checks; t > 0 samples from the start,
     # then t + 0.2, ... up to 1.0 (openai-whisper's --temperature with its 0.2 increment).
@@ -228,45 +221,19 @@ class ServiceOptions(BaseModel):
 
         return DiarizeOptions(self.num_speakers, self.min_speakers, self.max_speakers).validate()
 
-    @property
-    def windows_at_once(self) -> int:
-        """The batch size decoding uses: the one asked for; else AUTO_BATCH_SIZE speech
-        regions with VAD (unless previous text was asked for, which needs one window after
-        another); else 1, each window prompted with the text before it."""
-        if self.batch_size is not None:
-            return self.batch_size
-        sequential = not self.vad or self.condition_on_previous_text is True
-        return 1 if sequential else AUTO_BATCH_SIZE
-
-    @property
-    def conditioned(self) -> bool:
-        """Whether a window is prompted with the text before it."""
-        return self.condition_on_previous_text is not False and self.windows_at_once == 1
-
-    def resolved(self) -> ServiceOptions:
-        """A copy with batch size and conditioning decided: what outputs are recorded as made
-        with, so that a rerun with other defaults, or the same settings spelled out, compares
-        like with like."""
-        return self.model_copy(
-            update={
-                "batch_size": self.windows_at_once,
-                "condition_on_previous_text": self.conditioned,
-            }
-        )
-
     def transcribe_options(self):
         from asr.transcribe import TranscribeOptions
 
-        batched = self.windows_at_once > 1
+        batched = self.batch_size > 1
         return TranscribeOptions(
             language=self.language,
             task=self.task,
             word_timestamps=self.word_timestamps,
             windows="silence" if batched else "seek",
-            condition_on_previous_text=self.conditioned,
+            condition_on_previous_text=self.condition_on_previous_text and not batched,
             initial_prompt=self.initial_prompt,
             hotwords=self.hotwords,
-            batch_size=self.windows_at_once,
+            batch_size=self.batch_size,
             **({"temperatures": self.temperatures()} if self.temperature > 0 else {}),
             repetition_ngram=self.repetition_ngram,
             hallucination_silence_threshold=self.hallucination_silence_threshold,

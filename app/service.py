@@ -149,7 +149,7 @@ class TranscriptionService:
     def output_record(self, options: ServiceOptions) -> dict:
         """What decides a request's outputs, as JSON values: the model, the precision and the
         request's options (the draft is left out: it never changes the output)."""
-        request = options.resolved().model_dump()
+        request = options.model_dump()
         del request["use_assistant"]
         # Options added after records began are recorded only when they differ from what
         # outputs were made with before them, so those outputs still count as made that way

@@ -10,7 +10,7 @@ Three folders, each a separate process per configuration and pass:
 - half_silence: that one file alone (the sonnets, each followed by as long a pause), for the
   time VAD saves end to end, model load included.
 
-    python -m bench.vad --repeats 3 [--save]
+    python -m bench.vad --repeats 3 [--configs "vad,vad batched,no vad"] [--save]
 
 prints one line per configuration and set, then one JSON object.
 """
@@ -29,7 +29,12 @@ from bench.asr_data import SPEECH, user_files
 from bench.cli import Config, _command, _run, publish
 from bench.hallucination_set import AdversarialFile, build
 
-CONFIGS = {"vad": (), "no vad": ("--no-vad",)}
+CONFIGS = {
+    "vad": (),
+    # The speech regions cut at silences and decoded 8 at a time (docs/vad.md).
+    "vad batched": ("--batch-size", "8"),
+    "no vad": ("--no-vad",),
+}
 
 
 def _transcribe(folder: Path, out: Path, options: tuple[str, ...], threads: int) -> float:
@@ -94,9 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sets", default="speech,hallucination,half_silence")
+    parser.add_argument("--configs", default="vad,no vad", help=f"of: {', '.join(CONFIGS)}")
     parser.add_argument("--save", action="store_true", help="also write bench/results/vad-*.json")
     args = parser.parse_args(argv)
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or "no vad" not in configs:
+        parser.error(f"--configs: {', '.join(CONFIGS)}, with 'no vad' (got {args.configs!r})")
 
     import app.config  # noqa: F401  (offline before anything loads)
 
@@ -124,12 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             (half / "half_silence.wav").symlink_to(root / "generated" / "half_silence.wav")
             folders["half_silence"] = (half, ("--word-timestamps",))
 
-        seconds = {(s, c): [] for s in folders for c in CONFIGS}
+        seconds = {(s, c): [] for s in folders for c in configs}
         outputs: dict[tuple[str, str], dict[str, dict]] = {}
-        names = list(CONFIGS)
         for index in range(args.repeats):
             for set_name, (folder, extra) in folders.items():
-                order = names[index % 2 :] + names[: index % 2]
+                turn = index % len(configs)
+                order = configs[turn:] + configs[:turn]
                 for config in order:
                     out = root / f"out-{set_name}-{config.replace(' ', '_')}-{index}"
                     took = _transcribe(folder, out, CONFIGS[config] + extra, args.threads)
@@ -141,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
         rows: dict[str, dict] = {}
         for set_name in folders:
-            for config in CONFIGS:
+            for config in configs:
                 found = outputs[(set_name, config)]
                 row: dict = {"seconds": round(statistics.median(seconds[(set_name, config)]), 2)}
                 row["passes"] = [round(s, 2) for s in seconds[(set_name, config)]]
@@ -152,8 +162,11 @@ def main(argv: list[str] | None = None) -> int:
                 rows[f"{set_name} / {config}"] = row
                 print(f"{set_name} / {config}: {json.dumps(row)}")
         for set_name in folders:
-            plain, vad = rows[f"{set_name} / no vad"], rows[f"{set_name} / vad"]
-            vad["speedup_vs_no_vad"] = round(plain["seconds"] / vad["seconds"], 3)
+            plain = rows[f"{set_name} / no vad"]
+            for config in configs:
+                if config != "no vad":
+                    row = rows[f"{set_name} / {config}"]
+                    row["speedup_vs_no_vad"] = round(plain["seconds"] / row["seconds"], 3)
     report.update({"repeats": args.repeats, "threads": args.threads, "rows": rows})
     publish(report, f"vad-{report['date']}-cpu{args.threads}.json", args.save)
     return 0

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from app.request import AUTO_BATCH_SIZE
 from app.service import (
     MAX_PROMPT_CHARACTERS,
     ServiceOptions,
@@ -50,38 +49,8 @@ def test_prompt_options_reach_the_decoder_and_the_output_record(settings):
     # options existed still match.
     assert service.output_record(options)["initial_prompt"] == "Kubernetes, Grafana."
     assert service.output_record(options)["condition_on_previous_text"] is False
-    sequential = service.output_record(ServiceOptions(vad=False))
-    assert "initial_prompt" not in sequential and "condition_on_previous_text" not in sequential
-
-
-def test_vad_regions_are_batched_unless_the_request_asks_for_sequential_windows(settings):
-    auto = ServiceOptions()
-    assert (auto.windows_at_once, auto.conditioned) == (AUTO_BATCH_SIZE, False)
-    assert auto.transcribe_options().windows == "silence"
-    assert auto.transcribe_options().batch_size == AUTO_BATCH_SIZE
-    # Without VAD, or asked for the previous text (which needs the window before), windows
-    # follow each other, each prompted with the text before it.
-    for sequential in (
-        ServiceOptions(vad=False),
-        ServiceOptions(condition_on_previous_text=True),
-        ServiceOptions(batch_size=1),
-    ):
-        decoding = sequential.transcribe_options()
-        assert (decoding.windows, decoding.batch_size) == ("seek", 1), sequential
-        assert decoding.condition_on_previous_text is True
-    unprompted = ServiceOptions(batch_size=1, condition_on_previous_text=False)
-    assert unprompted.transcribe_options().condition_on_previous_text is False
-    assert ServiceOptions(vad=False, batch_size=3).transcribe_options().windows == "silence"
-    # Outputs are recorded as decoded: the defaults spelled out are the same request, and an
-    # output made sequentially before the rule is made again under it.
-    service = TranscriptionService(settings)
-    spelled_out = ServiceOptions(batch_size=AUTO_BATCH_SIZE, condition_on_previous_text=False)
-    assert service.output_record(auto) == service.output_record(spelled_out)
-    before = ServiceOptions(batch_size=1, condition_on_previous_text=True)
-    assert service.output_record(auto) != service.output_record(before)
-    assert service.output_record(ServiceOptions(vad=False)) == service.output_record(
-        ServiceOptions(vad=False, batch_size=1, condition_on_previous_text=True)
-    )
+    default = service.output_record(ServiceOptions())
+    assert "initial_prompt" not in default and "condition_on_previous_text" not in default
 
 
 def test_fused_rounds_are_a_setting_of_the_environment_that_reaches_the_loaded_model(
