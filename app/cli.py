@@ -395,6 +395,14 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds kept on both sides of each region (0.4 s)",
     )
+    vad.add_argument(
+        "--passage-pause",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="speech after a skipped pause of S seconds or more decodes as its own passage, "
+        "side by side with the others and not prompted by their text (5 s; 0: off)",
+    )
     guards = parser.add_argument_group("hallucination guards")
     guards.add_argument(
         "--repetition-ngram",

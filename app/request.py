@@ -37,6 +37,7 @@ DECODING_CHOICES = (
     "vad_min_speech_duration",
     "vad_min_silence_duration",
     "vad_speech_pad",
+    "passage_pause",
     "repetition_ngram",
     "hallucination_silence_threshold",
 )
@@ -111,6 +112,9 @@ class ServiceOptions(BaseModel):
     vad_min_speech_duration: float = 0.25  # s: shorter speech is ignored
     vad_min_silence_duration: float = 2.0  # s: shorter pauses stay inside a region
     vad_speech_pad: float = 0.4  # s: added on both sides of every region
+    # Speech resuming after a cut-out pause (VAD, clip ranges) this long (s) decodes as its own
+    # passage, side by side with the others, unprompted by their text (asr.passages). None: off.
+    passage_pause: float | None = Field(5.0, gt=0.0)
     # Only these ranges of the file: "start,end,..." seconds or "10:00-20:00,..." (OpenAI's
     # --clip_timestamps); None: all of it.
     clip_timestamps: str | None = None
@@ -168,7 +172,7 @@ class ServiceOptions(BaseModel):
             return None
         return value
 
-    @field_validator("repetition_ngram", mode="before")
+    @field_validator("repetition_ngram", "passage_pause", mode="before")
     @classmethod
     def _zero_is_off(cls, value: Any) -> Any:
         return None if value == 0 else value
@@ -236,6 +240,7 @@ class ServiceOptions(BaseModel):
             batch_size=self.batch_size,
             **({"temperatures": self.temperatures()} if self.temperature > 0 else {}),
             repetition_ngram=self.repetition_ngram,
+            passage_pause=self.passage_pause,
             hallucination_silence_threshold=self.hallucination_silence_threshold,
         ).checked()
 

@@ -65,6 +65,7 @@ _BEFORE_RECORDED = {
     "clip_timestamps": None,
     "repetition_ngram": None,
     "hallucination_silence_threshold": None,
+    "passage_pause": None,
 }
 
 
@@ -160,6 +161,8 @@ class TranscriptionService:
         if not options.vad:
             for name in [name for name in request if name.startswith("vad_")]:
                 del request[name]
+            if options.clip_timestamps is None:  # nothing is cut out: no passages
+                request.pop("passage_pause", None)
         # "speakers": how words get speakers; outputs labelled segment by segment (before
         # segments were split at speaker changes) are made again.
         diarizer = (

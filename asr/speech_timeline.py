@@ -50,6 +50,17 @@ class SpeechTimeline:
         pieces = [samples[first:last] for first, last in self._sample_ranges(len(samples))]
         return np.concatenate(pieces) if pieces else samples[:0]
 
+    def resumptions(self, length: int, min_pause: float) -> list[int]:
+        """Sample offsets in `compact(samples)` (len(samples) == length) where speech resumes
+        after at least `min_pause` seconds of the recording were cut out."""
+        offsets, clock, previous_last = [], 0, None
+        for first, last in self._sample_ranges(length):
+            if previous_last is not None and first - previous_last >= min_pause * SAMPLE_RATE:
+                offsets.append(clock)
+            clock += last - first
+            previous_last = last
+        return offsets
+
     def bounded(self, duration: float) -> SpeechTimeline:
         """The spans clipped to [0, duration]; spans wholly past it are dropped."""
         spans = [(start, min(end, duration)) for start, end in self.spans if start < duration]

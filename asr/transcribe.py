@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -32,11 +32,12 @@ import torch
 from asr.audio import SAMPLE_RATE
 from asr.guards import REPEATED_SHARE, RepetitionGuard, drop_isolated_anomalies
 from asr.logit_rules import LogitRules
+from asr.passages import plan_passages
 from asr.segments import WindowSplit, split_segments
 from asr.silence import chunk_window, loudness, sounds_like_speech, split_at_silence
 from asr.speech_timeline import Span, SpeechTimeline
 from asr.types import DecidedWindow, ProgressHook, Segment, Transcript, WindowHook, no_progress
-from asr.whisper import FRAMES_PER_SECOND, N_FRAMES, EncodedAudio, WhisperModel
+from asr.whisper import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, EncodedAudio, WhisperModel
 from asr.whisper_drafters import DraftSource
 from asr.window_decoder import (
     WindowBatch,
@@ -51,6 +52,8 @@ Task = Literal["transcribe", "translate"]
 Windows = Literal["seek", "silence"]
 # A "silence" chunk whose text ends this long before its audio has its tail decoded again.
 MIN_TAIL_SECONDS = 2
+# "seek" windows of this many passages decode as one batch (`asr.passages`).
+PASSAGES_PER_PASS = 8
 
 __all__ = [
     "TranscribeOptions",
@@ -90,6 +93,10 @@ class TranscribeOptions:
     seed: int = 0  # makes the sampled fallbacks repeatable
     windows: Windows = "seek"
     batch_size: int = 1  # windows decoded at once ("silence" windows only)
+    # "seek" windows with `spans`: speech that resumes after at least this many seconds were
+    # cut out starts a passage of its own, decoded side by side with the others and prompted
+    # with its own text only (`asr.passages`). None: all spans are one passage.
+    passage_pause: float | None = 5.0
 
     def checked(self) -> TranscribeOptions:
         """Checks what needs no model (the guards' settings); returns self."""
@@ -101,6 +108,8 @@ class TranscribeOptions:
                 raise ValueError(f"hallucination_silence_threshold must be > 0, not {threshold}")
             if not self.word_timestamps:
                 raise ValueError("hallucination_silence_threshold needs word_timestamps")
+        if self.passage_pause is not None and not self.passage_pause > 0:
+            raise ValueError(f"passage_pause must be > 0 or None, not {self.passage_pause}")
         return self
 
     def validate(self, model: WhisperModel) -> None:
@@ -200,6 +209,7 @@ class _Session:
         policy: LookaheadPolicy | None,
         on_window: WindowHook | None = None,
         timeline: SpeechTimeline | None = None,
+        resumptions: list[int] | None = None,
     ) -> None:
         self.model, self.options, self.draft, self.policy = model, options, draft, policy
         self.on_window = on_window
@@ -210,6 +220,9 @@ class _Session:
             same_mel = draft.model.n_mels == model.n_mels
             self.draft_mel = self.mel if same_mel else draft.model.log_mel(samples)
         self.content_frames = self.mel.shape[-1] - N_FRAMES
+        # Samples where speech resumes after a long pause that was cut out -> passages.
+        cuts = [sample // HOP_LENGTH for sample in resumptions or ()]
+        self.passages = plan_passages(cuts, self.content_frames)
         self.duration = len(samples) / SAMPLE_RATE
         self.rules = LogitRules(model.special, model.suppress_tokens, timestamps=options.timestamps)
         self.language = options.language
@@ -231,14 +244,20 @@ class _Session:
         return self.model.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
 
     def encode(self, windows: list[tuple[int, int]], padded: bool) -> tuple[EncodedAudio, ...]:
-        """The target's (and the draft's) view of frame ranges [start, end): full 30 s from
-        start (the mel ends with 30 s of silence), or only [start, end) padded with silence."""
+        """The target's (and the draft's) view of frame ranges [start, end): only [start, end)
+        padded with silence, or (not `padded`) the 30 s from start where that holds no audio
+        past `end` but the recording's end (the mel ends with 30 s of silence)."""
         started = device_clock(self.model.device)
 
+        def view(mel: torch.Tensor, start: int, end: int) -> torch.Tensor:
+            # Unpadded, a window that reaches the recording's end sees its 30 s of silence;
+            # one that ends earlier (a passage's last) must not see the next passage's audio.
+            if padded or end < min(start + N_FRAMES, self.content_frames):
+                return chunk_window(mel, start, end)
+            return mel[:, start : start + N_FRAMES]
+
         def stack(mel: torch.Tensor) -> torch.Tensor:
-            if padded:
-                return torch.stack([chunk_window(mel, start, end) for start, end in windows])
-            return torch.stack([mel[:, start : start + N_FRAMES] for start, _ in windows])
+            return torch.stack([view(mel, start, end) for start, end in windows])
 
         encoded = self.model.cross_attention(self.model.encode(stack(self.mel)))
         draft_encoded = None
@@ -345,34 +364,52 @@ class _Session:
         encoded: EncodedAudio,
         decoded: list[tuple[WindowResult, int, int]],
         unfinished: bool,
+        passages: list[_Passage] | None = None,
     ) -> list[WindowSplit]:
         """Spoken windows -> their segments, timed word by word when the options ask for it.
 
         decoded: per window, its result, first frame and content frames; `encoded` has one row
-        per window, in the same order.
+        per window, in the same order. passages: each window's passage, for windows of
+        independent passages side by side: no time of a window runs past its passage's end,
+        and each reads (and moves on) where its own passage's speech last ended. None: the
+        windows follow each other in the recording.
         """
+        ends = [
+            p.end / FRAMES_PER_SECOND if p.end < self.content_frames else self.duration
+            for p in passages or ()
+        ] or [self.duration] * len(decoded)
         splits = [
-            split_segments(
-                self.model, result, start / FRAMES_PER_SECOND, frames, self.duration, unfinished
-            )
-            for result, start, frames in decoded
+            split_segments(self.model, result, start / FRAMES_PER_SECOND, frames, end, unfinished)
+            for (result, start, frames), end in zip(decoded, ends, strict=True)
         ]
         if self.options.word_timestamps and splits:
             started = time.perf_counter()
-            last_speech = self.last_speech
-            splits, self.last_speech = add_word_timestamps(
-                self.model,
-                encoded,
-                splits,
-                self.language,
-                self.options.task,
-                self.duration,
-                self.last_speech,
-            )
+            if passages is None:
+                before = [self.last_speech] * len(splits)
+                splits, self.last_speech = add_word_timestamps(
+                    self.model,
+                    encoded,
+                    splits,
+                    self.language,
+                    self.options.task,
+                    self.duration,
+                    self.last_speech,
+                )
+            else:
+                before = [p.last_speech for p in passages]
+                splits, _ = add_word_timestamps(
+                    self.model, encoded, splits, self.language, self.options.task, ends, before
+                )
+                for passage, split in zip(passages, splits, strict=True):
+                    word_ends = [s.words[-1].end for s in split.segments if s.words]
+                    passage.last_speech = word_ends[-1] if word_ends else passage.last_speech
             self.word_seconds += time.perf_counter() - started
             threshold = self.options.hallucination_silence_threshold
             if threshold is not None:
-                splits = [self._without_anomalies(s, threshold, last_speech) for s in splits]
+                splits = [
+                    self._without_anomalies(split, threshold, last)
+                    for split, last in zip(splits, before, strict=True)
+                ]
         return [self._without_repeats(split) for split in splits]
 
     def _without_anomalies(
@@ -466,31 +503,67 @@ def _consumed(split: WindowSplit, seek: int, total: int, word_timestamps: bool) 
     return split.consumed
 
 
+@dataclass
+class _Passage:
+    """Where one passage's sequential decoding stands (`asr.passages`): frames [seek, end) are
+    left, `previous` is its text so far that prompts its next window."""
+
+    end: int
+    seek: int
+    previous: list[int]
+    last_speech: float  # where its last timed word ended (s)
+    segments: list[Segment] = field(default_factory=list)  # decided, in order
+
+    @property
+    def done(self) -> bool:
+        return self.seek >= self.end
+
+
 def _seek_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
-    """OpenAI's sequential loop: each window starts where the previous one's text ended."""
+    """OpenAI's sequential loop in each passage: each window starts where the previous one's
+    text ended, prompted with the passage's text so far. The next windows of up to
+    PASSAGES_PER_PASS passages decode as one batch; a passage's windows, its text and its
+    timing are the same as if it were decoded alone."""
     options, total = session.options, session.content_frames
-    previous = list(session.initial_prompt)
-    segments: list[Segment] = []
-    seek = 0
-    while seek < total:
-        frames = min(N_FRAMES, total - seek)
-        encoded, draft_encoded = session.encode([(seek, seek + frames)], padded=False)
-        batch = WindowBatch(encoded, (session.prompt(previous),), draft_encoded)
-        [result] = session.decode(batch, seeds=[options.seed + seek])
-        if _is_silent(result, options):
-            seek += frames  # skipped, and its text does not become context
-        else:
-            [split] = session.split(encoded, [(result, seek, frames)], unfinished=False)
-            segments.extend(_segments_with_content(split))
+    passages = [
+        _Passage(end, start, list(session.initial_prompt), start / FRAMES_PER_SECOND)
+        for start, end in session.passages
+    ]
+    decided: list[tuple[int, WindowResult, WindowSplit]] = []  # not yet reported
+    while active := [p for p in passages if not p.done][:PASSAGES_PER_PASS]:
+        windows = [(p.seek, min(p.seek + N_FRAMES, p.end)) for p in active]
+        encoded, draft_encoded = session.encode(windows, padded=False)
+        batch = WindowBatch(
+            encoded, tuple(session.prompt(p.previous) for p in active), draft_encoded
+        )
+        results = session.decode(batch, seeds=[options.seed + start for start, _ in windows])
+        spoken = [row for row, result in enumerate(results) if not _is_silent(result, options)]
+        for row in set(range(len(active))) - set(spoken):
+            active[row].seek = windows[row][1]  # skipped: its text does not become context
+        if spoken:
+            rows = torch.tensor(spoken, device=encoded.features.device)
+            decoded = [(results[r], windows[r][0], windows[r][1] - windows[r][0]) for r in spoken]
+            owners = [active[row] for row in spoken]
+            splits = session.split(encoded.rows(rows), decoded, unfinished=False, passages=owners)
+            for (result, seek, _), split, passage in zip(decoded, splits, owners, strict=True):
+                passage.segments.extend(_segments_with_content(split))
+                decided.append((seek, result, split))
+                consumed = _consumed(split, seek, passage.end, options.word_timestamps)
+                passage.seek += max(consumed, 1)
+                # Text sampled hot is a poor prompt: OpenAI resets the context after it.
+                if options.condition_on_previous_text and result.temperature <= 0.5:
+                    passage.previous.extend(_context(split))
+                else:
+                    passage.previous = []
+        # A decided window is final once no passage can still decode audio before it.
+        frontier = min((p.seek for p in passages if not p.done), default=total)
+        decided.sort(key=lambda window: window[0])
+        while decided and decided[0][0] < frontier:
+            seek, result, split = decided.pop(0)
             session.report(result, seek, split)
-            seek += max(_consumed(split, seek, total, options.word_timestamps), 1)
-            # Text sampled hot is a poor prompt: OpenAI resets the context after it.
-            if options.condition_on_previous_text and result.temperature <= 0.5:
-                previous.extend(_context(split))
-            else:
-                previous = []
-        progress("transcribe", min(seek, total), total)
-    return segments
+        left = sum(p.end - min(p.seek, p.end) for p in passages)
+        progress("transcribe", total - left, total)
+    return [segment for passage in passages for segment in passage.segments]
 
 
 def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
@@ -600,7 +673,10 @@ def transcribe(
     if draft is not None and policy is None:
         policy = Adaptive()  # one for the whole recording: it learns the pair as it goes
     decoded = samples if timeline is None else timeline.compact(samples)
-    session = _Session(model, decoded, options, draft, policy, on_window, timeline)
+    resumptions = None
+    if timeline is not None and options.passage_pause is not None:
+        resumptions = timeline.resumptions(len(samples), options.passage_pause)
+    session = _Session(model, decoded, options, draft, policy, on_window, timeline, resumptions)
 
     # 2. Decode every window, then put times back on the recording's timeline.
     progress("transcribe", 0, session.content_frames)
@@ -618,6 +694,7 @@ def transcribe(
         options=asdict(options),
         stats={
             "speech_seconds": round(session.duration, 3),
+            "passages": len(session.passages),
             "reprompted_windows": session.reprompted,
             "dropped_repeats": session.dropped_repeats,
             "dropped_anomalies": session.dropped_anomalies,

@@ -376,15 +376,22 @@ def add_word_timestamps(
     splits: Sequence[WindowSplit],
     language: str | None,
     task: str,
-    duration: float,
-    last_speech: float = 0.0,
+    duration: float | Sequence[float],
+    last_speech: float | Sequence[float] = 0.0,
 ) -> tuple[list[WindowSplit], float]:
     """Every segment of these windows gets its words; segment times follow the words.
 
-    encoded: the target's view of the windows, one row per split, in order. last_speech: where
-    speech last ended before the first window (s). Windows without text cost nothing; the
-    others share one decoder pass. Returns the new splits and where speech last ended.
+    encoded: the target's view of the windows, one row per split, in order. duration: where
+    times end (s); last_speech: where speech last ended before the first window (s). Windows
+    without text cost nothing; the others share one decoder pass. Returns the new splits and
+    where speech last ended. Windows of independent passages, side by side, give both per
+    window (sequences): each window then reads its own, not the window before it.
     """
+    independent = not isinstance(last_speech, float | int)
+    bounds = [duration] * len(splits) if isinstance(duration, float | int) else list(duration)
+    before = list(last_speech) if independent else [float(last_speech)] * len(splits)
+    if len(bounds) != len(splits) or len(before) != len(splits):
+        raise ValueError("duration and last_speech: one value, or one per window")
     eot = model.special.eot
     texts = [[t for tokens in split.tokens for t in tokens if t < eot] for split in splits]
     spoken = [index for index, text in enumerate(texts) if text]
@@ -402,7 +409,10 @@ def add_word_timestamps(
         times = dict(zip(spoken, found, strict=True))
 
     result = []
+    speech_end = 0.0 if independent else float(last_speech)
     for index, split in enumerate(splits):
+        if independent:
+            speech_end = before[index]
         if index not in times:
             result.append(split)
             continue
@@ -415,11 +425,11 @@ def add_word_timestamps(
                 continue
             offset = split.time_offset
             absolute = [replace(w, start=w.start + offset, end=w.end + offset) for w in words]
-            segment = _fit_segment(segment, absolute, median, last_speech, duration)
-            last_speech = segment.end
+            segment = _fit_segment(segment, absolute, median, speech_end, bounds[index])
+            speech_end = segment.end
             segments.append(segment)
         result.append(replace(split, segments=tuple(segments)))
         ends = [s.words[-1].end for s in segments if s.words]
         if ends:
-            last_speech = ends[-1]
-    return result, last_speech
+            speech_end = ends[-1]
+    return result, speech_end

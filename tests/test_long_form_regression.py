@@ -26,8 +26,8 @@ def test_prompt_holds_only_the_previous_windows_finished_segments(whisper_base, 
         prompts.extend(batch.prompts)
         return decode(self, batch, temperature, seed)
 
-    def recording_split(self, encoded, decoded, unfinished):
-        found = split(self, encoded, decoded, unfinished)
+    def recording_split(self, encoded, decoded, unfinished, **passages):
+        found = split(self, encoded, decoded, unfinished, **passages)
         splits.extend(found)
         return found
 

