@@ -141,7 +141,8 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
 
     # 3. The models, loaded once; options checked against them before any work.
     options.transcribe_options().validate(service.model)
-    service.load(diarization=options.diarize, vad=options.vad and not options.diarize)
+    # The draft waits: "auto" loads it once the files' speech repays its load (app.service).
+    service.load(diarization=options.diarize, vad=options.vad and not options.diarize, draft=False)
 
     # 4. Each file: a bad one is reported and skipped, the rest go on.
     failures: list[tuple[Path, str]] = []  # (file, reason)

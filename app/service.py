@@ -245,9 +245,18 @@ class TranscriptionService:
             )
         return self._vad
 
-    def load(self, diarization: bool = False, vad: bool = False) -> TranscriptionService:
-        """Loads the models now instead of at the first request (a server's start-up)."""
-        _ = self.model, self.draft
+    def load(
+        self, diarization: bool = False, vad: bool = False, draft: bool = True
+    ) -> TranscriptionService:
+        """Loads the models now instead of at the first request (a server's start-up).
+
+        draft=False leaves the draft to its first use, and "auto"'s to when the speech
+        transcribed repays it (`_draft_for`): a one-shot run of short files never loads it.
+        A loaded draft is always used.
+        """
+        _ = self.model
+        if draft:
+            _ = self.draft
         if diarization:
             _ = self.diarizer
         if vad:

