@@ -250,8 +250,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def publish(report: dict, file_name: str, save: bool) -> None:
-    """Prints the report as one JSON line, last; with `save`, also to bench/results/file_name."""
-    line = json.dumps(report)
+    """Prints the report as one JSON line, last; with `save`, also to bench/results/file_name.
+    The report gains the machine it ran on (`bench.machine`)."""
+    from bench.machine import describe_cpu
+
+    line = json.dumps({**report, "machine": describe_cpu()})
     if save:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / file_name).write_text(line + "\n")

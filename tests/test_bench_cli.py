@@ -81,3 +81,19 @@ def test_a_one_file_run_times_real_processes(capsys):
     row = report["configs"]["plain int8"]
     assert report["files"] == 1 and row["seconds"] > 0 and row["tokens_per_target_call"] == 1.0
     assert row["wer"] < 20
+    assert report["machine"]["cpus"] >= 1 and report["machine"]["cpu"]
+
+
+def test_a_report_names_the_processor_and_its_kernel_features(tmp_path):
+    from bench.machine import describe_cpu
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480C\n"
+        "flags\t\t: fpu sse2 avx2 avx512f avx512_vnni amx_int8 amx_tile\n"
+        "processor\t: 1\nmodel name\t: Intel(R) Xeon(R) Platinum 8480C\nflags\t\t: fpu\n"
+    )
+    described = describe_cpu(cpuinfo)
+    assert described["cpu"] == "Intel(R) Xeon(R) Platinum 8480C"
+    assert described["features"] == ["avx2", "avx512f", "avx512_vnni", "amx_int8"]
+    assert describe_cpu(tmp_path / "missing")["features"] == []
