@@ -257,8 +257,20 @@ def publish(report: dict, file_name: str, save: bool) -> None:
     line = json.dumps({**report, "machine": describe_cpu()})
     if save:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / file_name).write_text(line + "\n")
+        path = unused_path(RESULTS / file_name)
+        path.write_text(line + "\n")
+        print(f"saved {path}", file=sys.stderr)
     print(line)
+
+
+def unused_path(path: Path) -> Path:
+    """`path`, or NAME-2.json, NAME-3.json, ... beside it: a run never overwrites an earlier
+    run's saved results (two runs on one day share a name)."""
+    candidate, number = path, 1
+    while candidate.exists():
+        number += 1
+        candidate = path.with_name(f"{path.stem}-{number}{path.suffix}")
+    return candidate
 
 
 if __name__ == "__main__":

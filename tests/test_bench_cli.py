@@ -97,3 +97,13 @@ def test_a_report_names_the_processor_and_its_kernel_features(tmp_path):
     assert described["cpu"] == "Intel(R) Xeon(R) Platinum 8480C"
     assert described["features"] == ["avx2", "avx512f", "avx512_vnni", "amx_int8"]
     assert describe_cpu(tmp_path / "missing")["features"] == []
+
+
+def test_saving_never_overwrites_an_earlier_run(tmp_path):
+    first = tmp_path / "cli-2026-11-27-cpu2.json"
+    assert bench_cli.unused_path(first) == first
+    first.write_text("{}")
+    second = bench_cli.unused_path(first)
+    assert second.name == "cli-2026-11-27-cpu2-2.json"
+    second.write_text("{}")
+    assert bench_cli.unused_path(first).name == "cli-2026-11-27-cpu2-3.json"
