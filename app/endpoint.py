@@ -85,7 +85,7 @@ class EndpointParameters(BaseModel):
     vad_min_speech_duration: float = Field(0.25, ge=0, le=60)
     vad_min_silence_duration: float = Field(2.0, ge=0, le=60)
     vad_speech_pad: float = Field(0.4, ge=0, le=60)
-    passage_pause: float | None = Field(5.0, ge=0)  # 0 or None: off
+    passage_pause: float | None = Field(5.0, ge=0, allow_inf_nan=False)  # 0 or None: off
     repetition_ngram: int | None = Field(6, ge=2, le=50)
     hallucination_silence_threshold: float | None = Field(None, gt=0)
     chunk_length_s: Literal[30] | None = None

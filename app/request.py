@@ -114,7 +114,7 @@ class ServiceOptions(BaseModel):
     vad_speech_pad: float = 0.4  # s: added on both sides of every region
     # Speech resuming after a cut-out pause (VAD, clip ranges) this long (s) decodes as its own
     # passage, side by side with the others, unprompted by their text (asr.passages). None: off.
-    passage_pause: float | None = Field(5.0, gt=0.0)
+    passage_pause: float | None = 5.0
     # Only these ranges of the file: "start,end,..." seconds or "10:00-20:00,..." (OpenAI's
     # --clip_timestamps); None: all of it.
     clip_timestamps: str | None = None
@@ -176,6 +176,15 @@ class ServiceOptions(BaseModel):
     @classmethod
     def _zero_is_off(cls, value: Any) -> Any:
         return None if value == 0 else value
+
+    @field_validator("passage_pause")
+    @classmethod
+    def _a_pause_is_seconds(cls, value: float | None) -> float | None:
+        if value is not None and not 0 < value < float("inf"):
+            raise ValueError(
+                f"passage_pause must be 0 (off) or a positive number of seconds, not {value}"
+            )
+        return value
 
     @model_validator(mode="before")
     @classmethod

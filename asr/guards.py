@@ -7,9 +7,9 @@ decoding share token for token, so they decide the same way with and without a d
 - Repetition (`RepetitionGuard`): Whisper's best-known failure on long files is a window that
   copies text from earlier in the file (its prompt) instead of what is spoken. A segment of at
   least `ngram` words, at least REPEATED_SHARE of whose words lie inside `ngram`-word runs
-  already said earlier in the file, is a repeat; its window falls back to sampling like a
-  window that fails the compression-ratio test, and a repeat still left after the last
-  temperature is dropped.
+  already said earlier in its passage (`asr.passages`: the whole file, unless a long pause was
+  cut out), is a repeat; its window is decoded again without the previous-text prompt, and a
+  repeat still left then is dropped (`asr.transcribe`).
 - Silence around anomalous words (`is_anomalous`, OpenAI's hallucination_silence_threshold):
   with word timestamps, a segment whose first words are improbable or implausibly short or long
   is a likely hallucination; where such a segment sits alone between pauses longer than the

@@ -50,7 +50,8 @@ from decoding import Adaptive, DecodeStats, LookaheadPolicy, device_clock
 
 Task = Literal["transcribe", "translate"]
 Windows = Literal["seek", "silence"]
-# A "silence" chunk whose text ends this long before its audio has its tail decoded again.
+# A window padded with silence ("silence" chunks, a passage's last window) whose text ends
+# this long before its audio has its tail decoded again.
 MIN_TAIL_SECONDS = 2
 # "seek" windows of this many passages decode as one batch (`asr.passages`).
 PASSAGES_PER_PASS = 8
@@ -108,8 +109,9 @@ class TranscribeOptions:
                 raise ValueError(f"hallucination_silence_threshold must be > 0, not {threshold}")
             if not self.word_timestamps:
                 raise ValueError("hallucination_silence_threshold needs word_timestamps")
-        if self.passage_pause is not None and not self.passage_pause > 0:
-            raise ValueError(f"passage_pause must be > 0 or None, not {self.passage_pause}")
+        pause = self.passage_pause
+        if pause is not None and not 0 < pause < float("inf"):
+            raise ValueError(f"passage_pause must be a positive number of seconds, not {pause}")
         return self
 
     def validate(self, model: WhisperModel) -> None:
@@ -220,16 +222,17 @@ class _Session:
             same_mel = draft.model.n_mels == model.n_mels
             self.draft_mel = self.mel if same_mel else draft.model.log_mel(samples)
         self.content_frames = self.mel.shape[-1] - N_FRAMES
-        # Samples where speech resumes after a long pause that was cut out -> passages.
-        cuts = [sample // HOP_LENGTH for sample in resumptions or ()]
+        # Samples where speech resumes after a long pause that was cut out -> passages. A
+        # passage starts on the first frame at or after its first sample, so that its times
+        # map back into its own span, not to the end of the span before the pause.
+        cuts = [-(-sample // HOP_LENGTH) for sample in resumptions or ()]
         self.passages = plan_passages(cuts, self.content_frames)
         self.duration = len(samples) / SAMPLE_RATE
         self.rules = LogitRules(model.special, model.suppress_tokens, timestamps=options.timestamps)
         self.language = options.language
         self.initial_prompt = self._tokens(options.initial_prompt)
         self.hotwords = self._tokens(options.hotwords)
-        ngram = options.repetition_ngram
-        self.guard = RepetitionGuard(ngram) if ngram is not None else None
+        self.guard = self.new_guard()  # what the recording said ("silence" chunks)
         self.dropped_repeats = 0
         self.reprompted = 0  # windows decoded again without previous text (repeats)
         self.dropped_anomalies = 0
@@ -237,6 +240,11 @@ class _Session:
         self.encoder_seconds = 0.0
         self.word_seconds = 0.0
         self.last_speech = 0.0  # where the last timed word ended (s)
+
+    def new_guard(self) -> RepetitionGuard | None:
+        """A record of what was said, to catch repeats of it (None: the guard is off)."""
+        ngram = self.options.repetition_ngram
+        return RepetitionGuard(ngram) if ngram is not None else None
 
     def _tokens(self, text: str | None) -> list[int]:
         if not text or not text.strip():
@@ -280,7 +288,12 @@ class _Session:
         sot = self.model.sot_sequence(self.language, self.options.task, self.options.timestamps)
         return tuple(([self.model.special.sot_prev, *context] if context else []) + sot)
 
-    def decode(self, batch: WindowBatch, seeds: list[int]) -> list[WindowResult]:
+    def decode(
+        self,
+        batch: WindowBatch,
+        seeds: list[int],
+        guards: list[RepetitionGuard | None] | None = None,
+    ) -> list[WindowResult]:
         """Each window at the first temperature whose result passes the checks (else the last).
 
         Greedy passes decode the batch at once, drafted when there is a draft. Sampled passes
@@ -294,9 +307,11 @@ class _Session:
         previous text is decoded again at once without it (the prompt is what Whisper copies);
         the checks above then go on from that result. A repeat left after that is dropped when
         the window is split, not sampled away: where speech really repeats, sampling only
-        trades the right words for worse ones.
+        trades the right words for worse ones. guards: each window's record of what was said
+        before it (default: the recording's).
         """
         options = self.options
+        guards = guards if guards is not None else [self.guard] * len(batch.prompts)
         decoder = WindowDecoder(
             self.model,
             self.rules,
@@ -322,7 +337,9 @@ class _Session:
                 echoes = [
                     row
                     for row in rows
-                    if first and batch.prompts[row] != bare and self._repeats(decoded[row])
+                    if first
+                    and batch.prompts[row] != bare
+                    and self._repeats(decoded[row], guards[row])
                 ]
                 if echoes:
                     prompts = [bare if r in echoes else p for r, p in enumerate(batch.prompts)]
@@ -352,12 +369,12 @@ class _Session:
         self.stats = self.stats + stats
         return decoded
 
-    def _repeats(self, result: WindowResult) -> bool:
-        """Whether a segment of the window repeats earlier text of the recording."""
-        if self.guard is None:
+    def _repeats(self, result: WindowResult, guard: RepetitionGuard | None) -> bool:
+        """Whether a segment of the window repeats text that `guard` has seen."""
+        if guard is None:
             return False
         texts = _segment_texts(self.model, result)
-        return any(self.guard.repeated_share(text) >= REPEATED_SHARE for text in texts)
+        return any(guard.repeated_share(text) >= REPEATED_SHARE for text in texts)
 
     def split(
         self,
@@ -374,10 +391,14 @@ class _Session:
         and each reads (and moves on) where its own passage's speech last ended. None: the
         windows follow each other in the recording.
         """
-        ends = [
-            p.end / FRAMES_PER_SECOND if p.end < self.content_frames else self.duration
-            for p in passages or ()
-        ] or [self.duration] * len(decoded)
+        if passages is None:
+            ends, guards = [self.duration] * len(decoded), [self.guard] * len(decoded)
+        else:  # a passage that runs to the recording's end ends with its last sample
+            ends = [
+                p.end / FRAMES_PER_SECOND if p.end < self.content_frames else self.duration
+                for p in passages
+            ]
+            guards = [p.guard for p in passages]
         splits = [
             split_segments(self.model, result, start / FRAMES_PER_SECOND, frames, end, unfinished)
             for (result, start, frames), end in zip(decoded, ends, strict=True)
@@ -410,7 +431,9 @@ class _Session:
                     self._without_anomalies(split, threshold, last)
                     for split, last in zip(splits, before, strict=True)
                 ]
-        return [self._without_repeats(split) for split in splits]
+        return [
+            self._without_repeats(split, guard) for split, guard in zip(splits, guards, strict=True)
+        ]
 
     def _without_anomalies(
         self, split: WindowSplit, threshold: float, last_speech: float
@@ -421,15 +444,15 @@ class _Session:
         self.dropped_anomalies += keep.count(False)
         return _select(split, keep)
 
-    def _without_repeats(self, split: WindowSplit) -> WindowSplit:
-        """The split without segments that still repeat earlier text (after the re-prompt);
-        what stays is recorded as said."""
-        if self.guard is None:
+    def _without_repeats(self, split: WindowSplit, guard: RepetitionGuard | None) -> WindowSplit:
+        """The split without segments that still repeat text `guard` has seen (after the
+        re-prompt); what stays is recorded as said."""
+        if guard is None:
             return split
-        keep = [not self.guard.repeats(segment) for segment in split.segments]
+        keep = [not guard.repeats(segment) for segment in split.segments]
         self.dropped_repeats += keep.count(False)
         split = _select(split, keep)
-        self.guard.add(segment.text for segment in split.segments if _has_content(segment))
+        guard.add(segment.text for segment in split.segments if _has_content(segment))
         return split
 
     def report(self, result: WindowResult, seek: int, split: WindowSplit) -> None:
@@ -506,12 +529,15 @@ def _consumed(split: WindowSplit, seek: int, total: int, word_timestamps: bool) 
 @dataclass
 class _Passage:
     """Where one passage's sequential decoding stands (`asr.passages`): frames [seek, end) are
-    left, `previous` is its text so far that prompts its next window."""
+    left, `previous` is its text so far that prompts its next window. A passage keeps its own
+    record of what was said (`guard`), so that it decodes side by side with others exactly as
+    it would alone; its windows have no prompt from another passage to copy."""
 
     end: int
     seek: int
     previous: list[int]
     last_speech: float  # where its last timed word ended (s)
+    guard: RepetitionGuard | None
     segments: list[Segment] = field(default_factory=list)  # decided, in order
 
     @property
@@ -523,20 +549,25 @@ def _seek_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
     """OpenAI's sequential loop in each passage: each window starts where the previous one's
     text ended, prompted with the passage's text so far. The next windows of up to
     PASSAGES_PER_PASS passages decode as one batch; a passage's windows, its text and its
-    timing are the same as if it were decoded alone."""
+    timing are the same as when passages decode one at a time."""
     options, total = session.options, session.content_frames
     passages = [
-        _Passage(end, start, list(session.initial_prompt), start / FRAMES_PER_SECOND)
+        _Passage(
+            end, start, list(session.initial_prompt), start / FRAMES_PER_SECOND, session.new_guard()
+        )
         for start, end in session.passages
     ]
     decided: list[tuple[int, WindowResult, WindowSplit]] = []  # not yet reported
+    # Only a passage that ends before the recording does has a window padded with silence.
+    level = loudness(session.mel, total) if len(passages) > 1 else None
     while active := [p for p in passages if not p.done][:PASSAGES_PER_PASS]:
         windows = [(p.seek, min(p.seek + N_FRAMES, p.end)) for p in active]
         encoded, draft_encoded = session.encode(windows, padded=False)
         batch = WindowBatch(
             encoded, tuple(session.prompt(p.previous) for p in active), draft_encoded
         )
-        results = session.decode(batch, seeds=[options.seed + start for start, _ in windows])
+        seeds = [options.seed + start for start, _ in windows]
+        results = session.decode(batch, seeds, guards=[p.guard for p in active])
         spoken = [row for row, result in enumerate(results) if not _is_silent(result, options)]
         for row in set(range(len(active))) - set(spoken):
             active[row].seek = windows[row][1]  # skipped: its text does not become context
@@ -545,10 +576,18 @@ def _seek_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
             decoded = [(results[r], windows[r][0], windows[r][1] - windows[r][0]) for r in spoken]
             owners = [active[row] for row in spoken]
             splits = session.split(encoded.rows(rows), decoded, unfinished=False, passages=owners)
-            for (result, seek, _), split, passage in zip(decoded, splits, owners, strict=True):
-                passage.segments.extend(_segments_with_content(split))
+            for (result, seek, frames), split, passage in zip(decoded, splits, owners, strict=True):
+                kept = _segments_with_content(split)
+                passage.segments.extend(kept)
                 decided.append((seek, result, split))
                 consumed = _consumed(split, seek, passage.end, options.word_timestamps)
+                # A window padded with silence (a passage's last, before the recording's end)
+                # can close its text seconds before its audio ends although words follow, as
+                # "silence" chunks do: the passage goes on from there, not past those words.
+                if level is not None and frames < N_FRAMES and seek + frames < total:
+                    tail = _skipped_tail(kept, seek, frames) if consumed >= frames else None
+                    if tail is not None and sounds_like_speech(level, (seek, seek + frames), tail):
+                        consumed = tail - seek
                 passage.seek += max(consumed, 1)
                 # Text sampled hot is a poor prompt: OpenAI resets the context after it.
                 if options.condition_on_previous_text and result.temperature <= 0.5:
@@ -617,9 +656,9 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
 
 
 def _skipped_tail(kept: list[Segment], start: int, frames: int) -> int | None:
-    """First frame of audio after a chunk's text when that text ends at least MIN_TAIL_SECONDS
-    before the chunk does (its last timestamp; unfinished text already runs to the chunk's
-    end), or None."""
+    """First frame of audio after a padded window's text when that text ends at least
+    MIN_TAIL_SECONDS before the window's audio does (its last timestamp; unfinished text
+    already runs to the window's end), or None."""
     if not kept:
         return None
     tail = round(kept[-1].end * FRAMES_PER_SECOND)

