@@ -553,7 +553,11 @@ def _seek_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
     options, total = session.options, session.content_frames
     passages = [
         _Passage(
-            end, start, list(session.initial_prompt), start / FRAMES_PER_SECOND, session.new_guard()
+            end=end,
+            seek=start,
+            previous=list(session.initial_prompt),
+            last_speech=start / FRAMES_PER_SECOND,
+            guard=session.new_guard(),
         )
         for start, end in session.passages
     ]
