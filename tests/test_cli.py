@@ -52,6 +52,8 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
         ("--clip-timestamps", "20-10"): "start must be >= 0 and before its end",
         ("--hallucination-silence-threshold", "2"): "needs word_timestamps",
         ("--max-line-width", "3"): "max_line_width must be in 10..1000",
+        ("--passage-pause", "inf"): "passage_pause must be 0 (off) or a positive number",
+        ("--passage-pause", "-1"): "passage_pause must be 0 (off) or a positive number",
     }
     for flags, reason in refused.items():
         assert main([*jfk, "--output-dir", str(out), *flags]) == 2, flags

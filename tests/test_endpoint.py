@@ -253,6 +253,7 @@ BAD_REQUESTS = [
     ),
     ({"inputs": JFK_B64, "parameters": {"vad": "off"}}, 422, "vad: Input should be"),
     ({"inputs": JFK_B64, "parameters": {"vad_threshold": 1.5}}, 422, "vad_threshold"),
+    ({"inputs": JFK_B64, "parameters": {"passage_pause": -1}}, 422, "passage_pause"),
     (
         {"inputs": JFK_B64, "parameters": {"clip_timestamps": "20-10"}},
         422,

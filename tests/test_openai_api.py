@@ -525,6 +525,8 @@ def test_field_errors(open_server):
     unknown = _error(_post_audio(url, JFK, vad_filter="true"), 400, "unknown_parameter")
     assert unknown["param"] == "vad_filter"
     assert _error(_post_audio(url, JFK, vad_threshold="1.5"), 422)["param"] == "vad_threshold"
+    for pause in ("-1", "inf"):
+        assert _error(_post_audio(url, JFK, passage_pause=pause), 422)["param"] == "passage_pause"
     bad_clip = _post_audio(url, JFK, clip_timestamps="20-10")
     assert _error(bad_clip, 422)["param"] == "clip_timestamps"
     guard = _post_audio(url, JFK, hallucination_silence_threshold="2")
