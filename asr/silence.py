@@ -71,7 +71,21 @@ def sounds_like_speech(level: torch.Tensor, chunk: tuple[int, int], tail_start: 
 
     level: `loudness` of the whole recording.
     """
+    return first_loud_frame(level, chunk, tail_start) is not None
+
+
+# A window that starts at the first loud frame starts this much earlier (0.2 s), so a word's
+# soft onset, quieter than the rest of it, is not cut.
+ONSET_MARGIN_FRAMES = 20
+
+
+def first_loud_frame(level: torch.Tensor, chunk: tuple[int, int], tail_start: int) -> int | None:
+    """The first frame of [tail_start, chunk end) at the chunk's median level and above its
+    quietest level by MIN_RISE (where words the decoder skipped begin), or None: a pause."""
     start, end = chunk
-    loudest = level[tail_start:end].max()
     whole = level[start:end]
-    return bool(loudest >= whole.median() and loudest >= whole.min() + MIN_RISE)
+    loud = (level[tail_start:end] >= whole.median()) & (
+        level[tail_start:end] >= whole.min() + MIN_RISE
+    )
+    found = loud.nonzero()
+    return tail_start + int(found[0, 0]) if len(found) else None

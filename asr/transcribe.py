@@ -34,7 +34,14 @@ from asr.guards import REPEATED_SHARE, RepetitionGuard, drop_isolated_anomalies
 from asr.logit_rules import LogitRules
 from asr.passages import plan_passages
 from asr.segments import WindowSplit, split_segments
-from asr.silence import chunk_window, loudness, sounds_like_speech, split_at_silence
+from asr.silence import (
+    ONSET_MARGIN_FRAMES,
+    chunk_window,
+    first_loud_frame,
+    loudness,
+    sounds_like_speech,
+    split_at_silence,
+)
 from asr.speech_timeline import Span, SpeechTimeline
 from asr.types import DecidedWindow, ProgressHook, Segment, Transcript, WindowHook, no_progress
 from asr.whisper import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, EncodedAudio, WhisperModel
@@ -587,11 +594,18 @@ def _seek_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
                 consumed = _consumed(split, seek, passage.end, options.word_timestamps)
                 # A window padded with silence (a passage's last, before the recording's end)
                 # can close its text seconds before its audio ends although words follow, as
-                # "silence" chunks do: the passage goes on from there, not past those words.
+                # "silence" chunks do: the passage goes on with those words, from just before
+                # the first loud frame after its text (a window that began in the quiet before
+                # a cut would time its first segment from there, in the audio before the cut).
                 if level is not None and frames < N_FRAMES and seek + frames < total:
                     tail = _skipped_tail(kept, seek, frames) if consumed >= frames else None
-                    if tail is not None and sounds_like_speech(level, (seek, seek + frames), tail):
-                        consumed = tail - seek
+                    loud = (
+                        None
+                        if tail is None
+                        else first_loud_frame(level, (seek, seek + frames), tail)
+                    )
+                    if loud is not None:
+                        consumed = max(loud - ONSET_MARGIN_FRAMES, tail) - seek
                 passage.seek += max(consumed, 1)
                 # Text sampled hot is a poor prompt: OpenAI resets the context after it.
                 if options.condition_on_previous_text and result.temperature <= 0.5:

@@ -47,6 +47,18 @@ def test_resumptions_are_where_speech_comes_back_after_a_long_cut():
     assert timeline.resumptions(21 * SAMPLE_RATE, min_pause=5.0) == [4 * SAMPLE_RATE]
 
 
+def test_the_first_loud_frame_after_a_windows_text():
+    import torch
+
+    from asr.silence import first_loud_frame
+
+    # words, a pause, words again, a pause: the loud frames after the text begin at 100
+    level = torch.tensor([5.0] * 60 + [0.5] * 40 + [4.5, 5.5] * 10 + [0.0] * 30)
+    assert first_loud_frame(level, (0, 150), 60) == 100
+    assert first_loud_frame(level, (0, 150), 125) is None  # only the pause is left
+    assert first_loud_frame(torch.full((120,), -1.5), (0, 120), 10) is None  # digital silence
+
+
 @pytest.mark.parametrize("pause", [0.0, -1.0])
 def test_a_passage_pause_must_be_positive(pause):
     with pytest.raises(ValueError, match="passage_pause"):
@@ -158,8 +170,8 @@ def test_a_passage_that_repeats_an_earlier_one_is_kept(whisper_tiny_en, monkeypa
 def test_speech_packed_after_a_pause_is_not_skipped(settings):
     """JFK, 10 s of silence, a LibriSpeech sentence, 20 s, the sonnet: the first two are packed
     into one passage whose window is padded with silence. whisper-base (int8, the default)
-    closes that window's text after JFK with a final timestamp; the passage must go on from
-    there instead of taking the whole window as read, or the sentence is lost."""
+    closes that window's text after JFK with a final timestamp; the passage must go on with
+    the sentence instead of taking the whole window as read, or the sentence is lost."""
     from app.service import ServiceOptions, TranscriptionService
 
     def pause(seconds: float) -> np.ndarray:
@@ -177,8 +189,9 @@ def test_speech_packed_after_a_pause_is_not_skipped(settings):
         text = transcript.text.lower()
         assert "ask not what your country" in text and "glutton be" in text
         assert "the yellow lamps would light up" in text
-    # Timed by its words, the sentence sits where it is spoken (segment times alone come from
-    # Whisper's timestamps, which may begin in the audio before the cut: docs/vad.md).
-    sentence_start = len(jfk) / SAMPLE_RATE + 10
-    [found] = [s for s in transcript.segments if "lamps" in s.text]
-    assert sentence_start - 0.5 <= found.start < found.end <= sentence_start + 7.5
+        # The sentence sits where it is spoken, not from the end of JFK's span across the
+        # pause: its window starts just before its first loud frame.
+        sentence_start = len(jfk) / SAMPLE_RATE + 10
+        [found] = [s for s in transcript.segments if "lamps" in s.text]
+        assert sentence_start - 0.5 <= found.start <= sentence_start + 1.0
+        assert found.end <= sentence_start + len(sentence) / SAMPLE_RATE + 0.5
