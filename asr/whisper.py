@@ -427,6 +427,13 @@ class WhisperModel:
                 raise ValueError(f"{self.name} has no encoder (a decoder-only draft)")
             heads = self.config.encoder_attention_heads
             self._encoder = StaticEncoder(self.checkpoint.with_prefix("model.encoder."), heads)
+        if mel.device.type == "cpu" and mel.shape[0] > 1:
+            # oneDNN blocks a CPU product by its row count (on AMX, bf16 features moved by up to
+            # 1.2 between a window encoded alone and beside another), and a window's text must
+            # not depend on the windows decoded with it; on a CPU batching saves little here.
+            return torch.cat([self._encoder(mel[row : row + 1]) for row in range(len(mel))]).to(
+                self.dtype
+            )
         return self._encoder(mel).to(self.dtype)
 
     @torch.inference_mode()

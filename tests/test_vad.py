@@ -358,8 +358,12 @@ def test_the_samples_have_no_repeated_lines(service):
 
 @pytest.fixture(scope="module")
 def half_silence_unguarded(service, adversarial):
-    """Without VAD or guards, whisper-base copies lines of this file into its long pauses."""
-    options = ServiceOptions(language="en", vad=False, word_timestamps=True, repetition_ngram=None)
+    """Without VAD or guards, whisper-base copies lines of this file into its long pauses.
+    Plain decoding: the guard is under test here, and the draft's block lengths follow the
+    clock (drafting's own equality with plain decoding is tested elsewhere)."""
+    options = ServiceOptions(
+        language="en", vad=False, word_timestamps=True, repetition_ngram=None, use_assistant=False
+    )
     transcript = service.run(adversarial["half_silence"].path, options)
     assert _repeated_runs(transcript.text)  # the failure the guards are for, on this audio
     return options, transcript
