@@ -141,11 +141,11 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
 
     # 3. The models, loaded once; options checked against them before any work.
     options.transcribe_options().validate(service.model)
-    # "auto"'s draft waits until the files' speech repays its load (app.service); a draft
-    # named on the command line is loaded now, so that a bad name fails before any file.
-    named_draft = (args.assistant or settings.assistant_model) != "auto"
+    # "auto"'s draft waits until the files' speech repays its load (app.service).
     service.load(
-        diarization=options.diarize, vad=options.vad and not options.diarize, draft=named_draft
+        diarization=options.diarize,
+        vad=options.vad and not options.diarize,
+        defer_auto_draft=True,
     )
 
     # 4. Each file: a bad one is reported and skipped, the rest go on.

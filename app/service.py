@@ -246,16 +246,17 @@ class TranscriptionService:
         return self._vad
 
     def load(
-        self, diarization: bool = False, vad: bool = False, draft: bool = True
+        self, diarization: bool = False, vad: bool = False, defer_auto_draft: bool = False
     ) -> TranscriptionService:
         """Loads the models now instead of at the first request (a server's start-up).
 
-        draft=False leaves the draft to its first use, and "auto"'s to when the speech
-        transcribed repays it (`_draft_for`): a one-shot run of short files never loads it.
-        A loaded draft is always used.
+        defer_auto_draft leaves "auto"'s draft until the speech transcribed repays it
+        (`_draft_for`): a one-shot run of short files never loads it. A draft the caller named
+        still loads now (a bad name fails before any request), and a loaded draft is always
+        used.
         """
         _ = self.model
-        if draft:
+        if not (defer_auto_draft and self._draft_when_it_pays):
             _ = self.draft
         if diarization:
             _ = self.diarizer
