@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from .config import Settings, draft_branches
@@ -24,6 +24,23 @@ DISTILL_OPTIONS = (
     "learning_rate",
     "seed",
 )
+
+
+# `transcribe --batch-files`: files decoded side by side (asr.transcribe.PASSAGES_PER_PASS
+# windows at a time), and the most audio one batch holds. A batch's outputs are written when
+# all of it is decoded, so a short file waits at most for 10 min of audio beside it.
+DEFAULT_BATCH_FILES = 8
+BATCH_AUDIO_SECONDS = 600.0
+
+
+def _batch_files(value: str) -> int:
+    try:
+        files = int(value)
+    except ValueError:
+        files = 0
+    if files < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of files, at least 1: {value!r}")
+    return files
 
 
 def _print_progress(stage: str, completed: int, total: int) -> None:
@@ -148,26 +165,39 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         defer_auto_draft=True,
     )
 
-    # 4. Each file: a bad one is reported and skipped, the rest go on.
+    # 4. The files, up to --batch-files at a time: a bad one is reported and skipped, the rest
+    # go on.
     failures: list[tuple[Path, str]] = []  # (file, reason)
-    bar = tqdm(jobs, unit="file", disable=None, file=sys.stderr)
-    for path, outputs in bar:
-        bar.set_postfix_str(path.name)
-        try:
-            transcript = service.run(path, options)
-            write_outputs(transcript, outputs, record, layout)
-        except AudioLoadError as error:
+    bar = tqdm(total=len(jobs), unit="file", disable=None, file=sys.stderr)
+
+    def failed(path: Path, error: Exception) -> None:
+        if isinstance(error, AudioLoadError):
             failures.append((path, str(error)))
             tqdm.write(f"specscribe: skipped {error}", file=sys.stderr)
-            continue
-        except Exception as error:  # one file's failure must not end the run
+        else:  # one file's failure must not end the run
             reason = f"{path}: {type(error).__name__}: {error}"
             failures.append((path, reason))
             tqdm.write(f"specscribe: failed {reason}", file=sys.stderr)
-            continue
-        for warning in transcript.warnings:
-            tqdm.write(f"specscribe: warning: {path}: {warning}", file=sys.stderr)
-        tqdm.write(f"== {path}\n{transcript.text}")
+        bar.update()
+
+    for group in _batches(jobs, args.batch_files, failed):
+        bar.set_postfix_str(group[0][0].name + (f" +{len(group) - 1}" if len(group) > 1 else ""))
+        transcripts = _transcribe_batch(service, group, options)
+        for (path, outputs, _), transcript in zip(group, transcripts, strict=True):
+            try:
+                if isinstance(transcript, Exception):
+                    raise transcript
+                if "decoded_together" in transcript.stats:  # whose decoding costs these are
+                    stats = {**transcript.stats, "decoded_with": [str(p) for p, _, _ in group]}
+                    transcript = dataclasses.replace(transcript, stats=stats)
+                write_outputs(transcript, outputs, record, layout)
+            except Exception as error:
+                failed(path, error)
+                continue
+            for warning in transcript.warnings:
+                tqdm.write(f"specscribe: warning: {path}: {warning}", file=sys.stderr)
+            tqdm.write(f"== {path}\n{transcript.text}")
+            bar.update()
     bar.close()
 
     # 5. Summary; non-zero exit when any file failed.
@@ -180,6 +210,48 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     for _, reason in failures:
         print(f"  failed: {reason}", file=sys.stderr)
     return 1 if failures else 0
+
+
+def _batches(jobs: list, size: int, failed: Callable[[Path, Exception], None]) -> Iterator[list]:
+    """The jobs in order, their audio loaded, in batches of up to `size` files and
+    BATCH_AUDIO_SECONDS of audio (a longer file goes alone); a file that does not load is
+    handed to `failed` and left out. Yields lists of (path, outputs, samples)."""
+    from asr.audio import SAMPLE_RATE, load_audio
+
+    batch: list = []
+    for path, outputs in jobs:
+        try:
+            samples = load_audio(path)
+        except Exception as error:
+            failed(path, error)
+            continue
+        held = sum(len(loaded) for _, _, loaded in batch) + len(samples)
+        if batch and held > BATCH_AUDIO_SECONDS * SAMPLE_RATE:
+            yield batch
+            batch = []
+        batch.append((path, outputs, samples))
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _transcribe_batch(service, batch: list, options) -> list:
+    """Each file's Transcript, or the exception it raised. A batch whose decoding fails is
+    decoded again one file at a time, so that only the file at fault fails."""
+    if len(batch) > 1:
+        try:
+            return service.run_many([samples for _, _, samples in batch], options)
+        except Exception:
+            pass
+    results: list = []
+    for _, _, samples in batch:
+        try:
+            results.append(service.run(samples, options))
+        except Exception as error:
+            results.append(error)
+    return results
 
 
 def _check_output_dir(output_dir: Path) -> None:
@@ -632,6 +704,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="srt/vtt: at most N lines per cue (turns on --word-timestamps)",
+    )
+    transcribe.add_argument(
+        "--batch-files",
+        type=_batch_files,
+        default=DEFAULT_BATCH_FILES,
+        metavar="N",
+        help=f"decode up to N files side by side (their windows in one batch: short files "
+        f"go several times faster; the output does not change); 1: one file at a time "
+        f"(default: {DEFAULT_BATCH_FILES})",
     )
     transcribe.add_argument(
         "--diarization-pipeline",

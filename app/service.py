@@ -277,14 +277,36 @@ class TranscriptionService:
         options.diarize. Bad audio raises asr.audio.AudioLoadError, bad options ValueError.
         on_window: each window's segments as soon as they are decided (`asr.transcribe`),
         before speakers are assigned."""
+        return self._run([audio], options, progress, on_window)[0]
+
+    def run_many(
+        self,
+        audios: list[AudioInput],
+        options: ServiceOptions | None = None,
+        progress: ProgressHook = no_progress,
+    ) -> list[Transcript]:
+        """Several recordings with the same options, one Transcript each, in order, each the
+        one `run` gives it alone: their windows decode side by side (`asr.transcribe.
+        transcribe_many`), which serves several short files for little more than the decoder
+        calls of one. Errors as `run`'s; one bad recording fails the call (callers that must
+        go on past it run the others again one at a time)."""
+        return self._run(audios, options, progress, None)
+
+    def _run(
+        self,
+        audios: list[AudioInput],
+        options: ServiceOptions | None,
+        progress: ProgressHook,
+        on_window: WindowHook | None,
+    ) -> list[Transcript]:
         from asr.audio import load_audio
-        from asr.transcribe import transcribe
+        from asr.transcribe import Recording, transcribe, transcribe_many
 
         options = options if options is not None else ServiceOptions()
         # 1. Check everything that can be checked before any work (the options were checked
         # when they were made; what depends on the model is checked once it is loaded).
         transcribe_options = options.transcribe_options()
-        samples = audio if isinstance(audio, np.ndarray) else load_audio(audio)
+        recordings = [a if isinstance(a, np.ndarray) else load_audio(a) for a in audios]
         with self._lock:
             transcribe_options.validate(self.model)
             # Speakers are assigned word by word, so that a segment is split where its speaker
@@ -295,48 +317,79 @@ class TranscriptionService:
             if hidden_words:
                 transcribe_options = dataclasses.replace(transcribe_options, word_timestamps=True)
                 on_window = _without_words(on_window)
-            # 2. Speakers first when asked for: the VAD reads their segmentation pass.
-            diarization, diarize_seconds = None, 0.0
-            if options.diarize:
-                started = time.perf_counter()
-                diarization = self.diarizer.diarization(
-                    samples, options.speaker_options(), progress=progress
+            # 2. Speakers first when asked for (the VAD reads their segmentation pass), then
+            # which parts to decode: the clip ranges, and where someone speaks.
+            prepared = [self._prepare(samples, options, progress) for samples in recordings]
+            # 3. Transcribe, speculatively when there is a draft and the request wants it.
+            speech = sum(_speech_seconds(p.samples, p.spans) for p in prepared)
+            draft = self._draft_for(speech) if options.use_assistant else None
+            if len(prepared) == 1:
+                transcripts = [
+                    transcribe(
+                        self.model,
+                        prepared[0].samples,
+                        transcribe_options,
+                        progress=progress,
+                        draft=draft,
+                        on_window=on_window,
+                        spans=prepared[0].spans,
+                    )
+                ]
+            else:
+                transcripts = transcribe_many(
+                    self.model,
+                    [Recording(p.samples, p.spans) for p in prepared],
+                    transcribe_options,
+                    progress=progress,
+                    draft=draft,
                 )
-                diarize_seconds = time.perf_counter() - started
-            # 3. Which parts to decode: the clip ranges, and where someone speaks.
-            spans, vad = self._spans(samples, options, diarization)
-            # 4. Transcribe, speculatively when there is a draft and the request wants it.
-            draft = (
-                self._draft_for(_speech_seconds(samples, spans)) if options.use_assistant else None
+            return [
+                self._finished(transcript, p, options, draft is not None, hidden_words)
+                for transcript, p in zip(transcripts, prepared, strict=True)
+            ]
+
+    def _prepare(
+        self, samples: np.ndarray, options: ServiceOptions, progress: ProgressHook
+    ) -> _Prepared:
+        diarization, diarize_seconds = None, 0.0
+        if options.diarize:
+            started = time.perf_counter()
+            diarization = self.diarizer.diarization(
+                samples, options.speaker_options(), progress=progress
             )
-            transcript = transcribe(
-                self.model,
-                samples,
-                transcribe_options,
-                progress=progress,
-                draft=draft,
-                on_window=on_window,
-                spans=spans,
-            )
-            transcript = dataclasses.replace(transcript, stats={**transcript.stats, **vad})
-            transcript = dataclasses.replace(
+            diarize_seconds = time.perf_counter() - started
+        spans, vad = self._spans(samples, options, diarization)
+        return _Prepared(samples, spans, vad, diarization, diarize_seconds)
+
+    def _finished(
+        self,
+        transcript: Transcript,
+        prepared: _Prepared,
+        options: ServiceOptions,
+        drafted: bool,
+        hidden_words: bool,
+    ) -> Transcript:
+        """The decoded transcript with what the request adds: the VAD's statistics, the
+        models and precision, speakers merged into the words."""
+        transcript = dataclasses.replace(
+            transcript,
+            stats={**transcript.stats, **prepared.vad},
+            options={
+                **transcript.options,
+                "model": self.asr_model_name,
+                "assistant": self.draft_model_name if drafted else None,
+                "precision": self.precision,
+            },
+        )
+        if prepared.diarization is not None:
+            transcript = self._with_speakers(
                 transcript,
-                options={
-                    **transcript.options,
-                    "model": self.asr_model_name,
-                    "assistant": self.draft_model_name if draft else None,
-                    "precision": self.precision,
-                },
+                prepared.diarization,
+                options.speaker_options(),
+                prepared.diarize_seconds,
             )
-            # 5. Speakers merged into the words.
-            if diarization is not None:
-                transcript = self._with_speakers(
-                    transcript, diarization, options.speaker_options(), diarize_seconds
-                )
-            # 6. Word times the request did not ask for are left out, as they always were.
-            if hidden_words:
-                transcript = _words_removed(transcript)
-        return transcript
+        # Word times the request did not ask for are left out, as they always were.
+        return _words_removed(transcript) if hidden_words else transcript
 
     def _draft_for(self, speech_seconds: float) -> DraftSource | None:
         """The draft for a request of this much speech (None: decode plainly).
@@ -413,6 +466,18 @@ class TranscriptionService:
                 "diarize_seconds": round(seconds, 3),
             },
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """A request's recording before transcription: its samples, the spans to decode (None:
+    all of it) with the VAD's statistics, and its speakers when asked for."""
+
+    samples: np.ndarray
+    spans: tuple[tuple[float, float], ...] | None
+    vad: dict
+    diarization: Diarization | None
+    diarize_seconds: float
 
 
 def _speech_seconds(samples: np.ndarray, spans: tuple[tuple[float, float], ...] | None) -> float:

@@ -94,14 +94,21 @@ class StepGraphs:
         return self.cache
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor | None
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        valid: torch.Tensor | None,
+        exact: bool = False,
     ) -> torch.Tensor:
-        """The decoder, uncaptured, in fast mode (a prompt, a block with padding): states of
-        the rows in use, Tensor, shape = (rows, width, d_model)."""
+        """The decoder, uncaptured (a prompt, a block with padding), in fast mode or, for a
+        target whose kernels allow it, exact mode (`asr.static_decoder`): states of the rows
+        in use, Tensor, shape = (rows, width, d_model)."""
         padded = [
             None if t is None else _pad_rows(t, self.size) for t in (tokens, positions, valid)
         ]
-        states = self.model.runtime.forward(padded[0], padded[1], self.cache, valid=padded[2])
+        states = self.model.runtime.forward(
+            padded[0], padded[1], self.cache, exact=exact, valid=padded[2]
+        )
         return states[: self.rows]
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

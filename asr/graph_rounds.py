@@ -232,7 +232,9 @@ class RoundGraphs:
         mask = None if bool(valid.all()) else valid
 
         self._target_rows.load(_first_rows(encoded, rows).cross)
-        states = self._target_rows.forward(tokens, positions, mask)
+        # The target's prompts as `decoding.generate` scores them (exact where it can be).
+        exact = self.target.exact_steps
+        states = self._target_rows.forward(tokens, positions, mask, exact=exact)
         if self._draft_rows is not None:
             self._draft_rows.load(_first_rows(draft_encoded, rows).cross)
             self._draft_rows.forward(tokens, positions, mask)
@@ -267,7 +269,9 @@ class RoundGraphs:
         device = self.target.device
         tokens = torch.tensor([prompt], device=device)
         positions = torch.arange(len(prompt), device=device)[None]
-        states = _score_in_row(self._target_rows, row, encoded, window, tokens, positions)
+        states = _score_in_row(
+            self._target_rows, row, encoded, window, tokens, positions, self.target.exact_steps
+        )
         if self._draft_rows is not None:
             _score_in_row(self._draft_rows, row, draft_encoded, window, tokens, positions)
         every = torch.ones_like(tokens, dtype=torch.bool)
@@ -563,11 +567,13 @@ def _score_in_row(
     window: int,
     tokens: torch.Tensor,
     positions: torch.Tensor,
+    exact: bool = False,
 ) -> torch.Tensor:
     """Puts window `window` of `encoded` into one row of a pool's cache and scores a prompt
-    there (tokens, positions: shape = (1, n)); returns its states, shape = (1, n, d_model)."""
+    there (tokens, positions: shape = (1, n)), in exact mode or fast (`asr.static_decoder`);
+    returns its states, shape = (1, n, d_model)."""
     cache = pool.cache.row(row)
     for index, (keys, values) in enumerate(encoded.cross):
         cache.cross_keys[index][0].copy_(keys[window].transpose(-1, -2))
         cache.cross_values[index][0].copy_(values[window])
-    return pool.model.runtime.forward(tokens, positions, cache)
+    return pool.model.runtime.forward(tokens, positions, cache, exact=exact)

@@ -15,7 +15,7 @@ whether drafting pays. This runtime keeps only the arithmetic:
   (batch, heads, head_dim, positions), the layout the score product reads fastest.
 
 Two ways to attend, chosen per call:
-- exact (a target's decoding steps on CPU): every query row is computed by the same
+- exact (a target's calls on CPU, its prompts included): every query row is computed by the same
   operations on the same numbers whatever else the call holds. BLAS picks its kernel by the
   number of rows, and on this CPU a row gets the same bits from products of 4 to 32 rows (and
   other bits from products of 1 to 3), so the queries of a call go through in products of
@@ -26,10 +26,11 @@ Two ways to attend, chosen per call:
   on the block or the batch, only on the query's own position. With row-invariant
   linear kernels, a position then scores the same bits alone, in a drafted block, or beside
   other windows, and drafting is lossless bit for bit (`tests/test_static_decoder.py`).
-- fast (a draft, the first call of a generation, GPUs): one product over all queries and only
-  the slots used so far. The first call of a generation scores every row's whole prompt; it is
-  the same call with and without a draft, and rows whose prompts have the same length get the
-  same bits in a batch as alone (`asr.whisper_target` groups them).
+  A first call scores every row's whole prompt, shorter prompts left-padded to the longest
+  (padding columns are computed and dropped): in exact mode a window prompted with its SOT
+  sequence alone gets the same bits beside one prompted with previous text as alone, which
+  recordings and passages decoded side by side rely on.
+- fast (a draft, GPUs): one product over all queries and only the slots used so far.
 
 Either mode can instead attend to every slot, masked by position (`every_slot`), so that it
 reads no position on the host and its product shapes never change: what a CUDA graph records
@@ -255,7 +256,8 @@ class StaticDecoder:
         tokens, positions: Tensor, shape = (batch, n); a row's positions follow what the cache
         holds for it (slots 0..p-1 are its tokens before position p). valid: Tensor[bool],
         shape = (batch, n), False for padding (not stored; its states are meaningless); None:
-        every column. exact: attend as the module docstring says (no padding allowed then).
+        every column. exact: attend as the module docstring says; padding columns (a first
+        block's shorter prompts, left-padded) are computed with the rest and dropped.
         cross_queries: filled with each listed layer's scaled cross-attention queries, Tensor,
         shape = (batch, heads, n, head_dim) (word timing reads them).
         every_slot: attend to every slot, masked by position, and read nothing of the
@@ -265,8 +267,6 @@ class StaticDecoder:
         Runs in the caller's autograd mode (callers turn gradients off): torch.compile traces
         this, as it cannot trace into inference mode (asr.graph_rounds' fused draft).
         """
-        if exact and valid is not None and not bool(valid.all()):
-            raise ValueError("exact attention takes blocks without padding")
         batch, n = tokens.shape
         states = F.embedding(tokens, self.embed_tokens) + self.embed_positions[positions]
         store = _StoreIndex.of(positions, valid)

@@ -64,11 +64,13 @@ MIN_TAIL_SECONDS = 2
 PASSAGES_PER_PASS = 8
 
 __all__ = [
+    "Recording",
     "TranscribeOptions",
     "WindowResult",
     "compression_ratio",
     "detect_language",
     "transcribe",
+    "transcribe_many",
 ]
 
 
@@ -206,6 +208,14 @@ def _segment_texts(model: WhisperModel, result: WindowResult) -> list[str]:
     return [model.text_of(piece) for piece in pieces if piece]
 
 
+@dataclass
+class _Ledger:
+    """What decoding cost, shared by the recordings whose windows decode together."""
+
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    recordings: int = 1  # how many recordings decoded side by side
+
+
 class _Session:
     """One recording's mel spectrograms, encoders, window decoder and running statistics."""
 
@@ -219,6 +229,7 @@ class _Session:
         on_window: WindowHook | None = None,
         timeline: SpeechTimeline | None = None,
         resumptions: list[int] | None = None,
+        recording_seconds: float | None = None,
     ) -> None:
         self.model, self.options, self.draft, self.policy = model, options, draft, policy
         self.on_window = on_window
@@ -234,7 +245,9 @@ class _Session:
         # map back into its own span, not to the end of the span before the pause.
         cuts = [-(-sample // HOP_LENGTH) for sample in resumptions or ()]
         self.passages = plan_passages(cuts, self.content_frames)
-        self.duration = len(samples) / SAMPLE_RATE
+        self.duration = len(samples) / SAMPLE_RATE  # of what is decoded
+        # of the whole recording (`samples` may be its spans, laid end to end)
+        self.recording_seconds = recording_seconds if recording_seconds else self.duration
         self.rules = LogitRules(model.special, model.suppress_tokens, timestamps=options.timestamps)
         self.language = options.language
         self.initial_prompt = self._tokens(options.initial_prompt)
@@ -243,10 +256,11 @@ class _Session:
         self.dropped_repeats = 0
         self.reprompted = 0  # windows decoded again without previous text (repeats)
         self.dropped_anomalies = 0
-        self.stats = DecodeStats()
+        self.ledger = _Ledger()  # shared with the recordings decoded beside this one
         self.encoder_seconds = 0.0
         self.word_seconds = 0.0
         self.last_speech = 0.0  # where the last timed word ended (s)
+        self._encoded: dict = {}  # (windows, padded) -> EncodedAudio, encoded ahead of time
 
     def new_guard(self) -> RepetitionGuard | None:
         """A record of what was said, to catch repeats of it (None: the guard is off)."""
@@ -259,32 +273,40 @@ class _Session:
         return self.model.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
 
     def encode(self, windows: list[tuple[int, int]], padded: bool) -> tuple[EncodedAudio, ...]:
-        """The target's (and the draft's) view of frame ranges [start, end): only [start, end)
-        padded with silence, or (not `padded`) the 30 s from start where that holds no audio
-        past `end` but the recording's end (the mel ends with 30 s of silence)."""
+        """The target's and the draft's views of frame ranges [start, end) (`view`)."""
+        return _encode_together([(self, windows)], padded)
+
+    def view(self, mel: torch.Tensor, window: tuple[int, int], padded: bool) -> torch.Tensor:
+        """Frames [start, end) of `mel` padded with silence, or (not `padded`) the 30 s from
+        start where that holds no audio past `end` but the recording's end (the mel ends with
+        30 s of silence). Unpadded, a window that reaches the recording's end sees its 30 s of
+        silence; one that ends earlier (a passage's last) must not see the next passage's
+        audio."""
+        start, end = window
+        if padded or end < min(start + N_FRAMES, self.content_frames):
+            return chunk_window(mel, start, end)
+        return mel[:, start : start + N_FRAMES]
+
+    def encode_target(self, windows: list[tuple[int, int]], padded: bool) -> EncodedAudio:
+        """The target's view of these windows; the language, when it is still unknown, is
+        detected from the first of them."""
         started = device_clock(self.model.device)
-
-        def view(mel: torch.Tensor, start: int, end: int) -> torch.Tensor:
-            # Unpadded, a window that reaches the recording's end sees its 30 s of silence;
-            # one that ends earlier (a passage's last) must not see the next passage's audio.
-            if padded or end < min(start + N_FRAMES, self.content_frames):
-                return chunk_window(mel, start, end)
-            return mel[:, start : start + N_FRAMES]
-
-        def stack(mel: torch.Tensor) -> torch.Tensor:
-            return torch.stack([view(mel, start, end) for start, end in windows])
-
-        encoded = self.model.cross_attention(self.model.encode(stack(self.mel)))
-        draft_encoded = None
-        if self.draft is not None:
-            draft_mel = None if self.draft_mel is None else stack(self.draft_mel)
-            # Mel frames of audio in the longest window -> encoder frames (two mel frames each).
-            audio = max(min(end, self.content_frames) - start for start, end in windows)
-            draft_encoded = self.draft.encode(encoded, draft_mel, -(-audio // 2))
+        cached = self._encoded.pop((tuple(windows), padded), None)
+        if cached is not None:
+            return cached
+        mel = torch.stack([self.view(self.mel, window, padded) for window in windows])
+        encoded = self.model.cross_attention(self.model.encode(mel))
         self.encoder_seconds += device_clock(self.model.device) - started
         if self.language is None:
             self.language = detect_language(self.model, encoded)
-        return encoded, draft_encoded
+        return encoded
+
+    def detect_language(self, window: tuple[int, int], padded: bool) -> str:
+        """The language, detected from `window` when the options do not give it; that
+        window's encoding is kept for the first `encode_target` that asks for it alone."""
+        if self.language is None:
+            self._encoded[((window,), padded)] = self.encode_target([window], padded)
+        return self.language
 
     def prompt(self, previous: list[int]) -> tuple[int, ...]:
         """[<|startofprev|>, hotwords, previous text] (at most half the context), SOT sequence."""
@@ -300,6 +322,7 @@ class _Session:
         batch: WindowBatch,
         seeds: list[int],
         guards: list[RepetitionGuard | None] | None = None,
+        owners: list[_Session] | None = None,
     ) -> list[WindowResult]:
         """Each window at the first temperature whose result passes the checks (else the last).
 
@@ -315,7 +338,9 @@ class _Session:
         the checks above then go on from that result. A repeat left after that is dropped when
         the window is split, not sampled away: where speech really repeats, sampling only
         trades the right words for worse ones. guards: each window's record of what was said
-        before it (default: the recording's).
+        before it (default: the recording's); owners: each window's recording, where windows
+        of several decode together (default: this one), which must share its options, draft,
+        policy and language.
         """
         options = self.options
         guards = guards if guards is not None else [self.guard] * len(batch.prompts)
@@ -353,7 +378,8 @@ class _Session:
                     batch = replace(batch, prompts=tuple(prompts))
                     again = self._run(chosen, batch, echoes, temperature, seeds[echoes[0]])
                     decoded.update(zip(echoes, again, strict=True))
-                    self.reprompted += len(echoes)
+                    for row in echoes:
+                        (owners[row] if owners is not None else self).reprompted += 1
                 for row, result in decoded.items():
                     last = temperature == options.temperatures[-1]
                     if last or not _needs_fallback(result, options):
@@ -373,7 +399,7 @@ class _Session:
         """These rows of the batch, decoded at one temperature."""
         subset = batch if len(rows) == len(batch.prompts) else batch.rows(rows)
         decoded, stats = decoder.decode(subset, temperature, seed)
-        self.stats = self.stats + stats
+        self.ledger.stats = self.ledger.stats + stats
         return decoded
 
     def _repeats(self, result: WindowResult, guard: RepetitionGuard | None) -> bool:
@@ -484,6 +510,29 @@ class _Session:
         )
 
 
+def _encode_together(
+    pieces: list[tuple[_Session, list[tuple[int, int]]]], padded: bool
+) -> tuple[EncodedAudio, EncodedAudio | None]:
+    """The target's and the draft's views of windows of one or more recordings, as one batch
+    in the order given. Each recording's windows are encoded from its own mel (`view`); the
+    draft sees the whole batch, cut to the longest audio among its windows."""
+    encoded = EncodedAudio.joined([session.encode_target(w, padded) for session, w in pieces])
+    lead = pieces[0][0]
+    if lead.draft is None:
+        return encoded, None
+    started = device_clock(lead.model.device)
+    draft_mel = None
+    if lead.draft_mel is not None:
+        draft_mel = torch.stack(
+            [s.view(s.draft_mel, window, padded) for s, windows in pieces for window in windows]
+        )
+    # Mel frames of audio in the longest window -> encoder frames (two mel frames each).
+    audio = max(min(end, s.content_frames) - start for s, w in pieces for start, end in w)
+    draft_encoded = lead.draft.encode(encoded, draft_mel, -(-audio // 2))
+    lead.encoder_seconds += device_clock(lead.model.device) - started
+    return encoded, draft_encoded
+
+
 def _select(split: WindowSplit, keep: list[bool]) -> WindowSplit:
     """The split with only the segments (and their tokens) where `keep` is True."""
     if all(keep):
@@ -552,75 +601,127 @@ class _Passage:
         return self.seek >= self.end
 
 
-def _seek_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
+@dataclass
+class _Recording:
+    """Where one recording's "seek" decoding stands: its passages, and its decided windows not
+    yet reported (first frame, result, split). level: its loudness per frame, where a passage
+    ends before the recording does (its last window is padded with silence)."""
+
+    session: _Session
+    passages: list[_Passage]
+    level: torch.Tensor | None
+    decided: list[tuple[int, WindowResult, WindowSplit]] = field(default_factory=list)
+
+
+def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list[Segment]]:
     """OpenAI's sequential loop in each passage: each window starts where the previous one's
     text ended, prompted with the passage's text so far. The next windows of up to
-    PASSAGES_PER_PASS passages decode as one batch; a passage's windows, its text and its
-    timing are the same as when passages decode one at a time."""
-    options, total = session.options, session.content_frames
-    passages = [
-        _Passage(
-            end=end,
-            seek=start,
-            previous=list(session.initial_prompt),
-            last_speech=start / FRAMES_PER_SECOND,
-            guard=session.new_guard(),
-        )
-        for start, end in session.passages
-    ]
-    decided: list[tuple[int, WindowResult, WindowSplit]] = []  # not yet reported
-    # Only a passage that ends before the recording does has a window padded with silence.
-    level = loudness(session.mel, total) if len(passages) > 1 else None
-    while active := [p for p in passages if not p.done][:PASSAGES_PER_PASS]:
-        windows = [(p.seek, min(p.seek + N_FRAMES, p.end)) for p in active]
-        encoded, draft_encoded = session.encode(windows, padded=False)
+    PASSAGES_PER_PASS passages decode as one batch: passages of one recording, or of several
+    recordings decoded together (`transcribe_many`; earlier recordings first, a finished
+    passage's row taken by the next one), in one language at a time. A passage's windows, its
+    text and its timing are the same as when passages and recordings decode one at a time.
+    Returns each recording's segments."""
+    options = sessions[0].options
+    recordings = []
+    for session in sessions:
+        passages = [
+            _Passage(
+                end=end,
+                seek=start,
+                previous=list(session.initial_prompt),
+                last_speech=start / FRAMES_PER_SECOND,
+                guard=session.new_guard(),
+            )
+            for start, end in session.passages
+        ]
+        # Only a passage that ends before the recording does has a window padded with silence.
+        level = loudness(session.mel, session.content_frames) if len(passages) > 1 else None
+        recordings.append(_Recording(session, passages, level))
+        if len(sessions) > 1 and passages:  # batches hold one language, known up front
+            first = passages[0]
+            session.detect_language((first.seek, min(first.seek + N_FRAMES, first.end)), False)
+    total = sum(session.content_frames for session in sessions)
+    while pending := [(r, p) for r in recordings for p in r.passages if not p.done]:
+        language = pending[0][0].session.language
+        active = [(r, p) for r, p in pending if r.session.language == language]
+        active = active[:PASSAGES_PER_PASS]
+        windows = [(p.seek, min(p.seek + N_FRAMES, p.end)) for _, p in active]
+        pieces: list[tuple[_Session, list[tuple[int, int]]]] = []
+        for (recording, _), window in zip(active, windows, strict=True):
+            if not pieces or pieces[-1][0] is not recording.session:
+                pieces.append((recording.session, []))
+            pieces[-1][1].append(window)
+        encoded, draft_encoded = _encode_together(pieces, padded=False)
         batch = WindowBatch(
-            encoded, tuple(session.prompt(p.previous) for p in active), draft_encoded
+            encoded, tuple(r.session.prompt(p.previous) for r, p in active), draft_encoded
         )
-        seeds = [options.seed + start for start, _ in windows]
-        results = session.decode(batch, seeds, guards=[p.guard for p in active])
+        results = active[0][0].session.decode(
+            batch,
+            seeds=[options.seed + start for start, _ in windows],
+            guards=[p.guard for _, p in active],
+            owners=[r.session for r, _ in active],
+        )
         spoken = [row for row, result in enumerate(results) if not _is_silent(result, options)]
         for row in set(range(len(active))) - set(spoken):
-            active[row].seek = windows[row][1]  # skipped: its text does not become context
-        if spoken:
-            rows = torch.tensor(spoken, device=encoded.features.device)
-            decoded = [(results[r], windows[r][0], windows[r][1] - windows[r][0]) for r in spoken]
-            owners = [active[row] for row in spoken]
-            splits = session.split(encoded.rows(rows), decoded, unfinished=False, passages=owners)
-            for (result, seek, frames), split, passage in zip(decoded, splits, owners, strict=True):
-                kept = _segments_with_content(split)
-                passage.segments.extend(kept)
-                decided.append((seek, result, split))
-                consumed = _consumed(split, seek, passage.end, options.word_timestamps)
-                # A window padded with silence (a passage's last, before the recording's end)
-                # can close its text seconds before its audio ends although words follow, as
-                # "silence" chunks do: the passage goes on with those words, from just before
-                # the first loud frame after its text (a window that began in the quiet before
-                # a cut would time its first segment from there, in the audio before the cut).
-                if level is not None and frames < N_FRAMES and seek + frames < total:
-                    tail = _skipped_tail(kept, seek, frames) if consumed >= frames else None
-                    loud = (
-                        None
-                        if tail is None
-                        else first_loud_frame(level, (seek, seek + frames), tail)
-                    )
-                    if loud is not None:
-                        consumed = max(loud - ONSET_MARGIN_FRAMES, tail) - seek
-                passage.seek += max(consumed, 1)
-                # Text sampled hot is a poor prompt: OpenAI resets the context after it.
-                if options.condition_on_previous_text and result.temperature <= 0.5:
-                    passage.previous.extend(_context(split))
-                else:
-                    passage.previous = []
-        # A decided window is final once no passage can still decode audio before it.
-        frontier = min((p.seek for p in passages if not p.done), default=total)
-        decided.sort(key=lambda window: window[0])
-        while decided and decided[0][0] < frontier:
-            seek, result, split = decided.pop(0)
-            session.report(result, seek, split)
-        left = sum(p.end - min(p.seek, p.end) for p in passages)
+            active[row][1].seek = windows[row][1]  # skipped: its text does not become context
+        for recording in {id(r): r for r, _ in active}.values():
+            rows = [row for row in spoken if active[row][0] is recording]
+            if rows:
+                _decided(recording, encoded, rows, [active[r][1] for r in rows], windows, results)
+        for recording in recordings:
+            _report_decided(recording)
+        left = sum(p.end - min(p.seek, p.end) for r in recordings for p in r.passages)
         progress("transcribe", total - left, total)
-    return [segment for passage in passages for segment in passage.segments]
+    return [[s for passage in r.passages for s in passage.segments] for r in recordings]
+
+
+def _decided(
+    recording: _Recording,
+    encoded: EncodedAudio,
+    rows: list[int],
+    owners: list[_Passage],
+    windows: list[tuple[int, int]],
+    results: list[WindowResult],
+) -> None:
+    """Spoken windows of one recording (these rows of the batch, of these passages) split into
+    segments; each passage moves on past what its window used up."""
+    session, level = recording.session, recording.level
+    options, total = session.options, session.content_frames
+    index = torch.tensor(rows, device=encoded.features.device)
+    decoded = [(results[r], windows[r][0], windows[r][1] - windows[r][0]) for r in rows]
+    splits = session.split(encoded.rows(index), decoded, unfinished=False, passages=owners)
+    for (result, seek, frames), split, passage in zip(decoded, splits, owners, strict=True):
+        kept = _segments_with_content(split)
+        passage.segments.extend(kept)
+        recording.decided.append((seek, result, split))
+        consumed = _consumed(split, seek, passage.end, options.word_timestamps)
+        # A window padded with silence (a passage's last, before the recording's end)
+        # can close its text seconds before its audio ends although words follow, as
+        # "silence" chunks do: the passage goes on with those words, from just before
+        # the first loud frame after its text (a window that began in the quiet before
+        # a cut would time its first segment from there, in the audio before the cut).
+        if level is not None and frames < N_FRAMES and seek + frames < total:
+            tail = _skipped_tail(kept, seek, frames) if consumed >= frames else None
+            loud = None if tail is None else first_loud_frame(level, (seek, seek + frames), tail)
+            if loud is not None:
+                consumed = max(loud - ONSET_MARGIN_FRAMES, tail) - seek
+        passage.seek += max(consumed, 1)
+        # Text sampled hot is a poor prompt: OpenAI resets the context after it.
+        if options.condition_on_previous_text and result.temperature <= 0.5:
+            passage.previous.extend(_context(split))
+        else:
+            passage.previous = []
+
+
+def _report_decided(recording: _Recording) -> None:
+    """Reports a recording's decided windows that are final: no passage of it can still decode
+    audio before them."""
+    total = recording.session.content_frames
+    frontier = min((p.seek for p in recording.passages if not p.done), default=total)
+    recording.decided.sort(key=lambda window: window[0])
+    while recording.decided and recording.decided[0][0] < frontier:
+        seek, result, split = recording.decided.pop(0)
+        recording.session.report(result, seek, split)
 
 
 def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]:
@@ -685,6 +786,16 @@ def _skipped_tail(kept: list[Segment], start: int, frames: int) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class Recording:
+    """One recording for `transcribe_many`: float32 mono 16 kHz samples, shape =
+    (n_samples,), and the (start, end) seconds to decode (None: all of it), as `transcribe`
+    takes them."""
+
+    samples: np.ndarray
+    spans: tuple[Span, ...] | None = None
+
+
 def transcribe(
     model: WhisperModel,
     samples: np.ndarray,
@@ -709,15 +820,87 @@ def transcribe(
     streams them): in time order for "seek" windows; a "silence" chunk's tail may come after a
     later chunk. The returned Transcript holds the same segments, sorted.
     """
+    recording = Recording(samples, spans)
+    return _transcribe([recording], options, model, progress, draft, policy, on_window)[0]
+
+
+def transcribe_many(
+    model: WhisperModel,
+    recordings: list[Recording],
+    options: TranscribeOptions = TranscribeOptions(),
+    progress: ProgressHook = no_progress,
+    draft: DraftSource | None = None,
+    policy: LookaheadPolicy | None = None,
+) -> list[Transcript]:
+    """Several recordings with the same options, one Transcript each, in order; each is the
+    transcript `transcribe` gives it alone (its windows, text and times: a window decodes the
+    same whatever else is in its batch).
+
+    With "seek" windows their windows decode side by side, as a recording's passages do (up to
+    PASSAGES_PER_PASS at a time, recordings of one language together): a short recording is one
+    window, and one decoder call serves several of them for little more than the price of one.
+    Their transcripts then report the decoding costs of the whole group (target and draft
+    calls, tokens, seconds), with `decoded_together` the number of recordings in it.
+    ("silence" windows decode one recording at a time.) Without `options.language`, each
+    recording's language is detected from its first window.
+    """
+    return _transcribe(recordings, options, model, progress, draft, policy, None)
+
+
+def _transcribe(
+    recordings: list[Recording],
+    options: TranscribeOptions,
+    model: WhisperModel,
+    progress: ProgressHook,
+    draft: DraftSource | None,
+    policy: LookaheadPolicy | None,
+    on_window: WindowHook | None,
+) -> list[Transcript]:
     # 1. Check the request; mel spectrograms for the target and a draft that needs its own.
     options.validate(model)
     if draft is not None and draft.target is not model:
         raise ValueError(
             f"draft {draft.name} was paired with {draft.target.name}, not with {model.name}"
         )
+    if draft is not None and policy is None:
+        policy = Adaptive()  # one for the whole run: it learns the pair as it goes
     started = time.perf_counter()
+    prepared = [
+        _prepare(model, recording, options, draft, policy, on_window) for recording in recordings
+    ]
+    sessions = [session for session in prepared if isinstance(session, _Session)]
+
+    # 2. Decode every window, then put times back on each recording's timeline.
+    segments: list[list[Segment]] = []
+    progress("transcribe", 0, sum(session.content_frames for session in sessions))
+    if options.windows == "seek" and sessions:
+        ledger = _Ledger(recordings=len(sessions))
+        for session in sessions:
+            session.ledger = ledger
+        segments = _seek_windows(sessions, progress)
+    else:
+        segments = [_silence_windows(session, progress) for session in sessions]
+    decoded = iter(zip(sessions, segments, strict=True))
+    return [
+        session if isinstance(session, Transcript) else _finished(*next(decoded), started)
+        for session in prepared
+    ]
+
+
+def _prepare(
+    model: WhisperModel,
+    recording: Recording,
+    options: TranscribeOptions,
+    draft: DraftSource | None,
+    policy: LookaheadPolicy | None,
+    on_window: WindowHook | None,
+) -> _Session | Transcript:
+    """A recording's decoding session, or its (empty) transcript when it has nothing to decode."""
+    samples = recording.samples
     duration = len(samples) / SAMPLE_RATE
-    timeline = None if spans is None else SpeechTimeline(tuple(spans)).bounded(duration)
+    timeline = None
+    if recording.spans is not None:
+        timeline = SpeechTimeline(tuple(recording.spans)).bounded(duration)
     if timeline is not None and not timeline.spans:
         return Transcript(
             segments=(),
@@ -727,31 +910,30 @@ def transcribe(
             stats={"speech_seconds": 0.0, "total_seconds": 0.0},
             warnings=("no speech found: nothing was decoded",),
         )
-    if draft is not None and policy is None:
-        policy = Adaptive()  # one for the whole recording: it learns the pair as it goes
     decoded = samples if timeline is None else timeline.compact(samples)
     resumptions = None
     if timeline is not None and options.passage_pause is not None:
         resumptions = timeline.resumptions(len(samples), options.passage_pause)
-    session = _Session(model, decoded, options, draft, policy, on_window, timeline, resumptions)
+    return _Session(
+        model, decoded, options, draft, policy, on_window, timeline, resumptions, duration
+    )
 
-    # 2. Decode every window, then put times back on the recording's timeline.
-    progress("transcribe", 0, session.content_frames)
-    lay_out = _seek_windows if options.windows == "seek" else _silence_windows
-    segments = lay_out(session, progress)
-    if timeline is not None:
-        segments = timeline.restore(segments)
 
-    # 3. The transcript records the options and what the decoding cost.
-    stats = session.stats
+def _finished(session: _Session, segments: list[Segment], started: float) -> Transcript:
+    """A decoded recording's transcript: times on its own timeline, options, costs."""
+    if session.timeline is not None:
+        segments = session.timeline.restore(segments)
+    stats = session.ledger.stats
+    together = {"decoded_together": session.ledger.recordings}
     return Transcript(
         segments=tuple(segments),
         language=session.language or "en",
-        duration=round(duration, 3),
-        options=asdict(options),
+        duration=round(session.recording_seconds, 3),
+        options=asdict(session.options),
         stats={
             "speech_seconds": round(session.duration, 3),
             "passages": len(session.passages),
+            **(together if session.ledger.recordings > 1 else {}),
             "reprompted_windows": session.reprompted,
             "dropped_repeats": session.dropped_repeats,
             "dropped_anomalies": session.dropped_anomalies,

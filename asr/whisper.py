@@ -8,6 +8,7 @@ timestamp grid) and on the transformers model classes; the long-form loop in
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +118,22 @@ class EncodedAudio:
                     values[..., :frames, :].contiguous(),
                 )
                 for keys, values in self.cross
+            ),
+        )
+
+    @staticmethod
+    def joined(parts: Sequence[EncodedAudio]) -> EncodedAudio:
+        """The windows of `parts`, in order, as one batch (keys stay transposed views)."""
+        if len(parts) == 1:
+            return parts[0]
+        return EncodedAudio(
+            features=torch.cat([part.features for part in parts]),
+            cross=tuple(
+                (
+                    torch.cat([keys.transpose(-1, -2) for keys, _ in layer]).transpose(-1, -2),
+                    torch.cat([values for _, values in layer]),
+                )
+                for layer in zip(*(part.cross for part in parts), strict=True)
             ),
         )
 

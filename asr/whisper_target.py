@@ -13,8 +13,9 @@ ones OpenAI averages. A draft Whisper applies its own vocabulary's rules the sam
 The decoder keeps position p of a row in cache slot p (`asr.static_decoder`), so rows of
 different lengths need no bookkeeping and rollback costs nothing. A target's first call scores
 the prompts (the same call with and without a draft: `decoding.generate` drafts nothing
-before the prompts are cached); its later calls run in the decoder's exact mode where the
-kernels allow, so a position scores the same bits alone and in a drafted block.
+before the prompts are cached); its calls, that one included, run in the decoder's exact mode
+where the kernels allow, so a position scores the same bits alone, in a drafted block and
+beside other windows whatever their prompts.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class WhisperTarget:
     SOT sequence are what the rules call "generated". The SOT sequence's length only depends on
     the vocabulary and the timestamp mode, so it is the same for every row.
     measure_no_speech: read P(<|nospeech|>) at each window's SOT (a target; not a draft).
-    exact: score later calls in the decoder's exact mode (a target; None: where the model's
+    exact: score in the decoder's exact mode (a target; None: where the model's
     kernels allow it). A draft needs neither: verification checks what it proposes.
     grammar: apply the whole rules; False: only the suppressed ids (a draft's cheap rules,
     `asr.logit_rules.DRAFT_GRAMMAR`).
@@ -113,9 +114,11 @@ class WhisperTarget:
             logits = self.graphs.step(tokens, positions)[:, -keep:].clone()
             return self._apply_rules(logits, positions[:, -keep:])
         if self.graphs is not None:
-            states = self.graphs.forward(tokens, positions, valid)
+            states = self.graphs.forward(tokens, positions, valid, exact=self.exact)
         else:
-            exact = self.exact and not first and mask_is_full
+            # The prompts too: a shorter prompt is left-padded beside longer ones, and only
+            # exact mode gives its positions the bits they get alone.
+            exact = self.exact
             states = self.model.decoder_states(
                 tokens, positions, self.cache, exact=exact, valid=valid
             )
@@ -200,8 +203,11 @@ class WhisperTarget:
         rolled-back slot is rewritten before any query can see it."""
 
     def keep_rows(self, rows: torch.Tensor) -> None:
-        """Keeps only these rows, in this order. Tensor, shape = (n,)."""
+        """Keeps only these rows, in this order. Tensor, shape = (n,). Before the first call
+        (a draft that has not proposed yet) only the windows to score are narrowed."""
         if self.cache is None:
+            # rows keep whole groups (a tree's chains), so each group's first row names its window
+            self.encoded = self.encoded.rows(rows[:: self.group] // self.group)
             return
         if self.graphs is not None:
             smaller = self.model.step_graphs(len(rows))

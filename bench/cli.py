@@ -66,6 +66,18 @@ CONFIGS: dict[str, Config] = {
             )
             for n in (2, 3)
         ),
+        *(
+            Config(f"{name} one file at a time", (*options, "--batch-files", "1"), plain)
+            for name, options, plain in (
+                ("default", (), None),
+                ("plain int8", ("--precision", "int8", "--assistant", "none"), None),
+                (
+                    "draft int8",
+                    ("--precision", "int8", "--assistant", DRAFT),
+                    "plain int8 one file at a time",
+                ),
+            )
+        ),
         Config(BASELINE, ()),
     )
 }
@@ -129,6 +141,25 @@ def _ratio(numerator: float, denominator: float) -> float | None:
     return round(numerator / denominator, 3) if denominator else None
 
 
+# Stats of files decoded side by side (`--batch-files`) that are their batch's, not theirs.
+BATCH_STATS = ("target_calls", "draft_calls", "generated_tokens", "draft_seconds", "verify_seconds")
+
+
+def _totals(stats: list[dict]) -> dict[str, float]:
+    """Each numeric stat summed over the files; a batch's decoding stats (BATCH_STATS, which
+    every file of a batch reports, with the batch's files in `decoded_with`) once per batch."""
+    batches = set()
+    total: dict[str, float] = {}
+    for file_stats in stats:
+        batch = tuple(file_stats.get("decoded_with", ()))
+        repeated = bool(batch) and batch in batches
+        batches.add(batch)
+        for key, value in file_stats.items():
+            if isinstance(value, int | float) and not (repeated and key in BATCH_STATS):
+                total[key] = total.get(key, 0) + value
+    return total
+
+
 def summarise(configs: list[Config], files: list[Utterance], seconds: dict, outputs: dict) -> dict:
     """One row per configuration (see the module docstring)."""
     from bench.asr import word_error_rate
@@ -147,9 +178,7 @@ def summarise(configs: list[Config], files: list[Utterance], seconds: dict, outp
             ),
         }
         if config.name != BASELINE:
-            stats = [per_file[u.name]["stats"] for u in files]
-            numeric = {k for s in stats for k, v in s.items() if isinstance(v, int | float)}
-            total = {k: sum(s.get(k, 0) for s in stats) for k in numeric}
+            total = _totals([per_file[u.name]["stats"] for u in files])
             row["tokens_per_target_call"] = _ratio(total["generated_tokens"], total["target_calls"])
             row["verify_ms_per_call"] = round(
                 1e3 * total["verify_seconds"] / total["target_calls"], 2

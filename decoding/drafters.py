@@ -112,8 +112,10 @@ class ModelDrafter:
         self.model.rollback(self._cached)
 
     def keep_rows(self, rows: torch.Tensor) -> None:
+        # Also before the first proposal: a model that has scored nothing yet must still drop
+        # the rows (a Whisper draft narrows the windows whose audio it will attend to).
+        self.model.keep_rows(rows)
         if self._fed is not None:
-            self.model.keep_rows(rows)
             self._fed = self._fed[rows]
             self._cached = self._cached[rows]
 
@@ -323,7 +325,7 @@ class CrossTokenizerDrafter:
     def keep_rows(self, rows: torch.Tensor) -> None:
         if self._rows:
             self._rows = [self._rows[row] for row in rows.tolist()]
-            self.drafter.keep_rows(rows)
+        self.drafter.keep_rows(rows)  # before its first proposal too (ModelDrafter)
 
 
 def _stack_rows(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

