@@ -383,7 +383,9 @@ def generate(
             # before the prompts are cached: the first call scores them alone, so a prompt's
             # cache entries come from the same call with and without a draft).
             started = device_clock(device)
-            k = 0 if policy is None or first_step else min(policy.next_k(), rows.max_budget - 1)
+            call_rows, k = rows.count, 0
+            if policy is not None and not first_step:
+                k = min(policy.next_k(call_rows), rows.max_budget - 1)
             if k > 0:
                 request = DraftRequest(
                     rows.committed,
@@ -422,10 +424,14 @@ def generate(
             finished, any_finished = step.finished, step.any_finished
             if on_step is not None and on_step(rows.new_tokens(before)):
                 finished, any_finished = torch.ones_like(finished), True
+            # Rows that stopped leave the caches, which copies every other row's: a cost of the
+            # batch (in the stats), not of the block length (kept from the policy's times).
+            shed_from = device_clock(device) if any_finished else None
             kept = rows.retire(finished) if any_finished else None
             if rows.count:
                 _roll_back(target, drafter, rows, kept)
             verified = device_clock(device)
+            shed = 0.0 if shed_from is None else verified - shed_from
 
             # 5. Account, and let the policy learn.
             stats = stats + DecodeStats(
@@ -447,9 +453,10 @@ def generate(
                         reached=step.reached,
                         kept=step.kept,
                         draft_seconds=drafted - started,
-                        verify_seconds=verified - drafted,
+                        verify_seconds=verified - drafted - shed,
                         includes_prefill=k > 0 and not draft_primed,
                         draft_steps=draft.steps,
+                        rows=call_rows,
                     )
                 )
             first_step, draft_primed = False, draft_primed or k > 0

@@ -8,7 +8,7 @@ its state across `generate` calls on purpose: what it learned about a model pair
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 
@@ -28,6 +28,7 @@ class BlockOutcome:
     # and in a process's first generation also sets up its kernels).
     includes_prefill: bool
     draft_steps: int = 0  # draft model calls the block took (0: unknown, taken as k)
+    rows: int = 1  # rows the calls scored (windows of a batch, a tree's chains)
     # Per drafted column i: rows whose i-th draft was verified with every earlier one accepted,
     # and rows that accepted it (empty when the caller does not count them).
     reached: tuple[int, ...] = ()
@@ -38,8 +39,9 @@ class LookaheadPolicy(Protocol):
     stop_below: float
     stop_joint: bool
 
-    def next_k(self) -> int:
-        """Draft block length for the next step (>= 1)."""
+    def next_k(self, rows: int = 1) -> int:
+        """Draft block length for the next step (>= 1; Adaptive may return 0), for a call
+        of `rows` rows."""
 
     def update(self, outcome: BlockOutcome) -> None:
         """Learns from the step that just ran."""
@@ -60,7 +62,7 @@ class ConstantK:
     def __init__(self, k: int = 4) -> None:
         self.k = _check_k("k", k)
 
-    def next_k(self) -> int:
+    def next_k(self, rows: int = 1) -> int:
         return self.k
 
     def update(self, outcome: BlockOutcome) -> None:
@@ -78,7 +80,7 @@ class Heuristic:
             raise ValueError(f"need low <= start <= high (got {low}, {start}, {high})")
         self.k, self.low, self.high = start, low, high
 
-    def next_k(self) -> int:
+    def next_k(self, rows: int = 1) -> int:
         return self.k
 
     def update(self, outcome: BlockOutcome) -> None:
@@ -103,11 +105,15 @@ class ConfidenceStop:
         self.k = _check_k("k", k)
         self.stop_below = threshold
 
-    def next_k(self) -> int:
+    def next_k(self, rows: int = 1) -> int:
         return self.k
 
     def update(self, outcome: BlockOutcome) -> None:
         """The threshold does the adapting, inside the drafter."""
+
+
+# Adaptive: a call time is taken as at most this many times what the measured costs predict.
+SPIKE_FACTOR = 2.0
 
 
 class Adaptive:
@@ -208,11 +214,39 @@ class Adaptive:
         self.failures = (1 - prior_alpha) * prior_weight
         self.position_reached = [0.0] * self.k_max  # forgetful counts per drafted position
         self.position_kept = [0.0] * self.k_max
-        self.draft: dict[int, float] = {}  # draft steps taken -> seconds per draft call
-        self.verify: dict[int, float] = {}  # drafted columns -> seconds per target call
+        # Per rows in the call: draft steps taken -> seconds per draft call, and drafted
+        # columns -> seconds per target call. A call of 8 windows costs several times one of 1,
+        # and rows leave a batch as their windows end, so one table for all would slope the
+        # wrong way (long blocks measured late, on few rows, look cheap).
+        self._costs: dict[int, _CallCosts] = {}
+        self._rows = 1  # rows of the call being decided
         self._plain_steps = 0
         self._probe_sent = 0  # length of the probe that next_k last returned (0: none)
         self._probe_next = 0  # length of the probe to send next (0: none)
+
+    @property
+    def draft(self) -> dict[int, float]:
+        """Seconds per draft call by steps taken, for calls of the current rows."""
+        return self._table().draft
+
+    @draft.setter
+    def draft(self, table: dict[int, float]) -> None:
+        self._costs.setdefault(self._rows, _CallCosts()).draft = table
+
+    @property
+    def verify(self) -> dict[int, float]:
+        """Seconds per target call by drafted columns, for calls of the current rows."""
+        return self._table().verify
+
+    @verify.setter
+    def verify(self, table: dict[int, float]) -> None:
+        self._costs.setdefault(self._rows, _CallCosts()).verify = table
+
+    def _table(self) -> _CallCosts:
+        """Costs measured at the current row count, else at the nearest one measured."""
+        if self._rows in self._costs or not self._costs:
+            return self._costs.get(self._rows, _CallCosts())
+        return self._costs[min(self._costs, key=lambda rows: (abs(rows - self._rows), rows))]
 
     @property
     def alpha(self) -> float:
@@ -259,7 +293,8 @@ class Adaptive:
             return seconds * k / measured
         return max(_line(self.draft, k), 0.0)
 
-    def next_k(self) -> int:
+    def next_k(self, rows: int = 1) -> int:
+        self._rows = rows
         expected = self.expected_tokens()
         best = max(range(self.k_max + 1), key=lambda k: expected[k] / self.seconds(k))
         self._probe_sent = 0
@@ -286,22 +321,41 @@ class Adaptive:
             self.position_kept = self._forget_and_add(self.position_kept, outcome.kept)
         if outcome.includes_prefill:
             return
+        self._rows = outcome.rows
+        self._costs.setdefault(outcome.rows, _CallCosts())
         if outcome.k:  # keyed by the steps taken: a confidence stop can end the call early
             steps = outcome.draft_steps or outcome.k
+            expected = self.draft_seconds(steps) if self.draft else None
             previous = self.draft.get(steps)
-            self.draft[steps] = self._average(previous, outcome.draft_seconds)
+            self.draft[steps] = self._average(previous, outcome.draft_seconds, expected)
+        expected = self.verify_seconds(outcome.width) if self.verify else None
         previous = self.verify.get(outcome.width)
-        self.verify[outcome.width] = self._average(previous, outcome.verify_seconds)
+        self.verify[outcome.width] = self._average(previous, outcome.verify_seconds, expected)
 
     def _forget_and_add(self, counts: list[float], observed: tuple[int, ...]) -> list[float]:
         """Per-position counts decayed, plus this block's (positions it did not reach add 0)."""
         padded = (tuple(observed) + (0,) * self.k_max)[: self.k_max]
         return [self.decay * count + new for count, new in zip(counts, padded, strict=True)]
 
-    def _average(self, average: float | None, observed: float) -> float:
+    def _average(self, average: float | None, observed: float, expected: float | None) -> float:
+        """The moving average with one more call time. A time above SPIKE_FACTOR times what the
+        costs measured so far give (`expected`) counts as that much: the first call of a new
+        shape sets up its kernels (in a batch of windows, each count of rows times block width
+        is a new shape), and one such time, tens of times the usual, kept the policy off that
+        block length for the rest of a run. A lasting rise is still learned, in a few calls."""
+        if expected is not None:
+            observed = min(observed, SPIKE_FACTOR * expected)
         if average is None:
             return observed
         return self.decay * average + (1 - self.decay) * observed
+
+
+@dataclass
+class _CallCosts:
+    """Moving averages of call times at one row count (`Adaptive`)."""
+
+    draft: dict[int, float] = field(default_factory=dict)
+    verify: dict[int, float] = field(default_factory=dict)
 
 
 def _line(points: dict[int, float], x: int) -> float:

@@ -127,7 +127,7 @@ class _PlainThenDrafted:
     def __init__(self, plain_steps: int) -> None:
         self.left = plain_steps
 
-    def next_k(self) -> int:
+    def next_k(self, rows: int = 1) -> int:
         self.left -= 1
         return 0 if self.left >= 0 else 3
 

@@ -8,6 +8,7 @@ import copy
 import importlib
 import pathlib
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -240,6 +241,34 @@ def test_adaptive_ignores_the_prefill_step_time():
 
     assert policy.verify == {} and policy.draft == {}
     assert policy.alpha > 0.7
+
+
+def test_adaptive_prices_calls_by_the_rows_they_score():
+    """A batch of windows sheds rows as they end: costs measured on 8 rows must not price
+    blocks on 1, nor the other way round (one table sloped the wrong way and drafted long
+    blocks into full batches)."""
+    policy = Adaptive(k_max=8)
+    policy.successes, policy.failures = 15.0, 5.0  # alpha = 0.75
+    for width in (0, 1, 2, 3):  # one row: verifying is nearly free, drafting pays
+        policy.update(replace(outcome(k=width, verify=0.010 + 0.0002 * width), rows=1))
+    for width in (0, 1, 2, 3):  # eight rows: every drafted column costs a plain step's share
+        policy.update(replace(outcome(k=width, verify=0.040 * (1 + width)), rows=8))
+    assert policy.next_k(rows=1) >= 3
+    assert policy.next_k(rows=8) == 0
+    assert policy.next_k(rows=6) == 0  # never measured: priced as the nearest, 8
+    assert policy.next_k(rows=2) >= 3  # nearest: 1
+
+
+def test_adaptive_takes_a_call_time_spike_as_at_most_twice_the_expected():
+    policy = Adaptive()
+    for _ in range(5):
+        policy.update(outcome(k=2, draft=0.01, verify=0.1))
+    policy.update(outcome(k=2, draft=0.01, verify=5.0))  # a new shape's kernels set up
+    expected = 0.9 * 0.1 + 0.1 * 0.2  # the spike counted as 0.2
+    assert policy.verify[2] == pytest.approx(expected)
+    for _ in range(40):  # a lasting rise is still learned
+        policy.update(outcome(k=2, draft=0.01, verify=1.0))
+    assert policy.verify[2] > 0.9
 
 
 def test_make_policy_builds_each_policy_by_name_and_names_the_choices():
