@@ -710,8 +710,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_batch_files,
         default=DEFAULT_BATCH_FILES,
         metavar="N",
-        help=f"decode up to N files side by side (their windows in one batch: short files "
-        f"go several times faster; the output does not change); 1: one file at a time "
+        help=f"decode up to N files side by side (their windows share the decoder's calls, "
+        f"which pays most on short files; the output does not change); 1: one file at a time "
         f"(default: {DEFAULT_BATCH_FILES})",
     )
     transcribe.add_argument(

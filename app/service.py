@@ -351,6 +351,7 @@ class TranscriptionService:
     def _prepare(
         self, samples: np.ndarray, options: ServiceOptions, progress: ProgressHook
     ) -> _Prepared:
+        """A recording's speakers (when asked for) and the spans to decode."""
         diarization, diarize_seconds = None, 0.0
         if options.diarize:
             started = time.perf_counter()

@@ -602,7 +602,7 @@ class _Passage:
 
 
 @dataclass
-class _Recording:
+class _SeekState:
     """Where one recording's "seek" decoding stands: its passages, and its decided windows not
     yet reported (first frame, result, split). level: its loudness per frame, where a passage
     ends before the recording does (its last window is padded with silence)."""
@@ -636,7 +636,7 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
         ]
         # Only a passage that ends before the recording does has a window padded with silence.
         level = loudness(session.mel, session.content_frames) if len(passages) > 1 else None
-        recordings.append(_Recording(session, passages, level))
+        recordings.append(_SeekState(session, passages, level))
         if len(sessions) > 1 and passages:  # batches hold one language, known up front
             first = passages[0]
             session.detect_language((first.seek, min(first.seek + N_FRAMES, first.end)), False)
@@ -676,7 +676,7 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
 
 
 def _decided(
-    recording: _Recording,
+    recording: _SeekState,
     encoded: EncodedAudio,
     rows: list[int],
     owners: list[_Passage],
@@ -713,7 +713,7 @@ def _decided(
             passage.previous = []
 
 
-def _report_decided(recording: _Recording) -> None:
+def _report_decided(recording: _SeekState) -> None:
     """Reports a recording's decided windows that are final: no passage of it can still decode
     audio before them."""
     total = recording.session.content_frames
