@@ -183,12 +183,17 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     for group in _batches(jobs, args.batch_files, failed):
         bar.set_postfix_str(group[0][0].name + (f" +{len(group) - 1}" if len(group) > 1 else ""))
         transcripts = _transcribe_batch(service, group, options)
+        together = [  # whose decoding costs the stats of these files are (files with speech)
+            str(path)
+            for (path, _, _), transcript in zip(group, transcripts, strict=True)
+            if not isinstance(transcript, Exception) and "decoded_together" in transcript.stats
+        ]
         for (path, outputs, _), transcript in zip(group, transcripts, strict=True):
             try:
                 if isinstance(transcript, Exception):
                     raise transcript
-                if "decoded_together" in transcript.stats:  # whose decoding costs these are
-                    stats = {**transcript.stats, "decoded_with": [str(p) for p, _, _ in group]}
+                if "decoded_together" in transcript.stats:
+                    stats = {**transcript.stats, "decoded_with": together}
                     transcript = dataclasses.replace(transcript, stats=stats)
                 write_outputs(transcript, outputs, record, layout)
             except Exception as error:

@@ -529,7 +529,9 @@ def _encode_together(
     # Mel frames of audio in the longest window -> encoder frames (two mel frames each).
     audio = max(min(end, s.content_frames) - start for s, w in pieces for start, end in w)
     draft_encoded = lead.draft.encode(encoded, draft_mel, -(-audio // 2))
-    lead.encoder_seconds += device_clock(lead.model.device) - started
+    elapsed, windows = device_clock(lead.model.device) - started, sum(len(w) for _, w in pieces)
+    for session, session_windows in pieces:  # each recording its share of the batch's
+        session.encoder_seconds += elapsed * len(session_windows) / windows
     return encoded, draft_encoded
 
 
@@ -871,20 +873,24 @@ def _transcribe(
     sessions = [session for session in prepared if isinstance(session, _Session)]
 
     # 2. Decode every window, then put times back on each recording's timeline.
-    segments: list[list[Segment]] = []
     progress("transcribe", 0, sum(session.content_frames for session in sessions))
     if options.windows == "seek" and sessions:
         ledger = _Ledger(recordings=len(sessions))
         for session in sessions:
             session.ledger = ledger
-        segments = _seek_windows(sessions, progress)
-    else:
-        segments = [_silence_windows(session, progress) for session in sessions]
-    decoded = iter(zip(sessions, segments, strict=True))
-    return [
-        session if isinstance(session, Transcript) else _finished(*next(decoded), started)
-        for session in prepared
-    ]
+        decoded = _seek_windows(sessions, progress)
+        finished = [
+            _finished(session, segments, started)
+            for session, segments in zip(sessions, decoded, strict=True)
+        ]
+    else:  # one recording after another, each timed on its own
+        finished = []
+        for session in sessions:
+            session_started = started if len(sessions) == 1 else time.perf_counter()
+            segments = _silence_windows(session, progress)
+            finished.append(_finished(session, segments, session_started))
+    done = iter(finished)
+    return [session if isinstance(session, Transcript) else next(done) for session in prepared]
 
 
 def _prepare(

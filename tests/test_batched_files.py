@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
+import soundfile
 import torch
 
 from app.cli import main
@@ -167,13 +169,14 @@ def test_a_folder_in_batches_gives_the_outputs_of_one_file_at_a_time(capsys, tmp
         shutil.copy(SAMPLES / name, inputs / name)
     shutil.copy(SAMPLES / "jfk.wav", inputs / "nested" / "jfk_again.wav")
     (inputs / "broken.wav").write_bytes(b"RIFF" + b"\x00" * 40)
+    soundfile.write(inputs / "silence.wav", np.zeros(3 * 16_000, np.float32), 16_000)
 
     def run(name: str, *flags: str) -> dict:
         out = tmp_path / name
         command = ["transcribe", str(inputs), "--output-dir", str(out), "--format", "json"]
         assert main([*command, "--language", "en", *flags]) == 1  # the broken file
         err = capsys.readouterr().err
-        assert "5 transcribed, 0 skipped (outputs exist), 1 failed" in err
+        assert "6 transcribed, 0 skipped (outputs exist), 1 failed" in err
         assert "broken.wav" in err
         outputs = [p for p in out.rglob("*.json") if not p.name.startswith(".")]
         return {p.stem: json.loads(p.read_text()) for p in outputs}
@@ -184,13 +187,19 @@ def test_a_folder_in_batches_gives_the_outputs_of_one_file_at_a_time(capsys, tmp
     for stem, output in batched.items():
         assert output["segments"] == alone[stem]["segments"], stem
         assert "decoded_with" not in alone[stem]["stats"]
-    # Five files in batches of three (the broken one never loads): 3 + 2.
-    groups = {tuple(output["stats"]["decoded_with"]) for output in batched.values()}
-    assert sorted(len(group) for group in groups) == [2, 3]
+    # Six files in batches of three (the broken one never loads); the silent one has nothing
+    # to decode, so the five with speech are listed, each in one batch, as many as decoded.
+    silence = batched["silence"]
+    assert silence["segments"] == [] and "decoded_with" not in silence["stats"]
+    spoken = {stem: output["stats"] for stem, output in batched.items() if stem != "silence"}
+    for stats in spoken.values():
+        assert len(stats["decoded_with"]) == stats["decoded_together"]
+    groups = {tuple(stats["decoded_with"]) for stats in spoken.values()}
+    assert sum(len(group) for group in groups) == 5
     # --batch-files is not an output option: a rerun with another value skips every file.
     again = ["transcribe", str(inputs), "--output-dir", str(tmp_path / "alone")]
     assert main([*again, "--format", "json", "--language", "en"]) == 1
-    assert "0 transcribed, 5 skipped (outputs exist), 1 failed" in capsys.readouterr().err
+    assert "0 transcribed, 6 skipped (outputs exist), 1 failed" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two"])
