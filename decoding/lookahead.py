@@ -144,8 +144,10 @@ class Adaptive:
     estimate unbiased although blocks are truncated at k). Pseudo-counts from `prior_alpha`
     start it off. Every count forgets with `decay` per block.
 
-    Both costs are lines fitted to measured calls: each block length (for d) and verified width
-    (for v) keeps an exponential moving average of its call times, and the cost of any k is read
+    Both costs are lines fitted to measured calls, kept per number of rows in the call (a batch
+    of windows sheds rows as they end, and a call of 8 rows costs about three of 1): each
+    block length (for d) and verified width (for v) keeps an exponential moving average of its
+    call times, and the cost of any k is read
     off the least-squares line through those averages (never falling). A line rather than each
     k's own average, because every k is measured only now and then, one unlucky call must not
     keep the policy off a k for good, and untried lengths get a price by extrapolation, so
