@@ -476,8 +476,10 @@ class WhisperModel:
             values = F.linear(
                 features, tensors[f"{prefix}v_proj.weight"], tensors[f"{prefix}v_proj.bias"]
             )
-            # keys stored (batch, heads, head_dim, 1500), handed out transposed (see EncodedAudio)
-            keys = keys.view(shape).permute(0, 2, 3, 1).contiguous()
+            # keys stored (batch, heads, head_dim, 1500), handed out transposed (see EncodedAudio);
+            # heads first, then each head's (1500, head_dim) block transposed: the same values
+            # as one permute's copy, 3-4x faster on a CPU (that copy's every read is strided)
+            keys = keys.view(shape).transpose(1, 2).contiguous().transpose(2, 3).contiguous()
             values = values.view(shape).transpose(1, 2).contiguous()
             # in the dtype attention reads them in: no copy per generation
             keys, values = keys.to(self.attention_dtype), values.to(self.attention_dtype)

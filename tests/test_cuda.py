@@ -86,7 +86,10 @@ def test_drafting_a_large_batch_of_windows_equals_plain_greedy_on_the_gpu(pair, 
     # encoder's sums depend on how many windows it encodes at once, so log-probabilities may
     # move by a few 1e-4; the fp32 encoder's agree as closely as on the CPU.)
     alone = transcribe(target, eight, TranscribeOptions(**independent))
-    assert plain.stats["target_calls"] * 8 < alone.stats["target_calls"]
+    # A pass takes as many calls as its longest window, and a window whose text closes early
+    # queues its tail for a second pass: 4x fewer calls than one window at a time (8.5x for
+    # the original weights on a CPU, 6.5x for the int8-rounded ones on an H200) is batching.
+    assert plain.stats["target_calls"] * 4 < alone.stats["target_calls"]
     assert [(s.start, s.end, s.text) for s in plain.segments] == [
         (s.start, s.end, s.text) for s in alone.segments
     ]

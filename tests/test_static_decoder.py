@@ -12,7 +12,13 @@ import torch
 from asr.audio import load_audio
 from asr.linears import PackedLinear, packed_linear_available
 from asr.logit_rules import LogitRules, Prefixes
-from asr.static_decoder import SLOT_BUCKET, _attend, _attend_in_buckets, _slot_buckets
+from asr.static_decoder import (
+    SLOT_BUCKET,
+    SlotCache,
+    _attend,
+    _attend_in_buckets,
+    _slot_buckets,
+)
 from asr.whisper import N_FRAMES, WhisperModel
 from tests.conftest import SAMPLES, torch_threads
 from tests.test_int8_decoder import JFK, LIBRISPEECH, _score
@@ -39,6 +45,50 @@ def test_a_packed_linear_row_gets_the_same_bits_in_any_call(shape, threads):
         assert torch.equal(layer(states[3:9].view(2, 3, -1)).view(6, -1), torch.cat(alone[3:9]))
     exact = states.double() @ weight.double().T + bias.double()
     assert torch.allclose(torch.cat(alone).double(), exact, rtol=1e-4, atol=1e-3)
+
+
+def test_a_cache_sheds_rows_in_place_as_a_copy_would_and_leaves_the_audio_alone():
+    """SlotCache.keep_rows: rows that ascend move down in place, others are copied; the cross
+    tensors, the encoded audio's own (and a draft's), are copied before anything moves."""
+    generator = torch.Generator().manual_seed(2)
+    windows, heads, head_dim, slots = 6, 2, 4, 8
+    # as asr.whisper.EncodedAudio.cross holds them: keys are transposed views
+    cross = [
+        (
+            torch.randn(windows, heads, head_dim, 30, generator=generator).transpose(-1, -2),
+            torch.randn(windows, heads, 30, head_dim, generator=generator),
+        )
+        for _ in range(2)
+    ]
+    audio = [(keys.clone(), values.clone()) for keys, values in cross]
+    assert cache_shares_audio(SlotCache(cross, slots, torch.float32), cross)
+    cache = SlotCache(cross, slots, torch.float32)
+    for tensor in cache.keys + cache.values:
+        tensor.copy_(torch.randn(tensor.shape, generator=generator))
+
+    def contents(cache):
+        names = ("keys", "values", "cross_keys", "cross_values")
+        return [tensor.clone() for name in names for tensor in getattr(cache, name)]
+
+    rows = torch.arange(windows)
+    for kept in ([0, 2, 3, 5], [1, 3], [1, 0], [0]):  # in place, in place, a copy, in place
+        kept = torch.tensor(kept)
+        expected = [tensor[kept] for tensor in contents(cache)]
+        cache.keep_rows(kept)
+        assert all(torch.equal(a, b) for a, b in zip(contents(cache), expected, strict=True))
+        rows = rows[kept]
+        assert torch.equal(cache.cross_keys[0], cross[0][0].transpose(-1, -2)[rows])
+    for (keys, values), (keys_before, values_before) in zip(cross, audio, strict=True):
+        assert torch.equal(keys, keys_before) and torch.equal(values, values_before)
+
+
+def cache_shares_audio(cache: SlotCache, cross) -> bool:
+    """Whether a new cache reads the audio's own cross tensors (what makes the copy needed)."""
+    keys, values = cross[0]
+    return (
+        cache.cross_keys[0].data_ptr() == keys.data_ptr()
+        and cache.cross_values[0].data_ptr() == values.data_ptr()
+    )
 
 
 @pytest.mark.parametrize("slots", [448, 1500])
