@@ -161,9 +161,9 @@ class SlotCache:
         """Keeps only these rows, in this order (whole groups of rows). Tensor, shape = (n,).
 
         Rows in ascending order (a batch shedding its finished rows) move down in place, so
-        only the rows after the first one dropped are copied (a copy of every kept row cost
-        a batch of 8 windows tens of milliseconds each time one of them ended); the first time,
-        the cross tensors are copied, as they are the encoded audio's own."""
+        only the rows after the first one dropped are moved, not every kept row copied. The
+        cross tensors are copied the first time, as until then they are the encoded audio's
+        own (and a shared-encoder draft's)."""
         windows = rows[:: self.group] // self.group
         for name in ("keys", "values"):
             setattr(self, name, _kept_rows(getattr(self, name), rows, in_place=True))

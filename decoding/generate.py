@@ -424,7 +424,7 @@ def generate(
             finished, any_finished = step.finished, step.any_finished
             if on_step is not None and on_step(rows.new_tokens(before)):
                 finished, any_finished = torch.ones_like(finished), True
-            # Rows that stopped leave the caches, which copies every other row's: a cost of the
+            # Rows that stopped leave the caches, which moves the rows after them: a cost of the
             # batch (in the stats), not of the block length (kept from the policy's times).
             shed_from = device_clock(device) if any_finished else None
             kept = rows.retire(finished) if any_finished else None
