@@ -39,6 +39,9 @@ class Settings:
     # Greedy rounds on a GPU compiled once per pool (asr.graph_rounds): faster decoding after
     # seconds of compiling, for servers and workers (docs/gpu.md).
     fused_rounds: bool = False
+    # A draft's one-token steps on CPU traced once per batch size (asr.traced_step): the same
+    # results with less Python; off (SPECSCRIBE_TRACED_STEPS=0) runs them eagerly.
+    traced_steps: bool = True
     # Chains a model draft proposes per block: its best first tokens, each continued greedily,
     # verified in one target call (decoding.generate's branches; CPU decoding; docs/drafts.md).
     draft_branches: int = 1
@@ -59,6 +62,7 @@ class Settings:
             max_audio_seconds=_positive_number("MAX_AUDIO_SECONDS", 10_800.0),
             api_key=os.environ.get("SPECSCRIBE_API_KEY") or None,
             fused_rounds=_flag("SPECSCRIBE_FUSED_ROUNDS"),
+            traced_steps=_flag("SPECSCRIBE_TRACED_STEPS", default=True),
             draft_branches=draft_branches(os.environ.get("SPECSCRIBE_DRAFT_BRANCHES") or 1),
         )
 
@@ -79,11 +83,13 @@ def draft_branches(text: str | int) -> int:
     return value
 
 
-def _flag(name: str) -> bool:
+def _flag(name: str, default: bool = False) -> bool:
     """The environment variable `name` as a switch: 1/true/yes/on or 0/false/no/off (unset:
-    off)."""
+    `default`)."""
     text = os.environ.get(name, "").strip().lower()
-    if text in ("", "0", "false", "no", "off"):
+    if not text:
+        return default
+    if text in ("0", "false", "no", "off"):
         return False
     if text in ("1", "true", "yes", "on"):
         return True

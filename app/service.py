@@ -216,6 +216,7 @@ class TranscriptionService:
             self._draft = dataclasses.replace(
                 load_draft(self.model, draft_path), branches=self.settings.draft_branches
             )
+            self._draft.model.trace_steps = self.settings.traced_steps
         return self._draft
 
     @property

@@ -19,6 +19,10 @@ must depend on its own input row only, bit for bit, whatever else the call holds
 
 from __future__ import annotations
 
+import functools
+import warnings
+from typing import List, Optional  # noqa: UP035 (TorchScript reads these names)
+
 import torch
 import torch.nn.functional as F
 
@@ -57,13 +61,20 @@ class PackedLinear(torch.nn.Module):
         self.out_features, self.in_features = weight.shape
         parts = -(-self.in_features // MAX_PACKED_REDUCTION)
         self.bounds = [round(i * self.in_features / parts) for i in range(parts + 1)]
-        self.parts = [
-            torch.ops.mkldnn._reorder_linear_weight(
+        # Buffers, not plain attributes: a traced step (asr.traced_step) reads a module's
+        # buffers, and cannot hold oneDNN's packed tensors as constants.
+        for index, (start, end) in enumerate(zip(self.bounds, self.bounds[1:], strict=False)):
+            packed = torch.ops.mkldnn._reorder_linear_weight(
                 weight[:, start:end].contiguous(), PACKED_BATCH_HINT
             )
-            for start, end in zip(self.bounds, self.bounds[1:], strict=False)
-        ]
-        self.bias = None if bias is None else bias.detach().float().contiguous()
+            self.register_buffer(f"part{index}", packed, persistent=False)
+        self.register_buffer(
+            "bias", None if bias is None else bias.detach().float().contiguous(), persistent=False
+        )
+
+    @property
+    def parts(self) -> list[torch.Tensor]:
+        return [getattr(self, f"part{index}") for index in range(len(self.bounds) - 1)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: Tensor, shape = (..., in_features) -> Tensor, shape = (..., out_features)."""
@@ -72,9 +83,31 @@ class PackedLinear(torch.nn.Module):
         for part, start, end in zip(self.parts, self.bounds, self.bounds[1:], strict=False):
             piece = flat if len(self.parts) == 1 else flat[:, start:end].contiguous()
             bias = self.bias if out is None else None
-            product = torch.ops.mkldnn._linear_pointwise(piece, part, bias, "none", [], "")
+            product = _packed_product(piece, part, bias)
             out = product if out is None else out.add_(product)
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN"
+
+
+def _packed_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """oneDNN's product of a packed weight; while a step is traced (asr.traced_step), through
+    TorchScript, as the tracer cannot record the operation's empty list of post-op scalars."""
+    if torch.jit.is_tracing():
+        return _scripted_packed_product()(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@functools.cache
+def _scripted_packed_product():
+    """`_packed_product`'s operation as a TorchScript function (compiled on first use)."""
+
+    def product(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):  # noqa: UP045
+        # `number` is TorchScript's type of the operation's Scalar?[] (unknown to Python).
+        scalars = torch.jit.annotate(List[Optional[number]], [])  # noqa: F821, UP006, UP045
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", scalars, "")
+
+    with warnings.catch_warnings():  # deprecated, as tracing is (asr.traced_step)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.script(product)

@@ -276,6 +276,7 @@ class StaticDecoder:
         valid: torch.Tensor | None = None,
         cross_queries: dict[int, torch.Tensor] | None = None,
         every_slot: bool = False,
+        slots: int | None = None,
     ) -> torch.Tensor:
         """Stores the block's keys and values in `cache` and returns its final states.
 
@@ -289,6 +290,9 @@ class StaticDecoder:
         every_slot: attend to every slot, masked by position, and read nothing of the
         positions on the host, so the call can be recorded as a CUDA graph and replayed with
         other positions (asr.cuda_graphs); exact then stays exact, in products of one shape.
+        slots: fast mode only: attend to slots 0..slots-1, masked by position (at least the
+        block's last position + 1; None: exactly that), so a traced step reads how many from
+        a shape rather than from the positions (asr.traced_step).
         Returns Tensor, shape = (batch, n, d_model), after the final layer norm.
         Runs in the caller's autograd mode (callers turn gradients off): torch.compile traces
         this, as it cannot trace into inference mode (asr.graph_rounds' fused draft).
@@ -297,14 +301,17 @@ class StaticDecoder:
         states = F.embedding(tokens, self.embed_tokens) + self.embed_positions[positions]
         store = _StoreIndex.of(positions, valid)
         buckets = _slot_buckets(positions, cache.slots) if exact and not every_slot else None
+        if slots is not None and (exact or every_slot):
+            raise ValueError("slots is for fast mode over the used slots")
+        masked = slots is not None
         if every_slot:
             slots = cache.slots
-        else:
+        elif slots is None:
             slots = max(b.slots for b in buckets) if exact else int(positions.max()) + 1
         # A query at position p sees slots 0..p: Tensor[bool], shape = (batch, 1, n, slots);
         # a lone query of a lone row sees every slot up to its own (a draft's step).
         hidden = None
-        if exact or every_slot or tokens.numel() > 1:
+        if exact or every_slot or masked or tokens.numel() > 1:
             hidden = torch.arange(slots, device=tokens.device) > positions[:, None, :, None]
         for index, layer in enumerate(self.layers):
             normed = layer.self_norm(states)

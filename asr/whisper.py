@@ -23,6 +23,7 @@ from asr.int8_store import Int8Store, fingerprint
 from asr.linears import DenseLinear, PackedLinear, packed_linear_available
 from asr.static_decoder import LinearFactory, SlotCache, StaticDecoder
 from asr.static_encoder import StaticEncoder
+from asr.traced_step import TracedSteps
 from asr.whisper_checkpoint import (
     Checkpoint,
     config_namespace,
@@ -260,6 +261,9 @@ class WhisperModel:
         self.fused_rounds = False
         self.attention_dtype_override: torch.dtype | None = None
         self._pools: dict[int, StepGraphs] = {}
+        # One-token fast-mode steps on CPU traced (asr.traced_step); False: eager.
+        self.trace_steps = True
+        self._traced_steps: TracedSteps | None = None  # made on first use
         # asr.graph_rounds pools of this model as a target, by rows, draft, length and rules.
         self.round_pools: dict = {}
 
@@ -345,7 +349,7 @@ class WhisperModel:
         """Runs the decoder and head on other kernels from now on (`asr.precision`)."""
         linear_factory(kind)  # refuses unknown kinds
         self.linear_kind = kind
-        self._runtime = self._head = None
+        self._runtime = self._head = self._traced_steps = None
         self._pools, self.round_pools = {}, {}
 
     @property
@@ -395,6 +399,13 @@ class WhisperModel:
                 self._cross_int8 = self._cross_int8_products()
                 self._int8_store.save()
         return self._runtime
+
+    @property
+    def traced_steps(self) -> TracedSteps:
+        """This model's one-token fast-mode steps, traced (asr.traced_step)."""
+        if self._traced_steps is None:
+            self._traced_steps = TracedSteps(self)
+        return self._traced_steps
 
     @property
     def attention_dtype(self) -> torch.dtype:

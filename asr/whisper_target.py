@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from asr.logit_rules import LogitRules, Prefixes
+from asr.traced_step import TracedSteps
 from asr.whisper import EncodedAudio, WhisperModel
 
 
@@ -113,6 +114,12 @@ class WhisperTarget:
             # draft's over every slot instead of the used ones.
             logits = self.graphs.step(tokens, positions)[:, -keep:].clone()
             return self._apply_rules(logits, positions[:, -keep:])
+        # A draft's one-token steps on CPU (fast mode), traced: the same bits, less Python.
+        traced = not (first or self.exact) and self.graphs is None and mask_is_full
+        if traced and TracedSteps.applies(self.model, tokens, self.cache):
+            logits = self.model.traced_steps.logits(tokens, positions, self.cache)
+            if logits is not None:
+                return self._apply_rules(logits[:, -keep:], positions[:, -keep:])
         if self.graphs is not None:
             states = self.graphs.forward(tokens, positions, valid, exact=self.exact)
         else:

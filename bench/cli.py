@@ -40,6 +40,7 @@ from bench.asr_data import SPEECH, Utterance, user_files
 RESULTS = Path(__file__).resolve().parent / "results"
 BASELINE = "faster-whisper int8"
 DRAFT = "whisper-base-draft"  # the draft `--assistant auto` picks for whisper-base
+EAGER_STEPS = (("SPECSCRIBE_TRACED_STEPS", "0"),)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Config:
     name: str
     options: tuple[str, ...]  # `specscribe transcribe` options; () for the baseline
     plain: str | None = None  # the configuration whose output this one must equal
+    environment: tuple[tuple[str, str], ...] = ()  # variables set for its process
 
 
 CONFIGS: dict[str, Config] = {
@@ -78,10 +80,25 @@ CONFIGS: dict[str, Config] = {
                 ),
             )
         ),
+        # The draft's steps run eagerly rather than traced (asr.traced_step): what tracing gains.
+        *(
+            Config(f"{name} (eager draft steps)", options, plain, EAGER_STEPS)
+            for name, options, plain in (
+                ("default", (), None),
+                ("draft fp32", ("--precision", "fp32", "--assistant", DRAFT), "plain fp32"),
+                (
+                    "draft int8 one file at a time",
+                    ("--precision", "int8", "--assistant", DRAFT, "--batch-files", "1"),
+                    "plain int8 one file at a time",
+                ),
+            )
+        ),
         Config(BASELINE, ()),
     )
 }
-DEFAULT_CONFIGS = tuple(name for name in CONFIGS if not name.startswith("tree"))
+DEFAULT_CONFIGS = tuple(
+    name for name in CONFIGS if not name.startswith("tree") and "eager" not in name
+)
 
 
 def _specscribe() -> list[str]:
@@ -116,8 +133,8 @@ def _command(config: Config, folder: Path, out: Path, ct2_dir: Path, threads: in
     ]
 
 
-def _run(command: list[str], threads: int) -> float:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+def _run(command: list[str], threads: int, environment: tuple[tuple[str, str], ...] = ()) -> float:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), **dict(environment)}
     started = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
@@ -255,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             for config in order:
                 out = Path(work) / f"out-{index}-{config.name.replace(' ', '_')}"
                 command = _command(config, folder, out, ct2_dir, args.threads)
-                seconds[config.name].append(_run(command, args.threads))
+                seconds[config.name].append(_run(command, args.threads, config.environment))
                 outputs[config.name] = _outputs(out, files)
                 print(f"pass {index + 1}: {config.name}: {seconds[config.name][-1]:.2f} s",
                       file=sys.stderr)  # fmt: skip
