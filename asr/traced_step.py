@@ -6,13 +6,13 @@ step, not verification, is what drafting pays for on a CPU (docs/drafts.md). A t
 runs the same operations from TorchScript's interpreter, without the Python: the same aten
 calls on the same tensors, so the same bits as the eager step (tests/test_traced_step.py).
 
-What a trace fixes and what it takes as inputs: the batch size and the one-token block are
-fixed (one trace per batch size, made on first use in about 0.1 s); the tokens, their
-positions, the cache's tensors and how many slots the step attends to are inputs (the slot
-count as a tensor's shape, which the tracer records, so a step reads only the slots in use,
-as the eager fast mode does). Only fast-mode steps of one row per window are traced: a
-target's exact-mode calls choose their products by position on the host, and a tree's rows
-share their window's cross-attention (`SlotCache.group`).
+What a trace fixes and what it takes as inputs: the block is one token (one trace per
+model, made on first use in about 0.1 s); the tokens, their positions, the cache's tensors and
+how many slots the step attends to are inputs, and every shape follows theirs, so the trace
+serves any batch size. The slot count goes in as a tensor's shape, which the tracer records,
+so a step reads only the slots in use, as the eager fast mode does. Only fast-mode steps of
+one row per window are traced: a target's exact-mode calls choose their products by position
+on the host, and a tree's rows share their window's cross-attention (`SlotCache.group`).
 
 `torch.jit.trace` is deprecated in favour of torch.compile and torch.export: on this CPU
 torch.compile spends tens of seconds compiling what the trace records in a tenth of one, which
@@ -63,11 +63,12 @@ class _Step(torch.nn.Module):
 
 
 class TracedSteps:
-    """`model`'s one-token fast-mode steps on CPU, traced per batch size on first use."""
+    """`model`'s one-token fast-mode steps on CPU, traced on first use."""
 
     def __init__(self, model: WhisperModel) -> None:
         self.model = model
-        self._traced: dict[int, torch.jit.ScriptModule | None] = {}  # None: tracing failed
+        self.traced: torch.jit.ScriptModule | None = None
+        self.failed = False  # tracing failed: steps stay eager
 
     @staticmethod
     def applies(model: WhisperModel, tokens: torch.Tensor, cache: SlotCache) -> bool:
@@ -83,7 +84,8 @@ class TracedSteps:
         its keys and values stored in `cache`; None where no trace could be made (the caller
         steps eagerly). tokens, positions: Tensor, shape = (batch, 1). Returns Tensor, shape =
         (batch, 1, vocab)."""
-        batch = tokens.shape[0]
+        if self.failed:
+            return None
         inputs = (
             tokens,
             positions,
@@ -94,10 +96,12 @@ class TracedSteps:
             cache.cross_keys,
             cache.cross_values,
         )
-        if batch not in self._traced:
-            self._traced[batch] = self._trace(inputs)
-        traced = self._traced[batch]
-        return None if traced is None else traced(*inputs)
+        if self.traced is None:
+            self.traced = self._trace(inputs)
+            self.failed = self.traced is None
+            if self.failed:
+                return None
+        return self.traced(*inputs)
 
     def _trace(self, inputs: tuple) -> torch.jit.ScriptModule | None:
         """A trace of `_Step` on these inputs. Tracing runs the step once, eagerly: the call
@@ -105,7 +109,7 @@ class TracedSteps:
         try:
             with warnings.catch_warnings():
                 # Deprecation (module docstring), and the tracer's note that the block's one
-                # column is taken as a constant: it is, per trace.
+                # column is taken as a constant: it is, in every traced step.
                 warnings.simplefilter("ignore")
                 return torch.jit.trace(_Step(self.model), inputs, check_trace=False)
         except Exception as error:  # an operation the tracer cannot record: stay eager
