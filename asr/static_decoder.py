@@ -342,36 +342,44 @@ class StaticDecoder:
 
 @dataclass(frozen=True)
 class _StoreIndex:
-    """Where a block's keys and values go: every column of every row to the slot of its
-    position (columns None), or only the valid columns, at (rows[i], slots[i])."""
+    """Where a block's keys and values go: (row, slot) of every stored column, and which
+    columns those are (None: all, row by row)."""
 
     positions: torch.Tensor  # (batch, n)
-    columns: tuple[torch.Tensor, torch.Tensor] | None  # (rows, columns) of the valid ones
-    slots: torch.Tensor | None  # (entries,): the valid columns' positions
+    rows: torch.Tensor  # (entries,)
+    slots: torch.Tensor  # (entries,)
+    columns: tuple[torch.Tensor, torch.Tensor] | None
 
     @classmethod
     def of(cls, positions: torch.Tensor, valid: torch.Tensor | None) -> _StoreIndex:
         """positions, valid: Tensor, shape = (batch, n)."""
         if valid is None or bool(valid.all()):
-            return cls(positions, None, None)
+            batch, n = positions.shape
+            rows = torch.arange(batch, device=positions.device).repeat_interleave(n)
+            return cls(positions, rows, positions.reshape(-1), None)
         rows, columns = valid.nonzero(as_tuple=True)
-        return cls(positions, (rows, columns), positions[rows, columns])
+        return cls(positions, rows, positions[rows, columns], (rows, columns))
 
     def write(self, keys, values, key: torch.Tensor, value: torch.Tensor) -> None:
         """keys: (batch, heads, head_dim, slots), values: (batch, heads, slots, head_dim);
         key, value: (batch, n, heads, head_dim)."""
-        if self.columns is None:
-            # Scattered along the slots: shapes follow the block's, so a traced step serves
-            # any batch size (asr.traced_step).
+        if self.columns is None and torch.jit.is_tracing():
+            # Scattered along the slots, so that the traced shapes follow the block's and a
+            # traced step serves any batch size (asr.traced_step). Not everywhere: on this CPU
+            # a scatter of 8 rows costs more than the indexed assignment, and torch.compile
+            # makes more kernels of it (docs/gpu.md, run 8).
             batch, n, heads, head_dim = key.shape
             slots = self.positions[:, None, None, :].expand(batch, heads, head_dim, n)
             keys.scatter_(3, slots, key.permute(0, 2, 3, 1).to(keys.dtype))
             values.scatter_(2, slots.transpose(2, 3), value.transpose(1, 2).to(values.dtype))
             return
-        rows, columns = self.columns
-        # keys[rows, :, :, slots] is (entries, heads, head_dim), as is key[rows, columns].
-        keys[rows, :, :, self.slots] = key[rows, columns].to(keys.dtype)
-        values[rows, :, self.slots] = value[rows, columns].to(values.dtype)
+        if self.columns is None:
+            key, value = key.flatten(0, 1), value.flatten(0, 1)
+        else:
+            key, value = key[self.columns], value[self.columns]
+        # keys[rows, :, :, slots] is (entries, heads, head_dim), as is key.
+        keys[self.rows, :, :, self.slots] = key.to(keys.dtype)
+        values[self.rows, :, self.slots] = value.to(values.dtype)
 
 
 def _attend(

@@ -73,6 +73,21 @@ def test_fused_rounds_are_a_setting_of_the_environment_that_reaches_the_loaded_m
     assert service.model.fused_rounds is True  # WindowDecoder fuses its rounds (CUDA only)
 
 
+def test_traced_draft_steps_are_on_unless_the_environment_turns_them_off(settings, monkeypatch):
+    from dataclasses import replace
+
+    from app.config import Settings
+
+    monkeypatch.delenv("SPECSCRIBE_TRACED_STEPS", raising=False)
+    assert Settings.from_env().traced_steps is True
+    monkeypatch.setenv("SPECSCRIBE_TRACED_STEPS", "0")
+    assert Settings.from_env().traced_steps is False
+    service = TranscriptionService(
+        replace(settings, traced_steps=False), asr_model="whisper-base", assistant_model="auto"
+    )
+    assert service.draft.model.trace_steps is False  # its steps run eagerly (asr.traced_step)
+
+
 @pytest.mark.slow
 def test_auto_loads_its_draft_once_the_speech_transcribed_repays_it(settings):
     from app.service import DRAFT_PAYS_AFTER_SECONDS
