@@ -1,4 +1,4 @@
-"""A draft's one-token decoder steps on CPU, traced (TorchScript) once per batch size.
+"""A draft's short decoder blocks on CPU, traced (TorchScript) once per block width.
 
 A step of whisper-base-draft on a 2-core CPU is about 1.4 ms of kernels (two layers and a
 34k-token head) and 0.6 ms of Python dispatching its few hundred operations, and the draft's
@@ -6,11 +6,12 @@ step, not verification, is what drafting pays for on a CPU (docs/drafts.md). A t
 runs the same operations from TorchScript's interpreter, without the Python: the same aten
 calls on the same tensors, so the same bits as the eager step (tests/test_traced_step.py).
 
-What a trace fixes and what it takes as inputs: the block is one token (one trace per
-model, made on first use in about 0.1 s); the tokens, their positions, the cache's tensors and
-how many slots the step attends to are inputs, and every shape follows theirs, so the trace
+What a trace fixes and what it takes as inputs: the block's width (1 or 2 tokens: one trace
+each, made on first use in about 0.1 s); the tokens, their positions, the cache's tensors and
+how many slots the step attends to are inputs, and every shape follows theirs, so a trace
 serves any batch size. The slot count goes in as a tensor's shape, which the tracer records,
-so a step reads only the slots in use, as the eager fast mode does. Only fast-mode steps of
+so a step reads only the slots in use, as the eager fast mode does. A draft's blocks have no
+padding to skip (`asr.whisper_target.WhisperTarget`'s store_padding). Only fast-mode steps of
 one row per window are traced: a target's exact-mode calls choose their products by position
 on the host, and a tree's rows share their window's cross-attention (`SlotCache.group`).
 
@@ -36,10 +37,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# Widest block traced: a draft block's first call feeds the 1 or 2 committed tokens its cache
+# lacks (decoding.drafters.draft_block), its other calls 1; wider blocks (a draft's first
+# block after a long rejection) are rare and run eagerly.
+MAX_TRACED_WIDTH = 2
+
+
 class _Step(torch.nn.Module):
-    """The module a trace records: `model`'s decoder over a one-token block, then its logits.
-    Its products are registered as submodules, which tracing needs of every module it calls
-    (int8 layers hold packed weights that only a registered module can carry)."""
+    """The module a trace records: `model`'s decoder over a block, then its last column's
+    logits. Its products are registered as submodules, which tracing needs of every module it
+    calls (int8 layers hold packed weights that only a registered module can carry)."""
 
     def __init__(self, model: WhisperModel) -> None:
         super().__init__()
@@ -59,31 +66,34 @@ class _Step(torch.nn.Module):
             keys=keys, values=values, cross_keys=cross_keys, cross_values=cross_values, group=1
         )
         states = self.model.runtime.compute(tokens, positions, cache, slots=used_slots.shape[0])
-        return self.model.compute_logits(states)
+        return self.model.compute_logits(states[:, -1:])
 
 
 class TracedSteps:
-    """`model`'s one-token fast-mode steps on CPU, traced on first use."""
+    """`model`'s fast-mode blocks of up to `MAX_TRACED_WIDTH` tokens on CPU, traced on first
+    use of each width."""
 
     def __init__(self, model: WhisperModel) -> None:
         self.model = model
-        self.traced: torch.jit.ScriptModule | None = None
+        self.traced: dict[int, torch.jit.ScriptModule] = {}  # by block width
         self.failed = False  # tracing failed: steps stay eager
 
     @staticmethod
-    def applies(model: WhisperModel, tokens: torch.Tensor, cache: SlotCache) -> bool:
-        """Whether a block is a traced step: one token per row, one row per window, on CPU, of
-        a model that traces its steps (`WhisperModel.trace_steps`)."""
+    def applies(model: WhisperModel, tokens: torch.Tensor, keep: int, cache: SlotCache) -> bool:
+        """Whether a block is a traced step: at most `MAX_TRACED_WIDTH` tokens per row, of which
+        only the last one's logits are kept, one row per window, on CPU, of a model that traces
+        its steps (`WhisperModel.trace_steps`)."""
         cpu = model.device.type == "cpu"
-        return model.trace_steps and cpu and tokens.shape[1] == 1 and cache.group == 1
+        narrow = tokens.shape[1] <= MAX_TRACED_WIDTH and keep == 1
+        return model.trace_steps and cpu and narrow and cache.group == 1
 
     def logits(
         self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache
     ) -> torch.Tensor | None:
-        """The block's logits as `model.logits(model.decoder_states(...))` computes them, with
-        its keys and values stored in `cache`; None where no trace could be made (the caller
-        steps eagerly). tokens, positions: Tensor, shape = (batch, 1). Returns Tensor, shape =
-        (batch, 1, vocab)."""
+        """The last column's logits as `model.logits(model.decoder_states(...))[:, -1:]`
+        computes them, with every column's keys and values stored in `cache`; None where no
+        trace could be made (the caller steps eagerly). tokens, positions: Tensor, shape =
+        (batch, width), every column valid. Returns Tensor, shape = (batch, 1, vocab)."""
         if self.failed:
             return None
         inputs = (
@@ -96,20 +106,22 @@ class TracedSteps:
             cache.cross_keys,
             cache.cross_values,
         )
-        if self.traced is None:
-            self.traced = self._trace(inputs)
-            self.failed = self.traced is None
-            if self.failed:
+        width = tokens.shape[1]
+        if width not in self.traced:
+            traced = self._trace(inputs)
+            if traced is None:
+                self.failed = True
                 return None
-        return self.traced(*inputs)
+            self.traced[width] = traced
+        return self.traced[width](*inputs)
 
     def _trace(self, inputs: tuple) -> torch.jit.ScriptModule | None:
         """A trace of `_Step` on these inputs. Tracing runs the step once, eagerly: the call
         that follows stores the same keys and values in the same slots again."""
         try:
             with warnings.catch_warnings():
-                # Deprecation (module docstring), and the tracer's note that the block's one
-                # column is taken as a constant: it is, in every traced step.
+                # Deprecation (module docstring), and the tracer's note that the block's width
+                # is taken as a constant: it is, per trace.
                 warnings.simplefilter("ignore")
                 return torch.jit.trace(_Step(self.model), inputs, check_trace=False)
         except Exception as error:  # an operation the tracer cannot record: stay eager

@@ -114,6 +114,7 @@ class WhisperDraft:
             measure_no_speech=False,
             exact=False,
             group=group,
+            store_padding=draft.device.type == "cpu",  # where its blocks are traced steps
             # A draft in another vocabulary keeps its grammar: its text is translated.
             grammar=DRAFT_GRAMMAR or not same_vocabulary,
         )

@@ -40,6 +40,11 @@ class WhisperTarget:
     `asr.logit_rules.DRAFT_GRAMMAR`).
     group: rows per window of `encoded`, consecutive (the chains of a drafted tree,
     `decoding.generate`'s branches): `score` takes windows * group rows.
+    store_padding: after the first block, store the padding columns too (a draft's): a draft
+    block's padding is committed tokens at their own, cached positions
+    (`decoding.drafters.draft_block` right-aligns the uncached tails), so storing them again
+    only recomputes what the cache holds, perhaps in other last bits, which a draft's
+    proposals may afford; a block with no mask can then be a traced step (asr.traced_step).
     """
 
     def __init__(
@@ -51,6 +56,7 @@ class WhisperTarget:
         exact: bool | None = None,
         grammar: bool = True,
         group: int = 1,
+        store_padding: bool = False,
     ) -> None:
         self.model = model
         self.device = model.device
@@ -60,6 +66,7 @@ class WhisperTarget:
         self.exact = model.exact_steps if exact is None else exact
         self.grammar = grammar
         self.group = group
+        self.store_padding = store_padding
         self.encoded = encoded  # every window, in the caller's order; the cache reads its K/V
         self._no_speech: tuple[float, ...] | None = None
         self.reset()
@@ -91,6 +98,8 @@ class WhisperTarget:
         # last position Whisper knows; they are rolled back, so any position will do for them.
         positions = positions.clamp(max=self.model.max_context - 1)
         first = self.cache is None
+        if self.store_padding and not first:
+            mask = torch.ones_like(mask)
         if first:
             # Captured steps hold one row per window.
             self.graphs = self.model.step_graphs(tokens.shape[0]) if self.group == 1 else None
@@ -116,7 +125,7 @@ class WhisperTarget:
             return self._apply_rules(logits, positions[:, -keep:])
         # A draft's one-token steps on CPU (fast mode), traced: the same bits, less Python.
         traced = not (first or self.exact) and self.graphs is None and mask_is_full
-        if traced and TracedSteps.applies(self.model, tokens, self.cache):
+        if traced and TracedSteps.applies(self.model, tokens, keep, self.cache):
             logits = self.model.traced_steps.logits(tokens, positions, self.cache)
             if logits is not None:
                 return self._apply_rules(logits[:, -keep:], positions[:, -keep:])
