@@ -39,7 +39,7 @@ class Settings:
     # Greedy rounds on a GPU compiled once per pool (asr.graph_rounds): faster decoding after
     # seconds of compiling, for servers and workers (docs/gpu.md).
     fused_rounds: bool = False
-    # A draft's one-token steps on CPU traced once per batch size (asr.traced_step): the same
+    # A draft's short blocks on CPU traced with TorchScript (asr.traced_step): the same
     # results with less Python; off (SPECSCRIBE_TRACED_STEPS=0) runs them eagerly.
     traced_steps: bool = True
     # Chains a model draft proposes per block: its best first tokens, each continued greedily,

@@ -57,9 +57,10 @@ class _Step(torch.nn.Module):
             for value in vars(layer).values()
             if isinstance(value, torch.nn.Module)
         ]
-        self.products = torch.nn.ModuleList(products)
         head = model.output_head()
-        self.head = head if isinstance(head, torch.nn.Module) else torch.nn.Identity()
+        if isinstance(head, torch.nn.Module):
+            products.append(head)
+        self.products = torch.nn.ModuleList(products)
 
     def forward(self, tokens, positions, used_slots, keys, values, cross_keys, cross_values):
         cache = SimpleNamespace(

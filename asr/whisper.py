@@ -261,7 +261,7 @@ class WhisperModel:
         self.fused_rounds = False
         self.attention_dtype_override: torch.dtype | None = None
         self._pools: dict[int, StepGraphs] = {}
-        # One-token fast-mode steps on CPU traced (asr.traced_step); False: eager.
+        # Short fast-mode blocks on CPU traced (asr.traced_step: a draft's); False: eager.
         self.trace_steps = True
         self._traced_steps: TracedSteps | None = None  # made on first use
         # asr.graph_rounds pools of this model as a target, by rows, draft, length and rules.
@@ -402,7 +402,7 @@ class WhisperModel:
 
     @property
     def traced_steps(self) -> TracedSteps:
-        """This model's one-token fast-mode steps, traced (asr.traced_step)."""
+        """This model's short fast-mode blocks on CPU, traced (asr.traced_step)."""
         if self._traced_steps is None:
             self._traced_steps = TracedSteps(self)
         return self._traced_steps

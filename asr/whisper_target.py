@@ -123,7 +123,7 @@ class WhisperTarget:
             # draft's over every slot instead of the used ones.
             logits = self.graphs.step(tokens, positions)[:, -keep:].clone()
             return self._apply_rules(logits, positions[:, -keep:])
-        # A draft's one-token steps on CPU (fast mode), traced: the same bits, less Python.
+        # A draft's short blocks on CPU (fast mode), traced: the same bits, less Python.
         traced = not (first or self.exact) and self.graphs is None and mask_is_full
         if traced and TracedSteps.applies(self.model, tokens, keep, self.cache):
             logits = self.model.traced_steps.logits(tokens, positions, self.cache)
