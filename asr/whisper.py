@@ -580,8 +580,9 @@ class WhisperModel:
         logits = head.new_full(
             (*states.shape[:-1], self.config.vocab_size), -torch.inf, dtype=dtype
         )
-        logits[..., self.output_vocabulary] = head.to(dtype)
-        return logits
+        # index_copy_ rather than an indexed assignment, whose traced shape would stay the first
+        # call's batch (asr.traced_step).
+        return logits.index_copy_(-1, self.output_vocabulary, head.to(dtype))
 
     def output_head(self) -> torch.nn.Module:
         """The head's product, made on first use for `linear_kind`: states (..., d_model) ->

@@ -55,16 +55,17 @@ def test_a_traced_draft_step_gives_the_eager_steps_bits_and_stores_the_same_cach
                 positions = torch.cat([positions, positions + 1], dim=1)
             # The head on the last column alone, as a draft's score computes it (an int8 draft's
             # head quantizes its input per call, so its other columns would change its bits).
-            eager = draft.logits(draft.decoder_states(tokens, positions, eager_cache)[:, -1:])
-            traced = draft.traced_steps.logits(tokens, positions, traced_cache)
-            assert traced is not None  # traced, not stepped eagerly
-            assert torch.equal(traced, eager), step
-            # A batch of another size (row 0 again, into the same slots): the same trace.
+            # Row 0 alone first (each width's trace is made on one row), then the batch of 3
+            # (row 0 again, into the same slots): one trace serves both sizes.
             alone = draft.traced_steps.logits(tokens[:1], positions[:1], traced_cache.row(0))
+            assert alone is not None  # traced, not stepped eagerly
             eager_alone = draft.logits(
                 draft.decoder_states(tokens[:1], positions[:1], eager_cache.row(0))[:, -1:]
             )
             assert torch.equal(alone, eager_alone), step
+            eager = draft.logits(draft.decoder_states(tokens, positions, eager_cache)[:, -1:])
+            traced = draft.traced_steps.logits(tokens, positions, traced_cache)
+            assert torch.equal(traced, eager), step
         for ours, theirs in zip(traced_cache.keys, eager_cache.keys, strict=True):
             assert torch.equal(ours, theirs)
         for ours, theirs in zip(traced_cache.values, eager_cache.values, strict=True):
