@@ -345,7 +345,6 @@ class _StoreIndex:
     """Where a block's keys and values go: (row, slot) of every stored column, and which
     columns those are (None: all, row by row)."""
 
-    positions: torch.Tensor  # (batch, n)
     rows: torch.Tensor  # (entries,)
     slots: torch.Tensor  # (entries,)
     columns: tuple[torch.Tensor, torch.Tensor] | None
@@ -356,9 +355,9 @@ class _StoreIndex:
         if valid is None or bool(valid.all()):
             batch, n = positions.shape
             rows = torch.arange(batch, device=positions.device).repeat_interleave(n)
-            return cls(positions, rows, positions.reshape(-1), None)
+            return cls(rows, positions.reshape(-1), None)
         rows, columns = valid.nonzero(as_tuple=True)
-        return cls(positions, rows, positions[rows, columns], (rows, columns))
+        return cls(rows, positions[rows, columns], (rows, columns))
 
     def write(self, keys, values, key: torch.Tensor, value: torch.Tensor) -> None:
         """keys: (batch, heads, head_dim, slots), values: (batch, heads, slots, head_dim);
@@ -369,7 +368,8 @@ class _StoreIndex:
             # a scatter of 8 rows costs more than the indexed assignment, and torch.compile
             # makes more kernels of it (docs/gpu.md, run 8).
             batch, n, heads, head_dim = key.shape
-            slots = self.positions[:, None, None, :].expand(batch, heads, head_dim, n)
+            positions = self.slots.view(batch, n)  # every column: the block's positions
+            slots = positions[:, None, None, :].expand(batch, heads, head_dim, n)
             keys.scatter_(3, slots, key.permute(0, 2, 3, 1).to(keys.dtype))
             values.scatter_(2, slots.transpose(2, 3), value.transpose(1, 2).to(values.dtype))
             return
