@@ -70,13 +70,28 @@ class _Step(torch.nn.Module):
         return self.model.compute_logits(states[:, -1:])
 
 
+class _GreedyStep(_Step):
+    """`_Step` that returns its last column's greedy tokens instead of its logits
+    (`WhisperModel.greedy_tokens`): a reduced head's scores never fill a whole vocabulary."""
+
+    def forward(
+        self, tokens, positions, used_slots, keys, values, cross_keys, cross_values, suppressed
+    ):
+        cache = SimpleNamespace(
+            keys=keys, values=values, cross_keys=cross_keys, cross_values=cross_values, group=1
+        )
+        states = self.model.runtime.compute(tokens, positions, cache, slots=used_slots.shape[0])
+        return self.model.greedy_tokens(states[:, -1], suppressed)
+
+
 class TracedSteps:
     """`model`'s fast-mode blocks of up to `MAX_TRACED_WIDTH` tokens on CPU, traced on first
     use of each width."""
 
     def __init__(self, model: WhisperModel) -> None:
         self.model = model
-        self.traced: dict[int, torch.jit.ScriptModule] = {}  # by block width
+        # by the module traced (logits or greedy tokens) and the block width
+        self.traced: dict[tuple[type, int], torch.jit.ScriptModule] = {}
         self.failed = False  # tracing failed: steps stay eager
 
     @staticmethod
@@ -95,9 +110,24 @@ class TracedSteps:
         computes them, with every column's keys and values stored in `cache`; None where no
         trace could be made (the caller steps eagerly). tokens, positions: Tensor, shape =
         (batch, width), every column valid. Returns Tensor, shape = (batch, 1, vocab)."""
-        if self.failed:
-            return None
-        inputs = (
+        return self._run(_Step, self._inputs(tokens, positions, cache))
+
+    def greedy_tokens(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: SlotCache,
+        suppressed_columns: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """The argmax of `logits(...)` with these head columns masked
+        (`WhisperModel.greedy_tokens`), the cache filled the same; None where no trace could be
+        made. Returns Tensor, shape = (batch,), long."""
+        inputs = (*self._inputs(tokens, positions, cache), suppressed_columns)
+        return self._run(_GreedyStep, inputs)
+
+    @staticmethod
+    def _inputs(tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache) -> tuple:
+        return (
             tokens,
             positions,
             # The slots in use, as a shape: traced as an input, not as a constant.
@@ -107,24 +137,30 @@ class TracedSteps:
             cache.cross_keys,
             cache.cross_values,
         )
-        width = tokens.shape[1]
-        if width not in self.traced:
-            traced = self._trace(inputs)
+
+    def _run(self, kind: type[_Step], inputs: tuple) -> torch.Tensor | None:
+        """Runs `kind`'s trace for this block width, traced on first use; None where tracing
+        failed (then every later step stays eager too)."""
+        if self.failed:
+            return None
+        key = (kind, inputs[0].shape[1])
+        if key not in self.traced:
+            traced = self._trace(kind, inputs)
             if traced is None:
                 self.failed = True
                 return None
-            self.traced[width] = traced
-        return self.traced[width](*inputs)
+            self.traced[key] = traced
+        return self.traced[key](*inputs)
 
-    def _trace(self, inputs: tuple) -> torch.jit.ScriptModule | None:
-        """A trace of `_Step` on these inputs. Tracing runs the step once, eagerly: the call
+    def _trace(self, kind: type[_Step], inputs: tuple) -> torch.jit.ScriptModule | None:
+        """A trace of `kind` on these inputs. Tracing runs the step once, eagerly: the call
         that follows stores the same keys and values in the same slots again."""
         try:
             with warnings.catch_warnings():
                 # Deprecation (module docstring), and the tracer's note that the block's width
                 # is taken as a constant: it is, per trace.
                 warnings.simplefilter("ignore")
-                return torch.jit.trace(_Step(self.model), inputs, check_trace=False)
+                return torch.jit.trace(kind(self.model), inputs, check_trace=False)
         except Exception as error:  # an operation the tracer cannot record: stay eager
             log.warning("decoder steps of %s stay eager: %s", self.model.name, error)
             return None

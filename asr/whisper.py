@@ -32,6 +32,7 @@ from asr.whisper_checkpoint import (
     read_checkpoint,
 )
 from decoding.projection import OutputProjection
+from decoding.verify import best_tokens
 
 N_FFT = 400
 HOP_LENGTH = 160
@@ -583,6 +584,26 @@ class WhisperModel:
         # index_copy_ rather than an indexed assignment, whose traced shape would stay the first
         # call's batch (asr.traced_step).
         return logits.index_copy_(-1, self.output_vocabulary, head.to(dtype))
+
+    def greedy_tokens(self, states: torch.Tensor, suppressed_columns: torch.Tensor) -> torch.Tensor:
+        """The argmax of `compute_logits(states)` with the ids of `suppressed_columns` masked,
+        taken over the head's own columns: a reduced head's tokens outside it are -inf in the
+        logits, never the argmax, and its columns keep the vocabulary's order, so ties go to
+        the same (lowest) id. states: Tensor, shape = (..., d_model); suppressed_columns: the
+        head's columns to mask (`head_columns`). Returns token ids, Tensor, shape = (...)."""
+        head = self.output_head()(states)
+        scores = head.to(torch.promote_types(head.dtype, torch.float32))
+        best = best_tokens(scores.index_fill_(-1, suppressed_columns, -torch.inf))
+        return best if self.output_vocabulary is None else self.output_vocabulary[best]
+
+    def head_columns(self, ids: torch.Tensor) -> torch.Tensor:
+        """The head's columns that score these token ids (ids outside a reduced head have
+        none). Tensor, shape = (n,), long -> Tensor, shape = (m,), long, m <= n."""
+        if self.output_vocabulary is None:
+            return ids
+        vocabulary = self.output_vocabulary.to(ids.device)
+        columns = torch.searchsorted(vocabulary, ids).clamp(max=len(vocabulary) - 1)
+        return columns[vocabulary[columns] == ids]
 
     def output_head(self) -> torch.nn.Module:
         """The head's product, made on first use for `linear_kind`: states (..., d_model) ->

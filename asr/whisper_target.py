@@ -25,6 +25,7 @@ import torch
 from asr.logit_rules import LogitRules, Prefixes
 from asr.traced_step import TracedSteps
 from asr.whisper import EncodedAudio, WhisperModel
+from decoding.verify import best_tokens
 
 
 class WhisperTarget:
@@ -69,6 +70,7 @@ class WhisperTarget:
         self.store_padding = store_padding
         self.encoded = encoded  # every window, in the caller's order; the cache reads its K/V
         self._no_speech: tuple[float, ...] | None = None
+        self._suppressed: torch.Tensor | None = None  # _suppressed_columns, made on first use
         self.reset()
 
     @property
@@ -94,6 +96,45 @@ class WhisperTarget:
         tokens, positions, mask: Tensor, shape = (batch, width); False in mask marks padding.
         Returns Tensor, shape = (batch, keep, vocab), at least float32.
         """
+        positions, valid, first = self._store(tokens, positions, mask)
+        if self.graphs is not None and not first and valid is None:
+            # A captured step computes the target's exact-mode logits (rows independent), the
+            # draft's over every slot instead of the used ones.
+            logits = self.graphs.step(tokens, positions)[:, -keep:].clone()
+            return self._apply_rules(logits, positions[:, -keep:])
+        # A draft's short blocks on CPU (fast mode), traced: the same bits, less Python.
+        if self._traceable(tokens, keep, first, valid):
+            logits = self.model.traced_steps.logits(tokens, positions, self.cache)
+            if logits is not None:
+                return self._apply_rules(logits[:, -keep:], positions[:, -keep:])
+        return self._scored(tokens, positions, mask, valid, first, keep)
+
+    @torch.inference_mode()
+    def greedy_tokens(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """`score(tokens, positions, mask, keep=1)[:, -1].argmax(dim=-1)`, the same tokens
+        (`decoding.protocols.GreedyTarget`). A draft's traced step (its rules only the
+        suppressed ids) takes the argmax over its head's columns inside the trace, without the
+        whole vocabulary's logits that a reduced head fills in. Returns Tensor, shape = (batch,).
+        """
+        if self.grammar or self.graphs is not None:
+            return best_tokens(self.score(tokens, positions, mask, keep=1)[:, -1])
+        positions, valid, first = self._store(tokens, positions, mask)
+        if self._traceable(tokens, 1, first, valid):
+            best = self.model.traced_steps.greedy_tokens(
+                tokens, positions, self.cache, self._suppressed_columns()
+            )
+            if best is not None:
+                return best
+        return best_tokens(self._scored(tokens, positions, mask, valid, first, 1)[:, -1])
+
+    def _store(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+        """What every block does first: makes the cache on the batch's first block and records
+        the block's tokens for the rules. Returns (positions clamped to the context, the mask
+        where some column is padding or None, whether this is the first block)."""
         # Padding and unused draft slots of rows near the end of their budget may lie past the
         # last position Whisper knows; they are rolled back, so any position will do for them.
         positions = positions.clamp(max=self.model.max_context - 1)
@@ -116,27 +157,34 @@ class WhisperTarget:
         else:  # padding must not overwrite a real token that shares its (clamped) position
             rows, columns = mask.nonzero(as_tuple=True)
             self._history[rows, positions[rows, columns]] = tokens[rows, columns]
+        return positions, None if mask_is_full else mask, first
 
-        valid = None if mask_is_full else mask
-        if self.graphs is not None and not first and mask_is_full:
-            # A captured step computes the target's exact-mode logits (rows independent), the
-            # draft's over every slot instead of the used ones.
-            logits = self.graphs.step(tokens, positions)[:, -keep:].clone()
-            return self._apply_rules(logits, positions[:, -keep:])
-        # A draft's short blocks on CPU (fast mode), traced: the same bits, less Python.
-        traced = not (first or self.exact) and self.graphs is None and mask_is_full
-        if traced and TracedSteps.applies(self.model, tokens, keep, self.cache):
-            logits = self.model.traced_steps.logits(tokens, positions, self.cache)
-            if logits is not None:
-                return self._apply_rules(logits[:, -keep:], positions[:, -keep:])
+    def _traceable(
+        self, tokens: torch.Tensor, keep: int, first: bool, valid: torch.Tensor | None
+    ) -> bool:
+        """Whether this block is a traced step (asr.traced_step): a fast-mode block without
+        padding after the first, where no CUDA graph holds the batch."""
+        if first or self.exact or self.graphs is not None or valid is not None:
+            return False
+        return TracedSteps.applies(self.model, tokens, keep, self.cache)
+
+    def _scored(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        valid: torch.Tensor | None,
+        first: bool,
+        keep: int,
+    ) -> torch.Tensor:
+        """`score`'s logits computed eagerly (or through the graphs' uncaptured forward)."""
         if self.graphs is not None:
             states = self.graphs.forward(tokens, positions, valid, exact=self.exact)
         else:
             # The prompts too: a shorter prompt is left-padded beside longer ones, and only
             # exact mode gives its positions the bits they get alone.
-            exact = self.exact
             states = self.model.decoder_states(
-                tokens, positions, self.cache, exact=exact, valid=valid
+                tokens, positions, self.cache, exact=self.exact, valid=valid
             )
         kept = states[:, -keep:]
         if first:
@@ -146,6 +194,14 @@ class WhisperTarget:
                 self._record_no_speech(logits[:, -1])
                 return self._apply_rules(logits[:, :-1], positions[:, -keep:])
         return self._apply_rules(self.model.logits(kept), positions[:, -keep:])
+
+    def _suppressed_columns(self) -> torch.Tensor:
+        """The head's columns of the ids the rules always suppress (`LogitRules.suppress`);
+        made once per instance. Tensor, shape = (n,), long."""
+        if self._suppressed is None:
+            ids = self.rules.suppressed_ids(self.device)
+            self._suppressed = self.model.head_columns(ids)
+        return self._suppressed
 
     def _start_rows(
         self,

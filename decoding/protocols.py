@@ -7,7 +7,7 @@ Shapes: `batch` rows decode together; a row's committed tokens are `committed[r,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
@@ -86,6 +86,19 @@ class Target(Protocol):
 
     def keep_rows(self, rows: torch.Tensor) -> None:
         """Keeps only these rows, in this order (finished rows leave the batch). shape = (n,)."""
+
+
+@runtime_checkable
+class GreedyTarget(Target, Protocol):
+    """A target that can give its greedy next tokens more cheaply than their logits."""
+
+    def greedy_tokens(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """`score(tokens, positions, mask, keep=1)[:, -1].argmax(dim=-1)`: the same tokens and
+        the same cache, without building the logits where the model can avoid it (a draft with
+        a reduced head takes the argmax over its head's columns). Returns Tensor, shape =
+        (batch,), long."""
 
 
 class BranchingTarget(Target, Protocol):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from asr.audio import load_audio
+from asr.logit_rules import LogitRules
 from asr.whisper import N_FRAMES
 from asr.whisper_drafters import load_draft
 from tests.conftest import SAMPLES
@@ -45,6 +46,9 @@ def test_a_traced_draft_step_gives_the_eager_steps_bits_and_stores_the_same_cach
     rows = [0, 1, 0]
     eager_cache = _prompted_cache(draft, encoded, rows, prompt)
     traced_cache = _prompted_cache(draft, encoded, rows, prompt)
+    greedy_cache = _prompted_cache(draft, encoded, rows, prompt)
+    rules = LogitRules(draft.special, draft.suppress_tokens, timestamps=True)
+    suppressed = draft.head_columns(rules.suppressed_ids("cpu"))
     start = len(prompt)
     with torch.inference_mode():
         for step, token in enumerate(TOKENS):
@@ -66,11 +70,40 @@ def test_a_traced_draft_step_gives_the_eager_steps_bits_and_stores_the_same_cach
             eager = draft.logits(draft.decoder_states(tokens, positions, eager_cache)[:, -1:])
             traced = draft.traced_steps.logits(tokens, positions, traced_cache)
             assert torch.equal(traced, eager), step
-        for ours, theirs in zip(traced_cache.keys, eager_cache.keys, strict=True):
-            assert torch.equal(ours, theirs)
-        for ours, theirs in zip(traced_cache.values, eager_cache.values, strict=True):
-            assert torch.equal(ours, theirs)
-    assert sorted(draft.traced_steps.traced) == [1, 2]  # one trace per block width
+            # The greedy trace: the argmax of the rule-masked logits, from the head's columns.
+            best = draft.traced_steps.greedy_tokens(tokens, positions, greedy_cache, suppressed)
+            assert torch.equal(best, rules.suppress(eager[:, -1].clone()).argmax(dim=-1)), step
+        for cache in (traced_cache, greedy_cache):
+            for ours, theirs in zip(cache.keys, eager_cache.keys, strict=True):
+                assert torch.equal(ours, theirs)
+            for ours, theirs in zip(cache.values, eager_cache.values, strict=True):
+                assert torch.equal(ours, theirs)
+    # One trace per kind and block width.
+    assert sorted((kind.__name__, width) for kind, width in draft.traced_steps.traced) == [
+        ("_GreedyStep", 1),
+        ("_GreedyStep", 2),
+        ("_Step", 1),
+        ("_Step", 2),
+    ]
+
+
+def test_greedy_tokens_over_a_reduced_head_are_the_argmax_of_its_whole_vocabulary_logits(
+    whisper_base, registry
+):
+    draft = load_draft(whisper_base, registry.resolve("whisper-base-draft")).model
+    vocabulary = draft.output_vocabulary
+    assert vocabulary is not None and len(vocabulary) < draft.config.vocab_size
+    ids = torch.tensor([0, int(vocabulary[5]), int(vocabulary[-1])])
+    outside = int(
+        torch.isin(torch.arange(draft.config.vocab_size), vocabulary, invert=True).nonzero()[0]
+    )
+    columns = draft.head_columns(torch.tensor([*ids.tolist(), outside]))
+    assert torch.equal(vocabulary[columns], ids)  # an id outside the head has no column
+    states = torch.randn(4, draft.config.d_model)
+    with torch.inference_mode():
+        logits = draft.logits(states)
+        masked = logits.index_fill(-1, ids, -torch.inf)
+        assert torch.equal(draft.greedy_tokens(states, columns), masked.argmax(dim=-1))
 
 
 def test_drafted_transcription_through_traced_steps_equals_plain_greedy(whisper_base, registry):

@@ -28,6 +28,7 @@ from decoding import (
 from decoding.drafters import draft_block
 from decoding.projection import OutputProjection
 from decoding.protocols import NO_TOKEN, DraftRequest
+from decoding.verify import best_tokens
 
 DECODING_DIR = pathlib.Path(decoding.__file__).parent
 
@@ -314,6 +315,66 @@ def test_draft_block_stops_on_each_tokens_or_the_joint_confidence(stop_joint, dr
     assert draft.tokens[0, :drafted].tolist() == [2] * drafted
     assert draft.tokens[0, drafted:].tolist() == [NO_TOKEN] * (draft.steps - drafted)
     assert draft.steps == drafted + 1  # the step that found the unsure token
+
+
+def test_best_tokens_is_the_argmax_with_ties_to_the_first_maximum():
+    logits = torch.tensor(
+        [[0.0, 2.0, 2.0, 1.0], [-torch.inf, -torch.inf, 3.0, 3.0], [5.0, 5.0, 5.0, 5.0]]
+    )
+    assert best_tokens(logits).tolist() == logits.argmax(dim=-1).tolist() == [1, 2, 0]
+    wide = torch.randint(0, 4, (3, 2, 51865)).float()  # many ties, a vocabulary's width
+    assert torch.equal(best_tokens(wide), wide.argmax(dim=-1))
+
+
+class ScriptedGreedyModel:
+    """A draft whose next best token is (call + 1) % vocab; it records which method each call
+    used: `score` (logits) or `greedy_tokens` (tokens only, decoding.protocols.GreedyTarget)."""
+
+    vocab = 7
+    device = torch.device("cpu")
+
+    def __init__(self) -> None:
+        self.used: list[str] = []
+
+    def reset(self) -> None: ...
+
+    def rollback(self, lengths) -> None: ...
+
+    def keep_rows(self, rows) -> None: ...
+
+    def _logits(self, rows: int) -> torch.Tensor:
+        logits = torch.arange(float(self.vocab)).flip(0).roll(len(self.used) + 1)
+        return logits.expand(rows, 1, self.vocab)
+
+    def score(self, tokens, positions, mask, keep=1):
+        logits = self._logits(tokens.shape[0])
+        self.used.append("score")
+        return logits
+
+    def greedy_tokens(self, tokens, positions, mask):
+        tokens = best_tokens(self._logits(tokens.shape[0])[:, -1])
+        self.used.append("greedy")
+        return tokens
+
+
+@pytest.mark.parametrize(
+    ("settings", "used"),
+    [
+        ({}, ["greedy"] * 4),
+        ({"branches": 2}, ["score"] + ["greedy"] * 3),  # a tree's root needs the ranks
+        ({"stop_below": 0.01}, ["score"] * 4),  # a confidence stop needs the probabilities
+    ],
+)
+def test_draft_block_asks_a_greedy_target_for_tokens_where_no_logits_are_needed(settings, used):
+    committed, lengths = torch.tensor([[1, 1, 0, 0]] * 2), torch.tensor([2, 2])
+    request = DraftRequest(committed, lengths, k=4, **settings)
+    model = ScriptedGreedyModel()
+    draft = draft_block(model, request, cached=torch.zeros(2, dtype=torch.long))
+    assert model.used == used
+    expected = [[1, 2, 3, 4], [1, 2, 3, 4]]
+    if settings.get("branches"):
+        expected[1][0] = 2  # the second chain starts from the second-best token
+    assert draft.tokens.tolist() == expected
 
 
 def test_prompt_lookup_proposes_what_followed_the_latest_match():
