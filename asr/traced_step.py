@@ -1,4 +1,4 @@
-"""A draft's short decoder blocks on CPU, traced (TorchScript) once per block width.
+"""A draft's short decoder blocks on CPU, traced (TorchScript) once per kind and block width.
 
 A step of whisper-base-draft on a 2-core CPU is about 1.4 ms of kernels (two layers and a
 34k-token head) and 0.6 ms of Python dispatching its few hundred operations, and the draft's
@@ -6,14 +6,17 @@ step, not verification, is what drafting pays for on a CPU (docs/drafts.md). A t
 runs the same operations from TorchScript's interpreter, without the Python: the same aten
 calls on the same tensors, so the same bits as the eager step (tests/test_traced_step.py).
 
-What a trace fixes and what it takes as inputs: the block's width (1 or 2 tokens: one trace
-each, made on first use in about 0.1 s); the tokens, their positions, the cache's tensors and
-how many slots the step attends to are inputs, and every shape follows theirs, so a trace
-serves any batch size. The slot count goes in as a tensor's shape, which the tracer records,
-so a step reads only the slots in use, as the eager fast mode does. A draft's blocks have no
-padding to skip (`asr.whisper_target.WhisperTarget`'s store_padding). Only fast-mode steps of
-one row per window are traced: a target's exact-mode calls choose their products by position
-on the host, and a tree's rows share their window's cross-attention (`SlotCache.group`).
+What a trace returns: the block's last logits (`_Step`), or, for the plain greedy chains
+transcription drafts, its greedy tokens (`_GreedyStep`), whose argmax over a reduced head's
+columns never fills a whole vocabulary with logits. What a trace fixes and what it takes as
+inputs: the block's width (1 or 2 tokens: one trace per kind and width, made on first use in
+about 0.1 s); the tokens, their positions, the cache's tensors and how many slots the step
+attends to are inputs, and every shape follows theirs, so a trace serves any batch size. The
+slot count goes in as a tensor's shape, which the tracer records, so a step reads only the
+slots in use, as the eager fast mode does. A draft's blocks have no padding to skip
+(`asr.whisper_target.WhisperTarget`'s store_padding). Only fast-mode steps of one row per
+window are traced: a target's exact-mode calls choose their products by position on the host,
+and a tree's rows share their window's cross-attention (`SlotCache.group`).
 
 `torch.jit.trace` is deprecated in favour of torch.compile and torch.export: on this CPU
 torch.compile spends tens of seconds compiling what the trace records in a tenth of one, which
