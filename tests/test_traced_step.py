@@ -70,7 +70,12 @@ def test_a_traced_draft_step_gives_the_eager_steps_bits_and_stores_the_same_cach
             eager = draft.logits(draft.decoder_states(tokens, positions, eager_cache)[:, -1:])
             traced = draft.traced_steps.logits(tokens, positions, traced_cache)
             assert torch.equal(traced, eager), step
-            # The greedy trace: the argmax of the rule-masked logits, from the head's columns.
+            # The greedy trace: the argmax of the rule-masked logits, from the head's columns;
+            # row 0 alone first, then the batch, as above.
+            alone = draft.traced_steps.greedy_tokens(
+                tokens[:1], positions[:1], greedy_cache.row(0), suppressed
+            )
+            assert torch.equal(alone, rules.suppress(eager_alone[:, -1].clone()).argmax(-1))
             best = draft.traced_steps.greedy_tokens(tokens, positions, greedy_cache, suppressed)
             assert torch.equal(best, rules.suppress(eager[:, -1].clone()).argmax(dim=-1)), step
         for cache in (traced_cache, greedy_cache):
