@@ -66,11 +66,15 @@ class _Step(torch.nn.Module):
         self.products = torch.nn.ModuleList(products)
 
     def forward(self, tokens, positions, used_slots, keys, values, cross_keys, cross_values):
+        states = self._states(tokens, positions, used_slots, keys, values, cross_keys, cross_values)
+        return self.model.compute_logits(states[:, -1:])
+
+    def _states(self, tokens, positions, used_slots, keys, values, cross_keys, cross_values):
+        """The decoder's final states over the block, its keys and values stored."""
         cache = SimpleNamespace(
             keys=keys, values=values, cross_keys=cross_keys, cross_values=cross_values, group=1
         )
-        states = self.model.runtime.compute(tokens, positions, cache, slots=used_slots.shape[0])
-        return self.model.compute_logits(states[:, -1:])
+        return self.model.runtime.compute(tokens, positions, cache, slots=used_slots.shape[0])
 
 
 class _GreedyStep(_Step):
@@ -80,10 +84,7 @@ class _GreedyStep(_Step):
     def forward(
         self, tokens, positions, used_slots, keys, values, cross_keys, cross_values, suppressed
     ):
-        cache = SimpleNamespace(
-            keys=keys, values=values, cross_keys=cross_keys, cross_values=cross_values, group=1
-        )
-        states = self.model.runtime.compute(tokens, positions, cache, slots=used_slots.shape[0])
+        states = self._states(tokens, positions, used_slots, keys, values, cross_keys, cross_values)
         return self.model.greedy_tokens(states[:, -1], suppressed)
 
 
