@@ -18,6 +18,10 @@ verification sees exactly what plain decoding sees.
 
 from __future__ import annotations
 
+import functools
+import warnings
+from typing import List, Optional  # noqa: UP035 (TorchScript reads these names)
+
 import torch
 
 _LEVELS = 127  # symmetric int8: -127..127 (no -128, so negation stays exact)
@@ -63,7 +67,10 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.in_features = weight.shape[1]
         self.out_features = weight.shape[0]
-        self._packed: torch.Tensor | None = None  # oneDNN's layout of weight_int8, made on use
+        # oneDNN's layout of weight_int8 and its zero points, made on first use. Buffers, not
+        # plain attributes: a traced step (asr.traced_step) reads a module's buffers.
+        self.register_buffer("_packed", None, persistent=False)
+        self.register_buffer("_zero_points", None, persistent=False)
 
     @classmethod
     def of(cls, linear: torch.nn.Linear) -> Int8Linear:
@@ -112,20 +119,51 @@ class Int8Linear(torch.nn.Module):
         if not onednn_int8_available(levels.device):
             products = torch._int_mm(levels.to(torch.int8), self.weight_int8.T)
             return products.float().mul_(self.weight_scale)
-        if self._packed is None:
-            self._packed = torch.ops.onednn.qlinear_prepack(self.weight_int8, [8, self.in_features])
-            self._zero_points = torch.zeros(self.out_features, dtype=torch.long)
+        self.prepack()
         # oneDNN multiplies unsigned by signed int8 (VNNI): the levels shifted by 128, with
         # zero point 128 to take it off again; the weight's scales scale its output columns.
         shifted = levels.add_(128).to(torch.uint8)
+        if torch.jit.is_tracing():
+            return _scripted_onednn_product()(
+                shifted, self._packed, self.weight_scale, self._zero_points
+            )
         return torch.ops.onednn.qlinear_pointwise(
             shifted, 1.0, 128, self._packed, self.weight_scale, self._zero_points, None,
             1.0, 0, torch.float32, "none", [], "",
         )  # fmt: skip
 
+    def prepack(self) -> None:
+        """Makes oneDNN's layout of the weight, once (a trace must not record it)."""
+        if self._packed is None and onednn_int8_available(self.weight_int8.device):
+            self._packed = torch.ops.onednn.qlinear_prepack(self.weight_int8, [8, self.in_features])
+            self._zero_points = torch.zeros(self.out_features, dtype=torch.long)
+
     def extra_repr(self) -> str:
         passes = f", input_passes={self.input_passes}" if self.input_passes != 1 else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, int8{passes}"
+
+
+@functools.cache
+def _scripted_onednn_product():
+    """`Int8Linear._products`' oneDNN operation as a TorchScript function (compiled on first
+    use): the tracer cannot record the operation's empty list of post-op scalars."""
+
+    def product(
+        shifted: torch.Tensor,
+        packed: torch.Tensor,
+        weight_scale: torch.Tensor,
+        zero_points: torch.Tensor,
+    ):
+        # `number` is TorchScript's type of the operation's Scalar?[] (unknown to Python).
+        scalars = torch.jit.annotate(List[Optional[number]], [])  # noqa: F821, UP006, UP045
+        return torch.ops.onednn.qlinear_pointwise(
+            shifted, 1.0, 128, packed, weight_scale, zero_points, None,
+            1.0, 0, torch.float32, "none", scalars, "",
+        )  # fmt: skip
+
+    with warnings.catch_warnings():  # deprecated, as tracing is (asr.traced_step)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.script(product)
 
 
 def smoothing_divisor(

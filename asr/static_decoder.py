@@ -290,9 +290,10 @@ class StaticDecoder:
         every_slot: attend to every slot, masked by position, and read nothing of the
         positions on the host, so the call can be recorded as a CUDA graph and replayed with
         other positions (asr.cuda_graphs); exact then stays exact, in products of one shape.
-        slots: fast mode only: attend to slots 0..slots-1, masked by position (at least the
-        block's last position + 1; None: exactly that), so a traced step reads how many from
-        a shape rather than from the positions (asr.traced_step).
+        slots: attend to slots 0..slots-1, masked by position, so a traced step reads how many
+        from a shape rather than from the positions (asr.traced_step). Fast mode: at least the
+        block's last position + 1 (None: exactly that). Exact mode: one row whose block lies in
+        one bucket, and slots its end (`exact_block_slots`), as that row's bucket gets it.
         Returns Tensor, shape = (batch, n, d_model), after the final layer norm.
         Runs in the caller's autograd mode (callers turn gradients off): torch.compile traces
         this, as it cannot trace into inference mode (asr.graph_rounds' fused draft).
@@ -300,9 +301,10 @@ class StaticDecoder:
         batch, n = tokens.shape
         states = F.embedding(tokens, self.embed_tokens) + self.embed_positions[positions]
         store = _StoreIndex.of(positions, valid)
-        buckets = _slot_buckets(positions, cache.slots) if exact and not every_slot else None
-        if slots is not None and (exact or every_slot):
-            raise ValueError("slots is for fast mode over the used slots")
+        if slots is not None and (every_slot or (exact and batch != 1)):
+            raise ValueError("slots is for the used slots: fast mode, or one row in exact mode")
+        bucketed = exact and not every_slot and slots is None
+        buckets = _slot_buckets(positions, cache.slots) if bucketed else None
         masked = slots is not None
         if every_slot:
             slots = cache.slots
@@ -469,6 +471,20 @@ def _slot_buckets(positions: torch.Tensor, max_slots: int) -> list[_Bucket]:
                 buckets.append(_Bucket(row, start, column, ends[start]))
                 start = column
     return buckets
+
+
+def exact_block_slots(positions: torch.Tensor, max_slots: int) -> int | None:
+    """The slots an exact-mode block of one row attends to, as `compute`'s `slots`: the end
+    of the bucket holding all of its positions; None where the block is not one row, spans
+    two buckets or repeats a position (clamped at the end of the context).
+    positions: Tensor, shape = (batch, n), increasing along each row."""
+    if positions.shape[0] != 1:
+        return None
+    row = positions[0].tolist()
+    end = min((row[0] // SLOT_BUCKET + 1) * SLOT_BUCKET, max_slots)  # as `_slot_buckets`
+    if row[-1] >= end or row[-1] - row[0] != len(row) - 1:
+        return None
+    return end
 
 
 def _attend_in_buckets(

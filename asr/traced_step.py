@@ -1,22 +1,31 @@
-"""A draft's short decoder blocks on CPU, traced (TorchScript) once per kind and block width.
+"""Decoder blocks on CPU, traced (TorchScript) once per kind and block width.
 
 A step of whisper-base-draft on a 2-core CPU is about 1.4 ms of kernels (two layers and a
-34k-token head) and 0.6 ms of Python dispatching its few hundred operations, and the draft's
-step, not verification, is what drafting pays for on a CPU (docs/drafts.md). A traced step
-runs the same operations from TorchScript's interpreter, without the Python: the same aten
-calls on the same tensors, so the same bits as the eager step (tests/test_traced_step.py).
+34k-token head) and 0.6 ms of Python dispatching its few hundred operations; a target's int8
+step spends about a quarter of its time in Python (4 of 16 ms inside a transcription here:
+six layers, each product quantizing its rows in several small operations). A traced step runs
+the same operations from TorchScript's interpreter, without the Python: the same aten calls
+on the same tensors, so the same bits as the eager step (tests/test_traced_step.py).
 
-What a trace returns: the block's last logits (`_Step`), or, for the plain greedy chains
-transcription drafts, its greedy tokens (`_GreedyStep`), whose argmax over a reduced head's
-columns never fills a whole vocabulary with logits. What a trace fixes and what it takes as
-inputs: the block's width (1 or 2 tokens: one trace per kind and width, made on first use in
-about 0.1 s); the tokens, their positions, the cache's tensors and how many slots the step
-attends to are inputs, and every shape follows theirs, so a trace serves any batch size. The
+What is traced:
+- a draft's block's last logits (`_Step`), or, for the plain greedy chains transcription
+  drafts, its greedy tokens (`_GreedyStep`), whose argmax over a reduced head's columns never
+  fills a whole vocabulary with logits: fast-mode blocks of one row per window and at most
+  `MAX_TRACED_WIDTH` tokens, traced on first use (about 0.1 s each);
+- a target's exact-mode block (`_ExactStep`: a plain step or a verification, every kept
+  column's logits) of a window decoded alone, whose positions lie in one of exact mode's slot
+  buckets (`asr.static_decoder.exact_block_slots`). Such a trace costs about 0.25 s to make
+  and run once and saves about 4 ms a call (16 -> 12 ms, int8), so a width is traced on its
+  `EXACT_TRACE_AFTER`-th call: a short recording never pays for one. Exact calls of several
+  windows attend bucket by bucket, chosen on the host, and stay eager.
+
+What a trace fixes and what it takes as inputs: the block's width (one trace per kind and
+width); the tokens, their positions, the cache's tensors and how many slots the step attends
+to are inputs, and every shape follows theirs, so a draft's trace serves any batch size. The
 slot count goes in as a tensor's shape, which the tracer records, so a step reads only the
-slots in use, as the eager fast mode does. A draft's blocks have no padding to skip
-(`asr.whisper_target.WhisperTarget`'s store_padding). Only fast-mode steps of one row per
-window are traced: a target's exact-mode calls choose their products by position on the host,
-and a tree's rows share their window's cross-attention (`SlotCache.group`).
+slots in use (exact mode: its bucket's), as the eager step does. A draft's blocks have no
+padding to skip (`asr.whisper_target.WhisperTarget`'s store_padding). A tree's rows share
+their window's cross-attention (`SlotCache.group`) and are not traced.
 
 `torch.jit.trace` is deprecated in favour of torch.compile and torch.export: on this CPU
 torch.compile spends tens of seconds compiling what the trace records in a tenth of one, which
@@ -28,10 +37,15 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections import Counter
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
+
+from asr.int8 import Int8Linear
+from asr.static_decoder import exact_block_slots
 
 if TYPE_CHECKING:
     from asr.static_decoder import SlotCache
@@ -44,12 +58,17 @@ log = logging.getLogger(__name__)
 # lacks (decoding.drafters.draft_block), its other calls 1; wider blocks (a draft's first
 # block after a long rejection) are rare and run eagerly.
 MAX_TRACED_WIDTH = 2
+# A target's exact-mode block width is traced on this call of it (module docstring): its
+# trace costs about as much as 60 eager calls save.
+EXACT_TRACE_AFTER = 64
 
 
 class _Step(torch.nn.Module):
     """The module a trace records: `model`'s decoder over a block, then its last column's
     logits. Its products are registered as submodules, which tracing needs of every module it
     calls (int8 layers hold packed weights that only a registered module can carry)."""
+
+    exact = False  # the decoder's attention mode (asr.static_decoder)
 
     def __init__(self, model: WhisperModel) -> None:
         super().__init__()
@@ -63,6 +82,9 @@ class _Step(torch.nn.Module):
         head = model.output_head()
         if isinstance(head, torch.nn.Module):
             products.append(head)
+        for product in products:
+            if isinstance(product, Int8Linear):
+                product.prepack()  # made now: a trace would record it as a step's operation
         self.products = torch.nn.ModuleList(products)
 
     def forward(self, tokens, positions, used_slots, keys, values, cross_keys, cross_values):
@@ -74,7 +96,9 @@ class _Step(torch.nn.Module):
         cache = SimpleNamespace(
             keys=keys, values=values, cross_keys=cross_keys, cross_values=cross_values, group=1
         )
-        return self.model.runtime.compute(tokens, positions, cache, slots=used_slots.shape[0])
+        return self.model.runtime.compute(
+            tokens, positions, cache, exact=self.exact, slots=used_slots.shape[0]
+        )
 
 
 class _GreedyStep(_Step):
@@ -88,24 +112,40 @@ class _GreedyStep(_Step):
         return self.model.greedy_tokens(states[:, -1], suppressed)
 
 
+class _ExactStep(_Step):
+    """A target's exact-mode block of one row within one slot bucket: the logits of its last
+    `keep` columns, as a plain step or a verification call needs them."""
+
+    exact = True
+
+    def __init__(self, model: WhisperModel, keep: int) -> None:
+        super().__init__(model)
+        self.keep = keep
+
+    def forward(self, tokens, positions, used_slots, keys, values, cross_keys, cross_values):
+        states = self._states(tokens, positions, used_slots, keys, values, cross_keys, cross_values)
+        return self.model.compute_logits(states[:, -self.keep :])
+
+
 class TracedSteps:
-    """`model`'s fast-mode blocks of up to `MAX_TRACED_WIDTH` tokens on CPU, traced on first
-    use of each width."""
+    """`model`'s traced blocks on CPU (module docstring): a draft's fast-mode blocks of up to
+    `MAX_TRACED_WIDTH` tokens, traced on first use of each width, and a target's exact-mode
+    blocks of one window, traced on a width's `EXACT_TRACE_AFTER`-th call."""
 
     def __init__(self, model: WhisperModel) -> None:
         self.model = model
-        # by the module traced (logits or greedy tokens) and the block width
-        self.traced: dict[tuple[type, int], torch.jit.ScriptModule] = {}
+        # by the module traced, the block width and (exact blocks) the columns kept
+        self.traced: dict[tuple, torch.jit.ScriptModule] = {}
+        self.eager_calls: Counter[tuple] = Counter()  # exact blocks' calls before their trace
         self.failed = False  # tracing failed: steps stay eager
 
     @staticmethod
     def applies(model: WhisperModel, tokens: torch.Tensor, keep: int, cache: SlotCache) -> bool:
-        """Whether a block is a traced step: at most `MAX_TRACED_WIDTH` tokens per row, of which
-        only the last one's logits are kept, one row per window, on CPU, of a model that traces
-        its steps (`WhisperModel.trace_steps`)."""
-        cpu = model.device.type == "cpu"
+        """Whether a draft's block is a traced step: at most `MAX_TRACED_WIDTH` tokens per row,
+        of which only the last one's logits are kept, one row per window, on CPU, of a model
+        that traces its steps (`WhisperModel.trace_steps`)."""
         narrow = tokens.shape[1] <= MAX_TRACED_WIDTH and keep == 1
-        return model.trace_steps and cpu and narrow and cache.group == 1
+        return narrow and TracedSteps._traces(model, cache)
 
     def logits(
         self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache
@@ -114,7 +154,8 @@ class TracedSteps:
         computes them, with every column's keys and values stored in `cache`; None where no
         trace could be made (the caller steps eagerly). tokens, positions: Tensor, shape =
         (batch, width), every column valid. Returns Tensor, shape = (batch, 1, vocab)."""
-        return self._run(_Step, self._inputs(tokens, positions, cache))
+        inputs = self._inputs(tokens, positions, cache, int(positions.max()) + 1)
+        return self._run((_Step, tokens.shape[1]), lambda: _Step(self.model), inputs)
 
     def greedy_tokens(
         self,
@@ -126,45 +167,75 @@ class TracedSteps:
         """The argmax of `logits(...)` with these head columns masked
         (`WhisperModel.greedy_tokens`), the cache filled the same; None where no trace could be
         made. Returns Tensor, shape = (batch,), long."""
-        inputs = (*self._inputs(tokens, positions, cache), suppressed_columns)
-        return self._run(_GreedyStep, inputs)
+        slots = int(positions.max()) + 1
+        inputs = (*self._inputs(tokens, positions, cache, slots), suppressed_columns)
+        return self._run((_GreedyStep, tokens.shape[1]), lambda: _GreedyStep(self.model), inputs)
+
+    def exact_logits(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache, keep: int
+    ) -> torch.Tensor | None:
+        """A target's exact-mode block, as `model.logits(model.decoder_states(..., exact=True)
+        [:, -keep:])` computes it, every column's keys and values stored in `cache`; None
+        where it is not traced (yet): more than one row, positions across two slot buckets,
+        a tree's rows, a width called fewer than `EXACT_TRACE_AFTER` times, or a failed trace.
+        tokens, positions: Tensor, shape = (batch, width), every column valid. Returns Tensor,
+        shape = (1, keep, vocab)."""
+        if not self._traces(self.model, cache):
+            return None
+        slots = exact_block_slots(positions, cache.slots)
+        if slots is None:
+            return None
+        key = (_ExactStep, tokens.shape[1], keep)
+        if key not in self.traced and self.eager_calls[key] < EXACT_TRACE_AFTER - 1:
+            self.eager_calls[key] += 1
+            return None
+        inputs = self._inputs(tokens, positions, cache, slots)
+        return self._run(key, lambda: _ExactStep(self.model, keep), inputs)
 
     @staticmethod
-    def _inputs(tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache) -> tuple:
+    def _traces(model: WhisperModel, cache: SlotCache) -> bool:
+        """Whether this model's blocks on this cache may be traced: on CPU, one row per window,
+        where the model traces its steps."""
+        return model.trace_steps and model.device.type == "cpu" and cache.group == 1
+
+    @staticmethod
+    def _inputs(tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache, slots: int):
         return (
             tokens,
             positions,
-            # The slots in use, as a shape: traced as an input, not as a constant.
-            tokens.new_empty(int(positions.max()) + 1),
+            # The slots attended, as a shape: traced as an input, not as a constant.
+            tokens.new_empty(slots),
             cache.keys,
             cache.values,
             cache.cross_keys,
             cache.cross_values,
         )
 
-    def _run(self, kind: type[_Step], inputs: tuple) -> torch.Tensor | None:
-        """Runs `kind`'s trace for this block width, traced on first use; None where tracing
-        failed (then every later step stays eager too)."""
+    def _run(self, key: tuple, make: Callable[[], _Step], inputs: tuple) -> torch.Tensor | None:
+        """Runs the trace for `key`, traced from `make()` if there is none yet; None where
+        tracing failed (then every later step stays eager too)."""
         if self.failed:
             return None
-        key = (kind, inputs[0].shape[1])
         if key not in self.traced:
-            traced = self._trace(kind, inputs)
+            traced = self._trace(make, inputs)
             if traced is None:
                 self.failed = True
                 return None
             self.traced[key] = traced
-        return self.traced[key](*inputs)
+        # The simple executor: the profiling one spends about 0.1 s optimizing each trace on
+        # its second call and then runs it no faster on this CPU (same bits either way).
+        with torch.jit.optimized_execution(False):
+            return self.traced[key](*inputs)
 
-    def _trace(self, kind: type[_Step], inputs: tuple) -> torch.jit.ScriptModule | None:
-        """A trace of `kind` on these inputs. Tracing runs the step once, eagerly: the call
+    def _trace(self, make: Callable[[], _Step], inputs: tuple) -> torch.jit.ScriptModule | None:
+        """A trace of `make()` on these inputs. Tracing runs the step once, eagerly: the call
         that follows stores the same keys and values in the same slots again."""
         try:
             with warnings.catch_warnings():
                 # Deprecation (module docstring), and the tracer's note that the block's width
                 # is taken as a constant: it is, per trace.
                 warnings.simplefilter("ignore")
-                return torch.jit.trace(kind(self.model), inputs, check_trace=False)
+                return torch.jit.trace(make(), inputs, check_trace=False)
         except Exception as error:  # an operation the tracer cannot record: stay eager
             log.warning("decoder steps of %s stay eager: %s", self.model.name, error)
             return None

@@ -102,11 +102,16 @@ class WhisperTarget:
             # draft's over every slot instead of the used ones.
             logits = self.graphs.step(tokens, positions)[:, -keep:].clone()
             return self._apply_rules(logits, positions[:, -keep:])
-        # A draft's short blocks on CPU (fast mode), traced: the same bits, less Python.
+        # Traced blocks on CPU: the same bits, less Python. A draft's short fast-mode blocks,
+        # and a window decoded alone's exact-mode steps and verifications.
         if self._traceable(tokens, keep, first, valid):
             logits = self.model.traced_steps.logits(tokens, positions, self.cache)
             if logits is not None:
                 return self._apply_rules(logits[:, -keep:], positions[:, -keep:])
+        elif self.exact and not first and self.graphs is None and valid is None:
+            logits = self.model.traced_steps.exact_logits(tokens, positions, self.cache, keep)
+            if logits is not None:
+                return self._apply_rules(logits, positions[:, -keep:])
         return self._scored(tokens, positions, mask, valid, first, keep)
 
     @torch.inference_mode()

@@ -142,6 +142,21 @@ def whisper_base(registry):
 
 
 @pytest.fixture(scope="session")
+def whisper_base_int8(registry):
+    from asr.precision import resolve_precision
+    from asr.whisper import WhisperModel
+
+    # As users get it (--precision int8): the encoder in bfloat16, whose output once exposed
+    # attention products that were not row-invariant (docs/decoder-runtime.md).
+    dtypes = resolve_precision("cpu", "int8")
+    return WhisperModel.load(
+        registry.resolve("whisper-base"),
+        encoder_dtype=dtypes.encoder,
+        int8_decoder=dtypes.int8_decoder,
+    )
+
+
+@pytest.fixture(scope="session")
 def whisper_tiny_en(registry):
     from asr.whisper import WhisperModel
 

@@ -66,21 +66,6 @@ def test_a_second_input_pass_leaves_mostly_the_weights_rounding():
 
 
 @pytest.fixture(scope="module")
-def whisper_base_int8(registry):
-    from asr.precision import resolve_precision
-    from asr.whisper import WhisperModel
-
-    # As users get it (--precision int8): the encoder in bfloat16, whose output once exposed
-    # attention products that were not row-invariant (docs/decoder-runtime.md).
-    dtypes = resolve_precision("cpu", "int8")
-    return WhisperModel.load(
-        registry.resolve("whisper-base"),
-        encoder_dtype=dtypes.encoder,
-        int8_decoder=dtypes.int8_decoder,
-    )
-
-
-@pytest.fixture(scope="module")
 def encoded_pair(whisper_base_int8):
     model = whisper_base_int8
     mels = [model.log_mel(load_audio(path))[:, :N_FRAMES] for path in (JFK, LIBRISPEECH)]

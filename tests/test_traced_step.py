@@ -1,15 +1,16 @@
-"""A draft's traced one-token steps (asr.traced_step) compute what its eager steps compute, bit
-for bit, store the same keys and values, and drafted transcription through them equals plain
-greedy decoding."""
+"""Traced decoder blocks (asr.traced_step), a draft's steps and a target's exact-mode steps and
+verifications, compute what the eager blocks compute, bit for bit, store the same keys and
+values, and transcription through them equals eager greedy decoding."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from asr import traced_step
 from asr.audio import load_audio
 from asr.logit_rules import LogitRules
-from asr.traced_step import _GreedyStep
+from asr.traced_step import _ExactStep, _GreedyStep
 from asr.whisper import N_FRAMES
 from asr.whisper_drafters import load_draft
 from tests.conftest import SAMPLES
@@ -152,3 +153,82 @@ def test_a_step_the_tracer_cannot_record_runs_eagerly_with_the_same_result(
     drafted = transcribe(whisper_base, audio, options, draft=assistant)  # the eager steps
     assert drafted.segments == transcribe(whisper_base, audio, options).segments
     assert draft.traced_steps.failed and not draft.traced_steps.traced  # remembered
+
+
+def test_an_exact_block_is_traced_only_within_one_slot_bucket_of_one_row():
+    from asr.static_decoder import SLOT_BUCKET, exact_block_slots
+
+    def slots(*rows: list[int]) -> int | None:
+        return exact_block_slots(torch.tensor(rows), max_slots=448)
+
+    assert slots([5]) == SLOT_BUCKET
+    assert slots([64, 65, 66]) == 2 * SLOT_BUCKET
+    assert slots([60, 61, 62, 63]) == SLOT_BUCKET
+    assert slots([62, 63, 64]) is None  # across two buckets
+    assert slots([5], [6]) is None  # two rows attend bucket by bucket
+    assert slots([445, 446, 447]) == 448  # the last bucket ends with the context
+    assert slots([446, 447, 447]) is None  # positions clamped at the context's end
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp32"])
+def test_a_targets_traced_exact_blocks_give_the_eager_bits_and_store_the_same_cache(
+    request, precision, monkeypatch
+):
+    model = request.getfixturevalue("whisper_base_int8" if precision == "int8" else "whisper_base")
+    monkeypatch.setattr(traced_step, "EXACT_TRACE_AFTER", 1)  # traced on first use
+    mel = model.log_mel(load_audio(JFK))[:, :N_FRAMES]
+    encoded = model.cross_attention(model.encode(mel[None]))
+    prompt = model.sot_sequence("en", "transcribe", True)
+    eager_cache, traced_cache = model.new_cache(encoded), model.new_cache(encoded)
+    position, traced_calls, eager_calls = len(prompt), 0, 0
+    with torch.inference_mode():
+        for cache in (eager_cache, traced_cache):
+            positions = torch.arange(position)[None]
+            model.decoder_states(torch.tensor([prompt]), positions, cache, exact=True)
+        # Plain steps and verification blocks of several widths, up to and across the end of
+        # the first slot bucket (position 64), one keeping only its last column.
+        for width, keep in [(1, 1), (3, 3), (2, 2), (3, 1), *[(5, 5)] * 11, (1, 1), (4, 4)]:
+            tokens = torch.tensor([[TOKENS[(position + i) % len(TOKENS)] for i in range(width)]])
+            positions = torch.arange(position, position + width)[None]
+            states = model.decoder_states(tokens, positions, eager_cache, exact=True)
+            eager = model.logits(states[:, -keep:])
+            traced = model.traced_steps.exact_logits(tokens, positions, traced_cache, keep)
+            if position // 64 != (position + width - 1) // 64:
+                assert traced is None  # two buckets: the caller attends eagerly
+                model.decoder_states(tokens, positions, traced_cache, exact=True)
+                eager_calls += 1
+            else:
+                assert traced is not None, (position, width)
+                assert torch.equal(traced, eager), (position, width)
+                traced_calls += 1
+            position += width
+    assert traced_calls >= 15 and eager_calls == 1, (position, traced_calls, eager_calls)
+    for ours, theirs in zip(traced_cache.keys, eager_cache.keys, strict=True):
+        assert torch.equal(ours, theirs)
+    for ours, theirs in zip(traced_cache.values, eager_cache.values, strict=True):
+        assert torch.equal(ours, theirs)
+
+
+def test_transcription_through_a_targets_traced_steps_equals_its_eager_steps(
+    whisper_base_int8, registry, monkeypatch
+):
+    from asr.transcribe import TranscribeOptions, transcribe
+
+    model = whisper_base_int8
+    monkeypatch.setattr(traced_step, "EXACT_TRACE_AFTER", 2)
+    audio = load_audio(JFK)
+    options = TranscribeOptions(language="en")
+    assistant = load_draft(model, registry.resolve("whisper-base-draft"), int8=True)
+    traced = {
+        "plain": transcribe(model, audio, options),
+        "drafted": transcribe(model, audio, options, draft=assistant),
+    }
+    widths = {key[1] for key in model.traced_steps.traced if key[0] is _ExactStep}
+    assert 1 in widths and len(widths) > 1  # plain steps and verification blocks ran traced
+    model.trace_steps = False
+    try:
+        eager = transcribe(model, audio, options)
+    finally:
+        model.trace_steps = True
+    for name in ("plain", "drafted"):
+        assert traced[name].segments == eager.segments, name
