@@ -39,8 +39,9 @@ class Settings:
     # Greedy rounds on a GPU compiled once per pool (asr.graph_rounds): faster decoding after
     # seconds of compiling, for servers and workers (docs/gpu.md).
     fused_rounds: bool = False
-    # A draft's short blocks on CPU traced with TorchScript (asr.traced_step): the same
-    # results with less Python; off (SPECSCRIBE_TRACED_STEPS=0) runs them eagerly.
+    # Decoder blocks on CPU traced with TorchScript (asr.traced_step: a draft's short blocks,
+    # a window decoded alone's target steps): the same results with less Python; off
+    # (SPECSCRIBE_TRACED_STEPS=0) runs them eagerly.
     traced_steps: bool = True
     # Chains a model draft proposes per block: its best first tokens, each continued greedily,
     # verified in one target call (decoding.generate's branches; CPU decoding; docs/drafts.md).

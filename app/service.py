@@ -197,6 +197,7 @@ class TranscriptionService:
                 int8_store=self.settings.cache_dir / "int8" / f"{_file_name(path)}.safetensors",
             )
             self._model.fused_rounds = self.settings.fused_rounds
+            self._model.trace_steps = self.settings.traced_steps
         return self._model
 
     @property

@@ -12,19 +12,20 @@ What is traced:
   drafts, its greedy tokens (`_GreedyStep`), whose argmax over a reduced head's columns never
   fills a whole vocabulary with logits: fast-mode blocks of one row per window and at most
   `MAX_TRACED_WIDTH` tokens, traced on first use (about 0.1 s each);
-- a target's exact-mode block (`_ExactStep`: a plain step or a verification, every kept
-  column's logits) of a window decoded alone, whose positions lie in one of exact mode's slot
-  buckets (`asr.static_decoder.exact_block_slots`). Such a trace costs about 0.25 s to make
-  and run once and saves about 4 ms a call (16 -> 12 ms, int8), so a width is traced on its
+- a target's exact-mode block (`_ExactStep`: a plain step or a verification, every column's
+  logits) of a window decoded alone, whose positions lie in one of exact mode's slot buckets
+  (`asr.static_decoder.exact_block_slots`): one trace each for blocks of 1, 2 and 3 tokens and
+  one for every wider block up to 32 (`_exact_trace_width`). Such a trace costs about 0.25 s
+  to make and run once and saves about 4 ms a call (16 -> 12 ms, int8), so it is made on its
   `EXACT_TRACE_AFTER`-th call: a short recording never pays for one. Exact calls of several
   windows attend bucket by bucket, chosen on the host, and stay eager.
 
-What a trace fixes and what it takes as inputs: the block's width (one trace per kind and
-width); the tokens, their positions, the cache's tensors and how many slots the step attends
-to are inputs, and every shape follows theirs, so a draft's trace serves any batch size. The
-slot count goes in as a tensor's shape, which the tracer records, so a step reads only the
-slots in use (exact mode: its bucket's), as the eager step does. A draft's blocks have no
-padding to skip (`asr.whisper_target.WhisperTarget`'s store_padding). A tree's rows share
+What a trace fixes and what it takes as inputs: the block's width (a draft's: one trace per
+kind and width); the tokens, their positions, the cache's tensors and how many slots the step
+attends to are inputs, and every shape follows theirs, so a draft's trace serves any batch
+size. The slot count goes in as a tensor's shape, which the tracer records, so a step reads
+only the slots in use (exact mode: its bucket's), as the eager step does. A draft's blocks have
+no padding to skip (`asr.whisper_target.WhisperTarget`'s store_padding). A tree's rows share
 their window's cross-attention (`SlotCache.group`) and are not traced.
 
 `torch.jit.trace` is deprecated in favour of torch.compile and torch.export: on this CPU
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from asr.int8 import Int8Linear
-from asr.static_decoder import exact_block_slots
+from asr.static_decoder import EXACT_ROWS, exact_block_slots
 
 if TYPE_CHECKING:
     from asr.static_decoder import SlotCache
@@ -58,8 +59,8 @@ log = logging.getLogger(__name__)
 # lacks (decoding.drafters.draft_block), its other calls 1; wider blocks (a draft's first
 # block after a long rejection) are rare and run eagerly.
 MAX_TRACED_WIDTH = 2
-# A target's exact-mode block width is traced on this call of it (module docstring): its
-# trace costs about as much as 60 eager calls save.
+# A target's exact-mode trace is made on this call of it (module docstring): it costs about
+# as much as 60 eager calls save.
 EXACT_TRACE_AFTER = 64
 
 
@@ -113,30 +114,36 @@ class _GreedyStep(_Step):
 
 
 class _ExactStep(_Step):
-    """A target's exact-mode block of one row within one slot bucket: the logits of its last
-    `keep` columns, as a plain step or a verification call needs them."""
+    """A target's exact-mode block of one row within one slot bucket: every column's logits,
+    as a plain step or a verification call needs them."""
 
     exact = True
 
-    def __init__(self, model: WhisperModel, keep: int) -> None:
-        super().__init__(model)
-        self.keep = keep
-
     def forward(self, tokens, positions, used_slots, keys, values, cross_keys, cross_values):
         states = self._states(tokens, positions, used_slots, keys, values, cross_keys, cross_values)
-        return self.model.compute_logits(states[:, -self.keep :])
+        return self.model.compute_logits(states)
+
+
+def _exact_trace_width(width: int) -> int:
+    """The width of the exact-mode trace that runs a block of `width` tokens: its own below
+    `EXACT_ROWS.start`, whose attention products pad the queries to that many rows, and one
+    trace for every width from there to `EXACT_ROWS.stop - 1`, which are computed by the same
+    operations in products of their own row count (the shapes follow the block's)."""
+    if width < EXACT_ROWS.start:
+        return width
+    return EXACT_ROWS.start if width < EXACT_ROWS.stop else width
 
 
 class TracedSteps:
     """`model`'s traced blocks on CPU (module docstring): a draft's fast-mode blocks of up to
     `MAX_TRACED_WIDTH` tokens, traced on first use of each width, and a target's exact-mode
-    blocks of one window, traced on a width's `EXACT_TRACE_AFTER`-th call."""
+    blocks of one window, each trace made on its `EXACT_TRACE_AFTER`-th call."""
 
     def __init__(self, model: WhisperModel) -> None:
         self.model = model
-        # by the module traced, the block width and (exact blocks) the columns kept
-        self.traced: dict[tuple, torch.jit.ScriptModule] = {}
-        self.eager_calls: Counter[tuple] = Counter()  # exact blocks' calls before their trace
+        # by the module traced and the block width (exact blocks: `_exact_trace_width`)
+        self.traced: dict[tuple[type, int], torch.jit.ScriptModule] = {}
+        self.eager_calls: Counter[tuple] = Counter()  # exact traces' calls before they are made
         self.failed = False  # tracing failed: steps stay eager
 
     @staticmethod
@@ -177,20 +184,22 @@ class TracedSteps:
         """A target's exact-mode block, as `model.logits(model.decoder_states(..., exact=True)
         [:, -keep:])` computes it, every column's keys and values stored in `cache`; None
         where it is not traced (yet): more than one row, positions across two slot buckets,
-        a tree's rows, a width called fewer than `EXACT_TRACE_AFTER` times, or a failed trace.
-        tokens, positions: Tensor, shape = (batch, width), every column valid. Returns Tensor,
-        shape = (1, keep, vocab)."""
+        a tree's rows, a trace called for fewer than `EXACT_TRACE_AFTER` times, or a failed
+        trace. tokens, positions: Tensor, shape = (batch, width), every column valid. Returns
+        Tensor, shape = (1, keep, vocab)."""
         if not self._traces(self.model, cache):
             return None
         slots = exact_block_slots(positions, cache.slots)
         if slots is None:
             return None
-        key = (_ExactStep, tokens.shape[1], keep)
+        key = (_ExactStep, _exact_trace_width(tokens.shape[1]))
         if key not in self.traced and self.eager_calls[key] < EXACT_TRACE_AFTER - 1:
             self.eager_calls[key] += 1
             return None
-        inputs = self._inputs(tokens, positions, cache, slots)
-        return self._run(key, lambda: _ExactStep(self.model, keep), inputs)
+        logits = self._run(
+            key, lambda: _ExactStep(self.model), self._inputs(tokens, positions, cache, slots)
+        )
+        return None if logits is None else logits[:, -keep:]
 
     @staticmethod
     def _traces(model: WhisperModel, cache: SlotCache) -> bool:

@@ -80,11 +80,16 @@ CONFIGS: dict[str, Config] = {
                 ),
             )
         ),
-        # The draft's steps run eagerly rather than traced (asr.traced_step): what tracing gains.
+        # Decoder steps run eagerly rather than traced (asr.traced_step): what tracing gains.
         *(
-            Config(f"{name} (eager draft steps)", options, plain, EAGER_STEPS)
+            Config(f"{name} (eager steps)", options, plain, EAGER_STEPS)
             for name, options, plain in (
                 ("default", (), None),
+                (
+                    "plain int8 one file at a time",
+                    ("--precision", "int8", "--assistant", "none", "--batch-files", "1"),
+                    None,
+                ),
                 ("draft fp32", ("--precision", "fp32", "--assistant", DRAFT), "plain fp32"),
                 (
                     "draft int8 one file at a time",

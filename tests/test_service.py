@@ -73,7 +73,7 @@ def test_fused_rounds_are_a_setting_of_the_environment_that_reaches_the_loaded_m
     assert service.model.fused_rounds is True  # WindowDecoder fuses its rounds (CUDA only)
 
 
-def test_traced_draft_steps_are_on_unless_the_environment_turns_them_off(settings, monkeypatch):
+def test_traced_steps_are_on_unless_the_environment_turns_them_off(settings, monkeypatch):
     from dataclasses import replace
 
     from app.config import Settings
@@ -85,7 +85,9 @@ def test_traced_draft_steps_are_on_unless_the_environment_turns_them_off(setting
     service = TranscriptionService(
         replace(settings, traced_steps=False), asr_model="whisper-base", assistant_model="auto"
     )
-    assert service.draft.model.trace_steps is False  # its steps run eagerly (asr.traced_step)
+    # Their steps run eagerly (asr.traced_step), the draft's and the target's.
+    assert service.draft.model.trace_steps is False
+    assert service.model.trace_steps is False
 
 
 @pytest.mark.slow

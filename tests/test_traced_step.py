@@ -187,7 +187,9 @@ def test_a_targets_traced_exact_blocks_give_the_eager_bits_and_store_the_same_ca
             model.decoder_states(torch.tensor([prompt]), positions, cache, exact=True)
         # Plain steps and verification blocks of several widths, up to and across the end of
         # the first slot bucket (position 64), one keeping only its last column.
-        for width, keep in [(1, 1), (3, 3), (2, 2), (3, 1), *[(5, 5)] * 11, (1, 1), (4, 4)]:
+        # Blocks of 4 to 32 tokens share one trace: shapes follow the block.
+        blocks = [(1, 1), (3, 3), (2, 2), (3, 1), *[(5, 5)] * 11, (1, 1), (4, 4), (7, 7), (13, 13)]
+        for width, keep in blocks:
             tokens = torch.tensor([[TOKENS[(position + i) % len(TOKENS)] for i in range(width)]])
             positions = torch.arange(position, position + width)[None]
             states = model.decoder_states(tokens, positions, eager_cache, exact=True)
@@ -202,7 +204,13 @@ def test_a_targets_traced_exact_blocks_give_the_eager_bits_and_store_the_same_ca
                 assert torch.equal(traced, eager), (position, width)
                 traced_calls += 1
             position += width
-    assert traced_calls >= 15 and eager_calls == 1, (position, traced_calls, eager_calls)
+    assert traced_calls == len(blocks) - 1 and eager_calls == 1, (traced_calls, eager_calls)
+    assert {width for kind, width in model.traced_steps.traced if kind is _ExactStep} == {
+        1,
+        2,
+        3,
+        4,
+    }
     for ours, theirs in zip(traced_cache.keys, eager_cache.keys, strict=True):
         assert torch.equal(ours, theirs)
     for ours, theirs in zip(traced_cache.values, eager_cache.values, strict=True):
