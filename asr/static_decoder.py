@@ -39,6 +39,7 @@ reads no position on the host and its product shapes never change: what a CUDA g
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,10 @@ import torch.nn.functional as F
 # Query rows per attention product in exact mode (see the module docstring): CPU matrix
 # products give a row the same bits for any row count from 4 to 32 (and, apart, from 1 to 3).
 EXACT_ROWS = range(4, 33)
+# Zero query rows a traced exact-mode product always adds (asr.traced_step): a block of r rows
+# then runs in a product of r + 4 rows, within EXACT_ROWS for r <= 28, which gives its rows the
+# bits of the eager product of max(r, 4) rows, and one trace serves every block width.
+TRACED_QUERY_PADDING = EXACT_ROWS.start
 # In exact mode a query at position p attends to the slots before the next multiple of this
 # (the rest of its bucket masked): most windows decode far fewer than max_context (448)
 # positions, and reading every slot's keys and values cost about 0.9 of a 10 ms int8 step.
@@ -277,6 +282,7 @@ class StaticDecoder:
         cross_queries: dict[int, torch.Tensor] | None = None,
         every_slot: bool = False,
         slots: int | None = None,
+        traced_buckets: tuple[SlotBucket, SlotBucket] | None = None,
     ) -> torch.Tensor:
         """Stores the block's keys and values in `cache` and returns its final states.
 
@@ -290,10 +296,13 @@ class StaticDecoder:
         every_slot: attend to every slot, masked by position, and read nothing of the
         positions on the host, so the call can be recorded as a CUDA graph and replayed with
         other positions (asr.cuda_graphs); exact then stays exact, in products of one shape.
-        slots: attend to slots 0..slots-1, masked by position, so a traced step reads how many
-        from a shape rather than from the positions (asr.traced_step). Fast mode: at least the
-        block's last position + 1 (None: exactly that). Exact mode: one row whose block lies in
-        one bucket, and slots its end (`exact_block_slots`), as that row's bucket gets it.
+        slots: fast mode only: attend to slots 0..slots-1, masked by position (at least the
+        block's last position + 1; None: exactly that), so a traced step reads how many from
+        a shape rather than from the positions (asr.traced_step).
+        traced_buckets: exact mode, one row: its block's columns in its first bucket and in the
+        next (empty where the block lies in one; `exact_block_parts`), built from shapes while
+        tracing, so that one trace serves any block; every attention product then pads its
+        queries by `TRACED_QUERY_PADDING` rows and gives each row the eager product's bits.
         Returns Tensor, shape = (batch, n, d_model), after the final layer norm.
         Runs in the caller's autograd mode (callers turn gradients off): torch.compile traces
         this, as it cannot trace into inference mode (asr.graph_rounds' fused draft).
@@ -301,13 +310,18 @@ class StaticDecoder:
         batch, n = tokens.shape
         states = F.embedding(tokens, self.embed_tokens) + self.embed_positions[positions]
         store = _StoreIndex.of(positions, valid)
-        if slots is not None and (every_slot or (exact and batch != 1)):
-            raise ValueError("slots is for the used slots: fast mode, or one row in exact mode")
-        bucketed = exact and not every_slot and slots is None
-        buckets = _slot_buckets(positions, cache.slots) if bucketed else None
+        if slots is not None and (exact or every_slot):
+            raise ValueError("slots is for fast mode over the used slots")
+        traced = traced_buckets is not None
+        if traced and (not exact or every_slot or batch != 1):
+            raise ValueError("traced_buckets are one row's, in exact mode")
+        bucketed = exact and not every_slot and not traced
+        buckets = _slot_buckets(positions, cache.slots) if bucketed else traced_buckets
         masked = slots is not None
         if every_slot:
             slots = cache.slots
+        elif traced:
+            slots = traced_buckets[1].slots  # the later bucket ends last (not max: a shape)
         elif slots is None:
             slots = max(b.slots for b in buckets) if exact else int(positions.max()) + 1
         # A query at position p sees slots 0..p: Tensor[bool], shape = (batch, 1, n, slots);
@@ -325,16 +339,20 @@ class StaticDecoder:
                     query.transpose(1, 2), keys[..., :slots], values[:, :, :slots], hidden, exact
                 )
             else:
-                attended = _attend_in_buckets(query.transpose(1, 2), keys, values, hidden, buckets)
+                attended = _attend_in_buckets(
+                    query.transpose(1, 2), keys, values, hidden, buckets, traced
+                )
             states = states + layer.self_out(_merge(attended))
 
             normed = layer.cross_norm(states)
             query = layer.cross_query(normed).view(batch, n, self.heads, -1).transpose(1, 2)
             if cross_queries is not None and index in cross_queries:
                 cross_queries[index] = query
-            attended = _attend_grouped(
-                query, cache.cross_keys[index], cache.cross_values[index], cache.group, exact
-            )
+            cross_keys, cross_values = cache.cross_keys[index], cache.cross_values[index]
+            if traced:
+                attended = _attend_padded(query, cross_keys, cross_values, None)
+            else:
+                attended = _attend_grouped(query, cross_keys, cross_values, cache.group, exact)
             states = states + layer.cross_out(_merge(attended))
 
             normed = layer.ffn_norm(states)
@@ -419,6 +437,28 @@ def _attend(
     return out.to(queries.dtype)
 
 
+def _attend_padded(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    hidden: torch.Tensor | None,
+) -> torch.Tensor:
+    """Exact `_attend` of at most 28 query rows (none too) in one product of
+    `TRACED_QUERY_PADDING` more rows, whatever their count, so that a trace records one
+    sequence of operations for every count (asr.traced_step); each row's bits are the eager
+    product's, both products holding 4 to 32 rows. Shapes as `_attend`'s."""
+    dtype = keys.dtype
+    _exact_rows(dtype)
+    rows = queries.shape[2]
+    padded = F.pad(queries.to(dtype), (0, 0, 0, TRACED_QUERY_PADDING))
+    scores = (padded @ keys).float()
+    if hidden is not None:  # padding rows see every slot, so no row is all -inf
+        mask = F.pad(hidden, (0, 0, 0, TRACED_QUERY_PADDING), value=False)
+        scores = scores.masked_fill(mask, -torch.inf)
+    attended = scores.softmax(dim=-1).to(dtype) @ values
+    return attended[:, :, :rows].to(queries.dtype)
+
+
 def _attend_grouped(
     queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: int, exact: bool
 ) -> torch.Tensor:
@@ -445,7 +485,7 @@ def _attend_grouped(
 
 
 @dataclass(frozen=True)
-class _Bucket:
+class SlotBucket:
     """Queries of one row that attend to the same slots: columns [start, stop) of row `row`,
     against slots [0, slots)."""
 
@@ -459,7 +499,7 @@ class _Bucket:
         return slice(self.start, self.stop)
 
 
-def _slot_buckets(positions: torch.Tensor, max_slots: int) -> list[_Bucket]:
+def _slot_buckets(positions: torch.Tensor, max_slots: int) -> list[SlotBucket]:
     """positions: Tensor, shape = (batch, n), each row's increasing positions -> its columns
     grouped by the `SLOT_BUCKET`-wide bucket of their position."""
     buckets = []
@@ -468,23 +508,29 @@ def _slot_buckets(positions: torch.Tensor, max_slots: int) -> list[_Bucket]:
         start = 0
         for column in range(1, len(ends) + 1):
             if column == len(ends) or ends[column] != ends[start]:
-                buckets.append(_Bucket(row, start, column, ends[start]))
+                buckets.append(SlotBucket(row, start, column, ends[start]))
                 start = column
     return buckets
 
 
-def exact_block_slots(positions: torch.Tensor, max_slots: int) -> int | None:
-    """The slots an exact-mode block of one row attends to, as `compute`'s `slots`: the end
-    of the bucket holding all of its positions; None where the block is not one row, spans
-    two buckets or repeats a position (clamped at the end of the context).
-    positions: Tensor, shape = (batch, n), increasing along each row."""
-    if positions.shape[0] != 1:
+# The widest block a traced exact-mode call computes: its products pad it by 4 rows.
+MAX_TRACED_EXACT_WIDTH = EXACT_ROWS.stop - 1 - TRACED_QUERY_PADDING
+
+
+def exact_block_parts(positions: torch.Tensor, max_slots: int) -> tuple[int, int, int] | None:
+    """How a traced exact-mode block of one row attends (`compute`'s traced_buckets): (its
+    columns in its first slot bucket, that bucket's end, the next bucket's end; the same end
+    twice where every column lies in the first). None where the block is not one row of
+    consecutive positions (a position clamped at the end of the context repeats) or is wider
+    than `MAX_TRACED_EXACT_WIDTH`. positions: Tensor, shape = (batch, n), increasing."""
+    if positions.shape[0] != 1 or positions.shape[1] > MAX_TRACED_EXACT_WIDTH:
         return None
     row = positions[0].tolist()
-    end = min((row[0] // SLOT_BUCKET + 1) * SLOT_BUCKET, max_slots)  # as `_slot_buckets`
-    if row[-1] >= end or row[-1] - row[0] != len(row) - 1:
+    if row[-1] - row[0] != len(row) - 1:
         return None
-    return end
+    first = min((row[0] // SLOT_BUCKET + 1) * SLOT_BUCKET, max_slots)  # as `_slot_buckets`
+    later = min((row[-1] // SLOT_BUCKET + 1) * SLOT_BUCKET, max_slots)
+    return sum(p < first for p in row), first, later
 
 
 def _attend_in_buckets(
@@ -492,22 +538,24 @@ def _attend_in_buckets(
     keys: torch.Tensor,
     values: torch.Tensor,
     hidden: torch.Tensor,
-    buckets: list[_Bucket],
+    buckets: list[SlotBucket] | tuple[SlotBucket, ...],
+    traced: bool = False,
 ) -> torch.Tensor:
     """Exact `_attend` of each bucket's queries against its slots (shapes as `_attend`'s;
-    keys and values hold every slot, hidden at least the buckets' slots)."""
+    keys and values hold every slot, hidden at least the buckets' slots). traced: in
+    `_attend_padded`'s products, a bucket of no columns included."""
+    attend = _attend_padded if traced else functools.partial(_attend, exact=True)
     if len(buckets) == 1 and queries.shape[0] == 1:  # a plain step or a block within a bucket
         slots = buckets[0].slots
-        return _attend(queries, keys[..., :slots], values[:, :, :slots], hidden[..., :slots], True)
+        return attend(queries, keys[..., :slots], values[:, :, :slots], hidden[..., :slots])
     out = queries.new_empty(queries.shape)
     for bucket in buckets:
         row, columns, slots = slice(bucket.row, bucket.row + 1), bucket.columns, bucket.slots
-        out[row, :, columns] = _attend(
+        out[row, :, columns] = attend(
             queries[row, :, columns],
             keys[row, ..., :slots],
             values[row, :, :slots],
             hidden[row, :, columns, :slots],
-            True,
         )
     return out
 

@@ -13,12 +13,12 @@ What is traced:
   fills a whole vocabulary with logits: fast-mode blocks of one row per window and at most
   `MAX_TRACED_WIDTH` tokens, traced on first use (about 0.1 s each);
 - a target's exact-mode block (`_ExactStep`: a plain step or a verification, every column's
-  logits) of a window decoded alone, whose positions lie in one of exact mode's slot buckets
-  (`asr.static_decoder.exact_block_slots`): one trace each for blocks of 1, 2 and 3 tokens and
-  one for every wider block up to 32 (`_exact_trace_width`). Such a trace costs about 0.25 s
-  to make and run once and saves about 4 ms a call (16 -> 12 ms, int8), so it is made on its
-  `EXACT_TRACE_AFTER`-th call: a short recording never pays for one. Exact calls of several
-  windows attend bucket by bucket, chosen on the host, and stay eager.
+  logits) of a window decoded alone: one trace for every block of up to 28 tokens, within one
+  slot bucket or across two (`asr.static_decoder.exact_block_parts`; its attention products
+  pad the queries by 4 rows whatever their count, so no operation depends on the width). It
+  costs about 0.25 s to make and run once and saves about 4 ms a call (16 -> 12 ms, int8), so
+  it is made on its `EXACT_TRACE_AFTER`-th call: a short recording never pays for it. Exact
+  calls of several windows attend bucket by bucket, chosen on the host, and stay eager.
 
 What a trace fixes and what it takes as inputs: the block's width (a draft's: one trace per
 kind and width); the tokens, their positions, the cache's tensors and how many slots the step
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from asr.int8 import Int8Linear
-from asr.static_decoder import EXACT_ROWS, exact_block_slots
+from asr.static_decoder import SlotBucket, exact_block_parts
 
 if TYPE_CHECKING:
     from asr.static_decoder import SlotCache
@@ -114,36 +114,49 @@ class _GreedyStep(_Step):
 
 
 class _ExactStep(_Step):
-    """A target's exact-mode block of one row within one slot bucket: every column's logits,
-    as a plain step or a verification call needs them."""
+    """A target's exact-mode block of one row: every column's logits, as a plain step or a
+    verification call needs them. Its columns in their first slot bucket and in the next,
+    and the two buckets' ends, enter as shapes (`asr.static_decoder.exact_block_parts`), so
+    one trace serves every block of up to `asr.static_decoder.MAX_TRACED_EXACT_WIDTH` tokens."""
 
     exact = True
 
-    def forward(self, tokens, positions, used_slots, keys, values, cross_keys, cross_values):
-        states = self._states(tokens, positions, used_slots, keys, values, cross_keys, cross_values)
+    def forward(
+        self,
+        tokens,
+        positions,
+        first_columns,
+        first_slots,
+        later_slots,
+        keys,
+        values,
+        cross_keys,
+        cross_values,
+    ):
+        split, width = first_columns.shape[0], tokens.shape[1]
+        buckets = (
+            SlotBucket(0, 0, split, first_slots.shape[0]),
+            SlotBucket(0, split, width, later_slots.shape[0]),
+        )
+        cache = SimpleNamespace(
+            keys=keys, values=values, cross_keys=cross_keys, cross_values=cross_values, group=1
+        )
+        states = self.model.runtime.compute(
+            tokens, positions, cache, exact=True, traced_buckets=buckets
+        )
         return self.model.compute_logits(states)
-
-
-def _exact_trace_width(width: int) -> int:
-    """The width of the exact-mode trace that runs a block of `width` tokens: its own below
-    `EXACT_ROWS.start`, whose attention products pad the queries to that many rows, and one
-    trace for every width from there to `EXACT_ROWS.stop - 1`, which are computed by the same
-    operations in products of their own row count (the shapes follow the block's)."""
-    if width < EXACT_ROWS.start:
-        return width
-    return EXACT_ROWS.start if width < EXACT_ROWS.stop else width
 
 
 class TracedSteps:
     """`model`'s traced blocks on CPU (module docstring): a draft's fast-mode blocks of up to
     `MAX_TRACED_WIDTH` tokens, traced on first use of each width, and a target's exact-mode
-    blocks of one window, each trace made on its `EXACT_TRACE_AFTER`-th call."""
+    blocks of one window, in one trace made on its `EXACT_TRACE_AFTER`-th call."""
 
     def __init__(self, model: WhisperModel) -> None:
         self.model = model
-        # by the module traced and the block width (exact blocks: `_exact_trace_width`)
-        self.traced: dict[tuple[type, int], torch.jit.ScriptModule] = {}
-        self.eager_calls: Counter[tuple] = Counter()  # exact traces' calls before they are made
+        # by the module traced and the block width (None: an exact trace serves every width)
+        self.traced: dict[tuple[type, int | None], torch.jit.ScriptModule] = {}
+        self.eager_calls: Counter[tuple] = Counter()  # an exact trace's calls before it is made
         self.failed = False  # tracing failed: steps stay eager
 
     @staticmethod
@@ -183,22 +196,33 @@ class TracedSteps:
     ) -> torch.Tensor | None:
         """A target's exact-mode block, as `model.logits(model.decoder_states(..., exact=True)
         [:, -keep:])` computes it, every column's keys and values stored in `cache`; None
-        where it is not traced (yet): more than one row, positions across two slot buckets,
-        a tree's rows, a trace called for fewer than `EXACT_TRACE_AFTER` times, or a failed
-        trace. tokens, positions: Tensor, shape = (batch, width), every column valid. Returns
-        Tensor, shape = (1, keep, vocab)."""
+        where it is not traced: more than one row, a tree's rows, repeated positions, more
+        than `asr.static_decoder.MAX_TRACED_EXACT_WIDTH` tokens, before the trace's
+        `EXACT_TRACE_AFTER`-th call, or a failed trace. tokens, positions: Tensor, shape =
+        (batch, width), every column valid. Returns Tensor, shape = (1, keep, vocab)."""
         if not self._traces(self.model, cache):
             return None
-        slots = exact_block_slots(positions, cache.slots)
-        if slots is None:
+        parts = exact_block_parts(positions, cache.slots)
+        if parts is None:
             return None
-        key = (_ExactStep, _exact_trace_width(tokens.shape[1]))
+        key = (_ExactStep, None)  # one trace for every width
         if key not in self.traced and self.eager_calls[key] < EXACT_TRACE_AFTER - 1:
             self.eager_calls[key] += 1
             return None
-        logits = self._run(
-            key, lambda: _ExactStep(self.model), self._inputs(tokens, positions, cache, slots)
+        split, first_slots, later_slots = parts
+        inputs = (
+            tokens,
+            positions,
+            # As shapes: traced as inputs, not as constants.
+            tokens.new_empty(split),
+            tokens.new_empty(first_slots),
+            tokens.new_empty(later_slots),
+            cache.keys,
+            cache.values,
+            cache.cross_keys,
+            cache.cross_values,
         )
+        logits = self._run(key, lambda: _ExactStep(self.model), inputs)
         return None if logits is None else logits[:, -keep:]
 
     @staticmethod

@@ -10,6 +10,7 @@ import torch
 from asr import traced_step
 from asr.audio import load_audio
 from asr.logit_rules import LogitRules
+from asr.static_decoder import SLOT_BUCKET
 from asr.traced_step import _ExactStep, _GreedyStep
 from asr.whisper import N_FRAMES
 from asr.whisper_drafters import load_draft
@@ -155,19 +156,21 @@ def test_a_step_the_tracer_cannot_record_runs_eagerly_with_the_same_result(
     assert draft.traced_steps.failed and not draft.traced_steps.traced  # remembered
 
 
-def test_an_exact_block_is_traced_only_within_one_slot_bucket_of_one_row():
-    from asr.static_decoder import SLOT_BUCKET, exact_block_slots
+def test_an_exact_block_of_one_row_is_traced_by_its_columns_in_each_slot_bucket():
+    from asr.static_decoder import MAX_TRACED_EXACT_WIDTH, exact_block_parts
 
-    def slots(*rows: list[int]) -> int | None:
-        return exact_block_slots(torch.tensor(rows), max_slots=448)
+    def parts(*rows: list[int]) -> tuple[int, int, int] | None:
+        return exact_block_parts(torch.tensor(rows), max_slots=448)
 
-    assert slots([5]) == SLOT_BUCKET
-    assert slots([64, 65, 66]) == 2 * SLOT_BUCKET
-    assert slots([60, 61, 62, 63]) == SLOT_BUCKET
-    assert slots([62, 63, 64]) is None  # across two buckets
-    assert slots([5], [6]) is None  # two rows attend bucket by bucket
-    assert slots([445, 446, 447]) == 448  # the last bucket ends with the context
-    assert slots([446, 447, 447]) is None  # positions clamped at the context's end
+    assert parts([5]) == (1, SLOT_BUCKET, SLOT_BUCKET)
+    assert parts([64, 65, 66]) == (3, 2 * SLOT_BUCKET, 2 * SLOT_BUCKET)
+    assert parts([60, 61, 62, 63]) == (4, SLOT_BUCKET, SLOT_BUCKET)
+    assert parts([62, 63, 64]) == (2, SLOT_BUCKET, 2 * SLOT_BUCKET)  # across two buckets
+    assert parts([445, 446, 447]) == (3, 448, 448)  # the last bucket ends with the context
+    assert parts([5], [6]) is None  # two rows attend bucket by bucket
+    assert parts([446, 447, 447]) is None  # positions clamped at the context's end
+    assert parts(list(range(MAX_TRACED_EXACT_WIDTH))) is not None
+    assert parts(list(range(MAX_TRACED_EXACT_WIDTH + 1))) is None  # its products would pass 32
 
 
 @pytest.mark.parametrize("precision", ["int8", "fp32"])
@@ -180,37 +183,36 @@ def test_a_targets_traced_exact_blocks_give_the_eager_bits_and_store_the_same_ca
     encoded = model.cross_attention(model.encode(mel[None]))
     prompt = model.sot_sequence("en", "transcribe", True)
     eager_cache, traced_cache = model.new_cache(encoded), model.new_cache(encoded)
-    position, traced_calls, eager_calls = len(prompt), 0, 0
+    position = len(prompt)
     with torch.inference_mode():
         for cache in (eager_cache, traced_cache):
             positions = torch.arange(position)[None]
             model.decoder_states(torch.tensor([prompt]), positions, cache, exact=True)
         # Plain steps and verification blocks of several widths, up to and across the end of
-        # the first slot bucket (position 64), one keeping only its last column.
-        # Blocks of 4 to 32 tokens share one trace: shapes follow the block.
-        blocks = [(1, 1), (3, 3), (2, 2), (3, 1), *[(5, 5)] * 11, (1, 1), (4, 4), (7, 7), (13, 13)]
+        # the first slot bucket (position 64), one keeping only its last column: one trace.
+        blocks = [
+            (1, 1),
+            (3, 3),
+            (2, 2),
+            (3, 1),
+            *[(5, 5)] * 11,
+            (1, 1),
+            (4, 4),
+            (13, 13),
+            (28, 28),
+            (28, 28),
+        ]
         for width, keep in blocks:
             tokens = torch.tensor([[TOKENS[(position + i) % len(TOKENS)] for i in range(width)]])
             positions = torch.arange(position, position + width)[None]
             states = model.decoder_states(tokens, positions, eager_cache, exact=True)
             eager = model.logits(states[:, -keep:])
             traced = model.traced_steps.exact_logits(tokens, positions, traced_cache, keep)
-            if position // 64 != (position + width - 1) // 64:
-                assert traced is None  # two buckets: the caller attends eagerly
-                model.decoder_states(tokens, positions, traced_cache, exact=True)
-                eager_calls += 1
-            else:
-                assert traced is not None, (position, width)
-                assert torch.equal(traced, eager), (position, width)
-                traced_calls += 1
+            assert traced is not None, (position, width)
+            assert torch.equal(traced, eager), (position, width)
             position += width
-    assert traced_calls == len(blocks) - 1 and eager_calls == 1, (traced_calls, eager_calls)
-    assert {width for kind, width in model.traced_steps.traced if kind is _ExactStep} == {
-        1,
-        2,
-        3,
-        4,
-    }
+    assert position > 2 * SLOT_BUCKET  # blocks across both bucket ends
+    assert [kind for kind, _ in model.traced_steps.traced].count(_ExactStep) == 1
     for ours, theirs in zip(traced_cache.keys, eager_cache.keys, strict=True):
         assert torch.equal(ours, theirs)
     for ours, theirs in zip(traced_cache.values, eager_cache.values, strict=True):
@@ -231,8 +233,7 @@ def test_transcription_through_a_targets_traced_steps_equals_its_eager_steps(
         "plain": transcribe(model, audio, options),
         "drafted": transcribe(model, audio, options, draft=assistant),
     }
-    widths = {key[1] for key in model.traced_steps.traced if key[0] is _ExactStep}
-    assert 1 in widths and len(widths) > 1  # plain steps and verification blocks ran traced
+    assert (_ExactStep, None) in model.traced_steps.traced  # its steps and blocks ran traced
     model.trace_steps = False
     try:
         eager = transcribe(model, audio, options)
