@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections import Counter
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
@@ -69,8 +68,6 @@ class _Step(torch.nn.Module):
     logits. Its products are registered as submodules, which tracing needs of every module it
     calls (int8 layers hold packed weights that only a registered module can carry)."""
 
-    exact = False  # the decoder's attention mode (asr.static_decoder)
-
     def __init__(self, model: WhisperModel) -> None:
         super().__init__()
         self.model = model
@@ -93,13 +90,9 @@ class _Step(torch.nn.Module):
         return self.model.compute_logits(states[:, -1:])
 
     def _states(self, tokens, positions, used_slots, keys, values, cross_keys, cross_values):
-        """The decoder's final states over the block, its keys and values stored."""
-        cache = SimpleNamespace(
-            keys=keys, values=values, cross_keys=cross_keys, cross_values=cross_values, group=1
-        )
-        return self.model.runtime.compute(
-            tokens, positions, cache, exact=self.exact, slots=used_slots.shape[0]
-        )
+        """The decoder's final states over the block (fast mode), its keys and values stored."""
+        cache = _cache(keys, values, cross_keys, cross_values)
+        return self.model.runtime.compute(tokens, positions, cache, slots=used_slots.shape[0])
 
 
 class _GreedyStep(_Step):
@@ -119,8 +112,6 @@ class _ExactStep(_Step):
     and the two buckets' ends, enter as shapes (`asr.static_decoder.exact_block_parts`), so
     one trace serves every block of up to `asr.static_decoder.MAX_TRACED_EXACT_WIDTH` tokens."""
 
-    exact = True
-
     def forward(
         self,
         tokens,
@@ -138,13 +129,18 @@ class _ExactStep(_Step):
             SlotBucket(0, 0, split, first_slots.shape[0]),
             SlotBucket(0, split, width, later_slots.shape[0]),
         )
-        cache = SimpleNamespace(
-            keys=keys, values=values, cross_keys=cross_keys, cross_values=cross_values, group=1
-        )
+        cache = _cache(keys, values, cross_keys, cross_values)
         states = self.model.runtime.compute(
             tokens, positions, cache, exact=True, traced_buckets=buckets
         )
         return self.model.compute_logits(states)
+
+
+def _cache(keys, values, cross_keys, cross_values) -> SimpleNamespace:
+    """A traced step's cache: the tensors of one window's rows (`SlotCache`'s fields)."""
+    return SimpleNamespace(
+        keys=keys, values=values, cross_keys=cross_keys, cross_values=cross_values, group=1
+    )
 
 
 class TracedSteps:
@@ -156,7 +152,7 @@ class TracedSteps:
         self.model = model
         # by the module traced and the block width (None: an exact trace serves every width)
         self.traced: dict[tuple[type, int | None], torch.jit.ScriptModule] = {}
-        self.eager_calls: Counter[tuple] = Counter()  # an exact trace's calls before it is made
+        self.exact_eager_calls = 0  # exact blocks run eagerly before their trace is made
         self.failed = False  # tracing failed: steps stay eager
 
     @staticmethod
@@ -200,28 +196,17 @@ class TracedSteps:
         than `asr.static_decoder.MAX_TRACED_EXACT_WIDTH` tokens, before the trace's
         `EXACT_TRACE_AFTER`-th call, or a failed trace. tokens, positions: Tensor, shape =
         (batch, width), every column valid. Returns Tensor, shape = (1, keep, vocab)."""
-        if not self._traces(self.model, cache):
+        if self.failed or not self._traces(self.model, cache):
             return None
         parts = exact_block_parts(positions, cache.slots)
         if parts is None:
             return None
         key = (_ExactStep, None)  # one trace for every width
-        if key not in self.traced and self.eager_calls[key] < EXACT_TRACE_AFTER - 1:
-            self.eager_calls[key] += 1
+        if key not in self.traced and self.exact_eager_calls < EXACT_TRACE_AFTER - 1:
+            self.exact_eager_calls += 1
             return None
-        split, first_slots, later_slots = parts
-        inputs = (
-            tokens,
-            positions,
-            # As shapes: traced as inputs, not as constants.
-            tokens.new_empty(split),
-            tokens.new_empty(first_slots),
-            tokens.new_empty(later_slots),
-            cache.keys,
-            cache.values,
-            cache.cross_keys,
-            cache.cross_values,
-        )
+        # (columns in the first bucket, its end, the next bucket's end), as shapes
+        inputs = self._inputs(tokens, positions, cache, *parts)
         logits = self._run(key, lambda: _ExactStep(self.model), inputs)
         return None if logits is None else logits[:, -keep:]
 
@@ -232,12 +217,14 @@ class TracedSteps:
         return model.trace_steps and model.device.type == "cpu" and cache.group == 1
 
     @staticmethod
-    def _inputs(tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache, slots: int):
+    def _inputs(tokens: torch.Tensor, positions: torch.Tensor, cache: SlotCache, *sizes: int):
+        """A trace's inputs: the block, a tensor of each size (the slots attended, and for an
+        exact block its columns in the first bucket: traced as shapes, not as constants), then
+        the cache's tensors."""
         return (
             tokens,
             positions,
-            # The slots attended, as a shape: traced as an input, not as a constant.
-            tokens.new_empty(slots),
+            *(tokens.new_empty(size) for size in sizes),
             cache.keys,
             cache.values,
             cache.cross_keys,
