@@ -126,6 +126,17 @@ class WhisperTarget:
         if self.grammar or self.graphs is not None:
             return best_tokens(self.score(tokens, positions, mask, keep=1)[:, -1])
         positions, valid, first = self._store(tokens, positions, mask)
+        return self._greedy_stored(tokens, positions, mask, valid, first)
+
+    def _greedy_stored(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        valid: torch.Tensor | None,
+        first: bool,
+    ) -> torch.Tensor:
+        """`greedy_tokens` after `_store` (its returns)."""
         if self._traceable(tokens, 1, first, valid):
             best = self.model.traced_steps.greedy_tokens(
                 tokens, positions, self.cache, self._suppressed_columns()
@@ -133,6 +144,35 @@ class WhisperTarget:
             if best is not None:
                 return best
         return best_tokens(self._scored(tokens, positions, mask, valid, first, 1)[:, -1])
+
+    @torch.inference_mode()
+    def greedy_chain(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, steps: int
+    ) -> torch.Tensor:
+        """`steps` greedy tokens (`decoding.protocols.GreedyTarget`): `greedy_tokens` on the
+        block, then on each token but the last at the position after it. A draft's traced
+        steps run as one chained call where the block is a traced step (asr.traced_step's
+        `_GreedyChain`): the same tokens and cache. Returns Tensor, shape = (batch, steps)."""
+        if self.grammar or self.graphs is not None:
+            chain = [self.greedy_tokens(tokens, positions, mask)]
+        else:
+            stored, valid, first = self._store(tokens, positions, mask)
+            if steps > 1 and self._traceable(tokens, 1, first, valid):
+                traced = self.model.traced_steps.greedy_chain(
+                    tokens, stored, self.cache, self._suppressed_columns(), steps
+                )
+                if traced is not None:
+                    fed = stored[:, -1:] + torch.arange(1, steps, device=self.device)
+                    self._history.scatter_(
+                        1, fed.clamp(max=self.model.max_context - 1), traced[:, :-1]
+                    )
+                    return traced
+            chain = [self._greedy_stored(tokens, stored, mask, valid, first)]
+        every_column = torch.ones_like(chain[0], dtype=torch.bool).unsqueeze(1)
+        for step in range(1, steps):
+            at = positions[:, -1:] + step
+            chain.append(self.greedy_tokens(chain[-1].unsqueeze(1), at, every_column))
+        return torch.stack(chain, dim=1)
 
     def _store(
         self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor

@@ -27,26 +27,29 @@ def draft_block(model: Target, request: DraftRequest, cached: torch.Tensor) -> D
     positions = lengths.unsqueeze(1) - width + torch.arange(width, device=lengths.device)
     mask = positions >= cached.unsqueeze(1)
     positions = positions.clamp(min=0)
+    block = committed.gather(1, positions)
     # Plain greedy chains need only each step's best token, which a GreedyTarget gives without
-    # building its logits; a tree's root needs the ranks, a confidence stop the probabilities.
-    greedy_only = sampler is None and not stop_below and isinstance(model, GreedyTarget)
+    # building its logits, in one call; a tree's root needs the ranks, a confidence stop the
+    # probabilities.
+    if sampler is None and not stop_below and isinstance(model, GreedyTarget):
+        if request.branches == 1:
+            return Draft(tokens=model.greedy_chain(block, positions, mask, k), steps=k)
+        root = _ranked_tokens(model.score(block, positions, mask, keep=1)[:, -1], request.branches)
+        tokens = root.unsqueeze(1)
+        if k > 1:  # each chain drafted on greedily from its root
+            chain = model.greedy_chain(
+                tokens, lengths.unsqueeze(1), torch.ones_like(mask[:, :1]), k - 1
+            )
+            tokens = torch.cat([tokens, chain], dim=1)
+        return Draft(tokens=tokens, steps=k)
 
-    def step(block: torch.Tensor, at: torch.Tensor, valid: torch.Tensor, root: bool):
-        """(logits, None), or (None, greedy tokens) where the model gives them directly."""
-        if greedy_only and not (root and request.branches > 1):
-            return None, model.greedy_tokens(block, at, valid)
-        return model.score(block, at, valid, keep=1)[:, -1], None
-
-    logits, best = step(committed.gather(1, positions), positions, mask, root=True)
-
+    logits = model.score(block, positions, mask, keep=1)[:, -1]
     drafting = torch.ones_like(lengths, dtype=torch.bool)
     joint = torch.ones(lengths.shape, device=lengths.device)  # product of the block's confidences
     every_column = torch.ones_like(drafting).unsqueeze(1)
     tokens, q = [], []
     for j in range(k):
-        if best is not None:
-            token, confidence = best, None
-        elif sampler is None:
+        if sampler is None:
             if j == 0 and request.branches > 1:  # a tree's root: each row of a group its rank
                 token = _ranked_tokens(logits, request.branches)
             else:
@@ -68,7 +71,7 @@ def draft_block(model: Target, request: DraftRequest, cached: torch.Tensor) -> D
             break
         # Stopped rows keep feeding a dummy token: the batch steps together, rollback drops it.
         feed = token.clamp(min=0).unsqueeze(1)
-        logits, best = step(feed, (lengths + j).unsqueeze(1), every_column, root=False)
+        logits = model.score(feed, (lengths + j).unsqueeze(1), every_column, keep=1)[:, -1]
     return Draft(
         tokens=torch.stack(tokens, dim=1),
         q=torch.stack(q, dim=1) if q else None,

@@ -90,15 +90,18 @@ class Target(Protocol):
 
 @runtime_checkable
 class GreedyTarget(Target, Protocol):
-    """A target that can give its greedy next tokens more cheaply than their logits."""
+    """A target that can give a chain of its greedy tokens more cheaply than their logits."""
 
-    def greedy_tokens(
-        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    def greedy_chain(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, steps: int
     ) -> torch.Tensor:
-        """`score(tokens, positions, mask, keep=1)[:, -1].argmax(dim=-1)`: the same tokens and
-        the same cache, without building the logits where the model can avoid it (a draft with
-        a reduced head takes the argmax over its head's columns). Returns Tensor, shape =
-        (batch,), long."""
+        """`steps` greedy tokens per row: the first is `score(tokens, positions, mask,
+        keep=1)[:, -1].argmax(dim=-1)`, each next one that of the token before it scored at
+        the position after it. The same tokens and the same cache (the block and the first
+        `steps - 1` tokens), without building the logits where the model can avoid it (a draft
+        with a reduced head takes the argmax over its head's columns) and without returning to
+        the caller between steps where it need not. Returns Tensor, shape = (batch, steps),
+        long."""
 
 
 class BranchingTarget(Target, Protocol):

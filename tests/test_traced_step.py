@@ -130,6 +130,63 @@ def test_drafted_transcription_through_traced_steps_equals_plain_greedy(whisper_
     assert _GreedyStep in {kind for kind, _ in assistant.model.traced_steps.traced}
 
 
+@pytest.mark.parametrize("int8", [True, False], ids=["int8 draft", "fp32 draft"])
+def test_a_drafts_chained_steps_give_its_single_steps_tokens_and_cache(
+    whisper_base, registry, encoded_pair, int8
+):
+    """`WhisperTarget.greedy_chain` runs a draft's chain of steps as one scripted call: the same
+    tokens and the same keys and values as one traced step at a time and as eager steps, for
+    blocks of one and two tokens, rows at different positions, and a chain that reaches the
+    context's end (its positions and slots clamped as single steps clamp them)."""
+    assistant = load_draft(whisper_base, registry.resolve("whisper-base-draft"), int8=int8)
+    encoded = assistant.encode(encoded_pair, None)
+    prompt = whisper_base.sot_sequence("en", "transcribe", True)
+    context = assistant.model.max_context
+
+    def drafter_model(trace: bool, chained: bool):
+        model = assistant.drafter(encoded.rows(torch.tensor([0, 1])), "en", "transcribe", True)
+        model = model.model
+        model.model.trace_steps = trace
+        if not chained:  # single steps: the protocol's loop, one call per token
+            model.model.traced_steps.chains_failed = True
+        tokens = torch.tensor([prompt, prompt])
+        positions = torch.arange(len(prompt)).expand(2, -1)
+        model.score(tokens, positions, torch.ones_like(tokens, dtype=torch.bool), keep=1)
+        return model
+
+    blocks = [  # (tokens, positions, steps): row 1 one position ahead of row 0
+        ([[50364], [50364]], [[3], [4]], 4),
+        ([[400, 370], [452, 7177]], [[4, 5], [5, 6]], 3),
+        ([[6280], [11]], [[6], [7]], 5),
+        ([[1029], [406]], [[context - 3], [context - 2]], 4),  # past the context's end
+    ]
+    runs = {}
+    # Eager steps, then traced single steps (which make the traces), then chains of them.
+    for trace, chained in ((False, False), (True, False), (True, True)):
+        model = drafter_model(trace, chained)
+        chains = []
+        for tokens, positions, steps in blocks:
+            tokens, positions = torch.tensor(tokens), torch.tensor(positions)
+            mask = torch.ones_like(tokens, dtype=torch.bool)
+            chains.append(model.greedy_chain(tokens, positions, mask, steps))
+        runs[(trace, chained)] = (chains, model.cache, model._history)
+        model.model.traced_steps.chains_failed = False
+    eager_chains, eager_cache, eager_history = runs[(False, False)]
+    for chains, cache, history in runs.values():
+        for ours, theirs in zip(chains, eager_chains, strict=True):
+            assert torch.equal(ours, theirs)
+        stored, eager_stored = cache.keys + cache.values, eager_cache.keys + eager_cache.values
+        for ours, theirs in zip(stored, eager_stored, strict=True):
+            assert torch.equal(ours, theirs)
+        assert torch.equal(history, eager_history)
+    chain_traces = {
+        width
+        for kind, width in assistant.model.traced_steps.traced
+        if kind is traced_step._GreedyChain
+    }
+    assert chain_traces == {1, 2}
+
+
 def test_a_step_the_tracer_cannot_record_runs_eagerly_with_the_same_result(
     whisper_base, registry, encoded_pair, monkeypatch
 ):

@@ -328,7 +328,8 @@ def test_best_tokens_is_the_argmax_with_ties_to_the_first_maximum():
 
 class ScriptedGreedyModel:
     """A draft whose next best token is (call + 1) % vocab; it records which method each call
-    used: `score` (logits) or `greedy_tokens` (tokens only, decoding.protocols.GreedyTarget)."""
+    used: `score` (logits) or `greedy_chain` (tokens only, decoding.protocols.GreedyTarget,
+    recorded as one "greedy" per token)."""
 
     vocab = 7
     device = torch.device("cpu")
@@ -351,10 +352,12 @@ class ScriptedGreedyModel:
         self.used.append("score")
         return logits
 
-    def greedy_tokens(self, tokens, positions, mask):
-        tokens = best_tokens(self._logits(tokens.shape[0])[:, -1])
-        self.used.append("greedy")
-        return tokens
+    def greedy_chain(self, tokens, positions, mask, steps):
+        chain = []
+        for _ in range(steps):
+            chain.append(best_tokens(self._logits(tokens.shape[0])[:, -1]))
+            self.used.append("greedy")
+        return torch.stack(chain, dim=1)
 
 
 @pytest.mark.parametrize(
