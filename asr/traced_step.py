@@ -144,7 +144,8 @@ class _GreedyChain(torch.nn.Module):
     `later` (a one-token step), `steps` tokens in all. The steps and their inputs are the ones
     `decoding.drafters.draft_block` would make one call at a time (positions and slots clamped
     to the context as `asr.whisper_target.WhisperTarget` clamps them), so the tokens and the
-    cache are the same; what goes is the Python between the steps (about 0.4 ms a step)."""
+    cache are the same; what goes is the Python between the steps (about 0.2 ms a step on
+    this CPU, docs/decoder-runtime.md)."""
 
     def __init__(self, first: torch.nn.Module, later: torch.nn.Module, context: int) -> None:
         super().__init__()
