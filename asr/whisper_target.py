@@ -154,25 +154,27 @@ class WhisperTarget:
         steps run as one chained call where the block is a traced step (asr.traced_step's
         `_GreedyChain`): the same tokens and cache. Returns Tensor, shape = (batch, steps)."""
         if self.grammar or self.graphs is not None:
-            chain = [self.greedy_tokens(tokens, positions, mask)]
+            best = self.greedy_tokens(tokens, positions, mask)
         else:
             stored, valid, first = self._store(tokens, positions, mask)
             if steps > 1 and self._traceable(tokens, 1, first, valid):
-                traced = self.model.traced_steps.greedy_chain(
+                chain = self.model.traced_steps.greedy_chain(
                     tokens, stored, self.cache, self._suppressed_columns(), steps
                 )
-                if traced is not None:
+                if chain is not None:
                     fed = stored[:, -1:] + torch.arange(1, steps, device=self.device)
                     self._history.scatter_(
-                        1, fed.clamp(max=self.model.max_context - 1), traced[:, :-1]
+                        1, fed.clamp(max=self.model.max_context - 1), chain[:, :-1]
                     )
-                    return traced
-            chain = [self._greedy_stored(tokens, stored, mask, valid, first)]
-        every_column = torch.ones_like(chain[0], dtype=torch.bool).unsqueeze(1)
-        for step in range(1, steps):
-            at = positions[:, -1:] + step
-            chain.append(self.greedy_tokens(chain[-1].unsqueeze(1), at, every_column))
-        return torch.stack(chain, dim=1)
+                    return chain
+            best = self._greedy_stored(tokens, stored, mask, valid, first)
+        best = best.unsqueeze(1)
+        if steps == 1:
+            return best
+        # The rest is a chain from this token (one call, where the block before could not be).
+        every_column = torch.ones_like(best, dtype=torch.bool)
+        rest = self.greedy_chain(best, positions[:, -1:] + 1, every_column, steps - 1)
+        return torch.cat([best, rest], dim=1)
 
     def _store(
         self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor

@@ -136,8 +136,9 @@ def test_a_drafts_chained_steps_give_its_single_steps_tokens_and_cache(
 ):
     """`WhisperTarget.greedy_chain` runs a draft's chain of steps as one scripted call: the same
     tokens and the same keys and values as one traced step at a time and as eager steps, for
-    blocks of one and two tokens, rows at different positions, and a chain that reaches the
-    context's end (its positions and slots clamped as single steps clamp them)."""
+    blocks of one, two and three tokens (the last too wide to trace: a chain follows it), rows
+    at different positions, and a chain that reaches the context's end (its positions and
+    slots clamped as single steps clamp them)."""
     assistant = load_draft(whisper_base, registry.resolve("whisper-base-draft"), int8=int8)
     encoded = assistant.encode(encoded_pair, None)
     prompt = whisper_base.sot_sequence("en", "transcribe", True)
@@ -158,6 +159,8 @@ def test_a_drafts_chained_steps_give_its_single_steps_tokens_and_cache(
         ([[50364], [50364]], [[3], [4]], 4),
         ([[400, 370], [452, 7177]], [[4, 5], [5, 6]], 3),
         ([[6280], [11]], [[6], [7]], 5),
+        # wider than a traced step: the block steps eagerly, the rest is a chain
+        ([[1029, 406, 428], [11, 1029, 406]], [[11, 12, 13], [12, 13, 14]], 3),
         ([[1029], [406]], [[context - 3], [context - 2]], 4),  # past the context's end
     ]
     runs = {}
