@@ -114,20 +114,6 @@ class WhisperTarget:
                 return self._apply_rules(logits, positions[:, -keep:])
         return self._scored(tokens, positions, mask, valid, first, keep)
 
-    @torch.inference_mode()
-    def greedy_tokens(
-        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """`score(tokens, positions, mask, keep=1)[:, -1].argmax(dim=-1)`, the same tokens
-        (`decoding.protocols.GreedyTarget`). A draft's traced step (its rules only the
-        suppressed ids) takes the argmax over its head's columns inside the trace, without the
-        whole vocabulary's logits that a reduced head fills in. Returns Tensor, shape = (batch,).
-        """
-        if self.grammar or self.graphs is not None:
-            return best_tokens(self.score(tokens, positions, mask, keep=1)[:, -1])
-        positions, valid, first = self._store(tokens, positions, mask)
-        return self._greedy_stored(tokens, positions, mask, valid, first)
-
     def _greedy_stored(
         self,
         tokens: torch.Tensor,
@@ -136,7 +122,10 @@ class WhisperTarget:
         valid: torch.Tensor | None,
         first: bool,
     ) -> torch.Tensor:
-        """`greedy_tokens` after `_store` (its returns)."""
+        """`score(tokens, positions, mask, keep=1)[:, -1].argmax(dim=-1)` after `_store` (its
+        returns), the same tokens. A draft's traced step (its rules only the suppressed ids)
+        takes the argmax over its head's columns inside the trace, without the whole
+        vocabulary's logits that a reduced head fills in. Returns Tensor, shape = (batch,)."""
         if self._traceable(tokens, 1, first, valid):
             best = self.model.traced_steps.greedy_tokens(
                 tokens, positions, self.cache, self._suppressed_columns()
@@ -149,12 +138,12 @@ class WhisperTarget:
     def greedy_chain(
         self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, steps: int
     ) -> torch.Tensor:
-        """`steps` greedy tokens (`decoding.protocols.GreedyTarget`): `greedy_tokens` on the
-        block, then on each token but the last at the position after it. A draft's traced
-        steps run as one chained call where the block is a traced step (asr.traced_step's
-        `_GreedyChain`): the same tokens and cache. Returns Tensor, shape = (batch, steps)."""
-        if self.grammar or self.graphs is not None:
-            best = self.greedy_tokens(tokens, positions, mask)
+        """`steps` greedy tokens (`decoding.protocols.GreedyTarget`): the block's, then that of
+        each token but the last, fed at the position after it. A draft's traced steps run as
+        one chained call where the block is a traced step (asr.traced_step's `_GreedyChain`):
+        the same tokens and cache. Returns Tensor, shape = (batch, steps)."""
+        if self.grammar or self.graphs is not None:  # the rules need the logits
+            best = best_tokens(self.score(tokens, positions, mask, keep=1)[:, -1])
         else:
             stored, valid, first = self._store(tokens, positions, mask)
             if steps > 1 and self._traceable(tokens, 1, first, valid):
