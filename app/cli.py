@@ -131,7 +131,13 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         record.update(max_line_width=layout.max_line_width, max_line_count=layout.max_line_count)
 
     # 2. What to do: the files, and which of them already have every output, made this way.
-    files = find_audio_files([Path(p) for p in args.paths])
+    unlisted: list[tuple[Path, str]] = []  # folders that could not be searched, and why
+
+    def unreadable(folder: Path, error: OSError) -> None:
+        unlisted.append((folder, f"{folder}: cannot list this folder: {error.strerror}"))
+        print(f"specscribe: skipped {unlisted[-1][1]}", file=sys.stderr)
+
+    files = find_audio_files([Path(p) for p in args.paths], unreadable)
     if not files:
         print("specscribe: no audio files found", file=sys.stderr)
         return 2
@@ -144,6 +150,12 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         plan = plan_outputs(outputs, record, args.overwrite)
         if not plan.decode:
             skipped += 1
+            if plan.unrecorded:
+                print(
+                    f"specscribe: skipping {path}: {', '.join(str(p) for p in outputs.values())}"
+                    " exist but were not made by specscribe (--overwrite replaces them)",
+                    file=sys.stderr,
+                )
             continue
         if plan.action == "redo":
             print(f"specscribe: redoing {path}: options changed ({plan.changes})", file=sys.stderr)
@@ -154,7 +166,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             f"specscribe: all {skipped} files have their outputs (--overwrite redoes them)",
             file=sys.stderr,
         )
-        return 0
+        return 1 if unlisted else 0
 
     # 3. The models, loaded once; options checked against them before any work.
     options.transcribe_options().validate(service.model)
@@ -167,7 +179,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
 
     # 4. The files, up to --batch-files at a time: a bad one is reported and skipped, the rest
     # go on.
-    failures: list[tuple[Path, str]] = []  # (file, reason)
+    failures: list[tuple[Path, str]] = list(unlisted)  # (file or folder, reason)
     bar = tqdm(total=len(jobs), unit="file", disable=None, file=sys.stderr)
 
     def failed(path: Path, error: Exception) -> None:
@@ -206,7 +218,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     bar.close()
 
     # 5. Summary; non-zero exit when any file failed.
-    done = len(jobs) - len(failures)
+    done = len(jobs) - len(failures) + len(unlisted)
     print(
         f"specscribe: {done} transcribed, {skipped} skipped (outputs exist), "
         f"{len(failures)} failed",
@@ -220,21 +232,21 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
 def _batches(jobs: list, size: int, failed: Callable[[Path, Exception], None]) -> Iterator[list]:
     """The jobs in order, their audio loaded, in batches of up to `size` files and
     BATCH_AUDIO_SECONDS of audio (a longer file goes alone); a file that does not load is
-    handed to `failed` and left out. Yields lists of (path, outputs, samples)."""
-    from asr.audio import SAMPLE_RATE, load_audio
+    handed to `failed` and left out. Yields lists of (path, outputs, asr.audio.DecodedAudio)."""
+    from asr.audio import SAMPLE_RATE, decode_audio
 
     batch: list = []
     for path, outputs in jobs:
         try:
-            samples = load_audio(path)
+            audio = decode_audio(path)
         except Exception as error:
             failed(path, error)
             continue
-        held = sum(len(loaded) for _, _, loaded in batch) + len(samples)
+        held = sum(len(loaded.samples) for _, _, loaded in batch) + len(audio.samples)
         if batch and held > BATCH_AUDIO_SECONDS * SAMPLE_RATE:
             yield batch
             batch = []
-        batch.append((path, outputs, samples))
+        batch.append((path, outputs, audio))
         if len(batch) == size:
             yield batch
             batch = []
@@ -247,13 +259,13 @@ def _transcribe_batch(service, batch: list, options) -> list:
     decoded again one file at a time, so that only the file at fault fails."""
     if len(batch) > 1:
         try:
-            return service.run_many([samples for _, _, samples in batch], options)
+            return service.run_many([audio for _, _, audio in batch], options)
         except Exception:
             pass
     results: list = []
-    for _, _, samples in batch:
+    for _, _, audio in batch:
         try:
-            results.append(service.run(samples, options))
+            results.append(service.run(audio, options))
         except Exception as error:
             results.append(error)
     return results
@@ -531,14 +543,15 @@ def _request_options(args: argparse.Namespace):
     )
 
 
-def _store(args: argparse.Namespace, create: bool = True):
+def _store(args: argparse.Namespace, create: bool = True, read_only: bool = False):
     """The --store given, or the default one. create=False: a --store that does not exist is
-    an error (a mistyped path must not become an empty store); the default store is made."""
+    an error (a mistyped path must not become an empty store); the default store is made.
+    read_only: the command only reads it (a store it cannot write is fine)."""
     from .jobs import JobStore, default_store_path
 
     if args.store is None:
-        return JobStore(default_store_path())
-    return JobStore(args.store, create=create)
+        return JobStore(default_store_path(), read_only=read_only)
+    return JobStore(args.store, create=create, read_only=read_only)
 
 
 def _cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
@@ -593,12 +606,13 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     import json
     import time
 
-    store = _store(args, create=False)
+    store = _store(args, create=False, read_only=True)
     jobs = store.jobs(args.jobs)
     missing = sorted(set(args.jobs) - {job.id for job in jobs})
     if missing:
         raise ValueError(f"no job {', '.join(map(str, missing))} in {store.path}")
     tasks = {job.id: store.tasks(job.id) for job in jobs} if args.jobs else {}
+    now = time.time()
     if args.json:
         payload = [
             {
@@ -608,7 +622,12 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 **(
                     {
                         "tasks": [
-                            {**dataclasses.asdict(t), "path": str(t.path), "stem": str(t.stem)}
+                            {
+                                **dataclasses.asdict(t),
+                                "path": str(t.path),
+                                "stem": str(t.stem),
+                                "stalled": t.stalled(now),
+                            }
                             for t in tasks[job.id]
                         ]
                     }
@@ -637,7 +656,12 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         )
         for task in tasks.get(job.id, []):
             detail = task.note or ""
-            if task.state == "running":
+            if task.stalled(now):
+                detail = (
+                    f"stalled: {task.worker} stopped renewing its lease "
+                    f"{now - task.lease_until:.0f} s ago; the next worker started takes it"
+                )
+            elif task.state == "running":
                 step = f"{task.stage} {task.completed}/{task.total}, " if task.stage else ""
                 detail = f"{step}{task.worker}"
             elif task.state == "failed":

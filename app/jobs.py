@@ -164,6 +164,11 @@ class TaskStatus:
     note: str | None
     error: str | None
 
+    def stalled(self, now: float) -> bool:
+        """Running, but its worker stopped renewing the lease (killed, or its machine gone):
+        nobody is working on it until a worker claims it again."""
+        return self.state == "running" and self.lease_until is not None and self.lease_until < now
+
 
 @dataclass(frozen=True)
 class JobStatus:
@@ -219,10 +224,16 @@ class JobStore:
     """The queue. One object may be shared by threads: each thread gets its own connection."""
 
     def __init__(
-        self, path: Path | str, *, busy_timeout: float = 60.0, create: bool = True
+        self,
+        path: Path | str,
+        *,
+        busy_timeout: float = 60.0,
+        create: bool = True,
+        read_only: bool = False,
     ) -> None:
         """create=False: the store must exist already (a reader given a mistyped path must
-        not make an empty store and report no jobs)."""
+        not make an empty store and report no jobs). Unless read_only, a store that cannot be
+        written raises JobStoreError now, before a worker loads its models or claims work."""
         self.path = Path(path).expanduser()
         self.busy_timeout = busy_timeout
         self._local = threading.local()
@@ -234,7 +245,10 @@ class JobStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise JobStoreError(f"{self.path}: {error.strerror or error}") from None
-        self._connection()  # creates the schema, and fails now on a bad file
+        connection = self._connection()  # creates the schema, and fails now on a bad file
+        if not read_only:
+            with self._write(connection) as db:
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     # -- connection and transactions ----------------------------------------------------------
 
@@ -282,10 +296,23 @@ class JobStore:
         connection.execute("BEGIN IMMEDIATE")
         try:
             yield connection
+        except sqlite3.OperationalError as error:
+            connection.execute("ROLLBACK")
+            if "readonly" in str(error):  # read-only file or file system, immutable file
+                raise JobStoreError(
+                    f"{self.path}: the job store cannot be written ({error})"
+                ) from None
+            raise
         except BaseException:
             connection.execute("ROLLBACK")
             raise
-        connection.execute("COMMIT")
+        try:
+            connection.execute("COMMIT")
+        except sqlite3.OperationalError as error:
+            if "readonly" not in str(error):
+                raise
+            connection.execute("ROLLBACK")
+            raise JobStoreError(f"{self.path}: the job store cannot be written ({error})") from None
 
     def close(self) -> None:
         connection = getattr(self._local, "connection", None)
@@ -315,11 +342,14 @@ class JobStore:
         missing = [str(p) for p in sources if not p.exists()]
         if missing:
             raise ValueError(f"no such file or folder: {', '.join(missing)}")
-        empty = [str(p) for p in sources if p.is_dir() and not find_audio_files([p])]
+        try:
+            empty = [str(p) for p in sources if p.is_dir() and not find_audio_files([p])]
+            files = find_audio_files(sources)
+        except OSError as error:  # a folder that cannot be listed: nothing under it is skipped
+            raise ValueError(f"cannot list {error.filename}: {error.strerror}") from None
         if empty:
             raise ValueError(f"no audio files in {', '.join(empty)}")
         output_dir = spec.output_dir.expanduser().resolve()
-        files = find_audio_files(sources)
         check_distinct_outputs(files, output_dir)
         by_stem = {stem: path for path, stem in files}
         with self._write() as db:

@@ -4,7 +4,9 @@ engine share.
 A file is done when every output it asks for exists and its option record (written beside the
 outputs, `asr.writers`) says the same model, precision and options made them. Then it is
 skipped, unless the request says to overwrite; outputs made otherwise are made again, and the
-user is told what changed.
+user is told what changed. Outputs that exist without a record (written by hand, or a
+reference transcript beside its audio) are kept, never overwritten unasked, and the user is told
+why they were skipped.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ Action = Literal["make", "redo", "overwrite", "skip"]
 class OutputPlan:
     """What to do with one file. action: "make" (an output is missing), "redo" (the outputs
     were made with other options: `changes` names them), "overwrite" (done, but the request
-    says to make them again), "skip" (done)."""
+    says to make them again), "skip" (done). unrecorded: skipped outputs that no record says
+    specscribe made (worth telling the user: they may be someone else's files)."""
 
     action: Action
     changes: str = ""
+    unrecorded: bool = False
 
     @property
     def decode(self) -> bool:
@@ -40,4 +44,6 @@ def plan_outputs(outputs: dict[str, Path], record: dict | None, overwrite: bool)
         return OutputPlan("make")
     if state == "changed":
         return OutputPlan("redo", changes)
-    return OutputPlan("overwrite" if overwrite else "skip")
+    if overwrite:
+        return OutputPlan("overwrite")
+    return OutputPlan("skip", unrecorded=state == "unrecorded")

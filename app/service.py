@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from asr.audio import DecodedAudio
 from asr.types import (
     DecidedWindow,
     ProgressHook,
@@ -51,8 +52,9 @@ __all__ = [
     "language_code",
 ]
 
-AudioInput = str | Path | bytes | np.ndarray
-"""A path, the bytes of an audio file, or float32 16 kHz mono samples."""
+AudioInput = str | Path | bytes | np.ndarray | DecodedAudio
+"""A path, the bytes of an audio file, float32 16 kHz mono samples, or a file decoded already
+(`asr.audio.decode_audio`: its warnings join the transcript's)."""
 
 
 # Options and the value every output made before them was made with.
@@ -301,14 +303,14 @@ class TranscriptionService:
         progress: ProgressHook,
         on_window: WindowHook | None,
     ) -> list[Transcript]:
-        from asr.audio import load_audio
         from asr.transcribe import Recording, transcribe, transcribe_many
 
         options = options if options is not None else ServiceOptions()
         # 1. Check everything that can be checked before any work (the options were checked
         # when they were made; what depends on the model is checked once it is loaded).
         transcribe_options = options.transcribe_options()
-        recordings = [a if isinstance(a, np.ndarray) else load_audio(a) for a in audios]
+        decoded = [_decoded(audio) for audio in audios]
+        recordings = [d.samples for d in decoded]
         with self._lock:
             transcribe_options.validate(self.model)
             # Speakers are assigned word by word, so that a segment is split where its speaker
@@ -346,8 +348,10 @@ class TranscriptionService:
                     draft=draft,
                 )
             return [
-                self._finished(transcript, p, options, draft is not None, hidden_words)
-                for transcript, p in zip(transcripts, prepared, strict=True)
+                _with_audio_warnings(
+                    self._finished(transcript, p, options, draft is not None, hidden_words), d
+                )
+                for transcript, p, d in zip(transcripts, prepared, decoded, strict=True)
             ]
 
     def _prepare(
@@ -387,7 +391,7 @@ class TranscriptionService:
         if prepared.diarization is not None:
             transcript = self._with_speakers(
                 transcript,
-                prepared.diarization,
+                prepared.diarization.within(options.clip_spans()),
                 options.speaker_options(),
                 prepared.diarize_seconds,
             )
@@ -469,6 +473,23 @@ class TranscriptionService:
                 "diarize_seconds": round(seconds, 3),
             },
         )
+
+
+def _decoded(audio: AudioInput) -> DecodedAudio:
+    if isinstance(audio, DecodedAudio):
+        return audio
+    if isinstance(audio, np.ndarray):
+        return DecodedAudio(audio)
+    from asr.audio import decode_audio
+
+    return decode_audio(audio)
+
+
+def _with_audio_warnings(transcript: Transcript, audio: DecodedAudio) -> Transcript:
+    """The transcript with what its audio's decoding warned about first."""
+    if not audio.warnings:
+        return transcript
+    return dataclasses.replace(transcript, warnings=audio.warnings + transcript.warnings)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -90,11 +90,11 @@ def execute(
 ) -> Outcome:
     """Decodes one file (a path, or its bytes named `label` in errors). Any error becomes a
     failed Outcome: one bad file must not stop the worker."""
-    from asr.audio import load_audio
+    from asr.audio import decode_audio
 
     started = time.perf_counter()
     try:
-        source = load_audio(audio, name=label) if isinstance(audio, bytes) else audio
+        source = decode_audio(audio, name=label) if isinstance(audio, bytes) else audio
         transcript = service.run(source, options, progress)
     except Exception as error:
         return Outcome(None, describe_error(error), time.perf_counter() - started)
@@ -129,7 +129,7 @@ def prepare(
         return True
     outputs = list(task.outputs.values())
     if plan.action == "skip":
-        note = "outputs existed"
+        note = "outputs existed" + (", not made by specscribe" if plan.unrecorded else "")
     elif task.attempt > 1 and min(p.stat().st_mtime for p in outputs) >= task.first_started:
         note = "outputs written by an earlier attempt"  # it died after writing, before recording
     else:

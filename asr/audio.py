@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import subprocess
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 SAMPLE_RATE = 16_000
+# What a folder search picks up (a file named on the command line is read whatever its name).
 AUDIO_EXTENSIONS = frozenset(
-    {".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".mp4", ".webm", ".aac", ".wma", ".mkv"}
-)
+    {
+        ".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".m4b", ".mp4", ".webm",
+        ".aac", ".wma", ".mkv", ".mka", ".aiff", ".aif", ".aifc", ".mov", ".avi", ".3gp",
+        ".amr", ".mpga", ".mpeg", ".mp2", ".ac3", ".caf", ".wv",
+    }
+)  # fmt: skip
 # soundfile (libsndfile) decodes these in-process, which skips an ffmpeg start (about 0.1 s a
 # file, most of it CPU) for the common case.
 _SOUNDFILE_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".opus"})
@@ -22,6 +30,18 @@ _SOUNDFILE_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".opus"})
 # the same samples whichever decoder read it (tests/test_audio.py).
 _SOXR_QUALITY = "HQ"
 _STEREO_GAIN = 0.5**0.5  # ffmpeg's stereo-to-mono coefficient (-3 dB)
+# Below this a header's sample rate is not audio anyone records speech at, but a corrupt
+# header: a 350 KB WAV claiming 1 Hz would resample to billions of samples.
+MIN_SAMPLE_RATE = 1000
+# libsoxr and numpy's indexing here hold a signal's length in 32 bits (37 h at 16 kHz).
+_MAX_OUTPUT_SAMPLES = 2**31 - 1
+# Containers whose many-channel files name their layout (WAVE_FORMAT_EXTENSIBLE's mask; FLAC
+# and Vorbis fix the order for up to 8 channels), which ffmpeg's downmix then weighs (centre
+# louder than the rest, LFE left out). A plain WAV names none, and ffmpeg guesses one that
+# can drop channels (3 become "2.1": the third is dropped as LFE) or refuses to mix at all
+# (more than 8), so those channels are averaged here instead.
+_NAMED_LAYOUT_FORMATS = frozenset({"WAVEX", "FLAC", "OGG"})
+_MAX_NAMED_LAYOUT_CHANNELS = 8
 _STDERR_TAIL = 1500
 
 
@@ -33,18 +53,36 @@ class AudioTooLongError(AudioLoadError):
     """Audio longer than the caller allows (found without decoding the rest of it)."""
 
 
+@dataclass(frozen=True)
+class DecodedAudio:
+    """A decoded file: float32 mono samples at 16 kHz, shape = (n_samples,), and what went
+    wrong without stopping the decoder (a truncated or damaged file decodes as far as it can:
+    the user is told, not refused), each a sentence about this file that does not name it."""
+
+    samples: np.ndarray
+    warnings: tuple[str, ...] = ()
+
+
 def load_audio(
     source: str | Path | bytes, name: str | None = None, max_seconds: float | None = None
 ) -> np.ndarray:
+    """`decode_audio`'s samples alone."""
+    return decode_audio(source, name, max_seconds).samples
+
+
+def decode_audio(
+    source: str | Path | bytes, name: str | None = None, max_seconds: float | None = None
+) -> DecodedAudio:
     """Decodes `source` (a path or the bytes of a file).
 
-    Returns float32 samples, shape = (n_samples,), mono at 16 kHz: in [-1, 1] for a mono
-    source (a stereo mix, at -3 dB a channel as ffmpeg mixes it, can reach 1.41).
-    `name` labels bytes input in error messages. max_seconds: longer audio raises
-    AudioTooLongError once that much is decoded, so a small, highly compressed upload cannot
-    make the decoder hold hours of samples.
+    Its samples are float32, mono at 16 kHz: in [-1, 1] for a mono source (a stereo mix, at
+    -3 dB a channel as ffmpeg mixes it, can reach 1.41). `name` labels bytes input in error
+    messages. max_seconds: longer audio raises AudioTooLongError once that much is decoded, so
+    a small, highly compressed upload cannot make the decoder hold hours of samples. A file
+    that decodes only in part (truncated, damaged frames) gives what decoded and a warning.
     """
     limit = None if max_seconds is None else int(max_seconds * SAMPLE_RATE)
+    decoded = None
     if isinstance(source, bytes | bytearray | memoryview):
         label = name or "<bytes>"
         if len(source) == 0:
@@ -54,7 +92,7 @@ def load_audio(
         with tempfile.NamedTemporaryFile(prefix="specscribe-", suffix=".audio") as spooled:
             spooled.write(source)
             spooled.flush()
-            samples = _decode_with_ffmpeg(spooled.name, label, max_seconds)
+            decoded = _decode_with_ffmpeg(spooled.name, label, max_seconds)
     else:
         path = Path(source)
         label = name or str(path)
@@ -62,49 +100,101 @@ def load_audio(
             raise AudioLoadError(f"{label}: no such file")
         if path.stat().st_size == 0:
             raise AudioLoadError(f"{label}: empty file (0 bytes)")
-        samples = (
-            _decode_with_soundfile(path, limit)
-            if path.suffix.lower() in _SOUNDFILE_EXTENSIONS
-            else None
-        )
-        if samples is None:
-            samples = _decode_with_ffmpeg(str(path), label, max_seconds)
+        if path.suffix.lower() in _SOUNDFILE_EXTENSIONS:
+            decoded = _decode_with_soundfile(path, label, limit)
+        if decoded is None:
+            decoded = _decode_with_ffmpeg(str(path), label, max_seconds)
+    samples = decoded.samples
     if limit is not None and samples.size > limit:
         raise AudioTooLongError(f"{label}: the audio lasts more than the {max_seconds:g} s allowed")
     if samples.size == 0:
         raise AudioLoadError(f"{label}: contains no audio samples")
     if not np.isfinite(samples).all():  # float files can hold them; every later stage would fail
         raise AudioLoadError(f"{label}: contains NaN or infinite samples")
-    return samples
+    return decoded
 
 
-def _decode_with_soundfile(path: Path, limit: int | None = None) -> np.ndarray | None:
+def _decode_with_soundfile(path: Path, label: str, limit: int | None = None) -> DecodedAudio | None:
     """The fast path for files soundfile can read, resampled in-process; None hands over to
     ffmpeg. limit: read at least one 16 kHz sample more than this (enough to tell the audio is
-    too long), not the whole file."""
+    too long), not the whole file. Raises AudioLoadError for a sample rate no recording has
+    (`MIN_SAMPLE_RATE`) or a length this decoder cannot hold."""
     import soundfile
 
     try:
-        rate = soundfile.info(str(path)).samplerate
+        info = soundfile.info(str(path))
+    except (RuntimeError, soundfile.LibsndfileError):
+        return None  # ffmpeg gives the better error message
+    rate = info.samplerate
+    if rate < MIN_SAMPLE_RATE:
+        raise AudioLoadError(
+            f"{label}: its header gives a sample rate of {rate} Hz (at least {MIN_SAMPLE_RATE} "
+            "expected): the file is corrupt"
+        )
+    if info.frames * SAMPLE_RATE / rate > _MAX_OUTPUT_SAMPLES:
+        hours = info.frames / rate / 3600
+        raise AudioLoadError(f"{label}: {hours:.0f} h of audio is more than one file may hold")
+    if info.channels > 2 and (
+        info.format in _NAMED_LAYOUT_FORMATS and info.channels <= _MAX_NAMED_LAYOUT_CHANNELS
+    ):
+        return None  # ffmpeg's channel matrix (centre and LFE levels) for surround layouts
+    try:
         frames = -1 if limit is None else math.ceil((limit + 1) * rate / SAMPLE_RATE) + 1
         samples, _ = soundfile.read(str(path), frames=frames, dtype="float32", always_2d=True)
     except (RuntimeError, soundfile.LibsndfileError):
-        return None  # ffmpeg gives the better error message
-    if samples.shape[1] > 2:
-        return None  # ffmpeg's channel matrix (centre and LFE levels) for surround layouts
-    # Stereo mixes as ffmpeg mixes it (each channel at -3 dB), so a file mixes the same
-    # whichever decoder reads it.
-    mono = (
-        samples.sum(axis=1) * np.float32(_STEREO_GAIN) if samples.shape[1] == 2 else samples[:, 0]
-    )
+        return None
+    if samples.shape[1] > 2:  # no layout named: every channel counts the same
+        mono = samples.mean(axis=1, dtype=np.float32)
+    elif samples.shape[1] == 2:
+        # Stereo mixes as ffmpeg mixes it (each channel at -3 dB), so a file mixes the same
+        # whichever decoder reads it.
+        mono = samples.sum(axis=1) * np.float32(_STEREO_GAIN)
+    else:
+        mono = samples[:, 0]
     if rate != SAMPLE_RATE and mono.size:
         import soxr
 
         mono = soxr.resample(mono, rate, SAMPLE_RATE, quality=_SOXR_QUALITY)
-    return np.ascontiguousarray(mono, dtype=np.float32)
+    warnings = ()
+    promised = _wav_data_frames(path, info.channels, info.subtype) or info.frames
+    if limit is None and len(samples) < promised:
+        warnings = (
+            f"the file ends after {len(samples) / rate:.2f} s of the "
+            f"{promised / rate:.2f} s its header gives (truncated?); transcribed what is there",
+        )
+    return DecodedAudio(np.ascontiguousarray(mono, dtype=np.float32), warnings)
 
 
-def _decode_with_ffmpeg(path: str, label: str, max_seconds: float | None = None) -> np.ndarray:
+_PCM_BYTES = {
+    "PCM_U8": 1,
+    "PCM_S8": 1,
+    "PCM_16": 2,
+    "PCM_24": 3,
+    "PCM_32": 4,
+    "FLOAT": 4,
+    "DOUBLE": 8,
+}
+
+
+def _wav_data_frames(path: Path, channels: int, subtype: str) -> int | None:
+    """The frames a RIFF WAV's data chunk says it holds (libsndfile counts those the file
+    still has, so a truncated file looks whole to it); None where that is not known: not a
+    plain PCM WAV, a streamed header (size 0 or 0xFFFFFFFF), a data chunk past the first 64 KB."""
+    size_of_frame = _PCM_BYTES.get(subtype, 0) * channels
+    with path.open("rb") as stream:
+        head = stream.read(65536)
+    if size_of_frame == 0 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        return None
+    at = 12
+    while at + 8 <= len(head):
+        chunk, size = head[at : at + 4], int.from_bytes(head[at + 4 : at + 8], "little")
+        if chunk == b"data":
+            return None if size in (0, 0xFFFFFFFF) else size // size_of_frame
+        at += 8 + size + (size & 1)
+    return None
+
+
+def _decode_with_ffmpeg(path: str, label: str, max_seconds: float | None = None) -> DecodedAudio:
     import ffmpeg
 
     # With a limit, ffmpeg stops a little past it: enough to tell that the audio is longer.
@@ -119,7 +209,7 @@ def _decode_with_ffmpeg(path: str, label: str, max_seconds: float | None = None)
     )
     try:
         # The decoded samples arrive once, as bytes that frombuffer wraps without a copy.
-        out, _ = stream.run(cmd="ffmpeg", capture_stdout=True, capture_stderr=True, quiet=True)
+        out, err = stream.run(cmd="ffmpeg", capture_stdout=True, capture_stderr=True, quiet=True)
     except ffmpeg.Error as error:
         stderr = error.stderr.decode("utf-8", errors="replace").strip().replace(path, label)
         raise AudioLoadError(
@@ -129,25 +219,64 @@ def _decode_with_ffmpeg(path: str, label: str, max_seconds: float | None = None)
         raise AudioLoadError(
             f"{label}: the ffmpeg program is not installed (apt-get install ffmpeg)"
         ) from None
-    return np.frombuffer(out, dtype=np.float32)
+    warnings = ()
+    # -loglevel error: whatever ffmpeg says on a run that succeeds is damage it decoded past.
+    said = [line for line in err.decode("utf-8", errors="replace").splitlines() if line.strip()]
+    if said:
+        last = said[-1].replace(path, label).strip()
+        errors = f"{len(said)} decoding error{'s' if len(said) > 1 else ''}"
+        warnings = (
+            f"ffmpeg met {errors} (the last: {last}); the audio may be cut short or damaged",
+        )
+    return DecodedAudio(np.frombuffer(out, dtype=np.float32), warnings)
 
 
-def find_audio_files(paths: list[Path]) -> list[tuple[Path, Path]]:
+def find_audio_files(
+    paths: list[Path], unreadable: Callable[[Path, OSError], None] | None = None
+) -> list[tuple[Path, Path]]:
     """(file, name for its outputs): files as given, and the audio files under each folder.
 
-    Folders are searched recursively, by extension, in sorted order; a file found in a folder
-    keeps its path relative to that folder, so `a/x.wav` and `b/x.wav` get distinct outputs.
+    Folders are searched recursively (symbolic links followed, each folder once), by
+    extension, in sorted order; a file found in a folder keeps its path relative to that
+    folder, so `a/x.wav` and `b/x.wav` get distinct outputs. A file given or found twice is
+    listed once. unreadable: called with each folder that cannot be listed (permissions) and
+    its error; without it such a folder raises the error, so none is ever skipped unsaid.
     """
     found: list[tuple[Path, Path]] = []
+    listed: set[Path] = set()
     for path in paths:
         if path.is_dir():
-            audio = sorted(
-                p for p in path.rglob("*") if p.suffix.lower() in AUDIO_EXTENSIONS and p.is_file()
-            )
-            found.extend((p, p.relative_to(path).with_suffix("")) for p in audio)
+            files = [
+                (f, f.relative_to(path).with_suffix("")) for f in _audio_under(path, unreadable)
+            ]
         else:
-            found.append((path, Path(path.stem)))
+            files = [(path, Path(path.stem))]
+        for file, stem in files:
+            key = Path(os.path.realpath(file))
+            if key not in listed:
+                listed.add(key)
+                found.append((file, stem))
     return found
+
+
+def _audio_under(folder: Path, unreadable: Callable[[Path, OSError], None] | None) -> list[Path]:
+    """The files with an audio extension under `folder`, sorted.
+    A link to a file that is gone is kept: reading it reports it."""
+
+    def failed(error: OSError) -> None:
+        if unreadable is None:
+            raise error
+        unreadable(Path(error.filename), error)
+
+    audio, visited = [], set()
+    for root, folders, names in os.walk(folder, onerror=failed, followlinks=True):
+        real = os.path.realpath(root)
+        if real in visited:  # a link back up the tree: its files are listed already
+            folders.clear()
+            continue
+        visited.add(real)
+        audio.extend(Path(root, n) for n in names if Path(n).suffix.lower() in AUDIO_EXTENSIONS)
+    return sorted(audio)
 
 
 def check_distinct_outputs(files: list[tuple[Path, Path]], output_dir: Path) -> None:

@@ -925,6 +925,25 @@ def _prepare(
     )
 
 
+def _dropped_warnings(session: _Session) -> tuple[str, ...]:
+    """What the hallucination guards left out, said where the user reads warnings: a dropped
+    segment may be speech that really repeats itself (a chorus, a reading said twice)."""
+    warnings = []
+    if session.dropped_repeats:
+        ngram = session.options.repetition_ngram
+        warnings.append(
+            f"{session.dropped_repeats} segments left out: they repeated earlier text even "
+            f"when decoded again (repetition n-gram {ngram}; 0 keeps them)"
+        )
+    if session.dropped_anomalies:
+        threshold = session.options.hallucination_silence_threshold
+        warnings.append(
+            f"{session.dropped_anomalies} segments left out as text hallucinated in a pause "
+            f"(hallucination silence threshold {threshold:g} s)"
+        )
+    return tuple(warnings)
+
+
 def _finished(session: _Session, segments: list[Segment], started: float) -> Transcript:
     """A decoded recording's transcript: times on its own timeline, options, costs."""
     if session.timeline is not None:
@@ -932,6 +951,7 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
     stats = session.ledger.stats
     together = {"decoded_together": session.ledger.recordings}
     return Transcript(
+        warnings=_dropped_warnings(session),
         segments=tuple(segments),
         language=session.language or "en",
         duration=round(session.recording_seconds, 3),

@@ -288,6 +288,8 @@ class WhisperModel:
 
         directory = local_directory(path)
         model_type = _model_type(directory)
+        if model_type is None:
+            raise ValueError(f"{path} holds no config.json: not a model checkpoint")
         if model_type != "whisper":
             raise ValueError(f"{path} holds a {model_type} model, not a Whisper model")
         if int8_decoder and torch.device(device).type != "cpu":

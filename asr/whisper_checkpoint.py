@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -69,13 +70,23 @@ def config_namespace(fields: dict) -> SimpleNamespace:
 
 def local_directory(path: str | Path) -> Path:
     """`path` itself when it is a directory; otherwise a hub id, resolved through the hub
-    cache (HF_HUB_OFFLINE decides whether it may download)."""
+    cache (HF_HUB_OFFLINE decides whether it may download). Raises ValueError for a hub id
+    that cannot be had: not cached while offline, not found, gated, or the network down."""
     if Path(path).is_dir():
         return Path(path)
     from huggingface_hub import snapshot_download
 
     patterns = ["*.json", "*.safetensors", "*.txt", "*.model"]
-    return Path(snapshot_download(str(path), allow_patterns=patterns))
+    try:
+        return Path(snapshot_download(str(path), allow_patterns=patterns))
+    except (OSError, ValueError) as error:  # the hub's errors are both kinds
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        hint = (
+            "it is not in the hub cache and the hub is off (HF_HUB_OFFLINE=0 allows downloads)"
+            if offline
+            else f"the hub did not give it ({type(error).__name__})"
+        )
+        raise ValueError(f"{path} is neither a folder nor a model to be had: {hint}") from error
 
 
 def read_checkpoint(

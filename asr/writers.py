@@ -158,14 +158,21 @@ def write_srt(transcript: Transcript, stem: str, layout: SubtitleLayout = Subtit
 
 @writer("vtt")
 def write_vtt(transcript: Transcript, stem: str, layout: SubtitleLayout = SubtitleLayout()) -> str:
+    """WebVTT cues; `&`, `<` and `>` in the text are escaped, as the format requires (a raw
+    `<` starts a tag, a raw `&` an entity), and a speaker is a voice span."""
+
     def block(cue: _Cue) -> str:
-        lines = list(cue.lines)
+        lines = [_vtt_escaped(line) for line in cue.lines]
         if cue.speaker:
             lines[0] = f"<v {cue.speaker}>{lines[0]}"
         times = f"{_timestamp(cue.start, '.')} --> {_timestamp(cue.end, '.')}"
         return f"{times}\n" + "\n".join(lines) + "\n"
 
     return "WEBVTT\n\n" + "\n".join(block(cue) for cue in _cues(transcript, layout))
+
+
+def _vtt_escaped(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 SUBTITLE_FORMATS = ("srt", "vtt")
@@ -232,7 +239,12 @@ def write_outputs(
 ) -> None:
     """Each output, then (with `record`: the options that made them, JSON values) the record,
     last, so a record never vouches for outputs that were not written. `layout` shapes the
-    srt and vtt cues."""
+    srt and vtt cues.
+
+    The record names the formats it vouches for (`RECORD_FORMATS`): those written now, and
+    those it named before if they were made with the same options. A run that writes only
+    srt with other options leaves a txt made before it unvouched for, so a later run that
+    asks for the txt with the new options makes it again instead of skipping it."""
     for fmt, path in paths.items():
         if fmt in SUBTITLE_FORMATS:
             content = WRITERS[fmt](transcript, path.stem, layout)
@@ -240,7 +252,18 @@ def write_outputs(
             content = WRITERS[fmt](transcript, path.stem)
         write_atomically(path, content)
     if record is not None and paths:
-        write_atomically(record_path(paths), json.dumps(record, sort_keys=True, indent=1) + "\n")
+        wanted = _as_stored(record)
+        stored = _read_record(record_path(paths))
+        formats = set(paths)
+        if isinstance(stored, dict) and _options(stored) == wanted:
+            formats.update(stored.get(RECORD_FORMATS, ()))
+        content = {**wanted, RECORD_FORMATS: sorted(formats)}
+        write_atomically(record_path(paths), json.dumps(content, sort_keys=True, indent=1) + "\n")
+
+
+# The record's key that lists the formats its options made. Records written before it was
+# kept lack it and vouch for every output of the file, as they were read then.
+RECORD_FORMATS = "formats"
 
 
 def record_path(paths: dict[str, Path]) -> Path:
@@ -249,28 +272,58 @@ def record_path(paths: dict[str, Path]) -> Path:
     return first.with_name(f".{first.stem}.specscribe.json")
 
 
+def _read_record(path: Path) -> object:
+    """The stored record's JSON value; None where there is none; raises ValueError or OSError
+    where it cannot be read."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+
+
+def _as_stored(record: dict) -> dict:
+    """`record` as JSON stores it (tuples become lists)."""
+    return json.loads(json.dumps(record))
+
+
+def _options(stored: dict) -> dict:
+    """A stored record's options, without the formats it vouches for."""
+    return {key: value for key, value in stored.items() if key != RECORD_FORMATS}
+
+
 def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[str, str]:
-    """Whether a file's outputs are done: ("missing", ""), ("done", "") or ("changed", what).
+    """Whether a file's outputs are done: ("missing", ""), ("done", ""), ("changed", what)
+    or ("unrecorded", "").
 
     "changed": every output exists, but the record says other options made them (`what` names
-    them: "diarize false -> true"). Outputs without a record (written by hand, or by a version
-    that kept none) count as done: nothing says otherwise."""
+    them: "diarize false -> true"), or does not vouch for some of them ("srt made with other
+    options"). "unrecorded": every output exists and no record says how they were made
+    (written by hand, or by a version that kept none): callers keep them, as nothing says
+    they are wrong, and say so."""
     if not paths or not all(path.exists() for path in paths.values()):
         return "missing", ""
     if record is None:
         return "done", ""
     try:
-        stored = json.loads(record_path(paths).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return "done", ""
+        stored = _read_record(record_path(paths))
     except (OSError, ValueError):
         return "changed", "its record is unreadable"
-    wanted = json.loads(json.dumps(record))  # tuples -> lists, as the stored record has them
-    if stored == wanted:
-        return "done", ""
-    differences = [
-        f"{key} {json.dumps(stored.get(key))} -> {json.dumps(wanted.get(key))}"
-        for key in sorted(set(stored) | set(wanted))
-        if stored.get(key) != wanted.get(key)
-    ]
-    return "changed", ", ".join(differences)
+    if stored is None:
+        return "unrecorded", ""
+    if not isinstance(stored, dict):
+        return "changed", "its record is unreadable"
+    wanted = _as_stored(record)
+    options = _options(stored)
+    if options != wanted:
+        differences = [
+            f"{key} {json.dumps(options.get(key))} -> {json.dumps(wanted.get(key))}"
+            for key in sorted(set(options) | set(wanted))
+            if options.get(key) != wanted.get(key)
+        ]
+        return "changed", ", ".join(differences)
+    vouched = stored.get(RECORD_FORMATS)
+    if isinstance(vouched, list):
+        unvouched = [fmt for fmt in paths if fmt not in vouched]
+        if unvouched:
+            return "changed", f"{', '.join(unvouched)} made with other options"
+    return "done", ""

@@ -24,7 +24,7 @@ import contextlib
 import io
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -383,6 +383,24 @@ class Diarization:
     turns: tuple[SpeakerTurn, ...]
     exclusive: tuple[SpeakerTurn, ...]
     speech: SpeechProbability | None = None
+
+    def within(self, spans: tuple[tuple[float, float], ...] | None) -> Diarization:
+        """The turns cut to `spans` (sorted, disjoint seconds; an end may be inf), as for a
+        request that transcribes only its clip ranges: its rttm and its speaker counts are
+        then about the audio transcribed. None: all of it."""
+        if spans is None:
+            return self
+        return replace(self, turns=_cut(self.turns, spans), exclusive=_cut(self.exclusive, spans))
+
+
+def _cut(turns: tuple[SpeakerTurn, ...], spans: tuple[tuple[float, float], ...]) -> tuple:
+    """Each turn's parts inside `spans`, in the turns' order."""
+    return tuple(
+        SpeakerTurn(max(turn.start, start), min(turn.end, end), turn.speaker)
+        for turn in turns
+        for start, end in spans
+        if min(turn.end, end) > max(turn.start, start)
+    )
 
 
 def audio_file(samples: np.ndarray, uri: str = "audio") -> dict[str, Any]:

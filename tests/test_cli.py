@@ -125,6 +125,25 @@ def test_transcribe_prints_the_transcript(capsys):
 
 
 @pytest.mark.slow
+def test_a_cut_short_file_is_transcribed_with_a_warning_and_others_outputs_are_kept(
+    capsys, tmp_path
+):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "cut.wav").write_bytes((SAMPLES / "jfk.wav").read_bytes()[:100_000])
+    shutil.copy(SAMPLES / "jfk.wav", folder / "jfk.wav")
+    (folder / "jfk.txt").write_text("a reference transcript someone wrote\n")
+    command = ["transcribe", str(folder), "--output-dir", str(folder), "--language", "en"]
+    assert main(command) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {folder / 'cut.wav'}: the file ends after 3.12 s" in err
+    assert f"skipping {folder / 'jfk.wav'}: {folder / 'jfk.txt'} exist but were not made by " in err
+    assert (folder / "jfk.txt").read_text() == "a reference transcript someone wrote\n"
+    saved = (folder / "cut.txt").read_text()
+    assert "fellow Americans" in saved
+
+
+@pytest.mark.slow
 def test_folder_run_skips_a_corrupt_file_and_finished_work(capsys, tmp_path):
     inputs, outputs = tmp_path / "in", tmp_path / "out"
     (inputs / "nested").mkdir(parents=True)

@@ -265,6 +265,22 @@ def test_rttm_holds_the_diarizers_turns_overlaps_included(tmp_path):
     assert read_rttm(tmp_path / "my_talk.rttm") == turns
 
 
+def test_a_clipped_request_keeps_only_the_turns_of_its_clip_ranges():
+    from diarize.pipeline import Diarization
+
+    turns = (SpeakerTurn(0.0, 3.0, "SPEAKER_00"), SpeakerTurn(2.0, 9.0, "SPEAKER_01"))
+    diarization = Diarization(turns, turns[:1])
+    assert diarization.within(None) is diarization
+    clipped = diarization.within(((1.0, 2.5), (8.0, float("inf"))))
+    assert clipped.turns == (
+        SpeakerTurn(1.0, 2.5, "SPEAKER_00"),
+        SpeakerTurn(2.0, 2.5, "SPEAKER_01"),
+        SpeakerTurn(8.0, 9.0, "SPEAKER_01"),
+    )
+    assert clipped.exclusive == (SpeakerTurn(1.0, 2.5, "SPEAKER_00"),)
+    assert diarization.within(((20.0, 30.0),)).turns == ()
+
+
 def test_speakers_without_words_are_named():
     turns = (
         SpeakerTurn(0.0, 3.0, "SPEAKER_00"),

@@ -27,7 +27,7 @@ import pytest
 from app.api.audio_request import parse_form
 from app.api.errors import ApiError
 from app.api.text_front import StopScanner, draft_options
-from app.api.work_queue import QueueFull, WorkQueue
+from app.api.work_queue import Abandoned, QueueFull, WorkQueue
 from app.service import ServiceOptions
 from tests.conftest import REPO, SAMPLES, SHARED_SPEECH, normalised_words, reference_text
 
@@ -182,6 +182,60 @@ def test_work_queue_runs_in_order_and_refuses_past_its_size():
         release.set()
         work.close()
     assert order == [0, 1, 2]
+
+
+def test_a_reserved_place_counts_before_its_job_and_a_cancelled_job_gives_it_back_at_once():
+    work = WorkQueue(1)
+    release = threading.Event()
+    try:
+        running = work.submit(release.wait)
+        deadline = time.monotonic() + 5
+        while work.waiting and time.monotonic() < deadline:  # the worker took it
+            time.sleep(0.01)
+        place = work.reserve()  # a request whose audio is still decoding
+        with pytest.raises(QueueFull):
+            work.reserve()  # requests arriving together: refused before they decode
+        with place:
+            pass  # its audio did not decode: the place is given back
+        waiting = work.submit(lambda: "never")
+        assert work.waiting == 1
+        assert work.cancel(waiting) and work.waiting == 0  # not when the worker reaches it
+        assert not work.cancel(running)  # a running job is not cancelled
+        later = work.submit(lambda: "ran")
+        release.set()
+        assert later.result(timeout=10) == "ran" and waiting.cancelled()
+        assert work.waiting == 0
+    finally:
+        release.set()
+        work.close()
+
+
+def test_a_request_whose_client_leaves_cancels_its_job_or_stops_it():
+    import asyncio
+
+    work = WorkQueue(2)
+    release, stop = threading.Event(), threading.Event()
+
+    async def gone() -> bool:
+        return True
+
+    async def scenario():
+        blocker = work.submit(release.wait)
+        with pytest.raises(Abandoned):  # waiting behind the blocker when its client leaves
+            await work.run(lambda: "never", abandoned=gone, stop=stop)
+        assert stop.is_set() and work.waiting == 0
+        release.set()
+        blocker.result(timeout=10)
+        stop.clear()
+        with pytest.raises(Abandoned):  # running: `stop` is set for the job to notice
+            await work.run(lambda: stop.wait(10), abandoned=gone, stop=stop)
+        assert stop.is_set()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        work.close()
 
 
 def test_serve_refuses_bad_api_options_before_loading_anything(capsys):
@@ -341,6 +395,21 @@ def _error(response: httpx.Response, status: int, code: str | None = None) -> di
 @pytest.mark.slow
 def test_models_lists_the_loaded_whisper_and_text_model(client):
     assert {m.id for m in client.models.list()} == {"whisper-base", TEXT_MODEL}
+
+
+@pytest.mark.slow
+def test_a_model_is_retrieved_by_id_and_other_paths_answer_in_openais_shape(client, open_server):
+    import openai
+
+    assert client.models.retrieve("whisper-base").id == "whisper-base"
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("whisper-1")
+    url = open_server.url
+    _error(httpx.get(url + "/v1/nothing/here"), 404, "unknown_url")
+    wrong_method = httpx.get(url + "/v1/audio/transcriptions")
+    assert "POST" in _error(wrong_method, 405, "method_not_allowed")["message"]
+    assert wrong_method.headers["allow"] == "POST"
+    assert httpx.get(url + "/").status_code == 200  # the page is still there
 
 
 @pytest.mark.slow
@@ -742,6 +811,8 @@ def test_text_request_errors(open_server):
     too_long = httpx.post(url, json={**base, "max_tokens": 9000})
     assert "context" in _error(too_long, 422, "context_length_exceeded")["message"]
     _error(httpx.post(url, content=b"{", headers={"content-type": "application/json"}), 400)
+    nested = b"[" * 100_000 + b"]" * 100_000  # deeper than the parser's stack
+    _error(httpx.post(url, content=nested, headers={"content-type": "application/json"}), 400)
     _error(httpx.post(url, data={"prompt": "Hi"}), 415)
 
 

@@ -105,8 +105,9 @@ def test_the_plan_makes_missing_outputs_redoes_changed_ones_and_skips_finished_o
     outputs["txt"].write_text("hello")
     assert plan_outputs(outputs, record, overwrite=False).action == "make"  # json missing
     outputs["json"].write_text("{}")
-    # Outputs without a record (written by hand or an older version) count as finished.
-    assert plan_outputs(outputs, record, overwrite=False).action == "skip"
+    # Outputs without a record (written by hand or an older version) are kept, and said to be.
+    unrecorded = plan_outputs(outputs, record, overwrite=False)
+    assert (unrecorded.action, unrecorded.unrecorded) == ("skip", True)
     record_path(outputs).write_text(json.dumps(record))
     plan = plan_outputs(outputs, record, overwrite=False)
     assert (plan.action, plan.decode) == ("skip", False)

@@ -381,6 +381,16 @@ def test_the_repetition_guard_removes_repeated_segments(
     with torch_threads(2):
         guarded = service.run(adversarial["half_silence"].path, options.replace(repetition_ngram=6))
     assert guarded.stats["reprompted_windows"] + guarded.stats["dropped_repeats"] > 0
+    dropped = guarded.stats["dropped_repeats"]
+    said_so = [w for w in guarded.warnings if "repeated earlier text" in w]
+    assert said_so == (
+        [
+            f"{dropped} segments left out: they repeated earlier text even when "
+            "decoded again (repetition n-gram 6; 0 keeps them)"
+        ]
+        if dropped
+        else []
+    )
     assert len(_repeated_runs(guarded.text)) < len(_repeated_runs(unguarded.text))
     said = RepetitionGuard(6)
     for segment in guarded.segments:  # no segment left is a copy of what came before it
@@ -399,6 +409,10 @@ def test_hallucination_silence_threshold_drops_copies_alone_in_pauses(
             adversarial["half_silence"].path, options.replace(hallucination_silence_threshold=2.0)
         )
     assert guarded.stats["dropped_anomalies"] > 0
+    assert any(
+        "hallucinated in a pause (hallucination silence threshold 2 s)" in w
+        for w in guarded.warnings
+    )
     assert len(_repeated_runs(guarded.text)) < len(_repeated_runs(unguarded.text))
 
 

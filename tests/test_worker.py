@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from app.jobs import JobSpec, JobStore, WorkerId
+from app.jobs import JobSpec, JobStore, JobStoreError, WorkerId
 from app.service import ServiceOptions
 from asr.types import Transcript
 from tests.conftest import REPO, SAMPLES, reference_text, wait_for, word_error_rate
@@ -159,7 +159,11 @@ def test_expired_lease_is_reclaimed_and_the_stale_claim_cannot_finish(tmp_path):
     stalled, other = WorkerId("h1", 1, "stalled"), WorkerId("h2", 2, "other")
     first = store.claim(stalled, MODEL, lease=0.3)
     assert store.claim(other, MODEL, lease=0.3) is None  # held
+    (running,) = store.tasks(first.job_id)
+    assert not running.stalled(time.time())
     time.sleep(0.4)
+    (running,) = store.tasks(first.job_id)
+    assert running.stalled(time.time())  # status tells it apart from a task being worked on
     second = store.claim(other, MODEL, lease=30)
     assert second.id == first.id and second.attempt == 2
     assert not store.holds(first) and not store.renew(first, 30)
@@ -167,6 +171,22 @@ def test_expired_lease_is_reclaimed_and_the_stale_claim_cannot_finish(tmp_path):
     assert store.complete(second, other, 1.0, "transcribed")
     kinds = [(e.kind, e.worker) for e in store.events(first.id)]
     assert kinds == [("claimed", "stalled"), ("reclaimed", "other"), ("done", "other")]
+
+
+def test_a_store_that_cannot_be_written_is_refused_before_any_work(tmp_path):
+    import subprocess
+
+    store = JobStore(tmp_path / "jobs.db")
+    store.close()
+    # An immutable file (tests run as root, to whom permission bits mean nothing).
+    if subprocess.run(["chattr", "+i", str(store.path)], capture_output=True).returncode:
+        pytest.skip("this file system cannot make a file immutable")
+    try:
+        with pytest.raises(JobStoreError, match="cannot be written"):
+            JobStore(store.path, create=False)
+        assert JobStore(store.path, create=False, read_only=True).jobs() == []  # status reads
+    finally:
+        subprocess.run(["chattr", "-i", str(store.path)], check=True)
 
 
 def test_a_dead_worker_on_this_host_is_reclaimed_without_waiting_for_its_lease(tmp_path):
@@ -272,8 +292,6 @@ def test_submit_names_what_is_wrong(tmp_path):
 
 
 def test_a_file_that_is_not_a_store_is_refused(tmp_path):
-    from app.jobs import JobStoreError
-
     bad = tmp_path / "jobs.db"
     bad.write_text("this is not a database, " * 100)
     with pytest.raises(JobStoreError, match="not a usable job store"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -90,10 +91,30 @@ def test_a_record_beside_the_outputs_tells_finished_work_from_work_made_otherwis
         "changed",
         "diarize false -> true, num_speakers null -> 2",
     )
-    (tmp_path / ".talk.specscribe.json").unlink()  # outputs from before records were kept
-    assert outputs_state(paths, asked) == ("done", "")
+    (tmp_path / ".talk.specscribe.json").unlink()  # outputs written by hand, or before records
+    assert outputs_state(paths, asked) == ("unrecorded", "")
     paths["txt"].unlink()
     assert outputs_state(paths, made) == ("missing", "")
+
+
+def test_a_record_vouches_only_for_the_formats_its_options_made(tmp_path):
+    txt, srt, both = (
+        output_paths(tmp_path, Path("talk"), f) for f in (["txt"], ["srt"], ["txt", "srt"])
+    )
+    english, german = {"language": "en"}, {"language": "de"}
+    write_outputs(TRANSCRIPT, txt, english)
+    write_outputs(TRANSCRIPT, srt, german)  # other options, another format
+    assert outputs_state(srt, german) == ("done", "")
+    # The txt was made in English: asked for in German, it is made again, not skipped.
+    assert outputs_state(txt, german) == ("changed", "txt made with other options")
+    assert outputs_state(txt, english) == ("changed", 'language "de" -> "en"')
+    write_outputs(TRANSCRIPT, txt, german)  # same options: the record keeps vouching for srt
+    assert outputs_state(both, german) == ("done", "")
+    record = json.loads((tmp_path / ".talk.specscribe.json").read_text())
+    assert record == {**german, "formats": ["srt", "txt"]}
+    # A record from before formats were named vouches for every output, as it did then.
+    (tmp_path / ".talk.specscribe.json").write_text(json.dumps(german))
+    assert outputs_state(both, german) == ("done", "")
 
 
 def _spoken(words: str, start: float = 0.0, step: float = 0.5) -> tuple[Word, ...]:
@@ -139,3 +160,10 @@ def test_a_long_pause_starts_a_new_cue_and_text_without_words_is_wrapped():
 def test_bad_subtitle_layouts_are_refused(layout):
     with pytest.raises(ValueError):
         layout.validate()
+
+
+def test_vtt_escapes_what_the_format_would_read_as_markup():
+    segment = Segment(0.0, 2.0, " Q&A at AT&T: x < y > z", speaker="S1")
+    vtt = write_vtt(Transcript((segment,), "en", 2.0), "x")
+    assert "<v S1>Q&amp;A at AT&amp;T: x &lt; y &gt; z" in vtt
+    assert "Q&A at AT&T" in write_srt(Transcript((segment,), "en", 2.0), "x")  # srt is plain

@@ -1,8 +1,10 @@
 """build_api: the OpenAI-compatible FastAPI app over the loaded models.
 
-Routes: `GET /v1/models`, `POST /v1/audio/transcriptions`, `POST /v1/audio/translations`,
-`POST /v1/completions`, `POST /v1/chat/completions`. With an API key, every `/v1` route wants
-`Authorization: Bearer KEY` (401 otherwise). All model work goes through one `WorkQueue`.
+Routes: `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/audio/transcriptions`,
+`POST /v1/audio/translations`, `POST /v1/completions`, `POST /v1/chat/completions`. With an
+API key, every `/v1` route wants `Authorization: Bearer KEY` (401 otherwise); any other `/v1`
+path is a 404 (405 for a route's other methods) in OpenAI's error shape. All model work goes
+through one `WorkQueue`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import hmac
 import time
 
 from fastapi import Depends, FastAPI, Request
+from starlette.routing import Match, Mount
 
 from ..service import TranscriptionService
 from .audio_routes import AudioApi
@@ -58,17 +61,55 @@ def build_api(
     started = int(time.time())
     auth = [Depends(bearer_check(api_key))]
 
-    @app.get("/v1/models", dependencies=auth)
-    async def models() -> dict:
+    def model_entries() -> list[dict]:
         names = [(service.asr_model_name, "speech-to-text")]
         if text is not None:
             names.append((text.name, "text-generation"))
-        data = [
+        return [
             {"id": name, "object": "model", "created": started, "owned_by": "specscribe", "task": t}
             for name, t in names
         ]
-        return {"object": "list", "data": data}
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models() -> dict:
+        return {"object": "list", "data": model_entries()}
+
+    @app.get("/v1/models/{model_id:path}", dependencies=auth)
+    async def model(model_id: str) -> dict:
+        for entry in model_entries():
+            if entry["id"] == model_id:
+                return entry
+        raise ApiError(
+            404, f"the model {model_id!r} does not exist", param="model", code="model_not_found"
+        )
 
     app.include_router(AudioApi(service, work).router(), dependencies=auth)
     app.include_router(TextApi(text, work).router(), dependencies=auth)
+
+    # Last: any other /v1 path answers in OpenAI's shape, not the web page's 404.
+    @app.api_route("/v1/{rest:path}", methods=_METHODS, dependencies=auth, include_in_schema=False)
+    async def unknown(request: Request, rest: str) -> None:
+        path = f"/v1/{rest}"
+        allowed = [
+            method
+            for method in _METHODS
+            if any(
+                route.matches({**request.scope, "method": method})[0] == Match.FULL
+                for route in app.router.routes
+                # not this route, nor the web page mounted at "/", which takes any path
+                if getattr(route, "endpoint", None) is not unknown and not isinstance(route, Mount)
+            )
+        ]
+        if allowed:
+            raise ApiError(
+                405,
+                f"{request.method} is not allowed on {path}; use {' or '.join(allowed)}",
+                code="method_not_allowed",
+                headers={"Allow": ", ".join(allowed)},
+            )
+        raise ApiError(404, f"there is no route {request.method} {path}", code="unknown_url")
+
     return app
+
+
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

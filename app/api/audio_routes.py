@@ -2,17 +2,19 @@
 
 Each request, in order: the form (400/422), the model name (404), the options (422), the file
 (400 empty, 413 too large), a place in the queue (429), the audio decoded outside the queue
-(415 not audio, 413 too long), then the service's run in the queue. With `stream`, the answer
-is server-sent events in OpenAI's shape: a `transcript.text.delta` as each 30 s window's text is
-decided, then one `transcript.text.done` with the whole text (speakers, when asked for, are
-only known then).
+(415 not audio, 413 too long), then the service's run in the queue; a client that goes away
+gives its place back, and stops its transcription after the window being decoded. With
+`stream`, the answer is server-sent events in OpenAI's shape: a `transcript.text.delta` as
+each 30 s window's text is decided, then one `transcript.text.done` with the whole text
+(speakers, when asked for, are only known then).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
 from typing import Literal
 
 import numpy as np
@@ -26,10 +28,12 @@ from .audio_formats import render, usage
 from .audio_request import WHISPER_ALIAS, AudioRequest, parse_form
 from .errors import ApiError, error_body
 from .events import sse
-from .work_queue import QueueFull, WorkQueue
+from .work_queue import Abandoned, Place, QueueFull, WorkQueue
 
 log = logging.getLogger(__name__)
 
+# nginx's status for a request whose client closed the connection first (nobody reads it).
+CLIENT_CLOSED_REQUEST = 499
 # Multipart framing and the form's text fields, on top of the file itself.
 FORM_OVERHEAD_BYTES = 1_000_000
 Task = Literal["transcribe", "translate"]
@@ -68,14 +72,25 @@ class AudioApi:
             message = str(error)
             param = "language" if message.startswith("language") else None
             raise ApiError(422, message, param=param) from None
-        self._check_room()
-        # 2. The audio, decoded outside the queue (ffmpeg runs in its own process).
-        samples = await asyncio.to_thread(self._decode, audio)
-        # 3. The model work, in the queue.
-        if asked.stream:
-            return self._stream(samples, options)
-        windows: list[DecidedWindow] = []
-        transcript = await self._queued(samples, options, windows.append)
+        with self._place() as place:  # given back if the audio does not decode
+            # 2. The audio, decoded outside the queue (ffmpeg runs in its own process).
+            samples = await asyncio.to_thread(self._decode, audio)
+            # 3. The model work, in the queue.
+            if asked.stream:
+                return self._stream(samples, options, place)
+            windows: list[DecidedWindow] = []
+            stop = threading.Event()
+
+            def on_window(window: DecidedWindow) -> None:
+                if stop.is_set():  # the client went away: stop after this window
+                    raise Abandoned("the client went away")
+                windows.append(window)
+
+            try:
+                transcript = await self._queued(request, samples, options, on_window, place, stop)
+            except Abandoned:
+                log.info("a transcription request was abandoned by its client")
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
         return render(transcript, asked, task, windows)
 
     async def _read(self, request: Request) -> tuple[AudioRequest, bytes]:
@@ -124,10 +139,13 @@ class AudioApi:
             code="model_not_found",
         )
 
-    def _check_room(self) -> None:
-        """Refuses at once when the queue is full, before the audio costs any decoding."""
-        if self.work.waiting >= self.work.size:
-            raise queue_full(self.work)
+    def _place(self) -> Place:
+        """A place in the queue, taken before the audio costs any decoding; refused at once
+        (429) when the queue is full."""
+        try:
+            return self.work.reserve()
+        except QueueFull:
+            raise queue_full(self.work) from None
 
     def _decode(self, audio: bytes) -> np.ndarray:
         from asr.audio import AudioLoadError, AudioTooLongError, load_audio
@@ -146,24 +164,42 @@ class AudioApi:
                 code="invalid_audio",
             ) from None
 
-    async def _queued(self, samples: np.ndarray, options: ServiceOptions, on_window) -> Transcript:
+    async def _queued(
+        self,
+        request: Request,
+        samples: np.ndarray,
+        options: ServiceOptions,
+        on_window: Callable[[DecidedWindow], None],
+        place: Place,
+        stop: threading.Event,
+    ) -> Transcript:
+        """The transcription in `place`; raises Abandoned when the client leaves first."""
         try:
             return await self.work.run(
-                lambda: self.service.run(samples, options, on_window=on_window)
+                lambda: self.service.run(samples, options, on_window=on_window),
+                place,
+                abandoned=request.is_disconnected,
+                stop=stop,
             )
-        except QueueFull:
-            raise queue_full(self.work) from None
         except ValueError as error:
             raise ApiError(422, str(error)) from None
 
-    def _stream(self, samples: np.ndarray, options: ServiceOptions) -> StreamingResponse:
-        """Server-sent events; the job is queued now, so a full queue still answers 429."""
-        try:
-            done, windows = self.work.submit_streaming(
-                lambda emit: self.service.run(samples, options, on_window=emit)
-            )
-        except QueueFull:
-            raise queue_full(self.work) from None
+    def _stream(self, samples: np.ndarray, options: ServiceOptions, place: Place):
+        """Server-sent events. A client that leaves cancels the response's generator, which
+        cancels the job: one waiting gives its place back, one running stops at its next
+        window."""
+        stop = threading.Event()
+
+        def job(emit: Callable[[DecidedWindow], None]) -> Transcript:
+            def on_window(window: DecidedWindow) -> None:
+                if stop.is_set():
+                    raise Abandoned("the client went away")
+                emit(window)
+
+            return self.service.run(samples, options, on_window=on_window)
+
+        done, windows = self.work.submit_streaming(job, place)
+        done.add_done_callback(lambda d: stop.set() if d.cancelled() else None)
         return StreamingResponse(
             _transcript_events(done, windows),
             media_type="text/event-stream",

@@ -4,7 +4,8 @@ Every refusal of the HTTP API is an `ApiError`; `install_handlers` makes FastAPI
 request-validation error and any unexpected exception in that shape, so a stock client (the
 `openai` SDK raises `BadRequestError`, `AuthenticationError`, `RateLimitError`, ... from the
 status) shows the message. Statuses: 400 malformed request (unknown or missing fields, an empty
-file), 401 missing or wrong API key, 404 a model that is not loaded (as OpenAI answers), 413 audio
+file), 401 missing or wrong API key, 404 a model that is not loaded (as OpenAI answers) or a
+path that is no route, 405 a route's other methods, 413 audio
 too large or too long, 415 not audio / not multipart, 422 a value out of range or a combination
 this server cannot do, 429 the queue is full, 503 a front that is not enabled.
 """
@@ -26,6 +27,7 @@ _TYPES = {
     400: "invalid_request_error",
     401: "invalid_request_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     422: "invalid_request_error",

@@ -23,11 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from decoding import SamplingOptions
 
-from .audio_routes import queue_full
+from .audio_routes import CLIENT_CLOSED_REQUEST, queue_full
 from .errors import ApiError, error_body
 from .events import sse
 from .text_front import Completion, TextFront
-from .work_queue import QueueFull, WorkQueue
+from .work_queue import Abandoned, QueueFull, WorkQueue
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_MAX_TOKENS = 1024  # chat default: this, or what the context leaves
@@ -48,7 +48,7 @@ class _Common(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)  # torch's generator seeds
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -119,7 +119,8 @@ class TextApi:
         async def completions(request: Request) -> Response:
             front = self._front()
             asked = _parse(CompletionRequest, await _json(request))
-            return await self._answer(front, asked, front.prompt_ids(asked.text), "text")
+            prompt = front.prompt_ids(asked.text)
+            return await self._answer(request, front, asked, prompt, "text")
 
         @router.post("/v1/chat/completions")
         async def chat(request: Request) -> Response:
@@ -132,7 +133,7 @@ class TextApi:
                 )
             asked = _parse(ChatRequest, await _json(request))
             prompt = front.chat_ids([message.plain() for message in asked.messages])
-            return await self._answer(front, asked, prompt, "chat")
+            return await self._answer(request, front, asked, prompt, "chat")
 
         return router
 
@@ -146,7 +147,12 @@ class TextApi:
         return self.front
 
     async def _answer(
-        self, front: TextFront, asked: _Common, prompt: list[int], kind: Literal["text", "chat"]
+        self,
+        request: Request,
+        front: TextFront,
+        asked: _Common,
+        prompt: list[int],
+        kind: Literal["text", "chat"],
     ) -> Response:
         # 1. The request against the model: its name, the stop strings, the context.
         if asked.model != front.name:
@@ -173,9 +179,14 @@ class TextApi:
         if asked.stream:
             return self._stream(front, prompt, max_tokens, sampling, stops, shape, asked)
         try:
-            done = await self.work.run(lambda: front.complete(prompt, max_tokens, sampling, stops))
+            done = await self.work.run(
+                lambda: front.complete(prompt, max_tokens, sampling, stops),
+                abandoned=request.is_disconnected,  # a client gone gives its place back
+            )
         except QueueFull:
             raise queue_full(self.work) from None
+        except Abandoned:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         except ValueError as error:
             raise ApiError(422, str(error)) from None
         return JSONResponse(shape.whole(done))
@@ -299,6 +310,8 @@ async def _json(request: Request) -> Any:
         return json.loads(await request.body())
     except ValueError as error:
         raise ApiError(400, f"the body is not valid JSON: {error}") from None
+    except RecursionError:  # nesting deeper than the parser's stack
+        raise ApiError(400, "the body is not valid JSON: nested too deeply") from None
 
 
 def _parse(model: type[BaseModel], body: Any):

@@ -3,8 +3,11 @@
 The models are not re-entrant (`TranscriptionService` holds a lock; the text model has one
 too), so running requests side by side would only make each slower. One worker thread runs the
 submitted jobs in order; at most `size` may wait behind the running one, and a request beyond
-that is refused at once (HTTP 429) rather than left to stall. The web page's Gradio queue has
-its own bound of the same size and meets these jobs at the service's lock.
+that is refused at once (HTTP 429) rather than left to stall. A request takes its place
+(`reserve`) before its audio is decoded, so requests that arrive together cannot all decode
+hours of audio first; a request whose client has gone gives its place back at once, and stops
+its job if it is running (`run`'s `abandoned`). The web page's Gradio queue has its own bound
+of the same size and meets these jobs at the service's lock.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future
 from typing import TypeVar
 
@@ -26,6 +29,45 @@ class QueueFull(Exception):
     """`size` jobs are already waiting."""
 
 
+class Abandoned(Exception):
+    """The client that asked for a job went away (`WorkQueue.run`)."""
+
+
+class Place:
+    """A place among the waiting jobs, held from `WorkQueue.reserve` until a job takes it
+    (`submit`) or it is released (leaving a `with` block, or `release`)."""
+
+    def __init__(self, work: WorkQueue) -> None:
+        self._work = work
+        self._held = True
+
+    def take(self) -> None:
+        """Hands the place to a job (which gives it back when it starts)."""
+        if not self._held:
+            raise RuntimeError("this place was released or taken already")
+        self._held = False
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._work._leave()
+
+    def __enter__(self) -> Place:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+class _Job:
+    """A submitted job; `counted` while it holds a place among the waiting."""
+
+    def __init__(self, future: Future, run: Callable[[], object]) -> None:
+        self.future = future
+        self.run = run
+        self.counted = True
+
+
 class WorkQueue:
     """Runs jobs on one daemon thread, first in first out; `size` >= 1 may wait."""
 
@@ -33,9 +75,8 @@ class WorkQueue:
         if size < 1:
             raise ValueError(f"queue size must be at least 1, not {size}")
         self.size = size
-        self._jobs: queue.SimpleQueue[tuple[Future, Callable[[], object]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._by_future: dict[Future, _Job] = {}
         self._lock = threading.Lock()
         self._waiting = 0
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
@@ -43,59 +84,112 @@ class WorkQueue:
 
     @property
     def waiting(self) -> int:
-        """Jobs submitted and not started yet."""
+        """Places held: jobs submitted and not started yet, and reservations."""
         return self._waiting
 
-    def submit(self, job: Callable[[], T]) -> Future[T]:
-        """Queues `job`; raises QueueFull when `size` jobs wait already. A future cancelled
-        before its turn is skipped."""
-        future: Future[T] = Future()
+    def reserve(self) -> Place:
+        """Takes a place for a job to come; raises QueueFull when `size` are held already."""
         with self._lock:
             if self._waiting >= self.size:
                 raise QueueFull(f"{self._waiting} requests are waiting (--queue-size {self.size})")
             self._waiting += 1
-        self._jobs.put((future, job))
+        return Place(self)
+
+    def submit(self, job: Callable[[], T], place: Place | None = None) -> Future[T]:
+        """Queues `job` in `place` (None: takes one, raising QueueFull when `size` are held).
+        A future cancelled before its turn (`cancel`) is skipped."""
+        if place is None:
+            place = self.reserve()
+        place.take()
+        future: Future[T] = Future()
+        item = _Job(future, job)
+        with self._lock:
+            self._by_future[future] = item
+        self._jobs.put(item)
         return future
 
+    def cancel(self, future: Future) -> bool:
+        """Cancels a job that has not started, giving its place back now; False once it runs."""
+        with self._lock:
+            item = self._by_future.get(future)
+            if item is None or not future.cancel():
+                return False
+            if item.counted:
+                item.counted = False
+                self._waiting -= 1
+            return True
+
     def submit_streaming(
-        self, job: Callable[[Callable[[E], None]], T]
+        self, job: Callable[[Callable[[E], None]], T], place: Place | None = None
     ) -> tuple[asyncio.Future[T], AsyncIterator[E]]:
         """Queues `job(emit)` as `submit` does (QueueFull included); what the job emits from
         the worker thread comes out of the returned iterator, in order, until the job ends; its
-        result or exception is the returned future's. Call it from the event loop."""
+        result or exception is the returned future's. Call it from the event loop. Cancelling
+        the returned future gives a job that has not started its place back."""
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[E] = asyncio.Queue()
 
         def emit(item: E) -> None:
             loop.call_soon_threadsafe(items.put_nowait, item)
 
-        done = asyncio.wrap_future(self.submit(lambda: job(emit)))
+        future = self.submit(lambda: job(emit), place)
+        done = asyncio.wrap_future(future)
+        done.add_done_callback(lambda d: self.cancel(future) if d.cancelled() else None)
         return done, until_done(done, items)
 
-    async def run(self, job: Callable[[], T]) -> T:
+    async def run(
+        self,
+        job: Callable[[], T],
+        place: Place | None = None,
+        abandoned: Callable[[], Awaitable[bool]] | None = None,
+        stop: threading.Event | None = None,
+    ) -> T:
         """Queues `job` and waits for its result (its exception) without blocking the event
-        loop; a request cancelled while waiting gives up its place."""
-        future = self.submit(job)
+        loop. A request cancelled while waiting gives up its place. abandoned: polled while
+        waiting (a client's disconnect); once true the job is cancelled if it has not
+        started, `stop` is set for a running job to notice, and Abandoned is raised."""
+        future = self.submit(job, place)
+        waiter = asyncio.wrap_future(future)
         try:
-            return await asyncio.wrap_future(future)
+            while True:
+                finished, _ = await asyncio.wait({waiter}, timeout=ABANDON_POLL_SECONDS)
+                if finished:
+                    return waiter.result()
+                if abandoned is not None and await abandoned():
+                    self.cancel(future)
+                    if stop is not None:
+                        stop.set()
+                    raise Abandoned("the client went away")
         except asyncio.CancelledError:
-            future.cancel()
+            self.cancel(future)
+            if stop is not None:
+                stop.set()
             raise
 
     def close(self) -> None:
         """Lets the worker thread end after the jobs queued so far."""
         self._jobs.put(None)
 
+    def _leave(self) -> None:
+        with self._lock:
+            self._waiting -= 1
+
     def _work(self) -> None:
         while (item := self._jobs.get()) is not None:
-            future, job = item
             with self._lock:
-                self._waiting -= 1
-            if not future.set_running_or_notify_cancel():
+                self._by_future.pop(item.future, None)
+                if item.counted:
+                    item.counted = False
+                    self._waiting -= 1
+            if not item.future.set_running_or_notify_cancel():
                 continue
             try:
-                result = job()
+                result = item.run()
             except BaseException as error:  # handed to the request that asked for it
-                future.set_exception(error)
+                item.future.set_exception(error)
             else:
-                future.set_result(result)
+                item.future.set_result(result)
+
+
+# How often a waiting request checks that its client is still there.
+ABANDON_POLL_SECONDS = 0.5
