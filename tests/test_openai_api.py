@@ -188,6 +188,11 @@ def test_a_reserved_place_counts_before_its_job_and_a_cancelled_job_gives_it_bac
     work = WorkQueue(1)
     release = threading.Event()
     try:
+        idle = [work.reserve(), work.reserve()]  # nothing runs: one of them will at once
+        with pytest.raises(QueueFull):
+            work.reserve()
+        for place in idle:
+            place.release()
         running = work.submit(release.wait)
         deadline = time.monotonic() + 5
         while work.waiting and time.monotonic() < deadline:  # the worker took it

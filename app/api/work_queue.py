@@ -79,6 +79,7 @@ class WorkQueue:
         self._by_future: dict[Future, _Job] = {}
         self._lock = threading.Lock()
         self._waiting = 0
+        self._running = False
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -88,9 +89,10 @@ class WorkQueue:
         return self._waiting
 
     def reserve(self) -> Place:
-        """Takes a place for a job to come; raises QueueFull when `size` are held already."""
+        """Takes a place for a job to come; raises QueueFull when `size` are held already and
+        a job runs (while none runs, one more: the first of them will run at once)."""
         with self._lock:
-            if self._waiting >= self.size:
+            if self._waiting >= self.size + (0 if self._running else 1):
                 raise QueueFull(f"{self._waiting} requests are waiting (--queue-size {self.size})")
             self._waiting += 1
         return Place(self)
@@ -183,12 +185,15 @@ class WorkQueue:
                     self._waiting -= 1
             if not item.future.set_running_or_notify_cancel():
                 continue
+            self._running = True
             try:
                 result = item.run()
             except BaseException as error:  # handed to the request that asked for it
                 item.future.set_exception(error)
             else:
                 item.future.set_result(result)
+            finally:
+                self._running = False
 
 
 # How often a waiting request checks that its client is still there.
