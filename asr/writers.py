@@ -90,20 +90,29 @@ class _Cue:
     speaker: str | None
 
 
-def _cues(transcript: Transcript, layout: SubtitleLayout) -> list[_Cue]:
+def _cues(
+    transcript: Transcript, layout: SubtitleLayout, label: Callable[[str], str] | None = None
+) -> list[_Cue]:
+    """The transcript's cues, shaped by `layout`. label: the text a format puts before a
+    speaker's cue's first line, shown on screen (srt's "[SPEAKER_00] "), which the line's
+    width then includes."""
     if not layout.shaped:
         return [_Cue(s.start, s.end, (_one_line(s.text),), s.speaker) for s in transcript.segments]
     cues: list[_Cue] = []
     for segment in transcript.segments:
+        shown = len(label(segment.speaker)) if label and segment.speaker else 0
         words = [w for w in segment.words if w.text.strip()]
         if words:
-            cues += _word_cues(words, layout, segment.speaker)
+            cues += _word_cues(words, layout, segment.speaker, shown)
         elif segment.text.strip():
-            cues += _text_cues(segment, layout)
+            cues += _text_cues(segment, layout, shown)
     return cues
 
 
-def _word_cues(words: list[Word], layout: SubtitleLayout, speaker: str | None) -> list[_Cue]:
+def _word_cues(
+    words: list[Word], layout: SubtitleLayout, speaker: str | None, label_width: int = 0
+) -> list[_Cue]:
+    """Cues of whole words; a cue's first line leaves `label_width` characters for its label."""
     width = layout.max_line_width or 10**9
     count = layout.max_line_count or 10**9
     cues: list[_Cue] = []
@@ -120,7 +129,8 @@ def _word_cues(words: list[Word], layout: SubtitleLayout, speaker: str | None) -
         if previous_end is not None and word.start - previous_end > layout.MAX_CUE_GAP:
             close()
         length = len("".join(w.text for w in lines[-1]).strip()) if lines else 0
-        if not lines or length + len(word.text) > width:
+        room = width - label_width if len(lines) == 1 else width
+        if not lines or length + len(word.text) > room:
             if len(lines) == count:
                 close()
             lines.append([])
@@ -130,8 +140,10 @@ def _word_cues(words: list[Word], layout: SubtitleLayout, speaker: str | None) -
     return cues
 
 
-def _text_cues(segment: Segment, layout: SubtitleLayout) -> list[_Cue]:
-    lines = textwrap.wrap(_one_line(segment.text), layout.max_line_width or 10**9) or [""]
+def _text_cues(segment: Segment, layout: SubtitleLayout, label_width: int = 0) -> list[_Cue]:
+    """Cues of wrapped text; every line leaves `label_width` characters (any may start a cue)."""
+    width = max((layout.max_line_width or 10**9) - label_width, 1)
+    lines = textwrap.wrap(_one_line(segment.text), width) or [""]
     count = layout.max_line_count or len(lines)
     groups = [lines[i : i + count] for i in range(0, len(lines), count)]
     total = sum(len(line) for line in lines) or 1
@@ -146,14 +158,18 @@ def _text_cues(segment: Segment, layout: SubtitleLayout) -> list[_Cue]:
 
 @writer("srt")
 def write_srt(transcript: Transcript, stem: str, layout: SubtitleLayout = SubtitleLayout()) -> str:
+    def label(speaker: str) -> str:
+        return f"[{speaker}] "
+
     def block(index: int, cue: _Cue) -> str:
         lines = list(cue.lines)
         if cue.speaker:
-            lines[0] = f"[{cue.speaker}] {lines[0]}"
+            lines[0] = label(cue.speaker) + lines[0]
         times = f"{_timestamp(cue.start, ',')} --> {_timestamp(cue.end, ',')}"
         return f"{index}\n{times}\n" + "\n".join(lines) + "\n"
 
-    return "\n".join(block(i, cue) for i, cue in enumerate(_cues(transcript, layout), start=1))
+    cues = _cues(transcript, layout, label)
+    return "\n".join(block(i, cue) for i, cue in enumerate(cues, start=1))
 
 
 @writer("vtt")

@@ -132,10 +132,12 @@ def test_subtitle_lines_are_shaped_by_width_and_count_and_timed_by_their_words()
         duration=5.0,
     )
     srt = write_srt(transcript, "x", SubtitleLayout(max_line_width=14, max_line_count=2))
-    assert srt == (
-        "1\n00:00:00,000 --> 00:00:02,900\n[S1] one two three\nfour five six\n\n"
-        "2\n00:00:03,000 --> 00:00:04,900\n[S1] seven eight\nnine ten\n"
+    assert srt == (  # the label shown before a cue counts in its first line's width
+        "1\n00:00:00,000 --> 00:00:01,900\n[S1] one two\nthree four\n\n"
+        "2\n00:00:02,000 --> 00:00:03,900\n[S1] five six\nseven eight\n\n"
+        "3\n00:00:04,000 --> 00:00:04,900\n[S1] nine ten\n"
     )
+    assert max(len(line) for line in srt.splitlines() if "-->" not in line) <= 14
     vtt = write_vtt(transcript, "x", SubtitleLayout(max_line_count=1))  # no width: one line
     assert vtt.count("-->") == 1 and "<v S1>one two three" in vtt
 
