@@ -244,7 +244,9 @@ class JobStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise JobStoreError(f"{self.path}: {error.strerror or error}") from None
+            blocking = next((p for p in self.path.parents if p.exists() and not p.is_dir()), None)
+            reason = f"{blocking} is a file, not a folder" if blocking else error.strerror or error
+            raise JobStoreError(f"{self.path}: {reason}") from None
         connection = self._connection()  # creates the schema, and fails now on a bad file
         if not read_only:
             with self._write(connection) as db:

@@ -816,6 +816,8 @@ def test_text_request_errors(open_server):
     too_long = httpx.post(url, json={**base, "max_tokens": 9000})
     assert "context" in _error(too_long, 422, "context_length_exceeded")["message"]
     _error(httpx.post(url, content=b"{", headers={"content-type": "application/json"}), 400)
+    assert _error(httpx.post(url, json={**base, "prompt": ""}), 422)["param"] == "prompt"
+    assert _error(httpx.post(url, json={**base, "seed": 2**80}), 422)["param"] == "seed"
     nested = b"[" * 100_000 + b"]" * 100_000  # deeper than the parser's stack
     _error(httpx.post(url, content=nested, headers={"content-type": "application/json"}), 400)
     _error(httpx.post(url, data={"prompt": "Hi"}), 415)

@@ -120,6 +120,10 @@ class TextApi:
             front = self._front()
             asked = _parse(CompletionRequest, await _json(request))
             prompt = front.prompt_ids(asked.text)
+            if not prompt:  # an empty prompt, for a model without a BOS token to start from
+                raise ApiError(
+                    422, f"prompt is empty, and {front.name} needs text to continue", param="prompt"
+                )
             return await self._answer(request, front, asked, prompt, "text")
 
         @router.post("/v1/chat/completions")
