@@ -153,7 +153,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             if plan.unrecorded:
                 print(
                     f"specscribe: skipping {path}: {', '.join(str(p) for p in outputs.values())}"
-                    " exist but were not made by specscribe (--overwrite replaces them)",
+                    " exist without a record of how they were made (--overwrite replaces them)",
                     file=sys.stderr,
                 )
             continue

@@ -290,7 +290,7 @@ class EndpointHandler:
     def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
         """{"inputs": audio, "parameters": {...}} -> the response of `to_response`.
         Raises EndpointError (400/413/422) for a request that cannot be served."""
-        from asr.audio import SAMPLE_RATE, AudioLoadError, AudioTooLongError, load_audio
+        from asr.audio import SAMPLE_RATE, AudioLoadError, AudioTooLongError, decode_audio
 
         started = time.perf_counter()
         # 1. The request's shape, then its parameters: both cheap, before any decoding.
@@ -306,14 +306,16 @@ class EndpointHandler:
         audio = read_audio_bytes(data["inputs"], self.settings.max_audio_bytes)
         try:
             # The duration limit stops decoding early: a few MB of Opus can hold hours.
-            samples = load_audio(audio, name="inputs", max_seconds=self.settings.max_audio_seconds)
+            decoded = decode_audio(
+                audio, name="inputs", max_seconds=self.settings.max_audio_seconds
+            )
         except AudioTooLongError as error:
             raise EndpointError(413, str(error)) from None
         except AudioLoadError as error:
             raise EndpointError(422, f"not decodable audio: {error}") from None
-        duration = samples.size / SAMPLE_RATE
-        # 3. Transcribe (and diarize).
-        transcript = self.service.run(samples, options)
+        duration = decoded.samples.size / SAMPLE_RATE
+        # 3. Transcribe (and diarize); what decoding warned about joins the warnings.
+        transcript = self.service.run(decoded, options)
         seconds = time.perf_counter() - started
         logger.info("%.1f s of audio in %.2f s (%s)", duration, seconds, options)
         return to_response(transcript, options.word_timestamps, seconds)

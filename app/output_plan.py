@@ -4,9 +4,10 @@ engine share.
 A file is done when every output it asks for exists and its option record (written beside the
 outputs, `asr.writers`) says the same model, precision and options made them. Then it is
 skipped, unless the request says to overwrite; outputs made otherwise are made again, and the
-user is told what changed. Outputs that exist without a record (written by hand, or a
-reference transcript beside its audio) are kept, never overwritten unasked, and the user is told
-why they were skipped.
+user is told what changed. When every output exists but no record says how they were made
+(written by hand, a reference transcript beside its audio, or a version that kept no records),
+the file is skipped and the user told why; when some of them are missing, all are made, those
+included.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class OutputPlan:
     """What to do with one file. action: "make" (an output is missing), "redo" (the outputs
     were made with other options: `changes` names them), "overwrite" (done, but the request
     says to make them again), "skip" (done). unrecorded: skipped outputs that no record says
-    specscribe made (worth telling the user: they may be someone else's files)."""
+    how they were made (worth telling the user: they may be someone else's files)."""
 
     action: Action
     changes: str = ""

@@ -129,7 +129,9 @@ def prepare(
         return True
     outputs = list(task.outputs.values())
     if plan.action == "skip":
-        note = "outputs existed" + (", not made by specscribe" if plan.unrecorded else "")
+        note = "outputs existed" + (
+            ", with no record of how they were made" if plan.unrecorded else ""
+        )
     elif task.attempt > 1 and min(p.stat().st_mtime for p in outputs) >= task.first_started:
         note = "outputs written by an earlier attempt"  # it died after writing, before recording
     else:

@@ -18,13 +18,16 @@ SAMPLE_RATE = 16_000
 AUDIO_EXTENSIONS = frozenset(
     {
         ".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".m4b", ".mp4", ".webm",
-        ".aac", ".wma", ".mkv", ".mka", ".aiff", ".aif", ".aifc", ".mov", ".avi", ".3gp",
-        ".amr", ".mpga", ".mpeg", ".mp2", ".ac3", ".caf", ".wv",
+        ".aac", ".wma", ".mkv", ".mka", ".aiff", ".aif", ".aifc", ".amr", ".mpga", ".mp2",
+        ".ac3", ".caf", ".wv",
     }
 )  # fmt: skip
+# Video containers (.mov, .avi, ...) are left to be named one by one: a folder often holds a
+# video beside the audio extracted from it, and both would write the same outputs.
 # soundfile (libsndfile) decodes these in-process, which skips an ffmpeg start (about 0.1 s a
 # file, most of it CPU) for the common case.
 _SOUNDFILE_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".opus"})
+_SOUNDFILE_FORMATS = frozenset({"WAV", "WAVEX", "FLAC", "OGG"})  # libsndfile's names for them
 # Every path resamples with libsoxr at this quality (python-soxr in-process, ffmpeg's aresample
 # with resampler=soxr, whose default precision is the same 20 bits): the same PCM resamples to
 # the same samples whichever decoder read it (tests/test_audio.py).
@@ -92,7 +95,11 @@ def decode_audio(
         with tempfile.NamedTemporaryFile(prefix="specscribe-", suffix=".audio") as spooled:
             spooled.write(source)
             spooled.flush()
-            decoded = _decode_with_ffmpeg(spooled.name, label, max_seconds)
+            # The formats a path with their extension would have read through soundfile, read
+            # the same way (its header checks included); the rest through ffmpeg.
+            decoded = _decode_with_soundfile(Path(spooled.name), label, limit, sniffed=True)
+            if decoded is None:
+                decoded = _decode_with_ffmpeg(spooled.name, label, max_seconds)
     else:
         path = Path(source)
         label = name or str(path)
@@ -104,6 +111,9 @@ def decode_audio(
             decoded = _decode_with_soundfile(path, label, limit)
         if decoded is None:
             decoded = _decode_with_ffmpeg(str(path), label, max_seconds)
+        if limit is None:
+            cut = _cut_short(path, decoded.samples)
+            decoded = DecodedAudio(decoded.samples, decoded.warnings + cut)
     samples = decoded.samples
     if limit is not None and samples.size > limit:
         raise AudioTooLongError(f"{label}: the audio lasts more than the {max_seconds:g} s allowed")
@@ -114,17 +124,22 @@ def decode_audio(
     return decoded
 
 
-def _decode_with_soundfile(path: Path, label: str, limit: int | None = None) -> DecodedAudio | None:
+def _decode_with_soundfile(
+    path: Path, label: str, limit: int | None = None, sniffed: bool = False
+) -> DecodedAudio | None:
     """The fast path for files soundfile can read, resampled in-process; None hands over to
     ffmpeg. limit: read at least one 16 kHz sample more than this (enough to tell the audio is
-    too long), not the whole file. Raises AudioLoadError for a sample rate no recording has
-    (`MIN_SAMPLE_RATE`) or a length this decoder cannot hold."""
+    too long), not the whole file. sniffed: the file's name says nothing (uploaded bytes), so
+    only the containers `_SOUNDFILE_EXTENSIONS` name are read here. Raises AudioLoadError for
+    a sample rate no recording has (`MIN_SAMPLE_RATE`) or a length this decoder cannot hold."""
     import soundfile
 
     try:
         info = soundfile.info(str(path))
     except (RuntimeError, soundfile.LibsndfileError):
         return None  # ffmpeg gives the better error message
+    if sniffed and info.format not in _SOUNDFILE_FORMATS:
+        return None
     rate = info.samplerate
     if rate < MIN_SAMPLE_RATE:
         raise AudioLoadError(
@@ -134,9 +149,7 @@ def _decode_with_soundfile(path: Path, label: str, limit: int | None = None) -> 
     if info.frames * SAMPLE_RATE / rate > _MAX_OUTPUT_SAMPLES:
         hours = info.frames / rate / 3600
         raise AudioLoadError(f"{label}: {hours:.0f} h of audio is more than one file may hold")
-    if info.channels > 2 and (
-        info.format in _NAMED_LAYOUT_FORMATS and info.channels <= _MAX_NAMED_LAYOUT_CHANNELS
-    ):
+    if info.channels > 2 and _layout_named(path, info):
         return None  # ffmpeg's channel matrix (centre and LFE levels) for surround layouts
     try:
         frames = -1 if limit is None else math.ceil((limit + 1) * rate / SAMPLE_RATE) + 1
@@ -155,43 +168,65 @@ def _decode_with_soundfile(path: Path, label: str, limit: int | None = None) -> 
         import soxr
 
         mono = soxr.resample(mono, rate, SAMPLE_RATE, quality=_SOXR_QUALITY)
-    warnings = ()
-    promised = _wav_data_frames(path, info.channels, info.subtype) or info.frames
-    if limit is None and len(samples) < promised:
-        warnings = (
-            f"the file ends after {len(samples) / rate:.2f} s of the "
-            f"{promised / rate:.2f} s its header gives (truncated?); transcribed what is there",
-        )
-    return DecodedAudio(np.ascontiguousarray(mono, dtype=np.float32), warnings)
+    return DecodedAudio(np.ascontiguousarray(mono, dtype=np.float32))
 
 
-_PCM_BYTES = {
-    "PCM_U8": 1,
-    "PCM_S8": 1,
-    "PCM_16": 2,
-    "PCM_24": 3,
-    "PCM_32": 4,
-    "FLOAT": 4,
-    "DOUBLE": 8,
-}
+def _layout_named(path: Path, info) -> bool:
+    """Whether a many-channel file names its channel layout for ffmpeg's downmix: FLAC and Vorbis
+    fix it up to 8 channels; a WAV names it only in WAVE_FORMAT_EXTENSIBLE's channel mask, which
+    writers (libsndfile among them) often leave 0."""
+    if info.channels > _MAX_NAMED_LAYOUT_CHANNELS or info.format not in _NAMED_LAYOUT_FORMATS:
+        return False
+    if info.format == "WAVEX":
+        header = _wav_header(path)
+        return header is not None and bool(header.channel_mask)
+    return True
 
 
-def _wav_data_frames(path: Path, channels: int, subtype: str) -> int | None:
-    """The frames a RIFF WAV's data chunk says it holds (libsndfile counts those the file
-    still has, so a truncated file looks whole to it); None where that is not known: not a
-    plain PCM WAV, a streamed header (size 0 or 0xFFFFFFFF), a data chunk past the first 64 KB."""
-    size_of_frame = _PCM_BYTES.get(subtype, 0) * channels
+@dataclass(frozen=True)
+class _WavHeader:
+    """What a RIFF WAV's header says. seconds: what its data chunk holds by its size (None for
+    a streamed header, size 0 or 0xFFFFFFFF); channel_mask: WAVE_FORMAT_EXTENSIBLE's
+    dwChannelMask (None in other formats)."""
+
+    seconds: float | None
+    channel_mask: int | None
+
+
+def _wav_header(path: Path) -> _WavHeader | None:
+    """The header of a RIFF WAV whose fmt and data chunks start in its first 64 KB; None for
+    anything else. Decoders count the samples a file still has, so a truncated file looks
+    whole to them: the data chunk's size says what it should hold."""
     with path.open("rb") as stream:
         head = stream.read(65536)
-    if size_of_frame == 0 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+    if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
         return None
-    at = 12
+    fmt, at = None, 12
     while at + 8 <= len(head):
         chunk, size = head[at : at + 4], int.from_bytes(head[at + 4 : at + 8], "little")
-        if chunk == b"data":
-            return None if size in (0, 0xFFFFFFFF) else size // size_of_frame
+        body = head[at + 8 : at + 8 + size]
+        if chunk == b"fmt " and len(body) >= 16:
+            fmt = body
+        elif chunk == b"data" and fmt is not None:
+            rate, block = int.from_bytes(fmt[4:8], "little"), int.from_bytes(fmt[12:14], "little")
+            extensible = int.from_bytes(fmt[0:2], "little") == 0xFFFE and len(fmt) >= 24
+            mask = int.from_bytes(fmt[20:24], "little") if extensible else None
+            streamed = size in (0, 0xFFFFFFFF) or not rate or not block
+            return _WavHeader(None if streamed else size // block / rate, mask)
         at += 8 + size + (size & 1)
     return None
+
+
+def _cut_short(path: Path, samples: np.ndarray) -> tuple[str, ...]:
+    """A warning when a WAV holds less audio than its header gives (a recording cut off)."""
+    header = _wav_header(path) if path.suffix.lower() == ".wav" else None
+    decoded = len(samples) / SAMPLE_RATE
+    if header is None or header.seconds is None or decoded >= header.seconds - 0.01:
+        return ()
+    return (
+        f"the file ends after {decoded:.2f} s of the {header.seconds:.2f} s its header gives "
+        "(truncated?); transcribed what is there",
+    )
 
 
 def _decode_with_ffmpeg(path: str, label: str, max_seconds: float | None = None) -> DecodedAudio:
@@ -270,8 +305,9 @@ def _audio_under(folder: Path, unreadable: Callable[[Path, OSError], None] | Non
 
     audio, visited = [], set()
     for root, folders, names in os.walk(folder, onerror=failed, followlinks=True):
+        folders.sort()  # a folder reached twice (a link) is named by its first path, sorted
         real = os.path.realpath(root)
-        if real in visited:  # a link back up the tree: its files are listed already
+        if real in visited:  # a link back up the tree, or beside its target: listed already
             folders.clear()
             continue
         visited.add(real)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -80,10 +79,11 @@ def local_directory(path: str | Path) -> Path:
     try:
         return Path(snapshot_download(str(path), allow_patterns=patterns))
     except (OSError, ValueError) as error:  # the hub's errors are both kinds
-        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        from huggingface_hub import constants
+
         hint = (
             "it is not in the hub cache and the hub is off (HF_HUB_OFFLINE=0 allows downloads)"
-            if offline
+            if constants.HF_HUB_OFFLINE
             else f"the hub did not give it ({type(error).__name__})"
         )
         raise ValueError(f"{path} is neither a folder nor a model to be had: {hint}") from error

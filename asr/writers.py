@@ -141,9 +141,12 @@ def _word_cues(
 
 
 def _text_cues(segment: Segment, layout: SubtitleLayout, label_width: int = 0) -> list[_Cue]:
-    """Cues of wrapped text; every line leaves `label_width` characters (any may start a cue)."""
+    """Cues of wrapped text; every line leaves `label_width` characters (any may start a cue).
+    A word longer than a line gets a line of its own, never split."""
     width = max((layout.max_line_width or 10**9) - label_width, 1)
-    lines = textwrap.wrap(_one_line(segment.text), width) or [""]
+    lines = textwrap.wrap(
+        _one_line(segment.text), width, break_long_words=False, break_on_hyphens=False
+    ) or [""]
     count = layout.max_line_count or len(lines)
     groups = [lines[i : i + count] for i in range(0, len(lines), count)]
     total = sum(len(line) for line in lines) or 1
@@ -269,11 +272,16 @@ def write_outputs(
         write_atomically(path, content)
     if record is not None and paths:
         wanted = _as_stored(record)
-        stored = _read_record(record_path(paths))
-        formats = set(paths)
+        try:
+            stored = _read_record(record_path(paths))
+        except (OSError, ValueError):  # damaged: replaced by what was just written
+            stored = None
+        content = {**wanted, RECORD_FORMATS: sorted(paths)}
         if isinstance(stored, dict) and _options(stored) == wanted:
-            formats.update(stored.get(RECORD_FORMATS, ()))
-        content = {**wanted, RECORD_FORMATS: sorted(formats)}
+            if RECORD_FORMATS in stored:
+                content[RECORD_FORMATS] = sorted({*paths, *stored[RECORD_FORMATS]})
+            else:  # a record from before formats were named, same options: it still vouches
+                content = wanted  # for every output, as it did
         write_atomically(record_path(paths), json.dumps(content, sort_keys=True, indent=1) + "\n")
 
 

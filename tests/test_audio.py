@@ -187,6 +187,9 @@ def test_channels_of_a_plain_wav_count_the_same_whatever_their_number(tmp_path):
     only_third[:, 2] = speech
     soundfile.write(tmp_path / "third.wav", only_third, SAMPLE_RATE, subtype="FLOAT")
     np.testing.assert_allclose(load_audio(tmp_path / "third.wav"), speech / 3, atol=1e-7)
+    # WAVE_FORMAT_EXTENSIBLE names a layout only in its channel mask, which libsndfile leaves 0.
+    soundfile.write(tmp_path / "x.wav", only_third, SAMPLE_RATE, subtype="FLOAT", format="WAVEX")
+    np.testing.assert_allclose(load_audio(tmp_path / "x.wav"), speech / 3, atol=1e-7)
     soundfile.write(tmp_path / "many.wav", np.tile(speech[:, None], (1, 32)), SAMPLE_RATE)
     np.testing.assert_allclose(load_audio(tmp_path / "many.wav"), speech, atol=1e-4)
 

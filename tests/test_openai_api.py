@@ -232,15 +232,59 @@ def test_a_request_whose_client_leaves_cancels_its_job_or_stops_it():
         release.set()
         blocker.result(timeout=10)
         stop.clear()
+        stopped = threading.Event()
+
+        def job() -> None:  # runs until told to stop, as a transcription between windows
+            stop.wait(10)
+            stopped.set()
+
         with pytest.raises(Abandoned):  # running: `stop` is set for the job to notice
-            await work.run(lambda: stop.wait(10), abandoned=gone, stop=stop)
-        assert stop.is_set()
+            await work.run(job, abandoned=gone, stop=stop)
+        assert await asyncio.to_thread(stopped.wait, 5)  # it stopped, not ran out its 10 s
 
     try:
         asyncio.run(scenario())
     finally:
         release.set()
         work.close()
+
+
+def test_a_stream_whose_client_left_before_it_began_gives_its_place_back():
+    # The client left while its upload decoded: the ASGI server cancels the response before
+    # its body generator starts, so only the response itself can give the place back.
+    import asyncio
+
+    from app.api.work_queue import ClosingStream
+
+    work = WorkQueue(2)
+    release, ran = threading.Event(), []
+
+    async def scenario() -> None:
+        work.submit(release.wait)  # the worker is busy with another request
+        while work.waiting:  # until the worker has taken it
+            await asyncio.sleep(0.01)
+        done, items = work.submit_streaming(lambda emit: ran.append("ran"), work.reserve())
+        assert work.waiting == 1
+        response = ClosingStream(items, on_close=done.cancel, media_type="text/event-stream")
+
+        async def receive() -> dict:  # the client is gone already
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            await asyncio.sleep(0)
+
+        await response({"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send)
+        await asyncio.sleep(0.05)  # the cancelled future's callbacks run on the loop's next turn
+        assert work.waiting == 0
+        release.set()
+        await asyncio.sleep(0.3)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        work.close()
+    assert ran == []  # its job never ran
 
 
 def test_serve_refuses_bad_api_options_before_loading_anything(capsys):

@@ -112,9 +112,18 @@ def test_a_record_vouches_only_for_the_formats_its_options_made(tmp_path):
     assert outputs_state(both, german) == ("done", "")
     record = json.loads((tmp_path / ".talk.specscribe.json").read_text())
     assert record == {**german, "formats": ["srt", "txt"]}
-    # A record from before formats were named vouches for every output, as it did then.
+    # A record from before formats were named vouches for every output, as it did then, and
+    # goes on doing so when another format is made with the same options.
     (tmp_path / ".talk.specscribe.json").write_text(json.dumps(german))
     assert outputs_state(both, german) == ("done", "")
+    vtt = output_paths(tmp_path, Path("talk"), ["vtt"])
+    write_outputs(TRANSCRIPT, vtt, german)
+    assert outputs_state({**both, **vtt}, german) == ("done", "")
+    # A damaged record is replaced by the one the outputs just written deserve.
+    (tmp_path / ".talk.specscribe.json").write_bytes(b'{"language": "d\xff')
+    assert outputs_state(txt, german) == ("changed", "its record is unreadable")
+    write_outputs(TRANSCRIPT, txt, german)
+    assert outputs_state(txt, german) == ("done", "")
 
 
 def _spoken(words: str, start: float = 0.0, step: float = 0.5) -> tuple[Word, ...]:
@@ -169,3 +178,9 @@ def test_vtt_escapes_what_the_format_would_read_as_markup():
     vtt = write_vtt(Transcript((segment,), "en", 2.0), "x")
     assert "<v S1>Q&amp;A at AT&amp;T: x &lt; y &gt; z" in vtt
     assert "Q&A at AT&T" in write_srt(Transcript((segment,), "en", 2.0), "x")  # srt is plain
+
+
+def test_a_label_wider_than_the_line_never_splits_words():
+    segment = Segment(0.0, 3.0, " Thank you everyone.", speaker="SPEAKER_00")  # no word times
+    srt = write_srt(Transcript((segment,), "en", 3.0), "x", SubtitleLayout(max_line_width=16))
+    assert "[SPEAKER_00] Thank\n" in srt and "everyone." in srt

@@ -17,10 +17,10 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Literal
 
-import numpy as np
 from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
+from asr.audio import DecodedAudio
 from asr.types import DecidedWindow, Transcript
 
 from ..service import ServiceOptions, TranscriptionService
@@ -28,7 +28,7 @@ from .audio_formats import render, usage
 from .audio_request import WHISPER_ALIAS, AudioRequest, parse_form
 from .errors import ApiError, error_body
 from .events import sse
-from .work_queue import Abandoned, Place, QueueFull, WorkQueue
+from .work_queue import Abandoned, ClosingStream, Place, QueueFull, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -147,11 +147,13 @@ class AudioApi:
         except QueueFull:
             raise queue_full(self.work) from None
 
-    def _decode(self, audio: bytes) -> np.ndarray:
-        from asr.audio import AudioLoadError, AudioTooLongError, load_audio
+    def _decode(self, audio: bytes) -> DecodedAudio:
+        """The upload's samples, with what its decoding warned about (they reach the
+        transcript's warnings, as a file's do on the command line)."""
+        from asr.audio import AudioLoadError, AudioTooLongError, decode_audio
 
         try:
-            return load_audio(audio, name="file", max_seconds=self.max_seconds)
+            return decode_audio(audio, name="file", max_seconds=self.max_seconds)
         except AudioTooLongError as error:
             raise ApiError(
                 413, f"{error} (MAX_AUDIO_SECONDS)", param="file", code="audio_too_long"
@@ -167,7 +169,7 @@ class AudioApi:
     async def _queued(
         self,
         request: Request,
-        samples: np.ndarray,
+        samples: DecodedAudio,
         options: ServiceOptions,
         on_window: Callable[[DecidedWindow], None],
         place: Place,
@@ -184,7 +186,7 @@ class AudioApi:
         except ValueError as error:
             raise ApiError(422, str(error)) from None
 
-    def _stream(self, samples: np.ndarray, options: ServiceOptions, place: Place):
+    def _stream(self, samples: DecodedAudio, options: ServiceOptions, place: Place):
         """Server-sent events. A client that leaves cancels the response's generator, which
         cancels the job: one waiting gives its place back, one running stops at its next
         window."""
@@ -200,8 +202,9 @@ class AudioApi:
 
         done, windows = self.work.submit_streaming(job, place)
         done.add_done_callback(lambda d: stop.set() if d.cancelled() else None)
-        return StreamingResponse(
+        return ClosingStream(
             _transcript_events(done, windows),
+            on_close=done.cancel,  # a no-op once it is done; else its place is given back
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )

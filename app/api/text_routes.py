@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from decoding import SamplingOptions
@@ -27,7 +27,7 @@ from .audio_routes import CLIENT_CLOSED_REQUEST, queue_full
 from .errors import ApiError, error_body
 from .events import sse
 from .text_front import Completion, TextFront
-from .work_queue import Abandoned, QueueFull, WorkQueue
+from .work_queue import Abandoned, ClosingStream, QueueFull, WorkQueue
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_MAX_TOKENS = 1024  # chat default: this, or what the context leaves
@@ -203,8 +203,9 @@ class TextApi:
         except QueueFull:
             raise queue_full(self.work) from None
         include_usage = bool(asked.stream_options and asked.stream_options.include_usage)
-        return StreamingResponse(
+        return ClosingStream(
             _chunks(done, pieces, shape, include_usage),
+            on_close=done.cancel,  # a no-op once it is done; else its place is given back
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )

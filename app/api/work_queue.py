@@ -5,9 +5,10 @@ too), so running requests side by side would only make each slower. One worker t
 submitted jobs in order; at most `size` may wait behind the running one, and a request beyond
 that is refused at once (HTTP 429) rather than left to stall. A request takes its place
 (`reserve`) before its audio is decoded, so requests that arrive together cannot all decode
-hours of audio first; a request whose client has gone gives its place back at once, and stops
-its job if it is running (`run`'s `abandoned`). The web page's Gradio queue has its own bound
-of the same size and meets these jobs at the service's lock.
+hours of audio first; a request whose client has gone gives its place back at once, and a
+running job is asked to stop (`run`'s `abandoned` and `stop`: transcriptions stop after the
+window being decoded; a text completion runs to its end). The web page's Gradio queue has
+its own bound of the same size and meets these jobs at the service's lock.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future
 from typing import TypeVar
+
+from fastapi.responses import StreamingResponse
 
 from .events import until_done
 
@@ -158,15 +161,21 @@ class WorkQueue:
                 if finished:
                     return waiter.result()
                 if abandoned is not None and await abandoned():
-                    self.cancel(future)
-                    if stop is not None:
-                        stop.set()
+                    self._give_up(future, waiter, stop)
                     raise Abandoned("the client went away")
         except asyncio.CancelledError:
-            self.cancel(future)
-            if stop is not None:
-                stop.set()
+            self._give_up(future, waiter, stop)
             raise
+
+    def _give_up(
+        self, future: Future, waiter: asyncio.Future, stop: threading.Event | None
+    ) -> None:
+        """Nobody waits for `future` any more: cancel it if it has not started, ask it to stop
+        if it has, and let its end go unread without asyncio logging it as lost."""
+        self.cancel(future)
+        if stop is not None:
+            stop.set()
+        waiter.add_done_callback(lambda done: done.cancelled() or done.exception())
 
     def close(self) -> None:
         """Lets the worker thread end after the jobs queued so far."""
@@ -178,14 +187,14 @@ class WorkQueue:
 
     def _work(self) -> None:
         while (item := self._jobs.get()) is not None:
-            with self._lock:
+            with self._lock:  # the place passes to the running job in one step (`reserve`)
                 self._by_future.pop(item.future, None)
                 if item.counted:
                     item.counted = False
                     self._waiting -= 1
-            if not item.future.set_running_or_notify_cancel():
+                self._running = item.future.set_running_or_notify_cancel()
+            if not self._running:
                 continue
-            self._running = True
             try:
                 result = item.run()
             except BaseException as error:  # handed to the request that asked for it
@@ -193,8 +202,26 @@ class WorkQueue:
             else:
                 item.future.set_result(result)
             finally:
-                self._running = False
+                with self._lock:
+                    self._running = False
 
 
 # How often a waiting request checks that its client is still there.
 ABANDON_POLL_SECONDS = 0.5
+
+
+class ClosingStream(StreamingResponse):
+    """A StreamingResponse that calls `on_close` however it ends: sent whole, cut off by the
+    client, or never started (a client gone before the first byte: the ASGI server then
+    cancels the response before its body generator runs, so the generator's own `finally`
+    never does)."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], object], **kwargs):
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
