@@ -295,6 +295,8 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         policy=args.policy,
         k=args.k,
     ).validate()
+    if args.max_new_tokens < 1:  # refused before the model loads, as the options above
+        raise ValueError(f"--max-new-tokens must be at least 1, not {args.max_new_tokens}")
     given = {
         field: value
         for field in ("temperature", "top_k", "top_p", "seed")

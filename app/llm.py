@@ -238,6 +238,8 @@ def run_generation_ids(
 ) -> GenerationResult:
     """`run_generation` for prompts already tokenized (a chat template's output)."""
     options.validate()
+    if not all(prompt_tokens):  # an empty prompt, for a model without a BOS token
+        raise ValueError(f"the prompt is empty, and {target.name} needs text to continue")
     check_context(target, max(len(ids) for ids in prompt_tokens), max_new_tokens)
     wrapped = CausalLM(target.model)
     drafter = make_drafter(target, wrapped, options, assistant)
@@ -254,12 +256,28 @@ def run_generation_ids(
     )
 
 
+def context_limit(model: LanguageModel) -> tuple[int | None, str]:
+    """The most tokens a sequence may hold here, and what sets it: the model's context
+    (max_position_embeddings), or, for a model with sliding-window layers (Gemma 3: 512), that
+    window, since `decoding.causal_lm`'s cache cannot roll such layers back exactly."""
+    config = model.model.config
+    limit = getattr(config, "max_position_embeddings", None)
+    window = getattr(config, "sliding_window", None)
+    kinds = getattr(config, "layer_types", None)
+    sliding = getattr(config, "use_sliding_window", None) is not False and (
+        kinds is None or "sliding_attention" in kinds
+    )
+    if window and sliding and (limit is None or window < limit):
+        return window, "sliding attention window"
+    return limit, "context"
+
+
 def check_context(target: LanguageModel, prompt_tokens: int, max_new_tokens: int) -> None:
-    """A request longer than the model's context (max_position_embeddings) is refused before
-    any memory is taken for it: the decoder allocates its token buffer up front."""
-    limit = getattr(target.model.config, "max_position_embeddings", None)
+    """A request longer than `context_limit` allows is refused before any memory is taken for
+    it: the decoder allocates its token buffer up front."""
+    limit, what = context_limit(target)
     if limit is not None and prompt_tokens + max_new_tokens > limit:
         raise ValueError(
             f"the prompt ({prompt_tokens} tokens) and max_new_tokens ({max_new_tokens}) exceed "
-            f"{target.name}'s context of {limit} tokens"
+            f"{target.name}'s {what} of {limit} tokens"
         )

@@ -89,17 +89,38 @@ def stats_markdown(transcript: Transcript) -> str:
         f"- **{tokens} tokens**, {transcript.duration:.1f} s of audio, language "
         f"`{transcript.language}`, model `{model}`",
     ]
+    # Windows decoded side by side (passages after long pauses) share each target call, so
+    # calls then say nothing of what the draft saved: plain decoding too makes fewer than one
+    # a token.
+    side_by_side = stats.get("passages", 1) > 1
     if options.get("assistant"):
-        saved = tokens - calls
-        share = f" ({saved / tokens:.0%})" if tokens else ""
-        lines += [
-            f"- **Draft** `{options['assistant']}`: "
-            f"{stats.get('tokens_per_target_call', 0.0):.2f} tokens per target call, "
+        per_call = (
+            ""
+            if side_by_side
+            else f"{stats.get('tokens_per_target_call', 0.0):.2f} tokens per target call, "
+        )
+        lines.append(
+            f"- **Draft** `{options['assistant']}`: {per_call}"
             f"{mean_accepted(stats.get('accepted_histogram', ())):.2f} drafted tokens accepted "
-            f"per verify step",
-            f"- **Target calls saved**: {saved}{share} — {calls} calls instead of {tokens}, "
-            f"for {stats.get('draft_calls', 0)} draft calls",
-        ]
+            f"per verify step"
+        )
+        if side_by_side:
+            lines.append(
+                f"- {calls} target calls and {stats.get('draft_calls', 0)} draft calls for "
+                f"{tokens} tokens (windows decoded side by side share each call)"
+            )
+        else:
+            saved = tokens - calls
+            share = f" ({saved / tokens:.0%})" if tokens else ""
+            lines.append(
+                f"- **Target calls saved**: {saved}{share} — {calls} calls instead of {tokens}, "
+                f"for {stats.get('draft_calls', 0)} draft calls"
+            )
+    elif side_by_side:
+        lines.append(
+            f"- No draft: {calls} target calls for {tokens} tokens (windows decoded side by "
+            "side share each call)"
+        )
     else:
         lines.append(f"- No draft: {calls} target calls, one per token")
     lines.append(

@@ -18,6 +18,9 @@ from asr.audio import SAMPLE_RATE
 from asr.types import Segment, Word
 
 Span = tuple[float, float]
+# How far past a seam of the compacted audio a segment's end may fall and still belong to the
+# span before it: the VAD pads each region by 0.4 s, and Whisper's end timestamps overshoot.
+END_SEAM_GRACE = 0.5
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,12 @@ class SpeechTimeline:
         return round(min(max(start + compact_time - offsets[index], start), end), 3)
 
     def restore(self, segments: list[Segment]) -> list[Segment]:
-        """Segments timed on the compacted audio -> the same on the original timeline."""
+        """Segments timed on the compacted audio -> the same on the original timeline. A word
+        is placed by its middle; a segment without words ends in the span its end falls in,
+        unless that end lies within END_SEAM_GRACE of the span's start: then it ends where the
+        span before ends (Whisper's end timestamps overshoot a seam by a few hundred ms, and
+        the span after one opens with the VAD's padding; mapped there, a sentence ending before
+        a cut-out pause of 90 s would last across it)."""
         if not self.spans:
             return list(segments)
         offsets = self._offsets()
@@ -96,9 +104,12 @@ class SpeechTimeline:
             if words:
                 start, end = words[0].start, words[-1].end
             else:
-                start = self.original(segment.start, self._span_at(segment.start, offsets))
+                start_span = self._span_at(segment.start, offsets)
+                start = self.original(segment.start, start_span)
                 # an end exactly at a seam belongs to the span before it
                 end_span = self._span_at(max(segment.end - 1e-6, segment.start), offsets)
+                if end_span > start_span and segment.end - offsets[end_span] <= END_SEAM_GRACE:
+                    end_span -= 1  # an end just past a seam: the speech before it, not the pause
                 end = self.original(segment.end, end_span)
             restored.append(replace(segment, start=start, end=max(end, start), words=words))
         return restored

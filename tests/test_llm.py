@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from app.cli import main
-from app.llm import DraftOptions, draft_policy, prompt_ids, run_generation
+from app.llm import DraftOptions, draft_policy, prompt_ids, run_generation, run_generation_ids
 from tests.conftest import torch_threads
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
@@ -122,7 +122,18 @@ def test_a_request_longer_than_the_context_is_refused_before_decoding(capsys):
 
     assert main(["generate", "Hello there", "--max-new-tokens", "100000000000"]) == 2
     err = capsys.readouterr().err
-    assert "max_new_tokens (100000000000) exceed gemma-3-270m's context of 32768 tokens" in err
+    # Gemma 3's sliding-window layers bound a sequence before its 32768-token context does.
+    assert "(100000000000) exceed gemma-3-270m's sliding attention window of 512 tokens" in err
+    assert main(["generate", "Hello there", "--max-new-tokens", "0"]) == 2
+    assert "--max-new-tokens must be at least 1, not 0" in capsys.readouterr().err
+
+
+def test_a_sequence_may_fill_the_sliding_window_exactly(gemma):
+    prompt = prompt_ids(gemma, "The quick brown fox jumps over the lazy dog. " * 50)
+    assert 480 < len(prompt) < 512
+    new = 512 - len(prompt)  # its last token is never fed: the cache holds at most 511
+    result = run_generation_ids(gemma, [prompt], DraftOptions(), max_new_tokens=new)
+    assert 0 < len(result.tokens[0]) <= new
 
 
 @pytest.mark.slow

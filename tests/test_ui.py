@@ -131,6 +131,18 @@ def test_stats_with_a_draft_count_the_target_calls_saved():
     assert "**Speakers**: 2, 1 with words (diarization 1.2 s)" in text
 
 
+def test_stats_of_windows_decoded_side_by_side_claim_no_savings_per_token():
+    # Passages share each target call: plain decoding makes fewer calls than tokens too.
+    plain = stats_markdown(_transcript(target_calls=40, passages=3))
+    assert "No draft: 40 target calls for 100 tokens (windows decoded side by side" in plain
+    assert "one per token" not in plain
+    drafted = stats_markdown(
+        _transcript(assistant="d", target_calls=20, draft_calls=50, passages=3)
+    )
+    assert "20 target calls and 50 draft calls for 100 tokens" in drafted
+    assert "saved" not in drafted and "tokens per target call" not in drafted
+
+
 def test_progress_is_a_fraction_with_a_readable_label():
     assert describe_progress("transcribe", 750, 3000) == (0.25, "Transcribing")
     assert describe_progress("diarize embeddings", 3, 3) == (1.0, "Finding speakers (embeddings)")

@@ -94,6 +94,10 @@ def test_restore_maps_segments_and_words_back_and_never_into_a_cut():
     # Without words: the start by its span; an end exactly at a seam stays in the span before.
     plain = timeline.restore([Segment(0.0, 2.0, " a"), Segment(2.0, 4.5, " b")])
     assert [(s.start, s.end) for s in plain] == [(10.0, 12.0), (40.0, 42.5)]
+    # An end just past a seam (Whisper's overshoot, the VAD's padding) ends the speech before
+    # it, not the pause; one well into the next span ends there.
+    spoken = timeline.restore([Segment(0.5, 2.3, " c"), Segment(0.5, 3.0, " d")])
+    assert [(s.start, s.end) for s in spoken] == [(10.5, 12.0), (10.5, 41.0)]
 
 
 def test_a_timeline_refuses_unsorted_or_empty_spans():

@@ -153,7 +153,10 @@ class TextFront:
 
     @property
     def context(self) -> int | None:
-        return getattr(self.target.model.config, "max_position_embeddings", None)
+        """The most tokens prompt and completion may hold together (`app.llm.context_limit`)."""
+        from ..llm import context_limit
+
+        return context_limit(self.target)[0]
 
     @property
     def has_chat_template(self) -> bool:
