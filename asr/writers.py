@@ -278,10 +278,11 @@ def write_outputs(
             stored = None
         content = {**wanted, RECORD_FORMATS: sorted(paths)}
         if isinstance(stored, dict) and _options(stored) == wanted:
-            if RECORD_FORMATS in stored:
-                content[RECORD_FORMATS] = sorted({*paths, *stored[RECORD_FORMATS]})
-            else:  # a record from before formats were named, same options: it still vouches
-                content = wanted  # for every output, as it did
+            vouched = stored.get(RECORD_FORMATS)
+            if RECORD_FORMATS not in stored:  # from before formats were named, same options:
+                content = wanted  # it still vouches for every output, as it did
+            elif isinstance(vouched, list):
+                content[RECORD_FORMATS] = sorted({*paths, *map(str, vouched)})
         write_atomically(record_path(paths), json.dumps(content, sort_keys=True, indent=1) + "\n")
 
 
