@@ -80,12 +80,7 @@ class AudioApi:
                 return self._stream(samples, options, place)
             windows: list[DecidedWindow] = []
             stop = threading.Event()
-
-            def on_window(window: DecidedWindow) -> None:
-                if stop.is_set():  # the client went away: stop after this window
-                    raise Abandoned("the client went away")
-                windows.append(window)
-
+            on_window = _until_stopped(stop, windows.append)
             try:
                 transcript = await self._queued(request, samples, options, on_window, place, stop)
             except Abandoned:
@@ -193,12 +188,7 @@ class AudioApi:
         stop = threading.Event()
 
         def job(emit: Callable[[DecidedWindow], None]) -> Transcript:
-            def on_window(window: DecidedWindow) -> None:
-                if stop.is_set():
-                    raise Abandoned("the client went away")
-                emit(window)
-
-            return self.service.run(samples, options, on_window=on_window)
+            return self.service.run(samples, options, on_window=_until_stopped(stop, emit))
 
         done, windows = self.work.submit_streaming(job, place)
         done.add_done_callback(lambda d: stop.set() if d.cancelled() else None)
@@ -208,6 +198,20 @@ class AudioApi:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
+
+
+def _until_stopped(
+    stop: threading.Event, then: Callable[[DecidedWindow], None]
+) -> Callable[[DecidedWindow], None]:
+    """A window hook that hands each decided window to `then` until `stop` is set (the client
+    went away), and then ends the transcription by raising Abandoned."""
+
+    def on_window(window: DecidedWindow) -> None:
+        if stop.is_set():
+            raise Abandoned("the client went away")
+        then(window)
+
+    return on_window
 
 
 async def _transcript_events(
@@ -236,9 +240,6 @@ async def _transcript_events(
         log.exception("streamed transcription failed")
         yield sse(error_body(500, f"transcription failed ({type(error).__name__})"))
         return
-    finally:
-        if not done.done():
-            done.cancel()
     if transcript.text.startswith(sent) and len(transcript.text) > len(sent):
         yield sse({"type": "transcript.text.delta", "delta": transcript.text[len(sent) :]})
     yield sse(

@@ -287,9 +287,6 @@ async def _chunks(
         status = error.status if isinstance(error, ApiError) else 422
         yield sse(error_body(status, getattr(error, "message", str(error))))
         return
-    finally:
-        if not done.done():
-            done.cancel()
     yield sse(shape.chunk("" if shape.kind == "text" else None, finish=completion.finish_reason))
     if include_usage:
         yield sse(

@@ -119,9 +119,7 @@ class WorkQueue:
             item = self._by_future.get(future)
             if item is None or not future.cancel():
                 return False
-            if item.counted:
-                item.counted = False
-                self._waiting -= 1
+            self._give_back_place(item)
             return True
 
     def submit_streaming(
@@ -181,6 +179,12 @@ class WorkQueue:
         """Lets the worker thread end after the jobs queued so far."""
         self._jobs.put(None)
 
+    def _give_back_place(self, item: _Job) -> None:
+        """`item`'s place among the waiting, once (it starts, or is cancelled); under the lock."""
+        if item.counted:
+            item.counted = False
+            self._waiting -= 1
+
     def _leave(self) -> None:
         with self._lock:
             self._waiting -= 1
@@ -189,9 +193,7 @@ class WorkQueue:
         while (item := self._jobs.get()) is not None:
             with self._lock:  # the place passes to the running job in one step (`reserve`)
                 self._by_future.pop(item.future, None)
-                if item.counted:
-                    item.counted = False
-                    self._waiting -= 1
+                self._give_back_place(item)
                 self._running = item.future.set_running_or_notify_cancel()
             if not self._running:
                 continue
