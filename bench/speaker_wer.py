@@ -8,10 +8,14 @@ against the reference words of each speaker. Text is normalised (Whisper's Engli
 as bench.diarize does) on both sides. Files:
 - ami_es2004_1min_mixture (60 s, 4 speakers): references ami_es2004_1min_text/mixture.*.txt;
 - pyannote_sample (30 s, 2 speakers): reference pyannote_sample.stm, words grouped by speaker.
-`--word-timestamps` asks for word times in the output as the CLI flag does. The last line
-printed is one JSON object.
+On those and on the ten AMI development chunks (ami_pyannote_debug/trn00..09, reference turns
+only) it also counts the words whose speaker speaks at their middle in the reference RTTM
+(hypothesis labels mapped to reference speakers by pyannote's optimal mapping of the turns;
+words whose middle no reference speaker covers are not counted): the attribution of words
+without a word-level reference. `--word-timestamps` asks for word times in the output as the
+CLI flag does. The last line printed is one JSON object.
 
-    python -m bench.speaker_wer [--word-timestamps] [--threads 2]
+    python -m bench.speaker_wer [--word-timestamps] [--threads 2] [--files NAME ...]
 """
 
 from __future__ import annotations
@@ -23,11 +27,19 @@ import sys
 import torch
 
 import app.config  # noqa: F401  (switches the libraries offline before they load)
-from asr.types import Segment
+from asr.types import Segment, SpeakerTurn
 from bench import positive_int
-from bench.diarize import CPWER_FILE, MULTI, ami_reference_words, normalise, speaker_cpwer
+from bench.diarize import (
+    CPWER_FILE,
+    MULTI,
+    SETS,
+    ami_reference_words,
+    normalise,
+    speaker_cpwer,
+)
 
-FILES = (CPWER_FILE, "pyannote_sample")
+CPWER_FILES = (CPWER_FILE, "pyannote_sample")
+FILES = (*CPWER_FILES, *(name.removesuffix(".flac") for name in SETS["AMI development"]))
 
 
 def reference_words(name: str) -> list[str]:
@@ -47,6 +59,28 @@ def cpwer(reference: list[str], segments: tuple[Segment, ...]) -> dict[str, floa
     return speaker_cpwer(reference, segments)
 
 
+def words_at_their_speaker(
+    segments: tuple[Segment, ...],
+    turns: tuple[SpeakerTurn, ...],
+    reference: tuple[SpeakerTurn, ...],
+) -> dict[str, int]:
+    """How many words' speakers (mapped to the reference's by the turns' optimal mapping)
+    speak at the words' middles, of the words whose middle some reference speaker covers."""
+    from pyannote.metrics.diarization import DiarizationErrorRate
+
+    from diarize.scoring import to_annotation
+
+    mapping = DiarizationErrorRate().optimal_mapping(to_annotation(reference), to_annotation(turns))
+    right = counted = 0
+    for word in (w for segment in segments for w in segment.words):
+        middle = (word.start + word.end) / 2
+        speaking = {t.speaker for t in reference if t.start <= middle <= t.end}
+        if speaking:
+            counted += 1
+            right += mapping.get(word.speaker) in speaking
+    return {"words_at_their_speaker": right, "words_counted": counted}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.speaker_wer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--word-timestamps", action="store_true")
@@ -60,12 +94,29 @@ def main(argv: list[str] | None = None) -> int:
     service = TranscriptionService()
     options = ServiceOptions(diarize=True, word_timestamps=args.word_timestamps)
     report: dict = {"benchmark": "speaker_wer", "word_timestamps": args.word_timestamps}
+    from diarize.scoring import read_rttm
+
+    # Words are always timed under --diarize; word_timestamps only decides whether the output
+    # keeps them, so the attribution is read from a run that keeps them.
+    timed = ServiceOptions(diarize=True, word_timestamps=True)
+    totals = {"words_at_their_speaker": 0, "words_counted": 0}
     for name in args.files:
-        transcript = service.run(str(MULTI / f"{name}.wav"), options)
-        entry = cpwer(reference_words(name), transcript.segments)
-        entry["segments"] = len(transcript.segments)
+        audio = next(p for p in (MULTI / f"{name}.wav", MULTI / f"{name}.flac") if p.exists())
+        transcript = service.run(str(audio), options)
+        entry: dict = {"segments": len(transcript.segments)}
+        if name in CPWER_FILES:
+            entry |= cpwer(reference_words(name), transcript.segments)
+            print(f"{name}: cpWER {entry['cpwer']:.4f} ({entry['errors']} errors)", file=sys.stderr)
+        if not args.word_timestamps:
+            transcript = service.run(str(audio), timed)
+        reference = read_rttm(MULTI / f"{name}.rttm")
+        words = words_at_their_speaker(transcript.segments, transcript.turns, reference)
+        for key, value in words.items():
+            totals[key] += value
+        entry |= words
         report[name] = entry
-        print(f"{name}: cpWER {entry['cpwer']:.4f} ({entry['errors']} errors)", file=sys.stderr)
+        print(f"{name}: words at their speaker {words}", file=sys.stderr)
+    report["words_at_their_speaker"] = totals
     print(json.dumps(report))
     return 0
 

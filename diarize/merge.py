@@ -6,11 +6,13 @@ between two turns) keep the previous word's speaker, so a sentence is not cut fo
 otherwise go to the earlier turn. A word of no duration after another word of its segment keeps
 that word's speaker: it has no audio to judge by (Whisper's alignment squeezes words to zero
 length at segment ends), and a speaker change there would leave a cue and an RTTM turn of 0 s.
-A segment is split where its words change speaker, except that a fragment (by default at most
-2 words lasting under 1 s, `Fragment`) is not cut off: it takes the speaker of the longer run
-beside it (see `_absorb_fragments` for why). Every word lands in exactly one output
-segment, in order. Segments without word timestamps are assigned as a whole, by the same rule
-over the segment's span.
+A segment is split where its words change speaker, except inside a sentence for a fragment:
+a run of at most 2 words (`Fragment`) takes the speaker of the longer run beside it in its
+sentence (see `_absorb_fragments` for why). Sentences end at terminal punctuation and may
+span segments (Whisper cuts segments at timestamps, not at sentences); a whole sentence keeps
+its speaker however short. Every word lands in exactly one output segment, in order. Segments
+without word timestamps are assigned as a whole, by the same rule over the segment's span, and
+end a sentence.
 """
 
 from __future__ import annotations
@@ -24,16 +26,28 @@ from asr.types import Segment, SpeakerTurn, Word
 
 @dataclass(frozen=True)
 class Fragment:
-    """A run of at most `words` words lasting under `seconds` (first word's start to last word's
-    end): too short to split off a segment as another speaker's. Chosen on the AMI mixture
-    (bench.speaker_wer), where it keeps "And symbols" (2 words, 0.92 s) with its sentence; the
-    pyannote sample is the same with or without it."""
+    """A run of at most `words` words inside one sentence, beside another speaker's run of the
+    same sentence: too little to take as a change of speaker. Not timed: Whisper's alignment
+    stretches a sentence's first word over the silence before it (the AMI mixture's "And" lasts
+    0.94 s from the start of the file), so a fragment's duration is the least reliable part of
+    the evidence. Measured by bench.speaker_wer and word-level agreement with the reference
+    turns (docs/diarization.md)."""
 
     words: int = 2
-    seconds: float = 1.0
 
     def holds(self, run: Sequence[Word]) -> bool:
-        return len(run) <= self.words and run[-1].end - run[0].start < self.seconds
+        return len(run) <= self.words
+
+
+# What ends a sentence: Latin, CJK and other full stops, question and exclamation marks,
+# and the ellipsis, as the last character of a word before any closing quote or bracket.
+_SENTENCE_ENDS = frozenset(".?!…。？！｡।॥؟۔")
+_CLOSING = "\"'»”’)]}」』）"
+
+
+def ends_sentence(word: Word) -> bool:
+    text = word.text.rstrip().rstrip(_CLOSING)
+    return bool(text) and text[-1] in _SENTENCE_ENDS
 
 
 class _Turns:
@@ -93,31 +107,66 @@ def assign_speakers(
 ) -> tuple[Segment, ...]:
     """segments (time-ordered) + diarization turns -> new segments with `speaker` set on each
     segment and each word, split where the speaker changes between words (but never to cut off
-    a `fragment`; None: split wherever the words' speakers change).
+    a `fragment` of a sentence; None: split wherever the words' speakers change).
 
     Inputs are never mutated. With no turns, every speaker stays None and nothing is split.
     """
     index = _Turns(turns)
-    result: list[Segment] = []
+    segments = list(segments)
+    labelled: list[list[Word]] = []  # per segment, its words with their speakers
+    speakers: list[str | None] = []  # per segment without words, its speaker
     previous: str | None = None
     for segment in segments:
+        words: list[Word] = []
         if not segment.words:
             previous = index.speaker(segment.start, segment.end, previous)
-            result.append(replace(segment, speaker=previous))
-            continue
-        words: list[Word] = []
+            speakers.append(previous)
         for word in segment.words:
             if not (words and word.end <= word.start):
                 previous = index.speaker(word.start, word.end, previous)
             words.append(replace(word, speaker=previous))
-        result.extend(_split(segment, words, fragment))
+        labelled.append(words)
+    if fragment is not None:
+        labelled = _absorb_in_sentences(labelled, fragment)
+    result: list[Segment] = []
+    wordless = iter(speakers)
+    for segment, words in zip(segments, labelled, strict=True):
+        if words:
+            result.extend(_split(segment, words))
+        else:
+            result.append(replace(segment, speaker=next(wordless)))
     return tuple(result)
 
 
-def _split(segment: Segment, words: list[Word], fragment: Fragment | None) -> list[Segment]:
+def _absorb_in_sentences(labelled: list[list[Word]], fragment: Fragment) -> list[list[Word]]:
+    """`labelled` (each segment's words) with the fragments of every sentence absorbed, the
+    words regrouped by segment as they came. A segment without words ends a sentence."""
+    sentences: list[list[Word]] = []
+    open_sentence: list[Word] = []
+    for words in labelled:
+        if not words and open_sentence:
+            sentences.append(open_sentence)
+            open_sentence = []
+        for word in words:
+            open_sentence.append(word)
+            if ends_sentence(word):
+                sentences.append(open_sentence)
+                open_sentence = []
+    if open_sentence:
+        sentences.append(open_sentence)
+    relabelled = iter(
+        word
+        for sentence in sentences
+        for run in _absorb_fragments(_runs(sentence), fragment)
+        for word in run
+    )
+    return [[next(relabelled) for _ in words] for words in labelled]
+
+
+def _split(segment: Segment, words: list[Word]) -> list[Segment]:
     """One segment per run of consecutive words with one speaker. The first and last pieces
     keep the segment's outer times; an unsplit segment keeps its text as it was."""
-    runs = _runs(words) if fragment is None else _absorb_fragments(_runs(words), fragment)
+    runs = _runs(words)
     if len(runs) == 1:
         return [replace(segment, words=tuple(runs[0]), speaker=runs[0][0].speaker)]
     pieces = []
@@ -151,21 +200,26 @@ def _seconds(run: list[Word]) -> float:
 
 
 def _absorb_fragments(runs: list[list[Word]], fragment: Fragment) -> list[list[Word]]:
-    """The runs with each fragment relabelled with the speaker of its longer neighbour (in
-    seconds; the earlier one on a tie) and merged into it, first fragment first, until no
-    fragment is left beside another speaker.
+    """The runs of one sentence with each fragment relabelled with the speaker of its longer
+    neighbour (in seconds; the earlier one on a tie) and merged into it, the fewest words
+    first (then the shortest, then the earliest), until no fragment is left beside another
+    speaker.
 
     Why: cross-attention word times can be off by a few hundred milliseconds, and a short turn
     of an exclusive diarization at a change of speaker may be overlapped speech handed to the
-    more active voice, so a word or two cut off a segment rests on the least reliable evidence
-    of both. On the AMI mixture the diarizer gives the first 1.2 s of the first speaker's
-    sentence to another speaker, and "And symbols" would be cut off to them. A whole segment,
-    however short, is never relabelled here.
+    more active voice, so a word or two cut off a sentence rests on the least reliable evidence
+    of both, while speakers mostly take turns between sentences. On the AMI mixture the
+    diarizer gives the first 1.2 s of a sentence to another speaker, and Whisper ends a segment
+    after its first two words ("And symbols | that you don't necessarily understand, ..."):
+    cut off, they went to the wrong speaker. A whole sentence, however short ("Yes."), is never
+    relabelled here.
     """
     while len(runs) > 1:
-        short = next((i for i, run in enumerate(runs) if fragment.holds(run)), None)
-        if short is None:
+        fragments = [i for i, run in enumerate(runs) if fragment.holds(run)]
+        if not fragments:
             return runs
+        # The least evidence first: a one-word run must not carry off a two-word one.
+        short = min(fragments, key=lambda i: (len(runs[i]), _seconds(runs[i]), i))
         before = runs[short - 1] if short > 0 else None
         after = runs[short + 1] if short + 1 < len(runs) else None
         into = (

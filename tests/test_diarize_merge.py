@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import random
-from itertools import pairwise
+from dataclasses import replace
+from itertools import groupby, pairwise
+
+import pytest
 
 from asr.types import Segment, SpeakerTurn, Word
-from diarize.merge import Fragment, assign_speakers
+from diarize.merge import Fragment, assign_speakers, ends_sentence
 
 
 def _words(*spans: tuple[float, float, str]) -> tuple[Word, ...]:
@@ -151,8 +154,11 @@ def _brute_force(word: Word, turns: list[SpeakerTurn]) -> set[str]:
     return {s for s, v in distance.items() if abs(v - best) < 1e-9}
 
 
-def _random_transcript(rng: random.Random, most_words: int) -> tuple[list, list]:
-    """Random speaker turns and segments of up to `most_words` timed words each."""
+def _random_transcript(
+    rng: random.Random, most_words: int, sentence_end: float = 0.0
+) -> tuple[list, list]:
+    """Random speaker turns and segments of up to `most_words` timed words each, a word ending
+    a sentence with probability `sentence_end`."""
     turns = []
     for _ in range(rng.randint(1, 12)):
         start = rng.uniform(0, 30)
@@ -164,7 +170,8 @@ def _random_transcript(rng: random.Random, most_words: int) -> tuple[list, list]
             start = clock + rng.uniform(0, 0.6)
             # some words squeezed to no duration, as Whisper's alignment does
             clock = start + (0.0 if rng.random() < 0.15 else rng.uniform(0.0, 0.8))
-            spans.append((start, clock, f" w{len(spans)}"))
+            stop = "." if rng.random() < sentence_end else ""
+            spans.append((start, clock, f" w{len(spans)}{stop}"))
         segments.append(_segment(_words(*spans)))
     return turns, segments
 
@@ -212,33 +219,76 @@ def test_a_fragment_at_a_segments_start_stays_with_its_sentence():
     assert [s.text for s in split] == [" And symbols", " that you"]
 
 
-def test_a_fragment_inside_a_segment_joins_its_longer_neighbour():
+def test_a_fragment_that_whisper_gave_its_own_segment_stays_with_its_sentence():
+    # As on the AMI mixture now: Whisper ends a segment after the sentence's first two words.
+    turns = [SpeakerTurn(0.0, 1.21, "A"), SpeakerTurn(1.21, 5.7, "B")]
+    head = _segment(_words((0.0, 0.94, " And"), (0.94, 1.44, " symbols")))
+    tail = _segment(_words((1.44, 1.8, " that"), (1.8, 2.5, " you"), (2.5, 3.2, " don't.")))
+    labelled = assign_speakers([head, tail], turns)
+    assert [(s.speaker, s.text) for s in labelled] == [("B", head.text), ("B", tail.text)]
+    # The same words with the sentence ended after "symbols." are a sentence of A's.
+    ended = replace(head, words=(*head.words[:1], replace(head.words[1], text=" symbols.")))
+    assert [s.speaker for s in assign_speakers([ended, tail], turns)] == ["A", "B"]
+
+
+def test_a_fragment_inside_a_sentence_joins_its_longer_neighbour():
     turns = [SpeakerTurn(0.0, 2.0, "A"), SpeakerTurn(2.0, 2.5, "B"), SpeakerTurn(2.5, 9.0, "C")]
     words = _words(
         (0.1, 0.9, " one"), (1.0, 1.9, " two"), (2.1, 2.4, " three"), (2.6, 3.0, " four")
     )
-    five = _words((3.0, 4.2, " five"))
-    # B's word sits between A (1.8 s of words) and C (1.6 s): it goes to A.
-    result = assign_speakers([_segment(words + five)], turns)
-    assert [(s.speaker, s.text) for s in result] == [("A", " one two three"), ("C", " four five")]
-    assert [w.speaker for s in result for w in s.words] == ["A", "A", "A", "C", "C"]
-    # Without " five", C's run is a fragment too once B's joined A: one speaker for all.
-    (whole,) = assign_speakers([_segment(words)], turns)
+    five_six = _words((3.0, 3.2, " five"), (3.2, 3.4, " six"))
+    # B's word sits between A (1.8 s of words) and C (0.8 s): it goes to A.
+    result = assign_speakers([_segment(words + five_six)], turns)
+    assert [(s.speaker, s.text) for s in result] == [
+        ("A", " one two three"),
+        ("C", " four five six"),
+    ]
+    assert [w.speaker for s in result for w in s.words] == ["A"] * 3 + ["C"] * 3
+    # Without " six", C's run is a fragment too once B's joined A: one speaker for all.
+    (whole,) = assign_speakers([_segment(words + five_six[:1])], turns)
     assert whole.speaker == "A" and {w.speaker for w in whole.words} == {"A"}
 
 
-def test_runs_of_three_words_or_a_second_are_split_off():
+def test_the_fewest_words_are_absorbed_first():
+    # B's one word goes before A's two: absorbed first into B, A's words would have made B a
+    # three-word run that keeps B's label for words B never spoke.
+    turns = [SpeakerTurn(0.0, 2.0, "A"), SpeakerTurn(2.0, 2.5, "B"), SpeakerTurn(2.5, 9.0, "C")]
+    words = _words(
+        (0.1, 0.9, " one"), (1.0, 1.9, " two"), (2.1, 2.4, " three"),
+        (2.6, 3.5, " four"), (3.5, 4.5, " five"), (4.5, 5.5, " six"),
+    )  # fmt: skip
+    (whole,) = assign_speakers([_segment(words)], turns)
+    assert whole.speaker == "C" and {w.speaker for w in whole.words} == {"C"}
+
+
+def test_runs_of_three_words_and_whole_sentences_are_split_off():
     turns = [SpeakerTurn(0.0, 2.0, "A"), SpeakerTurn(2.0, 9.0, "B")]
     head = _words((0.1, 0.5, " a"), (0.5, 0.9, " b"), (0.9, 1.3, " c"))
     tail = _words((2.1, 3.0, " d"), (3.0, 4.0, " e"), (4.0, 5.0, " f"))
     three_words = assign_speakers([_segment(head + tail)], turns)
     assert [s.speaker for s in three_words] == ["A", "B"]
+    # Two words of one sentence are a fragment however long they last ...
     long_words = _words((0.1, 1.0, " long"), (1.0, 1.8, " words"))
-    a_second = assign_speakers([_segment(long_words + tail)], turns)
-    assert [s.speaker for s in a_second] == ["A", "B"]
-    # A bigger threshold absorbs them.
-    wider = assign_speakers([_segment(head + tail)], turns, fragment=Fragment(3, 2.0))
+    assert [s.speaker for s in assign_speakers([_segment(long_words + tail)], turns)] == ["B"]
+    # ... and a sentence of their own, or of one word, however short, is not.
+    for sentence in (
+        _words((0.1, 1.0, " Long"), (1.0, 1.8, " words.")),
+        _words((1.5, 1.8, " Oh!")),
+    ):
+        split = assign_speakers([_segment(sentence + tail)], turns)
+        assert [s.speaker for s in split] == ["A", "B"]
+    # A bigger threshold absorbs three words.
+    wider = assign_speakers([_segment(head + tail)], turns, fragment=Fragment(3))
     assert [s.speaker for s in wider] == ["B"]
+
+
+@pytest.mark.parametrize(
+    "text, ends",
+    [(" done.", True), (" what?", True), (' "stop!"', True), (" (so…)", True), (" 好。", True),
+     (" Mr", False), (" well,", False), (" 3.5", False), (" x", False), (" .", True)],
+)  # fmt: skip
+def test_what_ends_a_sentence(text, ends):
+    assert ends_sentence(Word(0.0, 1.0, text, 0.9)) is ends
 
 
 def test_a_whole_short_segment_is_never_relabelled():
@@ -255,12 +305,11 @@ def test_a_whole_short_segment_is_never_relabelled():
 def test_random_transcripts_with_fragments_absorbed():
     rng = random.Random(11)
     fragment = Fragment()
-    for _ in range(200):
-        turns, segments = _random_transcript(rng, most_words=10)
+    for _ in range(300):
+        turns, segments = _random_transcript(rng, most_words=10, sentence_end=0.2)
         result = assign_speakers(segments, turns)
 
         assert _all_words(result) == _all_words(segments)
-        per_word = iter(w.speaker for s in assign_speakers(segments, turns, None) for w in s.words)
         pieces = iter(result)
         for segment in segments:
             group, taken = [], 0
@@ -273,8 +322,15 @@ def test_random_transcripts_with_fragments_absorbed():
                 assert {w.speaker for w in piece.words} == {piece.speaker}
                 assert piece.text == "".join(w.text for w in piece.words) or len(group) == 1
             assert all(a.speaker != b.speaker for a, b in pairwise(group))
-            if len(group) > 1:  # a segment is cut only into pieces longer than fragments
-                assert not any(fragment.holds(piece.words) for piece in group)
-            # every piece's speaker is one the per-word rule gave to some word of the segment
-            assert {p.speaker for p in group} <= {next(per_word) for _ in segment.words}
         assert next(pieces, None) is None
+        # Per sentence: one speaker, or runs that are none of them fragments, each with a
+        # speaker the per-word rule gave some word of that sentence.
+        labelled = [w for s in result for w in s.words]
+        per_word = [w.speaker for s in assign_speakers(segments, turns, None) for w in s.words]
+        start = 0
+        for end, word in enumerate(labelled, 1):
+            if ends_sentence(word) or end == len(labelled):
+                runs = [list(run) for _, run in groupby(labelled[start:end], lambda w: w.speaker)]
+                assert len(runs) == 1 or not any(fragment.holds(run) for run in runs)
+                assert {w.speaker for w in labelled[start:end]} <= set(per_word[start:end])
+                start = end

@@ -315,7 +315,7 @@ def test_speakers_are_assigned_per_word_end_to_end(whisper_base, diarizer):
     assert all(w.speaker == s.speaker for s in labelled for w in s.words)
     assert len({s.speaker for s in labelled}) == 2
     # Some segment changes speaker mid-way by the per-word rule; here the changes are all
-    # fragments (" Oh,", " Okay,", " I'm"), which the default keeps with their segments.
+    # fragments of sentences (" Oh,", " Okay,", " I'm"), which the default keeps with them.
     per_word = assign_speakers(transcript.segments, turns, fragment=None)
     assert len(per_word) > len(transcript.segments)
 
