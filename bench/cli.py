@@ -8,7 +8,8 @@ process of its own that loads the model once and transcribes every file
 (`bench.faster_whisper_folder`). Passes are interleaved (every configuration once, in a rotated
 order, then again) and each configuration's seconds are the median over passes.
 
-Per configuration: seconds, speed against faster-whisper int8, WER (whisper-normalizer's
+Per configuration: seconds, the process's peak resident memory, speed against faster-whisper
+int8, WER (whisper-normalizer's
 English normaliser, jiwer, over every file), files whose transcript (segment times and text)
 equals the plain configuration of the same precision, tokens per target call, and two cost
 ratios from the decode statistics every output records: a verification call against a plain
@@ -56,6 +57,8 @@ CONFIGS: dict[str, Config] = {
     for c in (
         Config("default", ()),
         Config("default --no-vad", ("--no-vad",)),
+        # glibc's own rising mmap threshold instead of app.malloc's fixed one
+        Config("default (rising mmap threshold)", (), None, (("SPECSCRIBE_MMAP_THRESHOLD", "0"),)),
         Config("plain fp32", ("--precision", "fp32", "--assistant", "none")),
         Config("draft fp32", ("--precision", "fp32", "--assistant", DRAFT), "plain fp32"),
         Config("plain int8", ("--precision", "int8", "--assistant", "none")),
@@ -102,7 +105,9 @@ CONFIGS: dict[str, Config] = {
     )
 }
 DEFAULT_CONFIGS = tuple(
-    name for name in CONFIGS if not name.startswith("tree") and "eager" not in name
+    name
+    for name in CONFIGS
+    if not name.startswith("tree") and "eager" not in name and "mmap" not in name
 )
 
 
@@ -138,16 +143,26 @@ def _command(config: Config, folder: Path, out: Path, ct2_dir: Path, threads: in
     ]
 
 
-def _run(command: list[str], threads: int, environment: tuple[tuple[str, str], ...] = ()) -> float:
+@dataclass(frozen=True)
+class Pass:
+    seconds: float
+    peak_rss_mb: float  # the process's largest resident set (getrusage's ru_maxrss)
+
+
+def _run(command: list[str], threads: int, environment: tuple[tuple[str, str], ...] = ()) -> Pass:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), **dict(environment)}
-    started = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}"
-        )
-    return seconds
+    with tempfile.TemporaryFile("w+") as stderr:
+        started = time.perf_counter()
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        _, status, usage = os.wait4(process.pid, 0)  # this child's own resource usage
+        seconds = time.perf_counter() - started
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if process.returncode != 0:
+            stderr.seek(0)
+            raise RuntimeError(
+                f"{' '.join(command)} failed ({process.returncode}):\n{stderr.read()[-2000:]}"
+            )
+    return Pass(seconds, usage.ru_maxrss / 1024)  # kilobytes on Linux
 
 
 def _outputs(out: Path, files: list[Utterance]) -> dict[str, dict]:
@@ -182,7 +197,9 @@ def _totals(stats: list[dict]) -> dict[str, float]:
     return total
 
 
-def summarise(configs: list[Config], files: list[Utterance], seconds: dict, outputs: dict) -> dict:
+def summarise(
+    configs: list[Config], files: list[Utterance], seconds: dict, outputs: dict, peaks: dict
+) -> dict:
     """One row per configuration (see the module docstring)."""
     from bench.asr import word_error_rate
 
@@ -195,6 +212,7 @@ def summarise(configs: list[Config], files: list[Utterance], seconds: dict, outp
         row = {
             "seconds": round(statistics.median(seconds[config.name]), 2),
             "passes": [round(s, 2) for s in seconds[config.name]],
+            "peak_rss_mb": round(statistics.median(peaks[config.name])),
             "wer": round(
                 100 * word_error_rate(references, [per_file[u.name]["text"] for u in files]), 2
             ),
@@ -266,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     files = user_files(args.speech)[: args.max_files]
     ct2_dir = ModelRegistry(Settings.from_env().cache_dir).pull_ct2("whisper-base")
     seconds: dict[str, list[float]] = {c.name: [] for c in configs}
+    peaks: dict[str, list[float]] = {c.name: [] for c in configs}
     outputs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="specscribe-bench-cli-") as work:
         folder = Path(work) / "speech"
@@ -277,11 +296,13 @@ def main(argv: list[str] | None = None) -> int:
             for config in order:
                 out = Path(work) / f"out-{index}-{config.name.replace(' ', '_')}"
                 command = _command(config, folder, out, ct2_dir, args.threads)
-                seconds[config.name].append(_run(command, args.threads, config.environment))
+                done = _run(command, args.threads, config.environment)
+                seconds[config.name].append(done.seconds)
+                peaks[config.name].append(done.peak_rss_mb)
                 outputs[config.name] = _outputs(out, files)
                 print(f"pass {index + 1}: {config.name}: {seconds[config.name][-1]:.2f} s",
                       file=sys.stderr)  # fmt: skip
-    rows = summarise(configs, files, seconds, outputs)
+    rows = summarise(configs, files, seconds, outputs, peaks)
     audio_seconds = sum(
         outputs[configs[0].name][u.name].get("duration", 0.0) for u in files
     )  # fmt: skip

@@ -39,7 +39,7 @@ CONFIGS = {
 
 def _transcribe(folder: Path, out: Path, options: tuple[str, ...], threads: int) -> float:
     """Seconds of one `specscribe transcribe FOLDER --language en --format json` process."""
-    return _run(_command(Config("vad", options), folder, out, Path(), threads), threads)
+    return _run(_command(Config("vad", options), folder, out, Path(), threads), threads).seconds
 
 
 def _words(output: dict) -> list[dict]:

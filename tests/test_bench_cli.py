@@ -55,8 +55,10 @@ def test_the_summary_prices_steps_against_the_plain_twin(tmp_path):
     }
     configs = [plain, drafted, bench_cli.CONFIGS[bench_cli.BASELINE]]
     seconds = {plain.name: [3.0, 2.0, 4.0], drafted.name: [2.0], bench_cli.BASELINE: [4.0]}
-    rows = bench_cli.summarise(configs, files, seconds, outputs)
+    peaks = {plain.name: [900.0, 700.0, 800.0], drafted.name: [950.0], bench_cli.BASELINE: [600.0]}
+    rows = bench_cli.summarise(configs, files, seconds, outputs, peaks)
     assert rows[plain.name]["seconds"] == 3.0 and rows[plain.name]["wer"] == 0.0
+    assert rows[plain.name]["peak_rss_mb"] == 800
     assert rows[bench_cli.BASELINE]["wer"] == 50.0
     row = rows[drafted.name]
     assert row["tokens_per_target_call"] == 3.0
@@ -80,6 +82,7 @@ def test_a_one_file_run_times_real_processes(capsys):
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     row = report["configs"]["plain int8"]
     assert report["files"] == 1 and row["seconds"] > 0 and row["tokens_per_target_call"] == 1.0
+    assert 200 < row["peak_rss_mb"] < 8000  # the child's own peak, not this process's
     assert row["wer"] < 20
     assert report["machine"]["cpus"] >= 1 and report["machine"]["cpu"]
 
