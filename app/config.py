@@ -2,20 +2,16 @@
 
 Importing this module also switches off every phone-home path of the libraries underneath
 (pyannote metrics, Gradio analytics, Hugging Face hub calls and telemetry) unless the user has
-set those variables already, and fixes glibc's mmap threshold (app.malloc;
-SPECSCRIBE_MMAP_THRESHOLD, 0 to leave it) so that long recordings do not swell the process.
+set those variables already.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
-
-from .malloc import mmap_threshold_setting, set_mmap_threshold
 
 _OFFLINE_DEFAULTS = {
     "PYANNOTE_METRICS_ENABLED": "0",
@@ -25,11 +21,6 @@ _OFFLINE_DEFAULTS = {
 }
 for _name, _value in _OFFLINE_DEFAULTS.items():
     os.environ.setdefault(_name, _value)
-
-try:
-    set_mmap_threshold(mmap_threshold_setting(os.environ.get("SPECSCRIBE_MMAP_THRESHOLD")))
-except ValueError as error:  # at import, before any command can report it: said, not raised
-    print(f"specscribe: {error}; glibc's default kept", file=sys.stderr)
 
 
 @dataclass(frozen=True)

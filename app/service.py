@@ -27,6 +27,7 @@ from asr.types import (
 )
 
 from .config import Settings
+from .malloc import trimming
 from .request import (  # re-exported: the Python API takes them from here
     DECODING_CHOICES,
     MAX_PROMPT_CHARACTERS,
@@ -306,6 +307,7 @@ class TranscriptionService:
         from asr.transcribe import Recording, transcribe, transcribe_many
 
         options = options if options is not None else ServiceOptions()
+        progress = trimming(progress)  # long recordings: free heap pages back as it goes
         # 1. Check everything that can be checked before any work (the options were checked
         # when they were made; what depends on the model is checked once it is loaded).
         transcribe_options = options.transcribe_options()

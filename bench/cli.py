@@ -9,13 +9,12 @@ process of its own that loads the model once and transcribes every file
 order, then again) and each configuration's seconds are the median over passes.
 
 Per configuration: seconds, the process's peak resident memory, speed against faster-whisper
-int8, WER (whisper-normalizer's
-English normaliser, jiwer, over every file), files whose transcript (segment times and text)
-equals the plain configuration of the same precision, tokens per target call, and two cost
-ratios from the decode statistics every output records: a verification call against a plain
-decoder step (verify seconds per target call, drafted over plain) and a draft step against a
-plain step. A plain step's price includes each window's first call, which scores its prompt.
-The last line printed is one JSON object; `--save` also writes it to bench/results.
+int8, WER (whisper-normalizer's English normaliser, jiwer, over every file), files whose
+transcript (segment times and text) equals the plain configuration of the same precision,
+tokens per target call, and two cost ratios from the decode statistics every output records:
+a verification call against a plain decoder step (verify seconds per target call, drafted over
+plain) and a draft step against a plain step. A plain step's price includes each window's first
+call, which scores its prompt. The last line printed is one JSON object; `--save` also writes it to bench/results.
 
     python -m bench.cli [--repeats 3] [--threads 2] [--configs default,plain,...]
         [--speech DIR] [--max-files N] [--save]
@@ -57,8 +56,6 @@ CONFIGS: dict[str, Config] = {
     for c in (
         Config("default", ()),
         Config("default --no-vad", ("--no-vad",)),
-        # glibc's own rising mmap threshold instead of app.malloc's fixed one
-        Config("default (rising mmap threshold)", (), None, (("SPECSCRIBE_MMAP_THRESHOLD", "0"),)),
         Config("plain fp32", ("--precision", "fp32", "--assistant", "none")),
         Config("draft fp32", ("--precision", "fp32", "--assistant", DRAFT), "plain fp32"),
         Config("plain int8", ("--precision", "int8", "--assistant", "none")),
@@ -105,9 +102,7 @@ CONFIGS: dict[str, Config] = {
     )
 }
 DEFAULT_CONFIGS = tuple(
-    name
-    for name in CONFIGS
-    if not name.startswith("tree") and "eager" not in name and "mmap" not in name
+    name for name in CONFIGS if not name.startswith("tree") and "eager" not in name
 )
 
 
