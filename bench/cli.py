@@ -14,7 +14,8 @@ transcript (segment times and text) equals the plain configuration of the same p
 tokens per target call, and two cost ratios from the decode statistics every output records:
 a verification call against a plain decoder step (verify seconds per target call, drafted over
 plain) and a draft step against a plain step. A plain step's price includes each window's first
-call, which scores its prompt. The last line printed is one JSON object; `--save` also writes it to bench/results.
+call, which scores its prompt. The last line printed is one JSON object; `--save` also writes
+it to bench/results.
 
     python -m bench.cli [--repeats 3] [--threads 2] [--configs default,plain,...]
         [--speech DIR] [--max-files N] [--save]
