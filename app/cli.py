@@ -285,7 +285,7 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     from asr.models import ModelRegistry
     from decoding import SamplingOptions
 
-    from .llm import DraftOptions, load_language_model, run_generation
+    from .llm import DraftOptions, language_model_path, load_language_model, run_generation
 
     options = DraftOptions(
         assistant=args.assistant,
@@ -316,6 +316,8 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         named = ", ".join("--" + field.replace("_", "-") for field in given)
         raise ValueError(f"{named} only apply with --sample (greedy decoding ignores them)")
     registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
+    if args.assistant:  # a wrong draft is refused before the target's weights load
+        language_model_path(registry, args.assistant)
     target = load_language_model(registry, args.model or settings.llm_model)
     assistant = (
         load_language_model(registry, args.assistant, loaded=target) if args.assistant else None

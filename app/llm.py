@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -102,25 +103,35 @@ def load_language_model(
     halves what `specscribe generate --assistant gemma-3-270m:int8` loads.
     """
     base = name.removesuffix(INT8_SUFFIX)
-    path = registry.resolve(base)
     if loaded is not None and loaded.name == base:
         model, tokenizer = loaded.model, loaded.tokenizer
     else:
-        model, tokenizer = _read_model(path, name), _read_tokenizer(path)
+        path = language_model_path(registry, name)
+        model, tokenizer = _read_model(path), _read_tokenizer(path)
     if name.endswith(INT8_SUFFIX):
         model = quantize_int8(model)
     return LanguageModel(name, model, tokenizer)
 
 
-def _read_model(path, name: str) -> torch.nn.Module:
-    from transformers import AutoConfig, AutoModelForCausalLM
+def language_model_path(registry: ModelRegistry, name: str) -> Path:
+    """The directory of `name` (as load_language_model takes it), checked to hold a text
+    language model, without reading its weights: so that a wrong name is refused before
+    anything loads. ValueError (or the registry's error) otherwise."""
+    from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    config = AutoConfig.from_pretrained(path)
+    path = Path(registry.resolve(name.removesuffix(INT8_SUFFIX)))
+    model_type = AutoConfig.from_pretrained(path).model_type
     # Whisper has a causal-LM class too (its decoder alone), but it needs audio to attend to.
-    if config.model_type == "whisper" or config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise ValueError(f"{name} is a {config.model_type} model, not a text language model")
-    return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32).eval()
+    if model_type == "whisper" or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(f"{name} is a {model_type} model, not a text language model")
+    return path
+
+
+def _read_model(path: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
 def _read_tokenizer(path):

@@ -327,3 +327,16 @@ def test_silence_gives_an_empty_transcript_with_a_note_and_subtitles_are_shaped(
     assert len(cues) >= 3
     assert all(len(cue.splitlines()[2:]) <= 2 for cue in cues)
     assert all(len(line) <= 20 for cue in cues for line in cue.splitlines()[2:])
+
+
+def test_a_wrong_draft_is_refused_before_the_target_loads(capsys, monkeypatch, registry):
+    import app.llm
+
+    def read(path):
+        raise AssertionError(f"weights of {path} read before the draft was checked")
+
+    monkeypatch.setattr(app.llm, "_read_model", read)
+    assert main(["generate", "Hello", "--assistant", "whisper-base"]) == 2
+    assert "whisper-base is a whisper model, not a text language model" in capsys.readouterr().err
+    assert main(["generate", "Hello", "--assistant", "nonsense-model:int8"]) == 2
+    assert "unknown model 'nonsense-model'" in capsys.readouterr().err
