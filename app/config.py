@@ -46,6 +46,9 @@ class Settings:
     # Chains a model draft proposes per block: its best first tokens, each continued greedily,
     # verified in one target call (decoding.generate's branches; CPU decoding; docs/drafts.md).
     draft_branches: int = 1
+    # Free heap pages handed back to the system at most this often while transcribing
+    # (app.malloc; 0: never), so that long recordings do not swell the process.
+    heap_trim_seconds: float = 2.0
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -65,6 +68,7 @@ class Settings:
             fused_rounds=_flag("SPECSCRIBE_FUSED_ROUNDS"),
             traced_steps=_flag("SPECSCRIBE_TRACED_STEPS", default=True),
             draft_branches=draft_branches(os.environ.get("SPECSCRIBE_DRAFT_BRANCHES") or 1),
+            heap_trim_seconds=_seconds_or_zero("SPECSCRIBE_HEAP_TRIM_SECONDS", 2.0),
         )
 
 
@@ -95,6 +99,17 @@ def _flag(name: str, default: bool = False) -> bool:
     if text in ("1", "true", "yes", "on"):
         return True
     raise ValueError(f"{name} must be 1 or 0 (true/false, yes/no, on/off), not {text!r}")
+
+
+def _seconds_or_zero(name: str, default: float) -> float:
+    """The environment variable `name` as seconds >= 0, 0 meaning never (`default` when
+    unset)."""
+    text = os.environ.get(name)
+    if not text:
+        return default
+    if text.strip() in ("0", "0.0"):
+        return 0.0
+    return _positive_number(name, default)
 
 
 def _positive_number(name: str, default: float) -> float:

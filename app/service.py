@@ -307,7 +307,8 @@ class TranscriptionService:
         from asr.transcribe import Recording, transcribe, transcribe_many
 
         options = options if options is not None else ServiceOptions()
-        progress = trimming(progress)  # long recordings: free heap pages back as it goes
+        if self.settings.heap_trim_seconds > 0:  # long recordings: free pages back as it goes
+            progress = trimming(progress, self.settings.heap_trim_seconds)
         # 1. Check everything that can be checked before any work (the options were checked
         # when they were made; what depends on the model is checked once it is loaded).
         transcribe_options = options.transcribe_options()

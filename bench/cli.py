@@ -57,6 +57,8 @@ CONFIGS: dict[str, Config] = {
     for c in (
         Config("default", ()),
         Config("default --no-vad", ("--no-vad",)),
+        # Free heap pages kept by the process instead of handed back (app.malloc)
+        Config("default (no heap trim)", (), None, (("SPECSCRIBE_HEAP_TRIM_SECONDS", "0"),)),
         Config("plain fp32", ("--precision", "fp32", "--assistant", "none")),
         Config("draft fp32", ("--precision", "fp32", "--assistant", DRAFT), "plain fp32"),
         Config("plain int8", ("--precision", "int8", "--assistant", "none")),
@@ -141,6 +143,8 @@ def _command(config: Config, folder: Path, out: Path, ct2_dir: Path, threads: in
 
 @dataclass(frozen=True)
 class Pass:
+    """One process's wall-clock seconds and peak memory."""
+
     seconds: float
     peak_rss_mb: float  # the process's largest resident set (getrusage's ru_maxrss)
 
@@ -150,7 +154,12 @@ def _run(command: list[str], threads: int, environment: tuple[tuple[str, str], .
     with tempfile.TemporaryFile("w+") as stderr:
         started = time.perf_counter()
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
-        _, status, usage = os.wait4(process.pid, 0)  # this child's own resource usage
+        try:
+            _, status, usage = os.wait4(process.pid, 0)  # this child's own resource usage
+        except BaseException:  # interrupted: the child goes too, as with subprocess.run
+            process.kill()
+            process.wait()
+            raise
         seconds = time.perf_counter() - started
         process.returncode = os.waitstatus_to_exitcode(status)
         if process.returncode != 0:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -37,6 +38,7 @@ from bench.diarize import (
     normalise,
     speaker_cpwer,
 )
+from diarize.scoring import read_rttm, to_annotation
 
 CPWER_FILES = (CPWER_FILE, "pyannote_sample")
 FILES = (*CPWER_FILES, *(name.removesuffix(".flac") for name in SETS["AMI development"]))
@@ -59,6 +61,13 @@ def cpwer(reference: list[str], segments: tuple[Segment, ...]) -> dict[str, floa
     return speaker_cpwer(reference, segments)
 
 
+def _audio(name: str) -> Path:
+    for path in (MULTI / f"{name}.wav", MULTI / f"{name}.flac"):
+        if path.exists():
+            return path
+    raise FileNotFoundError(f"no {name}.wav or .flac in {MULTI} (see ../shared/speech/README)")
+
+
 def words_at_their_speaker(
     segments: tuple[Segment, ...],
     turns: tuple[SpeakerTurn, ...],
@@ -67,8 +76,6 @@ def words_at_their_speaker(
     """How many words' speakers (mapped to the reference's by the turns' optimal mapping)
     speak at the words' middles, of the words whose middle some reference speaker covers."""
     from pyannote.metrics.diarization import DiarizationErrorRate
-
-    from diarize.scoring import to_annotation
 
     mapping = DiarizationErrorRate().optimal_mapping(to_annotation(reference), to_annotation(turns))
     right = counted = 0
@@ -93,22 +100,21 @@ def main(argv: list[str] | None = None) -> int:
 
     service = TranscriptionService()
     options = ServiceOptions(diarize=True, word_timestamps=args.word_timestamps)
-    report: dict = {"benchmark": "speaker_wer", "word_timestamps": args.word_timestamps}
-    from diarize.scoring import read_rttm
-
     # Words are always timed under --diarize; word_timestamps only decides whether the output
     # keeps them, so the attribution is read from a run that keeps them.
     timed = ServiceOptions(diarize=True, word_timestamps=True)
+    report: dict = {"benchmark": "speaker_wer", "word_timestamps": args.word_timestamps}
     totals = {"words_at_their_speaker": 0, "words_counted": 0}
     for name in args.files:
-        audio = next(p for p in (MULTI / f"{name}.wav", MULTI / f"{name}.flac") if p.exists())
-        transcript = service.run(str(audio), options)
-        entry: dict = {"segments": len(transcript.segments)}
+        audio = _audio(name)
+        entry: dict = {}
         if name in CPWER_FILES:
+            transcript = service.run(str(audio), options)
             entry |= cpwer(reference_words(name), transcript.segments)
             print(f"{name}: cpWER {entry['cpwer']:.4f} ({entry['errors']} errors)", file=sys.stderr)
-        if not args.word_timestamps:
+        if name not in CPWER_FILES or not args.word_timestamps:
             transcript = service.run(str(audio), timed)
+        entry["segments"] = len(transcript.segments)
         reference = read_rttm(MULTI / f"{name}.rttm")
         words = words_at_their_speaker(transcript.segments, transcript.turns, reference)
         for key, value in words.items():

@@ -7,12 +7,13 @@ otherwise go to the earlier turn. A word of no duration after another word of it
 that word's speaker: it has no audio to judge by (Whisper's alignment squeezes words to zero
 length at segment ends), and a speaker change there would leave a cue and an RTTM turn of 0 s.
 A segment is split where its words change speaker, except inside a sentence for a fragment:
-a run of at most 2 words (`Fragment`) takes the speaker of the longer run beside it in its
-sentence (see `_absorb_fragments` for why). Sentences end at terminal punctuation and may
-span segments (Whisper cuts segments at timestamps, not at sentences); a whole sentence keeps
-its speaker however short. Every word lands in exactly one output segment, in order. Segments
-without word timestamps are assigned as a whole, by the same rule over the segment's span, and
-end a sentence.
+a run of at most 2 words under 2 s (`Fragment`) takes the speaker of the longer run beside it
+in its sentence (see `_absorb_fragments` for why). A sentence ends at terminal punctuation; it
+runs on into the next segment only where that segment begins in lower case (Whisper cuts
+segments at timestamps, not at sentences: "And symbols | that you don't ..."), so a whole
+sentence or a segment that begins one keeps its speaker however short ("Yes."). Every word
+lands in exactly one output segment, in order. Segments without word timestamps are assigned as
+a whole, by the same rule over the segment's span, and end a sentence.
 """
 
 from __future__ import annotations
@@ -26,28 +27,44 @@ from asr.types import Segment, SpeakerTurn, Word
 
 @dataclass(frozen=True)
 class Fragment:
-    """A run of at most `words` words inside one sentence, beside another speaker's run of the
-    same sentence: too little to take as a change of speaker. Not timed: Whisper's alignment
-    stretches a sentence's first word over the silence before it (the AMI mixture's "And" lasts
-    0.94 s from the start of the file), so a fragment's duration is the least reliable part of
-    the evidence. Measured by bench.speaker_wer and word-level agreement with the reference
-    turns (docs/diarization.md)."""
+    """A run of at most `words` words, spoken for under `seconds` (the words' own durations,
+    pauses left out), inside one sentence beside another speaker's run of the same sentence:
+    too little to take as a change of speaker. The duration is generous because Whisper's
+    alignment stretches a segment's first word over the silence before it (the AMI mixture's
+    "And" lasts 0.94 s from the start of the file). Measured by bench.speaker_wer and the words'
+    agreement with the reference turns (docs/diarization.md)."""
 
     words: int = 2
+    seconds: float = 2.0
 
     def holds(self, run: Sequence[Word]) -> bool:
-        return len(run) <= self.words
+        return len(run) <= self.words and _spoken(run) < self.seconds
 
 
-# What ends a sentence: Latin, CJK and other full stops, question and exclamation marks,
-# and the ellipsis, as the last character of a word before any closing quote or bracket.
-_SENTENCE_ENDS = frozenset(".?!…。？！｡।॥؟۔")
-_CLOSING = "\"'»”’)]}」』）"
+def _spoken(run: Iterable[Word]) -> float:
+    """Seconds of speech in `run`: its words' durations, without the pauses between them."""
+    return sum(word.end - word.start for word in run)
+
+
+# Full stops, question and exclamation marks, and the ellipsis of Latin, CJK, Indic, Arabic,
+# Armenian, Ethiopic and Burmese script. Whole words, as asr.word_timing's SENTENCE_END_MARKS
+# (OpenAI's list for clamping word times), would miss a mark at the end of a word.
+_SENTENCE_ENDS = frozenset(".?!…。？！｡．।॥؟۔։።။")
+_CLOSING = "\"'»”’)]}」』）》】"
 
 
 def ends_sentence(word: Word) -> bool:
+    """Whether `word` ends a sentence: its last character, before closing quotes and brackets,
+    is a sentence's end mark. Abbreviations ("Mr.") end one too: a speaker change there is
+    taken at its word times, as it was before sentences were read."""
     text = word.text.rstrip().rstrip(_CLOSING)
     return bool(text) and text[-1] in _SENTENCE_ENDS
+
+
+def _continues_sentence(segment: Segment) -> bool:
+    """Whether `segment` carries on the sentence before it: its first letter is lower case."""
+    first = next((c for c in segment.text if c.isalpha()), "")
+    return first.islower()
 
 
 class _Turns:
@@ -127,7 +144,7 @@ def assign_speakers(
             words.append(replace(word, speaker=previous))
         labelled.append(words)
     if fragment is not None:
-        labelled = _absorb_in_sentences(labelled, fragment)
+        labelled = _absorb_in_sentences(segments, labelled, fragment)
     result: list[Segment] = []
     wordless = iter(speakers)
     for segment, words in zip(segments, labelled, strict=True):
@@ -138,13 +155,15 @@ def assign_speakers(
     return tuple(result)
 
 
-def _absorb_in_sentences(labelled: list[list[Word]], fragment: Fragment) -> list[list[Word]]:
+def _absorb_in_sentences(
+    segments: list[Segment], labelled: list[list[Word]], fragment: Fragment
+) -> list[list[Word]]:
     """`labelled` (each segment's words) with the fragments of every sentence absorbed, the
-    words regrouped by segment as they came. A segment without words ends a sentence."""
+    words regrouped by segment as they came."""
     sentences: list[list[Word]] = []
     open_sentence: list[Word] = []
-    for words in labelled:
-        if not words and open_sentence:
+    for segment, words in zip(segments, labelled, strict=True):
+        if open_sentence and not (words and _continues_sentence(segment)):
             sentences.append(open_sentence)
             open_sentence = []
         for word in words:
@@ -195,15 +214,11 @@ def _runs(words: Iterable[Word]) -> list[list[Word]]:
     return runs
 
 
-def _seconds(run: list[Word]) -> float:
-    return run[-1].end - run[0].start
-
-
 def _absorb_fragments(runs: list[list[Word]], fragment: Fragment) -> list[list[Word]]:
     """The runs of one sentence with each fragment relabelled with the speaker of its longer
-    neighbour (in seconds; the earlier one on a tie) and merged into it, the fewest words
-    first (then the shortest, then the earliest), until no fragment is left beside another
-    speaker.
+    neighbour (in seconds spoken; the earlier one on a tie) and merged into it, the fewest
+    words first (then the shortest, then the earliest), until no fragment is left beside
+    another speaker.
 
     Why: cross-attention word times can be off by a few hundred milliseconds, and a short turn
     of an exclusive diarization at a change of speaker may be overlapped speech handed to the
@@ -212,24 +227,35 @@ def _absorb_fragments(runs: list[list[Word]], fragment: Fragment) -> list[list[W
     diarizer gives the first 1.2 s of a sentence to another speaker, and Whisper ends a segment
     after its first two words ("And symbols | that you don't necessarily understand, ..."):
     cut off, they went to the wrong speaker. A whole sentence, however short ("Yes."), is never
-    relabelled here.
+    relabelled here. Runs are merged in place, so a sentence of R runs costs O(R^2) steps at
+    worst, not a pass over all its words per step.
     """
+    speakers = [run[0].speaker for run in runs]
+    runs = [list(run) for run in runs]
     while len(runs) > 1:
         fragments = [i for i, run in enumerate(runs) if fragment.holds(run)]
         if not fragments:
-            return runs
+            break
         # The least evidence first: a one-word run must not carry off a two-word one.
-        short = min(fragments, key=lambda i: (len(runs[i]), _seconds(runs[i]), i))
-        before = runs[short - 1] if short > 0 else None
-        after = runs[short + 1] if short + 1 < len(runs) else None
+        short = min(fragments, key=lambda i: (len(runs[i]), _spoken(runs[i]), i))
+        before = short - 1 if short > 0 else None
+        after = short + 1 if short + 1 < len(runs) else None
         into = (
-            before if after is None or (before and _seconds(before) >= _seconds(after)) else after
+            before
+            if after is None
+            or (before is not None and _spoken(runs[before]) >= _spoken(runs[after]))
+            else after
         )
-        speaker = into[0].speaker
-        words = [
-            replace(word, speaker=speaker) if index == short else word
-            for index, run in enumerate(runs)
-            for word in run
-        ]
-        runs = _runs(words)
-    return runs
+        first, last = min(short, into), max(short, into)
+        runs[first : last + 1] = [runs[first] + runs[last]]
+        speakers[first : last + 1] = [speakers[into]]
+        # the merged run may now meet a run of its own speaker on its other side
+        for left in (first - 1, first):
+            if 0 <= left < len(runs) - 1 and speakers[left] == speakers[left + 1]:
+                runs[left : left + 2] = [runs[left] + runs[left + 1]]
+                speakers[left : left + 2] = [speakers[left]]
+                break
+    return [
+        [word if word.speaker == speaker else replace(word, speaker=speaker) for word in run]
+        for run, speaker in zip(runs, speakers, strict=True)
+    ]

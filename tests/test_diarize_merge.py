@@ -261,31 +261,62 @@ def test_the_fewest_words_are_absorbed_first():
     assert whole.speaker == "C" and {w.speaker for w in whole.words} == {"C"}
 
 
-def test_runs_of_three_words_and_whole_sentences_are_split_off():
+def test_runs_of_three_words_two_seconds_or_whole_sentences_are_split_off():
     turns = [SpeakerTurn(0.0, 2.0, "A"), SpeakerTurn(2.0, 9.0, "B")]
     head = _words((0.1, 0.5, " a"), (0.5, 0.9, " b"), (0.9, 1.3, " c"))
     tail = _words((2.1, 3.0, " d"), (3.0, 4.0, " e"), (4.0, 5.0, " f"))
     three_words = assign_speakers([_segment(head + tail)], turns)
     assert [s.speaker for s in three_words] == ["A", "B"]
-    # Two words of one sentence are a fragment however long they last ...
-    long_words = _words((0.1, 1.0, " long"), (1.0, 1.8, " words"))
-    assert [s.speaker for s in assign_speakers([_segment(long_words + tail)], turns)] == ["B"]
-    # ... and a sentence of their own, or of one word, however short, is not.
-    for sentence in (
-        _words((0.1, 1.0, " Long"), (1.0, 1.8, " words.")),
-        _words((1.5, 1.8, " Oh!")),
-    ):
-        split = assign_speakers([_segment(sentence + tail)], turns)
+    # Two words of one sentence spoken for under 2 s are a fragment, pauses not counted ...
+    paused = _words((0.1, 0.8, " long"), (1.2, 1.9, " words"))
+    assert [s.speaker for s in assign_speakers([_segment(paused + tail)], turns)] == ["B"]
+    # ... two words spoken for 2 s are not, nor a sentence of their own or of one word.
+    turns = [SpeakerTurn(0.0, 2.5, "A"), SpeakerTurn(2.5, 9.0, "B")]
+    spoken = _words((0.1, 1.1, " long"), (1.1, 2.1, " words"))
+    ended = _words((0.1, 1.0, " Long"), (1.0, 1.8, " words."))
+    for first in (spoken, ended, _words((1.5, 1.8, " Oh!"))):
+        split = assign_speakers([_segment(first + tail)], turns)
         assert [s.speaker for s in split] == ["A", "B"]
     # A bigger threshold absorbs three words.
+    turns = [SpeakerTurn(0.0, 2.0, "A"), SpeakerTurn(2.0, 9.0, "B")]
     wider = assign_speakers([_segment(head + tail)], turns, fragment=Fragment(3))
     assert [s.speaker for s in wider] == ["B"]
+
+
+def test_a_segment_begins_a_sentence_unless_it_begins_in_lower_case():
+    # A reply after an unfinished sentence, a segment of its own, keeps its speaker.
+    turns = [SpeakerTurn(0.0, 3.0, "A"), SpeakerTurn(3.0, 4.8, "B"), SpeakerTurn(4.8, 9.0, "A")]
+    so = _segment(_words((0.5, 1.0, " So"), (1.0, 1.5, " we"), (1.5, 2.9, " go,")))
+    reply = _segment(_words((3.1, 3.6, " Yeah,"), (3.6, 4.6, " right,")))
+    on = _segment(_words((5.0, 5.5, " Then"), (5.5, 6.0, " we"), (6.0, 6.5, " do.")))
+    assert [s.speaker for s in assign_speakers([so, reply, on], turns)] == ["A", "B", "A"]
+    # In lower case it carries on A's sentence: two words in it are a fragment.
+    lower = _segment(_words((3.1, 3.6, " yeah,"), (3.6, 4.6, " right,")))
+    assert [s.speaker for s in assign_speakers([so, lower, on], turns)] == ["A", "A", "A"]
+    # Scripts without case never carry a sentence over.
+    cjk = [
+        _segment(_words((0.5, 1.5, "我们"), (1.5, 2.9, "明天去吗"))),
+        _segment(_words((3.1, 4.6, "好的"))),
+        _segment(_words((5.0, 6.0, "那"), (6.0, 6.5, "走吧"))),
+    ]
+    assert [s.speaker for s in assign_speakers(cjk, turns)] == ["A", "B", "A"]
+
+
+def test_a_segment_without_words_ends_a_sentence():
+    turns = [SpeakerTurn(0.0, 2.0, "A"), SpeakerTurn(2.0, 9.0, "B")]
+    head = _segment(_words((0.5, 1.0, " a"), (1.0, 1.5, " b")))
+    wordless = Segment(1.9, 2.9, " c", avg_logprob=-0.2, no_speech_prob=0.01)
+    tail = _segment(_words((2.5, 3.0, " c"), (3.0, 3.5, " d"), (3.5, 4.0, " e")))
+    assert [s.speaker for s in assign_speakers([head, tail], turns)] == ["B", "B"]
+    labelled = assign_speakers([head, wordless, tail], turns)
+    assert [s.speaker for s in labelled] == ["A", "B", "B"]
 
 
 @pytest.mark.parametrize(
     "text, ends",
     [(" done.", True), (" what?", True), (' "stop!"', True), (" (so…)", True), (" 好。", True),
-     (" Mr", False), (" well,", False), (" 3.5", False), (" x", False), (" .", True)],
+     (" well,", False), (" 3.5", False), (" x", False), (" .", True), (" Mr.", True),
+     ("」", False), (" 《书》", False), (" 书。》", True)],
 )  # fmt: skip
 def test_what_ends_a_sentence(text, ends):
     assert ends_sentence(Word(0.0, 1.0, text, 0.9)) is ends

@@ -90,6 +90,42 @@ def test_traced_steps_are_on_unless_the_environment_turns_them_off(settings, mon
     assert service.model.trace_steps is False
 
 
+def test_free_heap_pages_are_handed_back_as_the_setting_says(settings, monkeypatch):
+    from dataclasses import replace
+
+    import app.malloc
+    import app.service
+    from app.config import Settings
+    from tests.conftest import SAMPLES
+
+    monkeypatch.delenv("SPECSCRIBE_HEAP_TRIM_SECONDS", raising=False)
+    assert Settings.from_env().heap_trim_seconds == 2.0
+    for text, seconds in (("0", 0.0), ("0.5", 0.5)):
+        monkeypatch.setenv("SPECSCRIBE_HEAP_TRIM_SECONDS", text)
+        assert Settings.from_env().heap_trim_seconds == seconds
+    for wrong in ("-1", "soon", "inf"):
+        monkeypatch.setenv("SPECSCRIBE_HEAP_TRIM_SECONDS", wrong)
+        with pytest.raises(ValueError, match="SPECSCRIBE_HEAP_TRIM_SECONDS"):
+            Settings.from_env()
+
+    trims = []
+
+    def counted(progress, interval):  # trims at every progress call, counting them
+        return app.malloc.trimming(progress, 0.0, lambda: trims.append(interval))
+
+    monkeypatch.setattr(app.service, "trimming", counted)
+    options = ServiceOptions(language="en", vad=False)
+    for every, expected in ((0.0, False), (1.5, True)):
+        trims.clear()
+        service = TranscriptionService(
+            replace(settings, heap_trim_seconds=every),
+            asr_model="whisper-tiny.en",
+            assistant_model="none",
+        )
+        service.run(str(SAMPLES / "jfk.wav"), options)
+        assert bool(trims) is expected and set(trims) <= {every}
+
+
 @pytest.mark.slow
 def test_auto_loads_its_draft_once_the_speech_transcribed_repays_it(settings):
     from app.service import DRAFT_PAYS_AFTER_SECONDS
