@@ -1,7 +1,7 @@
 """Give the heap's free pages back to the system while a long recording is transcribed.
 
 glibc keeps the memory a process frees for its next allocations, and gives back only what lies
-at the top of a heap. Tensors of many sizes allocated and freed by several threads leave free
+at the top of a heap. Tensors of many sizes allocated and freed by two threads leave free
 pages spread through the heaps: a 28.6-minute recording with `--word-timestamps` reached
 6.1 GB resident while no more than 2.2 GB was allocated at once (memray), and a larger file
 would reach more. `malloc_trim` hands every free page back; called as the transcription goes
