@@ -549,12 +549,13 @@ def _request_options(args: argparse.Namespace):
 
 def _store(args: argparse.Namespace, create: bool = True, read_only: bool = False):
     """The --store given, or the default one. create=False: a --store that does not exist is
-    an error (a mistyped path must not become an empty store); the default store is made.
-    read_only: the command only reads it (a store it cannot write is fine)."""
+    an error (a mistyped path must not become an empty store); the default store is made,
+    except for a command that only reads (read_only, which also accepts a store it cannot
+    write): it makes nothing."""
     from .jobs import JobStore, default_store_path
 
     if args.store is None:
-        return JobStore(default_store_path(), read_only=read_only)
+        return JobStore(default_store_path(), create=not read_only, read_only=read_only)
     return JobStore(args.store, create=create, read_only=read_only)
 
 

@@ -86,8 +86,8 @@ class EndpointParameters(BaseModel):
     vad_min_silence_duration: float = Field(2.0, ge=0, le=60)
     vad_speech_pad: float = Field(0.4, ge=0, le=60)
     passage_pause: float | None = Field(5.0, ge=0, allow_inf_nan=False)  # 0 or None: off
-    repetition_ngram: int | None = Field(6, ge=2, le=50)
-    hallucination_silence_threshold: float | None = Field(None, gt=0)
+    repetition_ngram: int | None = Field(6, ge=0, le=50)  # 0 or None: off; 1 is refused
+    hallucination_silence_threshold: float | None = Field(None, gt=0, allow_inf_nan=False)
     chunk_length_s: Literal[30] | None = None
     sampling_rate: Literal[16000] | None = None
 
@@ -178,9 +178,10 @@ def read_audio_bytes(inputs: Any, max_bytes: int) -> bytes:
 
 
 def _decode_base64(text: str, max_bytes: int) -> bytes:
-    if text.startswith("data:"):
+    text = text.strip()
+    if text[:5].lower() == "data:":  # RFC 2397: the scheme and ";base64" in any case
         header, comma, text = text.partition(",")
-        if not comma or not header.endswith(";base64"):
+        if not comma or not header.lower().endswith(";base64"):
             raise EndpointError(
                 400, "inputs: a data URL must be base64: data:<media type>;base64,<data>"
             )

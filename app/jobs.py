@@ -352,6 +352,11 @@ class JobStore:
         if empty:
             raise ValueError(f"no audio files in {', '.join(empty)}")
         output_dir = spec.output_dir.expanduser().resolve()
+        # A file where a folder must go can never be written to (the folder itself is made by
+        # the worker, which may run elsewhere): refused now, not after each file is decoded.
+        blocking = next((p for p in (output_dir, *output_dir.parents) if p.is_file()), None)
+        if blocking is not None:
+            raise ValueError(f"--output-dir {output_dir}: {blocking} is a file, not a folder")
         check_distinct_outputs(files, output_dir)
         by_stem = {stem: path for path, stem in files}
         with self._write() as db:

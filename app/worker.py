@@ -110,6 +110,20 @@ def _temporary_leftovers(task: ClaimedTask) -> list[Path]:
     return found
 
 
+def _output_folders_ready(store: JobStore, task: ClaimedTask, worker: WorkerId, log: Log) -> bool:
+    """Makes the folders the task's outputs go to; a folder that cannot be made fails the
+    task before its audio is decoded, rather than after (False)."""
+    try:
+        for folder in {path.parent for path in task.outputs.values()}:
+            folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        reason = f"cannot make the output folder: {describe_error(error)}"
+        if store.fail(task, worker, reason):
+            log(f"task {task.id} (job {task.job_id}) failed: {reason}")
+        return False
+    return True
+
+
 def prepare(
     store: JobStore, task: ClaimedTask, worker: WorkerId, log: Log, record: dict | None = None
 ) -> bool:
@@ -122,6 +136,8 @@ def prepare(
     for leftover in _temporary_leftovers(task):
         leftover.unlink(missing_ok=True)  # half an output from an attempt that was killed
     plan = plan_outputs(task.outputs, record, task.spec.overwrite)
+    if plan.action in ("make", "redo") and not _output_folders_ready(store, task, worker, log):
+        return False
     if plan.action == "make":
         return True
     if plan.action == "redo":

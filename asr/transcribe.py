@@ -114,8 +114,11 @@ class TranscribeOptions:
             raise ValueError(f"repetition_ngram must be in 2..50, not {self.repetition_ngram}")
         threshold = self.hallucination_silence_threshold
         if threshold is not None:
-            if not threshold > 0:
-                raise ValueError(f"hallucination_silence_threshold must be > 0, not {threshold}")
+            if not 0 < threshold < float("inf"):
+                raise ValueError(
+                    f"hallucination_silence_threshold must be a positive number of seconds, "
+                    f"not {threshold}"
+                )
             if not self.word_timestamps:
                 raise ValueError("hallucination_silence_threshold needs word_timestamps")
         pause = self.passage_pause

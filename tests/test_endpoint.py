@@ -264,6 +264,18 @@ BAD_REQUESTS = [
         422,
         "needs word_timestamps",
     ),
+    (  # infinite seconds are no threshold, and not JSON either
+        {
+            "inputs": JFK_B64,
+            "parameters": {
+                "hallucination_silence_threshold": float("inf"),
+                "word_timestamps": True,
+            },
+        },
+        422,
+        "hallucination_silence_threshold: Input should be a finite number",
+    ),
+    ({"inputs": JFK_B64, "parameters": {"repetition_ngram": 1}}, 422, "repetition_ngram"),
 ]
 
 
@@ -275,6 +287,18 @@ def test_bad_request(endpoint, request_body, status, words):
     assert words in error.message
     # What the Inference Toolkit sends back: {"error": str(exception)}, with the status first.
     assert str(error).startswith(f"{status} ")
+
+
+@pytest.mark.slow
+def test_data_urls_in_any_case_and_text_around_base64_are_read(endpoint, one_torch_thread):
+    for inputs in (
+        "data:audio/wav;BASE64," + JFK_B64,
+        "\n DATA:audio/wav;base64," + JFK_B64 + "\n",
+    ):
+        # repetition_ngram 0 is the guard turned off, as the warnings that name it say
+        result = endpoint({"inputs": inputs, "parameters": {"repetition_ngram": 0}})
+        assert word_error_rate(reference_text(JFK), result["text"]) < 0.1
+        assert result["options"]["repetition_ngram"] is None
 
 
 @pytest.mark.slow

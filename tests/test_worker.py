@@ -257,7 +257,7 @@ def test_outputs_made_with_other_options_are_made_again(tmp_path):
     assert prepare(store, task, one, said.append, {"model": MODEL, "diarize": False}) is False
 
 
-def test_a_store_path_that_is_a_folder_or_missing_is_a_clear_error(tmp_path, capsys):
+def test_a_store_path_that_is_a_folder_or_missing_is_a_clear_error(tmp_path, capsys, monkeypatch):
     from app.cli import main
 
     assert main(["status", "--store", str(tmp_path)]) == 2
@@ -267,6 +267,11 @@ def test_a_store_path_that_is_a_folder_or_missing_is_a_clear_error(tmp_path, cap
         assert main([*command, "--store", str(missing)]) == 2
         assert f"no job store at {missing}" in capsys.readouterr().err
     assert not missing.exists()  # nothing was made of the typo
+    # nor by status when there is no --store: it only reads
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert main(["status"]) == 2
+    assert "no job store at" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
     JobStore(missing)  # submit makes it
     assert main(["status", "--store", str(missing)]) == 0
     assert "no jobs in" in capsys.readouterr().out
@@ -288,6 +293,9 @@ def test_submit_names_what_is_wrong(tmp_path):
         store.submit([tmp_path / "a"], JobSpec(out, ("txt", "docx")))
     with pytest.raises(ValueError, match="format rttm needs diarize"):
         store.submit([tmp_path / "a"], JobSpec(out, ("rttm",), ServiceOptions(language="en")))
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match=r"afile is a file, not a folder"):
+        store.submit([tmp_path / "a"], JobSpec(tmp_path / "afile" / "out"))
     assert store.jobs() == []
 
 
@@ -454,7 +462,9 @@ def test_outputs_that_cannot_be_written_fail_their_task_and_the_worker_goes_on(t
         "f00.wav": "done",
         "sub/f00.wav": "failed",
     }
-    assert tasks["sub/f00.wav"].error.startswith("writing outputs: ")
+    # refused before its audio was decoded
+    assert tasks["sub/f00.wav"].error.startswith("cannot make the output folder: ")
+    assert tasks["sub/f00.wav"].seconds == 0.0
     check_outputs(tmp_path / "out", originals)
 
 
