@@ -381,8 +381,10 @@ class TranscriptionService:
     ) -> Transcript:
         """The decoded transcript with what the request adds: the VAD's statistics, the
         models and precision, speakers merged into the words."""
+        past_the_end = _clips_past_the_end(options.clip_spans(), transcript.duration)
         transcript = dataclasses.replace(
             transcript,
+            warnings=(past_the_end, *transcript.warnings) if past_the_end else transcript.warnings,
             stats={**transcript.stats, **prepared.vad},
             options={
                 **transcript.options,
@@ -514,6 +516,19 @@ def _speech_seconds(samples: np.ndarray, spans: tuple[tuple[float, float], ...] 
     if spans is None:
         return len(samples) / SAMPLE_RATE
     return sum(end - start for start, end in spans)
+
+
+def _clips_past_the_end(clips, duration: float) -> str | None:
+    """A warning naming the clip ranges that start at or after the end of the recording
+    (there is nothing in them to decode); None when there are none."""
+    past = [(start, end) for start, end in clips or () if start >= duration]
+    if not past:
+        return None
+    named = ", ".join(
+        f"{start:g}-{end:g} s" if end != float("inf") else f"{start:g} s-" for start, end in past
+    )
+    what = "clip range" if len(past) == 1 else "clip ranges"
+    return f"{what} {named} past the end of the recording ({duration:g} s): nothing there to decode"
 
 
 def _without_words(on_window: WindowHook | None) -> WindowHook | None:
