@@ -13,6 +13,8 @@ from pathlib import Path
 
 import platformdirs
 
+from .malloc import TRIM_INTERVAL_SECONDS
+
 _OFFLINE_DEFAULTS = {
     "PYANNOTE_METRICS_ENABLED": "0",
     "GRADIO_ANALYTICS_ENABLED": "False",
@@ -48,7 +50,7 @@ class Settings:
     draft_branches: int = 1
     # Free heap pages handed back to the system at most this often while transcribing
     # (app.malloc; 0: never), so that long recordings do not swell the process.
-    heap_trim_seconds: float = 2.0
+    heap_trim_seconds: float = TRIM_INTERVAL_SECONDS
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -68,7 +70,9 @@ class Settings:
             fused_rounds=_flag("SPECSCRIBE_FUSED_ROUNDS"),
             traced_steps=_flag("SPECSCRIBE_TRACED_STEPS", default=True),
             draft_branches=draft_branches(os.environ.get("SPECSCRIBE_DRAFT_BRANCHES") or 1),
-            heap_trim_seconds=_seconds_or_zero("SPECSCRIBE_HEAP_TRIM_SECONDS", 2.0),
+            heap_trim_seconds=_seconds_or_zero(
+                "SPECSCRIBE_HEAP_TRIM_SECONDS", TRIM_INTERVAL_SECONDS
+            ),
         )
 
 
@@ -104,11 +108,11 @@ def _flag(name: str, default: bool = False) -> bool:
 def _seconds_or_zero(name: str, default: float) -> float:
     """The environment variable `name` as seconds >= 0, 0 meaning never (`default` when
     unset)."""
-    text = os.environ.get(name)
-    if not text:
-        return default
-    if text.strip() in ("0", "0.0"):
-        return 0.0
+    try:
+        if float(os.environ.get(name) or "nan") == 0:
+            return 0.0
+    except ValueError:
+        pass  # _positive_number names the variable and what it must be
     return _positive_number(name, default)
 
 

@@ -381,7 +381,8 @@ class TranscriptionService:
     ) -> Transcript:
         """The decoded transcript with what the request adds: the VAD's statistics, the
         models and precision, speakers merged into the words."""
-        past_the_end = _clips_past_the_end(options.clip_spans(), transcript.duration)
+        clips = options.clip_spans()
+        past_the_end = _clips_past_the_end(clips, transcript.duration)
         transcript = dataclasses.replace(
             transcript,
             warnings=(past_the_end, *transcript.warnings) if past_the_end else transcript.warnings,
@@ -396,7 +397,7 @@ class TranscriptionService:
         if prepared.diarization is not None:
             transcript = self._with_speakers(
                 transcript,
-                prepared.diarization.within(options.clip_spans()),
+                prepared.diarization.within(clips),
                 options.speaker_options(),
                 prepared.diarize_seconds,
             )

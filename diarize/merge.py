@@ -131,13 +131,13 @@ def assign_speakers(
     index = _Turns(turns)
     segments = list(segments)
     labelled: list[list[Word]] = []  # per segment, its words with their speakers
-    speakers: list[str | None] = []  # per segment without words, its speaker
+    wordless: list[str | None] = []  # per segment, its speaker when it has no words
     previous: str | None = None
     for segment in segments:
         words: list[Word] = []
         if not segment.words:
             previous = index.speaker(segment.start, segment.end, previous)
-            speakers.append(previous)
+        wordless.append(None if segment.words else previous)
         for word in segment.words:
             if not (words and word.end <= word.start):
                 previous = index.speaker(word.start, word.end, previous)
@@ -146,12 +146,8 @@ def assign_speakers(
     if fragment is not None:
         labelled = _absorb_in_sentences(segments, labelled, fragment)
     result: list[Segment] = []
-    wordless = iter(speakers)
-    for segment, words in zip(segments, labelled, strict=True):
-        if words:
-            result.extend(_split(segment, words))
-        else:
-            result.append(replace(segment, speaker=next(wordless)))
+    for segment, words, speaker in zip(segments, labelled, wordless, strict=True):
+        result.extend(_split(segment, words) if words else [replace(segment, speaker=speaker)])
     return tuple(result)
 
 
