@@ -6,7 +6,8 @@ reading), model loading, audio decoding and output writing included, with `--lan
 json output. The baseline is faster-whisper int8 on the same whisper-base weights, beam 1, in a
 process of its own that loads the model once and transcribes every file
 (`bench.faster_whisper_folder`). Passes are interleaved (every configuration once, in a rotated
-order, then again) and each configuration's seconds are the median over passes.
+order, then again); each configuration's seconds, and the timings from its decode
+statistics, are medians over passes.
 
 Per configuration: seconds, the process's peak resident memory, speed against faster-whisper
 int8, WER (whisper-normalizer's English normaliser, jiwer, over every file), files whose
@@ -27,13 +28,13 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
 from bench import positive_int
 from bench.asr_data import SPEECH, Utterance, user_files
@@ -205,7 +206,11 @@ def _totals(stats: list[dict]) -> dict[str, float]:
 def summarise(
     configs: list[Config], files: list[Utterance], seconds: dict, outputs: dict, peaks: dict
 ) -> dict:
-    """One row per configuration (see the module docstring)."""
+    """One row per configuration (see the module docstring). outputs[name]: per pass, stem ->
+    the json each file got. Timings from the decode statistics (decoder, encoder, per call and
+    per step) are medians over passes, as seconds are, with `decoder_passes` beside them: one
+    disturbed pass must not make a ratio. WER is the last pass's; a drafted file counts as
+    identical to plain only when it equals its plain twin's output in every pass."""
     from bench.asr import word_error_rate
 
     references = [u.reference for u in files]
@@ -213,37 +218,44 @@ def summarise(
     step_price: dict[str, float] = {}
     decoder_seconds: dict[str, float] = {}
     for config in configs:
-        per_file = outputs[config.name]
+        passes = outputs[config.name]
         row = {
-            "seconds": round(statistics.median(seconds[config.name]), 2),
+            "seconds": round(median(seconds[config.name]), 2),
             "passes": [round(s, 2) for s in seconds[config.name]],
-            "peak_rss_mb": round(statistics.median(peaks[config.name])),
+            "peak_rss_mb": round(median(peaks[config.name])),
             "wer": round(
-                100 * word_error_rate(references, [per_file[u.name]["text"] for u in files]), 2
+                100 * word_error_rate(references, [passes[-1][u.name]["text"] for u in files]), 2
             ),
         }
         if config.name != BASELINE:
-            total = _totals([per_file[u.name]["stats"] for u in files])
-            row["tokens_per_target_call"] = _ratio(total["generated_tokens"], total["target_calls"])
-            row["verify_ms_per_call"] = round(
-                1e3 * total["verify_seconds"] / total["target_calls"], 2
+            totals = [_totals([output[u.name]["stats"] for u in files]) for output in passes]
+            row["tokens_per_target_call"] = _ratio(
+                median([t["generated_tokens"] for t in totals]),
+                median([t["target_calls"] for t in totals]),
             )
+            row["verify_ms_per_call"] = round(
+                1e3 * median([t["verify_seconds"] / t["target_calls"] for t in totals]), 2
+            )
+            drafted = [t for t in totals if t["draft_calls"]]
             row["draft_ms_per_step"] = (
-                round(1e3 * total["draft_seconds"] / total["draft_calls"], 2)
-                if total["draft_calls"]
+                round(1e3 * median([t["draft_seconds"] / t["draft_calls"] for t in drafted]), 2)
+                if drafted
                 else None
             )
-            row["encoder_seconds"] = round(total["encoder_seconds"], 2)
-            decoder_seconds[config.name] = total["verify_seconds"] + total["draft_seconds"]
+            row["encoder_seconds"] = round(median([t["encoder_seconds"] for t in totals]), 2)
+            decoder = [t["verify_seconds"] + t["draft_seconds"] for t in totals]
+            decoder_seconds[config.name] = median(decoder)
             row["decoder_seconds"] = round(decoder_seconds[config.name], 2)
-            if not total["draft_calls"]:
+            row["decoder_passes"] = [round(d, 2) for d in decoder]
+            if not drafted:
                 step_price[config.name] = row["verify_ms_per_call"]
         rows[config.name] = row
     for config in configs:
         row, plain = rows[config.name], config.plain
         if plain in rows:
+            pairs = list(zip(outputs[config.name], outputs[plain], strict=False))
             same = sum(
-                _segments(outputs[config.name][u.name]) == _segments(outputs[plain][u.name])
+                all(_segments(ours[u.name]) == _segments(theirs[u.name]) for ours, theirs in pairs)
                 for u in files
             )
             row["identical_to_plain"] = f"{same} of {len(files)}"
@@ -290,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ct2_dir = ModelRegistry(Settings.from_env().cache_dir).pull_ct2("whisper-base")
     seconds: dict[str, list[float]] = {c.name: [] for c in configs}
     peaks: dict[str, list[float]] = {c.name: [] for c in configs}
-    outputs: dict[str, dict] = {}
+    outputs: dict[str, list[dict]] = {c.name: [] for c in configs}  # per pass
     with tempfile.TemporaryDirectory(prefix="specscribe-bench-cli-") as work:
         folder = Path(work) / "speech"
         folder.mkdir()
@@ -304,15 +316,16 @@ def main(argv: list[str] | None = None) -> int:
                 done = _run(command, args.threads, config.environment)
                 seconds[config.name].append(done.seconds)
                 peaks[config.name].append(done.peak_rss_mb)
-                outputs[config.name] = _outputs(out, files)
+                outputs[config.name].append(_outputs(out, files))
                 print(f"pass {index + 1}: {config.name}: {seconds[config.name][-1]:.2f} s",
                       file=sys.stderr)  # fmt: skip
     rows = summarise(configs, files, seconds, outputs, peaks)
     audio_seconds = sum(
-        outputs[configs[0].name][u.name].get("duration", 0.0) for u in files
+        outputs[configs[0].name][-1][u.name].get("duration", 0.0) for u in files
     )  # fmt: skip
     for name, row in rows.items():
-        print(f"{name:22} " + "  ".join(f"{k}={v}" for k, v in row.items() if k != "passes"))
+        shown = (k for k in row if k not in ("passes", "decoder_passes"))
+        print(f"{name:22} " + "  ".join(f"{k}={row[k]}" for k in shown))
     report = {
         "benchmark": "bench.cli",
         "date": datetime.date.today().isoformat(),

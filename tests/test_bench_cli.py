@@ -48,11 +48,15 @@ def test_the_summary_prices_steps_against_the_plain_twin(tmp_path):
     files = [Utterance("a", audio, False)]
     plain = bench_cli.CONFIGS["plain int8"]
     drafted = bench_cli.CONFIGS["draft int8"]
-    outputs = {
-        plain.name: {"a": _output("Hello world.", 12, 0, 0.12, 0.0)},
-        drafted.name: {"a": _output("Hello world.", 4, 8, 0.06, 0.024)},
-        bench_cli.BASELINE: {"a": {"text": "hello word", "segments": []}},
+    passes = {
+        plain.name: [_output("Hello world.", 12, 0, t, 0.0) for t in (0.12, 0.5, 0.11)],
+        # The last pass disturbed and the second one's text different: the medians stand,
+        # and the file is identical only if it is in every pass.
+        drafted.name: [_output("Hello world.", 4, 8, t, 0.024) for t in (0.06, 0.05, 0.9)],
+        bench_cli.BASELINE: [{"a": {"text": "hello word", "segments": []}}],
     }
+    outputs = {name: [{"a": output} for output in runs] for name, runs in passes.items()}
+    outputs[bench_cli.BASELINE] = passes[bench_cli.BASELINE]
     configs = [plain, drafted, bench_cli.CONFIGS[bench_cli.BASELINE]]
     seconds = {plain.name: [3.0, 2.0, 4.0], drafted.name: [2.0], bench_cli.BASELINE: [4.0]}
     peaks = {plain.name: [900.0, 700.0, 800.0], drafted.name: [950.0], bench_cli.BASELINE: [600.0]}
@@ -62,11 +66,16 @@ def test_the_summary_prices_steps_against_the_plain_twin(tmp_path):
     assert rows[bench_cli.BASELINE]["wer"] == 50.0
     row = rows[drafted.name]
     assert row["tokens_per_target_call"] == 3.0
+    assert row["decoder_passes"] == [0.08, 0.07, 0.92]
     assert row["verify_vs_plain_step"] == 1.5  # 15 ms a call against 10 ms a plain step
     assert row["draft_step_vs_plain_step"] == 0.3  # 3 ms a draft step
     assert row["identical_to_plain"] == "1 of 1"
-    assert row["decoder_speedup_vs_plain"] == 1.429
+    assert row["decoder_speedup_vs_plain"] == 1.429  # 0.12 s against 0.084 s
     assert row["vs_faster_whisper_int8"] == 2.0
+
+    outputs[drafted.name][1] = {"a": _output("Hello, world.", 4, 8, 0.05, 0.024)}
+    rows = bench_cli.summarise(configs, files, seconds, outputs, peaks)
+    assert rows[drafted.name]["identical_to_plain"] == "0 of 1"
 
 
 def test_unknown_configurations_are_refused(capsys):
