@@ -108,16 +108,18 @@ class WhisperDraft:
     def default_policy(self) -> LookaheadPolicy:
         """The draft-length policy a transcription uses unless given one; a fresh one each time.
 
-        A shared-encoder draft (a distilled one, distil-whisper) drafts SHARED_ENCODER_BLOCK
-        tokens every block: its step costs a fifth of a target step on a CPU, and its
+        A shared-encoder draft (a distilled one, distil-whisper) on a CPU drafts
+        SHARED_ENCODER_BLOCK tokens every block: its step costs a fifth of a target step, and its
         acceptance grows along a block (about 0.68, 0.71, 0.84, 0.86 at the first four
         positions on users' benchmark), so blocks of 3 or 4 pay wherever a window goes.
         `Adaptive`, which estimates both from a few dozen blocks, kept choosing blocks of 1-2
         there and cut the int8 decoder phase 1.14x and 1.25x against 1.33x and 1.34x for
         blocks of 3 (two runs; docs/drafts.md, "Draft-length policies"). Drafts with their own
-        encoder or another tokenizer cost more per step and may not pay at all, which
-        `Adaptive` finds out and then decodes plainly."""
-        if self.pairing == "shared-encoder":
+        encoder or another tokenizer cost more per step and may not pay at all, nor may any
+        draft on a GPU, where a step's price is mostly kernel launches, so that a 2-layer draft
+        step costs a good part of a 6-layer target step (docs/gpu.md); `Adaptive` finds that
+        out and then decodes plainly."""
+        if self.pairing == "shared-encoder" and self.model.device.type == "cpu":
             return ConstantK(SHARED_ENCODER_BLOCK)
         return Adaptive()
 
