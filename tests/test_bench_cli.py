@@ -52,10 +52,9 @@ def test_the_summary_prices_steps_against_the_plain_twin(tmp_path):
         plain.name: [_output("Hello world.", 12, 0, t, 0.0) for t in (0.12, 0.5, 0.11)],
         # The last pass disturbed: the medians stand.
         drafted.name: [_output("Hello world.", 4, 8, t, 0.024) for t in (0.06, 0.05, 0.9)],
-        bench_cli.BASELINE: [{"a": {"text": "hello word", "segments": []}}],
+        bench_cli.BASELINE: [{"text": "hello word", "segments": []}],
     }
     outputs = {name: [{"a": output} for output in runs] for name, runs in passes.items()}
-    outputs[bench_cli.BASELINE] = passes[bench_cli.BASELINE]
     configs = [plain, drafted, bench_cli.CONFIGS[bench_cli.BASELINE]]
     seconds = {plain.name: [3.0, 2.0, 4.0], drafted.name: [2.0], bench_cli.BASELINE: [4.0]}
     peaks = {plain.name: [900.0, 700.0, 800.0], drafted.name: [950.0], bench_cli.BASELINE: [600.0]}
