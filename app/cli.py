@@ -429,6 +429,12 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--language", help="language code or English name: de, German (default: detected)"
     )
+    parser.add_argument(
+        "--multilingual",
+        action="store_true",
+        help="detect the language of every window (30 s, or a passage after a long pause), "
+        "for recordings that change language; by default the first window's holds",
+    )
     parser.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
     parser.add_argument(
         "--word-timestamps", action="store_true", help="time every word (alignment heads + DTW)"

@@ -67,6 +67,7 @@ class EndpointParameters(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     language: str | None = None  # code ("en"), name ("english") or "<|en|>"; None: detected
+    multilingual: bool = False  # each window's language detected (not with `language`)
     task: Literal["transcribe", "translate"] = "transcribe"
     word_timestamps: bool = False  # True: one chunk per word
     # None: draft with the ASSISTANT_MODEL when one is configured.

@@ -30,6 +30,7 @@ MAX_PROMPT_CHARACTERS = 4000  # a sanity bound: a longer prompt is a mistake, no
 # ServiceOptions fields every front takes under the same names (CLI flags, endpoint
 # parameters, API form fields): `decoding_choices` copies them from a front's request.
 DECODING_CHOICES = (
+    "multilingual",
     "hotwords",
     "clip_timestamps",
     "vad",
@@ -85,6 +86,9 @@ class ServiceOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     language: str | None = None  # None: detected
+    # Each window's language detected from the window (recordings that change language);
+    # without it the first window's language holds. Not with `language`.
+    multilingual: bool = False
     task: Literal["transcribe", "translate"] = "transcribe"
     word_timestamps: bool = False
     use_assistant: bool = True  # draft with the service's assistant, when it has one
@@ -240,6 +244,7 @@ class ServiceOptions(BaseModel):
         batched = self.batch_size > 1
         return TranscribeOptions(
             language=self.language,
+            multilingual=self.multilingual,
             task=self.task,
             word_timestamps=self.word_timestamps,
             windows="silence" if batched else "seek",

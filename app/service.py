@@ -69,6 +69,7 @@ _BEFORE_RECORDED = {
     "repetition_ngram": None,
     "hallucination_silence_threshold": None,
     "passage_pause": None,
+    "multilingual": False,
 }
 
 

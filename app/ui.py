@@ -41,6 +41,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
 DOWNLOAD_FORMATS = ("txt", "srt", "vtt", "json")  # + rttm when the request labelled speakers
 AUTO_LANGUAGE = "auto"
+# The language detected in every window (ServiceOptions.multilingual): recordings that change
+# language. Offered by multilingual models only.
+PER_WINDOW_LANGUAGE = "per-window"
 KEEP_OUTPUTS_SECONDS = 3600  # a request's download files are removed after this long
 
 
@@ -182,8 +185,10 @@ def request_options(
             raise ValueError(f"{name} must be a whole number, not {value}")
         return int(value)
 
+    detected = language in (AUTO_LANGUAGE, PER_WINDOW_LANGUAGE)
     return ServiceOptions(
-        language=None if language == AUTO_LANGUAGE else language,
+        language=None if detected else language,
+        multilingual=language == PER_WINDOW_LANGUAGE,
         task=task,
         word_timestamps=word_timestamps,
         use_assistant=use_draft,
@@ -203,13 +208,15 @@ def safe_stem(path: str | Path) -> str:
 
 
 def language_choices(codes: Sequence[str]) -> list[tuple[str, str]]:
-    """Whisper language codes -> dropdown (label, value) pairs, "Detect" first."""
+    """Whisper language codes -> dropdown (label, value) pairs, "Detect" first, then (where
+    there are several) "Detect in every window"."""
     try:
         from asr.languages import LANGUAGES
     except ImportError:  # names are a nicety; codes alone still work
         LANGUAGES = {}
     named = sorted((f"{LANGUAGES.get(code, code).title()} ({code})", code) for code in codes)
-    return [("Detect", AUTO_LANGUAGE), *named]
+    per_window = [("Detect in every window", PER_WINDOW_LANGUAGE)] if len(codes) > 1 else []
+    return [("Detect", AUTO_LANGUAGE), *per_window, *named]
 
 
 # -- the app --------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ timeline. The hallucination guards (`asr.guards`) act on decided text only.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
@@ -77,6 +77,10 @@ __all__ = [
 @dataclass(frozen=True)
 class TranscribeOptions:
     language: str | None = None  # None: detected from the first window
+    # Each window's language detected from the window itself (faster-whisper's multilingual):
+    # a recording that changes language changes with it, at window (30 s) or passage
+    # boundaries. Off, the first window's language holds for the whole recording.
+    multilingual: bool = False
     task: Task = "transcribe"
     timestamps: bool = True
     # Per-word times from the alignment heads; with timestamps=False too (as OpenAI): each
@@ -124,6 +128,11 @@ class TranscribeOptions:
         pause = self.passage_pause
         if pause is not None and not 0 < pause < float("inf"):
             raise ValueError(f"passage_pause must be a positive number of seconds, not {pause}")
+        if self.multilingual and self.language is not None:
+            raise ValueError(
+                f"multilingual detects every window's language: it cannot be combined with "
+                f"language {self.language!r}"
+            )
         return self
 
     def validate(self, model: WhisperModel) -> None:
@@ -139,6 +148,8 @@ class TranscribeOptions:
                 raise ValueError(f"language {self.language!r}: model {model.name} is English-only")
             if self.task == "translate":
                 raise ValueError(f"task 'translate': model {model.name} is English-only")
+            if self.multilingual:
+                raise ValueError(f"multilingual: model {model.name} is English-only")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise ValueError(f"temperatures must be non-negative, not {self.temperatures}")
         if not 1 <= self.max_new_tokens <= 224:
@@ -164,7 +175,8 @@ class TranscribeOptions:
 
 
 def detect_language(model: WhisperModel, encoded: EncodedAudio) -> str:
-    """The most probable language token after <|startoftranscript|> in the first window."""
+    """The most probable language token after <|startoftranscript|> in the first window (a
+    decoder call on that window alone, so a window's language does not depend on its batch)."""
     special = model.special
     if not special.multilingual:
         return "en"
@@ -247,12 +259,17 @@ class _Session:
         # passage starts on the first frame at or after its first sample, so that its times
         # map back into its own span, not to the end of the span before the pause.
         cuts = [-(-sample // HOP_LENGTH) for sample in resumptions or ()]
-        self.passages = plan_passages(cuts, self.content_frames)
+        # Multilingual: no short passages packed into one window, so that speech after a long
+        # pause (often another speaker) has its language detected from its own window.
+        packing = 0 if options.multilingual else N_FRAMES
+        self.passages = plan_passages(cuts, self.content_frames, packing)
+        self.cut_at_pauses = bool(cuts)  # speech after a long pause, packed or a passage
         self.duration = len(samples) / SAMPLE_RATE  # of what is decoded
         # of the whole recording (`samples` may be its spans, laid end to end)
         self.recording_seconds = recording_seconds if recording_seconds else self.duration
         self.rules = LogitRules(model.special, model.suppress_tokens, timestamps=options.timestamps)
-        self.language = options.language
+        self.language = options.language  # the first window's, once detected
+        self.window_languages: Counter[str] = Counter()  # multilingual: windows per language
         self.initial_prompt = self._tokens(options.initial_prompt)
         self.hotwords = self._tokens(options.hotwords)
         self.guard = self.new_guard()  # what the recording said ("silence" chunks)
@@ -311,13 +328,25 @@ class _Session:
             self._encoded[((window,), padded)] = self.encode_target([window], padded)
         return self.language
 
-    def prompt(self, previous: list[int]) -> tuple[int, ...]:
-        """[<|startofprev|>, hotwords, previous text] (at most half the context), SOT sequence."""
+    def window_language(self, encoded: EncodedAudio, row: int) -> str | None:
+        """The language of window `row` of `encoded`, one of this recording's: with
+        `multilingual`, detected from that window alone (and counted), else the recording's."""
+        if not self.options.multilingual:
+            return self.language
+        window = encoded.rows(torch.tensor([row], device=encoded.features.device))
+        language = detect_language(self.model, window)
+        self.window_languages[language] += 1
+        return language
+
+    def prompt(self, previous: list[int], language: str | None = None) -> tuple[int, ...]:
+        """[<|startofprev|>, hotwords, previous text] (at most half the context), SOT sequence
+        in `language` (default: the recording's)."""
         room = self.model.max_context // 2 - 1
         hotwords = self.hotwords[:room]
         room -= len(hotwords)
         context = hotwords + (previous[-room:] if room > 0 else [])
-        sot = self.model.sot_sequence(self.language, self.options.task, self.options.timestamps)
+        language = language or self.language
+        sot = self.model.sot_sequence(language, self.options.task, self.options.timestamps)
         return tuple(([self.model.special.sot_prev, *context] if context else []) + sot)
 
     def decode(
@@ -326,6 +355,7 @@ class _Session:
         seeds: list[int],
         guards: list[RepetitionGuard | None] | None = None,
         owners: list[_Session] | None = None,
+        language: str | None = None,
     ) -> list[WindowResult]:
         """Each window at the first temperature whose result passes the checks (else the last).
 
@@ -342,22 +372,23 @@ class _Session:
         the window is split, not sampled away: where speech really repeats, sampling only
         trades the right words for worse ones. guards: each window's record of what was said
         before it (default: the recording's); owners: each window's recording, where windows
-        of several decode together (default: this one), which must share its options, draft,
-        policy and language.
+        of several decode together (default: this one), which must share its options, draft and
+        policy; language: the windows' (default: the recording's), which their prompts end in.
         """
         options = self.options
+        language = language or self.language
         guards = guards if guards is not None else [self.guard] * len(batch.prompts)
         decoder = WindowDecoder(
             self.model,
             self.rules,
-            self.language,
+            language,
             options.task,
             options.max_new_tokens,
             self.draft,
             self.policy,
         )
         plain = replace(decoder, draft=None, policy=None)
-        bare = self.prompt([])
+        bare = self.prompt([], language)
         results: list[WindowResult | None] = [None] * len(batch.prompts)
         for temperature in options.temperatures:
             first = temperature == options.temperatures[0]
@@ -418,6 +449,7 @@ class _Session:
         decoded: list[tuple[WindowResult, int, int]],
         unfinished: bool,
         passages: list[_Passage] | None = None,
+        languages: list[str | None] | None = None,
     ) -> list[WindowSplit]:
         """Spoken windows -> their segments, timed word by word when the options ask for it.
 
@@ -425,8 +457,10 @@ class _Session:
         per window, in the same order. passages: each window's passage, for windows of
         independent passages side by side: no time of a window runs past its passage's end,
         and each reads (and moves on) where its own passage's speech last ended. None: the
-        windows follow each other in the recording.
+        windows follow each other in the recording. languages: each window's (default: the
+        recording's).
         """
+        languages = languages or [self.language] * len(decoded)
         if passages is None:
             ends, guards = [self.duration] * len(decoded), [self.guard] * len(decoded)
         else:  # a passage that runs to the recording's end ends with its last sample
@@ -447,7 +481,7 @@ class _Session:
                     self.model,
                     encoded,
                     splits,
-                    self.language,
+                    languages,
                     self.options.task,
                     self.duration,
                     self.last_speech,
@@ -455,7 +489,7 @@ class _Session:
             else:
                 before = [p.last_speech for p in passages]
                 splits, _ = add_word_timestamps(
-                    self.model, encoded, splits, self.language, self.options.task, ends, before
+                    self.model, encoded, splits, languages, self.options.task, ends, before
                 )
                 for passage, split in zip(passages, splits, strict=True):
                     word_ends = [s.words[-1].end for s in split.segments if s.words]
@@ -609,8 +643,8 @@ class _Passage:
 @dataclass
 class _SeekState:
     """Where one recording's "seek" decoding stands: its passages, and its decided windows not
-    yet reported (first frame, result, split). level: its loudness per frame, where a passage
-    ends before the recording does (its last window is padded with silence)."""
+    yet reported (first frame, result, split). level: its loudness per frame, where long
+    pauses were cut out of it (a passage's last window is padded with silence)."""
 
     session: _Session
     passages: list[_Passage]
@@ -623,9 +657,10 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
     text ended, prompted with the passage's text so far. The next windows of up to
     PASSAGES_PER_PASS passages decode as one batch: passages of one recording, or of several
     recordings decoded together (`transcribe_many`; earlier recordings first, a finished
-    passage's row taken by the next one), in one language at a time. A passage's windows, its
-    text and its timing are the same as when passages and recordings decode one at a time.
-    Returns each recording's segments."""
+    passage's row taken by the next one), in one language at a time (with `multilingual`,
+    windows are encoded first and split by their languages). A passage's windows, its text and
+    its timing are the same as when passages and recordings decode one at a time. Returns each
+    recording's segments."""
     options = sessions[0].options
     recordings = []
     for session in sessions:
@@ -639,17 +674,20 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
             )
             for start, end in session.passages
         ]
-        # Only a passage that ends before the recording does has a window padded with silence.
-        level = loudness(session.mel, session.content_frames) if len(passages) > 1 else None
+        # Where long pauses were cut out, a window's audio may hold speech its text never
+        # reached (`_decided`): the loudness tells where that speech starts.
+        level = loudness(session.mel, session.content_frames) if session.cut_at_pauses else None
         recordings.append(_SeekState(session, passages, level))
-        if len(sessions) > 1 and passages:  # batches hold one language, known up front
+        if len(sessions) > 1 and passages and not options.multilingual:
+            # batches hold one language, known up front
             first = passages[0]
             session.detect_language((first.seek, min(first.seek + N_FRAMES, first.end)), False)
     total = sum(session.content_frames for session in sessions)
     while pending := [(r, p) for r in recordings for p in r.passages if not p.done]:
-        language = pending[0][0].session.language
-        active = [(r, p) for r, p in pending if r.session.language == language]
-        active = active[:PASSAGES_PER_PASS]
+        if not options.multilingual:
+            language = pending[0][0].session.language
+            pending = [(r, p) for r, p in pending if r.session.language == language]
+        active = pending[:PASSAGES_PER_PASS]
         windows = [(p.seek, min(p.seek + N_FRAMES, p.end)) for _, p in active]
         pieces: list[tuple[_Session, list[tuple[int, int]]]] = []
         for (recording, _), window in zip(active, windows, strict=True):
@@ -657,14 +695,18 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
                 pieces.append((recording.session, []))
             pieces[-1][1].append(window)
         encoded, draft_encoded = _encode_together(pieces, padded=False)
-        batch = WindowBatch(
-            encoded, tuple(r.session.prompt(p.previous) for r, p in active), draft_encoded
-        )
-        results = active[0][0].session.decode(
-            batch,
+        owners = [r.session for r, _ in active]
+        languages = [owner.window_language(encoded, row) for row, owner in enumerate(owners)]
+        prompts = [
+            r.session.prompt(p.previous, language)
+            for (r, p), language in zip(active, languages, strict=True)
+        ]
+        results = _decode_by_language(
+            WindowBatch(encoded, tuple(prompts), draft_encoded),
+            languages,
             seeds=[options.seed + start for start, _ in windows],
             guards=[p.guard for _, p in active],
-            owners=[r.session for r, _ in active],
+            owners=owners,
         )
         spoken = [row for row, result in enumerate(results) if not _is_silent(result, options)]
         for row in set(range(len(active))) - set(spoken):
@@ -672,7 +714,9 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
         for recording in {id(r): r for r, _ in active}.values():
             rows = [row for row in spoken if active[row][0] is recording]
             if rows:
-                _decided(recording, encoded, rows, [active[r][1] for r in rows], windows, results)
+                passages = [active[r][1] for r in rows]
+                kept_languages = [languages[r] for r in rows]
+                _decided(recording, encoded, rows, passages, windows, results, kept_languages)
         for recording in recordings:
             _report_decided(recording)
         left = sum(p.end - min(p.seek, p.end) for r in recordings for p in r.passages)
@@ -687,25 +731,29 @@ def _decided(
     owners: list[_Passage],
     windows: list[tuple[int, int]],
     results: list[WindowResult],
+    languages: list[str | None],
 ) -> None:
-    """Spoken windows of one recording (these rows of the batch, of these passages) split into
-    segments; each passage moves on past what its window used up."""
+    """Spoken windows of one recording (these rows of the batch, of these passages, in these
+    languages) split into segments; each passage moves on past what its window used up."""
     session, level = recording.session, recording.level
-    options, total = session.options, session.content_frames
+    options = session.options
     index = torch.tensor(rows, device=encoded.features.device)
     decoded = [(results[r], windows[r][0], windows[r][1] - windows[r][0]) for r in rows]
-    splits = session.split(encoded.rows(index), decoded, unfinished=False, passages=owners)
+    splits = session.split(
+        encoded.rows(index), decoded, unfinished=False, passages=owners, languages=languages
+    )
     for (result, seek, frames), split, passage in zip(decoded, splits, owners, strict=True):
         kept = _segments_with_content(split)
         passage.segments.extend(kept)
         recording.decided.append((seek, result, split))
         consumed = _consumed(split, seek, passage.end, options.word_timestamps)
-        # A window padded with silence (a passage's last, before the recording's end)
-        # can close its text seconds before its audio ends although words follow, as
-        # "silence" chunks do: the passage goes on with those words, from just before
+        # A window padded with silence (a passage's last) can close its text seconds
+        # before its audio ends although words follow, as "silence" chunks do, above all
+        # where speech after a pause was packed behind it (in another language, Whisper
+        # often stops at the seam): the passage goes on with those words, from just before
         # the first loud frame after its text (a window that began in the quiet before
         # a cut would time its first segment from there, in the audio before the cut).
-        if level is not None and frames < N_FRAMES and seek + frames < total:
+        if level is not None and frames < N_FRAMES:
             tail = _skipped_tail(kept, seek, frames) if consumed >= frames else None
             loud = None if tail is None else first_loud_frame(level, (seek, seek + frames), tail)
             if loud is not None:
@@ -747,9 +795,14 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
     while queue:
         group = [queue.popleft() for _ in range(min(options.batch_size, len(queue)))]
         encoded, draft_encoded = session.encode(group, padded=True)
-        prompts = (session.prompt(session.initial_prompt),) * len(group)
-        results = session.decode(
-            WindowBatch(encoded, prompts, draft_encoded), seeds=[options.seed + s for s, _ in group]
+        languages = [session.window_language(encoded, row) for row in range(len(group))]
+        prompts = tuple(session.prompt(session.initial_prompt, code) for code in languages)
+        results = _decode_by_language(
+            WindowBatch(encoded, prompts, draft_encoded),
+            languages,
+            seeds=[options.seed + s for s, _ in group],
+            guards=[session.guard] * len(group),
+            owners=[session] * len(group),
         )
         spoken = [
             (row, (result, start, end - start))
@@ -759,7 +812,10 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
         if spoken:
             rows = torch.tensor([row for row, _ in spoken], device=encoded.features.device)
             decoded = [window for _, window in spoken]
-            splits = session.split(encoded.rows(rows), decoded, unfinished=True)
+            spoken_languages = [languages[row] for row, _ in spoken]
+            splits = session.split(
+                encoded.rows(rows), decoded, unfinished=True, languages=spoken_languages
+            )
             tails = []
             for (result, start, frames), split in zip(decoded, splits, strict=True):
                 kept = _segments_with_content(split)
@@ -777,6 +833,32 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
         reached = max(reached, *(end for _, end in group))
         progress("transcribe", reached, total)
     return sorted(segments, key=lambda s: (s.start, s.end))
+
+
+def _decode_by_language(
+    batch: WindowBatch,
+    languages: list[str | None],
+    seeds: list[int],
+    guards: list[RepetitionGuard | None],
+    owners: list[_Session],
+) -> list[WindowResult]:
+    """`_Session.decode` of a batch whose windows may differ in language (`multilingual`):
+    the windows of each language decode as one batch (a batch's prompts end in one SOT
+    sequence). A window decodes the same in any batch, so the split changes no result."""
+    results: list[WindowResult | None] = [None] * len(languages)
+    for language in dict.fromkeys(languages):
+        rows = [row for row, code in enumerate(languages) if code == language]
+        part = batch if len(rows) == len(languages) else batch.rows(rows)
+        decoded = owners[rows[0]].decode(
+            part,
+            seeds=[seeds[row] for row in rows],
+            guards=[guards[row] for row in rows],
+            owners=[owners[row] for row in rows],
+            language=language,
+        )
+        for row, result in zip(rows, decoded, strict=True):
+            results[row] = result
+    return results
 
 
 def _skipped_tail(kept: list[Segment], start: int, frames: int) -> int | None:
@@ -951,6 +1033,7 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
         segments = session.timeline.restore(segments)
     stats = session.ledger.stats
     together = {"decoded_together": session.ledger.recordings}
+    languages = {"window_languages": dict(session.window_languages.most_common())}
     return Transcript(
         warnings=_dropped_warnings(session),
         segments=tuple(segments),
@@ -961,6 +1044,7 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
             "speech_seconds": round(session.duration, 3),
             "passages": len(session.passages),
             **(together if session.ledger.recordings > 1 else {}),
+            **(languages if session.options.multilingual else {}),
             "reprompted_windows": session.reprompted,
             "dropped_repeats": session.dropped_repeats,
             "dropped_anomalies": session.dropped_anomalies,

@@ -137,22 +137,26 @@ def align_tokens(
     encoded: EncodedAudio,
     texts: Sequence[Sequence[int]],
     frames: Sequence[int],
-    language: str | None,
+    language: str | Sequence[str | None] | None,
     task: str,
 ) -> list[TokenTimes]:
     """One batched decoder pass over every window's text; rows of `encoded` match `texts`.
 
     texts: per window, its text tokens (no special tokens), at least one each.
     frames: per window, its content frames (mel frames, 100 per second); attention to the
-    padding after them is ignored.
+    padding after them is ignored. language: the windows', or one per window (a
+    multilingual recording's windows side by side).
     """
     if not model.alignment_heads:
         raise ValueError(f"model {model.name} has no alignment_heads in its generation_config")
     if len(texts) != len(frames) or len(texts) != encoded.features.shape[0]:
         raise ValueError("align_tokens needs one text and one frame count per encoded window")
     eot = model.special.eot
-    prefix = model.sot_sequence(language, task, timestamps=False)  # ends in <|notimestamps|>
-    rows = [[*prefix, *text, eot] for text in texts]
+    languages = per_window(language, len(texts))
+    # Every prefix ends in <|notimestamps|> and has the same length whatever its language.
+    prefixes = [model.sot_sequence(code, task, timestamps=False) for code in languages]
+    prefix = prefixes[0]
+    rows = [[*start, *text, eot] for start, text in zip(prefixes, texts, strict=True)]
     width = max(map(len, rows))
     # Padding goes after each row's end; causal attention keeps it out of every real position.
     tokens = torch.tensor(
@@ -370,11 +374,20 @@ def _fit_segment(
     )
 
 
+def per_window(language: str | Sequence[str | None] | None, windows: int) -> list[str | None]:
+    """One language for every window, or one per window (checked against their count)."""
+    if language is None or isinstance(language, str):
+        return [language] * windows
+    if len(language) != windows:
+        raise ValueError(f"{len(language)} languages for {windows} windows")
+    return list(language)
+
+
 def add_word_timestamps(
     model: WhisperModel,
     encoded: EncodedAudio,
     splits: Sequence[WindowSplit],
-    language: str | None,
+    language: str | Sequence[str | None] | None,
     task: str,
     duration: float | Sequence[float],
     last_speech: float | Sequence[float] = 0.0,
@@ -385,13 +398,15 @@ def add_word_timestamps(
     times end (s); last_speech: where speech last ended before the first window (s). Windows
     without text cost nothing; the others share one decoder pass. Returns the new splits and
     where speech last ended. Windows of independent passages, side by side, give both per
-    window (sequences): each window then reads its own, not the window before it.
+    window (sequences): each window then reads its own, not the window before it. language:
+    the windows', or one per window (`TranscribeOptions.multilingual`).
     """
     independent = not isinstance(last_speech, float | int)
     bounds = [duration] * len(splits) if isinstance(duration, float | int) else list(duration)
     before = list(last_speech) if independent else [float(last_speech)] * len(splits)
     if len(bounds) != len(splits) or len(before) != len(splits):
         raise ValueError("duration and last_speech: one value, or one per window")
+    languages = per_window(language, len(splits))
     eot = model.special.eot
     texts = [[t for tokens in split.tokens for t in tokens if t < eot] for split in splits]
     spoken = [index for index, text in enumerate(texts) if text]
@@ -403,7 +418,7 @@ def add_word_timestamps(
             encoded.rows(rows),
             [texts[index] for index in spoken],
             [splits[index].frames for index in spoken],
-            language,
+            [languages[index] for index in spoken],
             task,
         )
         times = dict(zip(spoken, found, strict=True))
@@ -416,7 +431,7 @@ def add_word_timestamps(
         if index not in times:
             result.append(split)
             continue
-        per_segment, median = _timed_words(model, split, times[index], language)
+        per_segment, median = _timed_words(model, split, times[index], languages[index])
         segments = []
         for segment, words in zip(split.segments, per_segment, strict=True):
             words = merge_punctuations(words)

@@ -54,6 +54,7 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
         ("--max-line-width", "3"): "max_line_width must be in 10..1000",
         ("--passage-pause", "inf"): "passage_pause must be 0 (off) or a positive number",
         ("--passage-pause", "-1"): "passage_pause must be 0 (off) or a positive number",
+        ("--multilingual", "--language", "de"): "cannot be combined with language 'de'",
     }
     for flags, reason in refused.items():
         assert main([*jfk, "--output-dir", str(out), *flags]) == 2, flags
@@ -61,6 +62,8 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
     # A language may be named: "German" is "de", which the English-only model refuses.
     assert main([*jfk, "--model", "whisper-tiny.en", "--language", "German"]) == 2
     assert "language 'de': model" in capsys.readouterr().err
+    assert main([*jfk, "--model", "whisper-tiny.en", "--multilingual"]) == 2
+    assert "multilingual: model whisper-tiny.en is English-only" in capsys.readouterr().err
     assert main([*jfk, "--format", "srt"]) == 2
     assert "--format needs --output-dir" in capsys.readouterr().err
     submit = ["submit", str(SAMPLES / "jfk.wav"), "--output-dir", str(out)]

@@ -87,6 +87,8 @@ def test_form_fields_become_service_options():
     )
     assert options.transcribe_options().temperatures == (0.4, 0.6, 0.8, 1.0)
     assert ServiceOptions().transcribe_options().temperatures[0] == 0.0  # greedy, then fallback
+    asked, _ = parse_form(_form(multilingual="true"))
+    assert asked.service_options("transcribe").transcribe_options().multilingual
 
 
 @pytest.mark.parametrize(
@@ -115,12 +117,17 @@ def test_a_form_without_a_file_is_a_400():
     assert caught.value.status == 400 and caught.value.param == "file"
 
 
-def test_speaker_counts_that_contradict_each_other_are_a_422():
+def test_options_that_contradict_each_other_are_a_422():
     asked, _ = parse_form(_form(min_speakers="3", max_speakers="2"))
     with pytest.raises(ApiError) as caught:
         asked.service_options("transcribe")
     assert caught.value.status == 422
     assert "min_speakers (3) exceeds max_speakers (2)" in caught.value.message
+    asked, _ = parse_form(_form(multilingual="true", language="de"))
+    with pytest.raises(ApiError) as caught:
+        asked.service_options("transcribe")
+    assert caught.value.status == 422 and caught.value.param == "language"
+    assert "multilingual detects every window's language" in caught.value.message
 
 
 def test_stop_scanner_cuts_at_a_stop_and_holds_back_what_could_start_one():

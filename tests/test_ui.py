@@ -26,6 +26,7 @@ from app.cli import main
 from app.service import TranscriptionService
 from app.ui import (
     AUTO_LANGUAGE,
+    PER_WINDOW_LANGUAGE,
     WebApp,
     build_app,
     clock,
@@ -162,6 +163,9 @@ def test_form_values_become_validated_service_options():
     # Hidden speaker counts are ignored while speakers are off.
     plain = request_options("de", "transcribe", False, True, False, 3, None, None)
     assert plain.language == "de" and plain.num_speakers is None and not plain.diarize
+    assert not plain.multilingual and not options.multilingual
+    mixed = request_options(PER_WINDOW_LANGUAGE, "transcribe", False, True, False, 0, 0, 0)
+    assert mixed.language is None and mixed.multilingual
 
 
 def test_bad_form_values_name_the_field():
@@ -186,6 +190,8 @@ def test_language_choices_put_detect_first_then_named_codes():
     assert choices[0] == ("Detect", AUTO_LANGUAGE)
     assert ("English (en)", "en") in choices and ("French (fr)", "fr") in choices
     assert ("Xx (xx)", "xx") in choices  # an unknown code still works
+    assert choices[1] == ("Detect in every window", PER_WINDOW_LANGUAGE)
+    assert language_choices(["en"]) == [("Detect", AUTO_LANGUAGE), ("English (en)", "en")]
 
 
 # -- the handler, without a browser ---------------------------------------------------------

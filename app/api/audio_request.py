@@ -3,7 +3,7 @@ a validated `AudioRequest` and the uploaded file's bytes.
 
 OpenAI's fields (`file`, `model`, `language`, `prompt`, `response_format`, `temperature`,
 `timestamp_granularities[]`, `stream`) plus specscribe's extras (`diarize`, `num_speakers`,
-`min_speakers`, `max_speakers`, `assistant`, `vad` and its thresholds, `hotwords`,
+`min_speakers`, `max_speakers`, `assistant`, `multilingual`, `vad` and its thresholds, `hotwords`,
 `clip_timestamps`, `repetition_ngram`, `hallucination_silence_threshold`), each checked once;
 anything else is refused with 400, so a misspelt option is never silently ignored.
 """
@@ -35,6 +35,7 @@ class AudioRequest(BaseModel):
 
     model: str | None = None  # None or "": the loaded Whisper
     language: str | None = None  # code, English name or "<|de|>"; None: detected
+    multilingual: bool = False  # each window's language detected (not with `language`)
     prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
     response_format: ResponseFormat = "json"
     temperature: float = Field(0.0, ge=0.0, le=1.0)

@@ -1,0 +1,127 @@
+"""Recordings that change language (`TranscribeOptions.multilingual`, `--multilingual`): each
+window decodes in the language detected from it, losslessly with a draft, and side by side
+with other recordings as alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.request import ServiceOptions
+from asr.audio import SAMPLE_RATE, load_audio
+from asr.transcribe import Recording, TranscribeOptions, transcribe, transcribe_many
+from asr.whisper_drafters import load_draft
+from asr.word_timing import per_window
+from tests.conftest import SAMPLES, SHARED_SPEECH, reference_text, word_error_rate
+from tests.test_transcribe_speculative import assert_same_segments
+
+PAUSE_SECONDS = 10.0  # longer than passage_pause (5 s): each utterance is a passage
+CLIPS = (
+    ("en", SAMPLES / "jfk.wav"),
+    ("de", SHARED_SPEECH / "non_en" / "leopard_test_de.wav"),
+    ("fr", SHARED_SPEECH / "non_en" / "leopard_test_fr.wav"),
+)
+MULTILINGUAL = TranscribeOptions(multilingual=True, word_timestamps=True)
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    """English, German and French speech, 10 s of silence between them, and the spans a VAD
+    would keep: (samples, spans)."""
+    pieces, spans, clock = [], [], 0.0
+    for _, path in CLIPS:
+        samples = load_audio(path)
+        if pieces:
+            pieces.append(np.zeros(int(PAUSE_SECONDS * SAMPLE_RATE), np.float32))
+            clock += PAUSE_SECONDS
+        pieces.append(samples)
+        spans.append((clock, clock + len(samples) / SAMPLE_RATE))
+        clock += len(samples) / SAMPLE_RATE
+    return np.concatenate(pieces), tuple(spans)
+
+
+def passage_texts(transcript, spans) -> list[str]:
+    return [
+        " ".join(s.text for s in transcript.segments if start <= s.start < end)
+        for start, end in spans
+    ]
+
+
+@pytest.mark.slow
+def test_each_passage_is_decoded_in_its_own_language(whisper_base, mixed):
+    samples, spans = mixed
+    transcript = transcribe(whisper_base, samples, MULTILINGUAL, spans=spans)
+    assert transcript.language == "en"  # the first window's
+    assert transcript.stats["window_languages"] == {"en": 1, "de": 1, "fr": 1}
+    assert transcript.stats["passages"] == 3
+    for (language, path), text in zip(CLIPS, passage_texts(transcript, spans), strict=True):
+        # whisper-base, read in its language: a few words off in German (compounds split)
+        assert word_error_rate(reference_text(path), text) <= 0.3, (language, text)
+    assert all(segment.words for segment in transcript.segments)  # timed in their languages
+
+    # Without it the first window's language holds, and the German is not German.
+    english = transcribe(whisper_base, samples, TranscribeOptions(language="en"), spans=spans)
+    assert "window_languages" not in english.stats
+    assert passage_texts(english, spans)[1] != passage_texts(transcript, spans)[1]
+
+
+@pytest.mark.slow
+def test_speech_packed_behind_a_window_whose_text_stops_is_still_decoded(whisper_base, mixed):
+    # Without multilingual the three short utterances are packed into one window, read as
+    # German (detected from the whole window), and Whisper closes its text after the English:
+    # the passage goes on from the next loud frame instead of dropping 11 s of speech.
+    samples, spans = mixed
+    transcript = transcribe(whisper_base, samples, spans=spans)
+    assert transcript.stats["passages"] == 1
+    assert all(text.strip() for text in passage_texts(transcript, spans))
+    german = passage_texts(transcript, spans)[1]
+    assert word_error_rate(reference_text(CLIPS[1][1]), german) <= 0.5, german
+
+
+@pytest.mark.slow
+def test_multilingual_with_the_draft_equals_plain(whisper_base_int8, registry, mixed):
+    samples, spans = mixed
+    draft = load_draft(whisper_base_int8, registry.resolve("whisper-base-draft"))
+    plain = transcribe(whisper_base_int8, samples, MULTILINGUAL, spans=spans)
+    drafted = transcribe(whisper_base_int8, samples, MULTILINGUAL, spans=spans, draft=draft)
+    assert drafted.segments == plain.segments  # int8 exact mode: the same bits
+    assert drafted.stats["draft_calls"] > 0
+    # Windows cut at the silences (the whole recording: spans laid end to end leave none),
+    # two at a time: their languages split the batch, not the results.
+    silence = TranscribeOptions(
+        multilingual=True, windows="silence", condition_on_previous_text=False, batch_size=2
+    )
+    one = transcribe(whisper_base_int8, samples, silence)
+    two = transcribe(whisper_base_int8, samples, silence, draft=draft)
+    assert_same_segments(two.segments, one.segments)
+    assert set(one.stats["window_languages"]) == {"en", "de", "fr"}
+
+
+@pytest.mark.slow
+def test_recordings_in_other_languages_side_by_side_are_transcribed_as_alone(whisper_base):
+    recordings = [load_audio(path) for _, path in CLIPS]
+    alone = [transcribe(whisper_base, samples, MULTILINGUAL) for samples in recordings]
+    together = transcribe_many(whisper_base, [Recording(s) for s in recordings], MULTILINGUAL)
+    for (language, _), mine, theirs in zip(CLIPS, together, alone, strict=True):
+        assert mine.segments == theirs.segments
+        assert mine.language == theirs.language == language
+    assert together[0].stats["decoded_together"] == len(CLIPS)
+
+
+def test_multilingual_is_refused_where_it_cannot_work(whisper_tiny_en, whisper_base):
+    with pytest.raises(ValueError, match="cannot be combined with language 'de'"):
+        TranscribeOptions(multilingual=True, language="de").checked()
+    with pytest.raises(ValueError, match="multilingual detects every window's language"):
+        ServiceOptions(multilingual=True, language="German")
+    with pytest.raises(ValueError, match=r"multilingual: model .* is English-only"):
+        TranscribeOptions(multilingual=True).validate(whisper_tiny_en)
+    TranscribeOptions(multilingual=True).validate(whisper_base)
+    assert ServiceOptions(multilingual=True).transcribe_options().multilingual
+
+
+def test_word_timing_takes_one_language_or_one_per_window():
+    assert per_window("de", 3) == ["de", "de", "de"]
+    assert per_window(None, 2) == [None, None]
+    assert per_window(["en", "ja"], 2) == ["en", "ja"]
+    with pytest.raises(ValueError, match="1 languages for 2 windows"):
+        per_window(["en"], 2)
