@@ -9,6 +9,8 @@ and each chunk is decoded as one window padded with silence.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from asr.whisper import FRAMES_PER_SECOND, N_FRAMES
@@ -32,19 +34,25 @@ def loudness(mel: torch.Tensor, content_frames: int) -> torch.Tensor:
     )[0, 0]
 
 
-def split_at_silence(mel: torch.Tensor, content_frames: int) -> list[tuple[int, int]]:
-    """[start, end) frame ranges that cover the first content_frames frames, each <= 30 s.
+def split_at_silence(
+    mel: torch.Tensor, content_frames: int, cuts: Sequence[int] = ()
+) -> list[tuple[int, int]]:
+    """[start, end) frame ranges that cover the first content_frames frames, each <= 30 s,
+    cut at every frame of `cuts` (where speech resumes after a long pause that was cut out:
+    no chunk spans such a seam) and, within a longer stretch, at its quietest moments.
 
     mel: Tensor, shape = (n_mels, n_frames); log-mel, louder is larger.
     """
     smoothed = loudness(mel, content_frames)
-    chunks, start = [], 0
-    while content_frames - start > N_FRAMES:
-        search = smoothed[start + MIN_CHUNK_FRAMES : start + N_FRAMES]
-        end = start + MIN_CHUNK_FRAMES + int(search.argmin())
+    seams = sorted({frame for frame in cuts if 0 < frame < content_frames})
+    chunks = []
+    for start, end in zip([0, *seams], [*seams, content_frames], strict=True):
+        while end - start > N_FRAMES:
+            search = smoothed[start + MIN_CHUNK_FRAMES : start + N_FRAMES]
+            cut = start + MIN_CHUNK_FRAMES + int(search.argmin())
+            chunks.append((start, cut))
+            start = cut
         chunks.append((start, end))
-        start = end
-    chunks.append((start, content_frames))
     return chunks
 
 

@@ -263,7 +263,10 @@ class _Session:
         # pause (often another speaker) has its language detected from its own window.
         packing = 0 if options.multilingual else N_FRAMES
         self.passages = plan_passages(cuts, self.content_frames, packing)
-        self.cut_at_pauses = bool(cuts)  # speech after a long pause, packed or a passage
+        self.pause_cuts = cuts  # "silence" chunks are cut there too
+        # Whether pauses were cut out (VAD regions, clip ranges laid end to end): speech after
+        # a seam may follow where a window's text stopped (`_decided`).
+        self.has_seams = timeline is not None and len(timeline.spans) > 1
         self.duration = len(samples) / SAMPLE_RATE  # of what is decoded
         # of the whole recording (`samples` may be its spans, laid end to end)
         self.recording_seconds = recording_seconds if recording_seconds else self.duration
@@ -643,8 +646,8 @@ class _Passage:
 @dataclass
 class _SeekState:
     """Where one recording's "seek" decoding stands: its passages, and its decided windows not
-    yet reported (first frame, result, split). level: its loudness per frame, where long
-    pauses were cut out of it (a passage's last window is padded with silence)."""
+    yet reported (first frame, result, split). level: its loudness per frame, where pauses
+    were cut out of it (a window may stop its text before speech after a seam)."""
 
     session: _Session
     passages: list[_Passage]
@@ -674,9 +677,9 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
             )
             for start, end in session.passages
         ]
-        # Where long pauses were cut out, a window's audio may hold speech its text never
+        # Where pauses were cut out, a window's audio may hold speech its text never
         # reached (`_decided`): the loudness tells where that speech starts.
-        level = loudness(session.mel, session.content_frames) if session.cut_at_pauses else None
+        level = loudness(session.mel, session.content_frames) if session.has_seams else None
         recordings.append(_SeekState(session, passages, level))
         if len(sessions) > 1 and passages and not options.multilingual:
             # batches hold one language, known up front
@@ -788,7 +791,7 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
     """
     options, total = session.options, session.content_frames
     level = loudness(session.mel, total)
-    queue = deque(split_at_silence(session.mel, total))
+    queue = deque(split_at_silence(session.mel, total, session.pause_cuts))
     segments: list[Segment] = []
     decided: list[tuple[int, WindowResult, WindowSplit]] = []  # not yet reported
     reached = 0  # frames reported to `progress`: tails go back, the report does not
@@ -996,7 +999,11 @@ def _prepare(
             language=options.language or "en",
             duration=round(duration, 3),
             options=asdict(options),
-            stats={"speech_seconds": 0.0, "total_seconds": 0.0},
+            stats={
+                "speech_seconds": 0.0,
+                **({"window_languages": {}} if options.multilingual else {}),
+                "total_seconds": 0.0,
+            },
             warnings=("no speech found: nothing was decoded",),
         )
     decoded = samples if timeline is None else timeline.compact(samples)

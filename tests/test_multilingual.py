@@ -24,20 +24,24 @@ CLIPS = (
 MULTILINGUAL = TranscribeOptions(multilingual=True, word_timestamps=True)
 
 
-@pytest.fixture(scope="module")
-def mixed():
-    """English, German and French speech, 10 s of silence between them, and the spans a VAD
-    would keep: (samples, spans)."""
+def mixed_recording(pause: float) -> tuple[np.ndarray, tuple[tuple[float, float], ...]]:
+    """English, German and French speech with `pause` seconds of silence between them, and
+    the spans a VAD would keep: (samples, spans)."""
     pieces, spans, clock = [], [], 0.0
     for _, path in CLIPS:
         samples = load_audio(path)
         if pieces:
-            pieces.append(np.zeros(int(PAUSE_SECONDS * SAMPLE_RATE), np.float32))
-            clock += PAUSE_SECONDS
+            pieces.append(np.zeros(int(pause * SAMPLE_RATE), np.float32))
+            clock += pause
         pieces.append(samples)
         spans.append((clock, clock + len(samples) / SAMPLE_RATE))
         clock += len(samples) / SAMPLE_RATE
     return np.concatenate(pieces), tuple(spans)
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    return mixed_recording(PAUSE_SECONDS)
 
 
 def passage_texts(transcript, spans) -> list[str]:
@@ -66,11 +70,13 @@ def test_each_passage_is_decoded_in_its_own_language(whisper_base, mixed):
 
 
 @pytest.mark.slow
-def test_speech_packed_behind_a_window_whose_text_stops_is_still_decoded(whisper_base, mixed):
-    # Without multilingual the three short utterances are packed into one window, read as
-    # German (detected from the whole window), and Whisper closes its text after the English:
-    # the passage goes on from the next loud frame instead of dropping 11 s of speech.
-    samples, spans = mixed
+@pytest.mark.parametrize("pause", [PAUSE_SECONDS, 3.0])
+def test_speech_after_a_seam_where_the_text_stopped_is_still_decoded(whisper_base, pause):
+    # Without multilingual the three short utterances are one window (packed passages, or one
+    # passage across pauses shorter than passage_pause), read as German (detected from the
+    # whole window), and Whisper closes its text after the English: the window goes on from
+    # the next loud frame instead of dropping 11 s of speech.
+    samples, spans = mixed_recording(pause)
     transcript = transcribe(whisper_base, samples, spans=spans)
     assert transcript.stats["passages"] == 1
     assert all(text.strip() for text in passage_texts(transcript, spans))
@@ -95,6 +101,11 @@ def test_multilingual_with_the_draft_equals_plain(whisper_base_int8, registry, m
     two = transcribe(whisper_base_int8, samples, silence, draft=draft)
     assert_same_segments(two.segments, one.segments)
     assert set(one.stats["window_languages"]) == {"en", "de", "fr"}
+    # With the VAD's spans laid end to end, chunks are cut where the long pauses were.
+    chunked = transcribe(whisper_base_int8, samples, silence, spans=spans)
+    assert chunked.stats["window_languages"] == {"en": 1, "de": 1, "fr": 1}
+    for (start, end), text in zip(spans, passage_texts(chunked, spans), strict=True):
+        assert text.strip(), (start, end)
 
 
 @pytest.mark.slow

@@ -202,6 +202,12 @@ def test_silence_chunks_cover_the_audio_and_cut_in_pauses():
     padded = chunk_window(mel, *chunks[1])
     assert padded.shape == (80, N_FRAMES)
     assert bool((padded[:, ends[1] - starts[1] :] == -1).all())
+    # Seams where a long pause was cut out end a chunk, quiet or not; a stretch longer than a
+    # window is still cut at its quietest moment.
+    seams = split_at_silence(mel, frames, cuts=(1200, frames, 0))
+    assert seams[0] == (0, 1200) and seams[-1][1] == frames
+    assert [start for start, _ in seams[1:]] == [end for _, end in seams[:-1]]
+    assert all(end - start <= N_FRAMES for start, end in seams) and len(seams) == 4
 
 
 @pytest.mark.slow
