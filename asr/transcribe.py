@@ -320,7 +320,7 @@ class _Session:
         mel = torch.stack([self.view(self.mel, window, padded) for window in windows])
         encoded = self.model.cross_attention(self.model.encode(mel))
         self.encoder_seconds += device_clock(self.model.device) - started
-        if self.language is None:
+        if self.language is None and not self.options.multilingual:  # else window_language
             self.language = detect_language(self.model, encoded)
         return encoded
 
@@ -339,6 +339,8 @@ class _Session:
         window = encoded.rows(torch.tensor([row], device=encoded.features.device))
         language = detect_language(self.model, window)
         self.window_languages[language] += 1
+        if self.language is None:  # the recording's: its first window's
+            self.language = language
         return language
 
     def prompt(self, previous: list[int], language: str | None = None) -> tuple[int, ...]:
