@@ -3,8 +3,15 @@
 The spans (speech regions from the VAD, clip ranges the user asked for, or both intersected)
 are laid end to end into one shorter recording, which is transcribed as any other; every
 segment and word time is then mapped back. A word belongs to the span its midpoint falls in
-and is clipped to that span, so no word is placed inside audio that was cut out; a segment
-starts at its first word (or where its start falls) and ends at its last word.
+(or the nearer one, if it falls in a pause left between spans) and is clipped to that span, so
+no word is placed inside audio that was cut out; a segment starts at its first word (or where
+its start falls) and ends at its last word.
+
+Where audio was cut out, up to `pause` seconds of digital silence stand in for it. Laid
+directly end to end, short utterances after long pauses (one word every 6 s) run together:
+whisper-base then gave every word a 1 s segment regardless of where it was, and decoded the
+last two words twice; with 0.5 s or more of silence between them it times each near its own
+span and decodes each once.
 """
 
 from __future__ import annotations
@@ -21,13 +28,18 @@ Span = tuple[float, float]
 # How far past a seam of the compacted audio a segment's end may fall and still belong to the
 # span before it: the VAD pads each region by 0.4 s, and Whisper's end timestamps overshoot.
 END_SEAM_GRACE = 0.5
+# The silence laid between spans in place of a longer cut-out pause (see the module's doc).
+SEAM_PAUSE = 1.0
 
 
 @dataclass(frozen=True)
 class SpeechTimeline:
-    """spans: sorted, disjoint (start, end) seconds of the original recording to decode."""
+    """spans: sorted, disjoint (start, end) seconds of the original recording to decode;
+    pause: at most this many seconds of silence stand between two spans in the compacted
+    audio (the cut-out audio's length where it is shorter)."""
 
     spans: tuple[Span, ...]
+    pause: float = 0.0
 
     def __post_init__(self) -> None:
         previous_end = 0.0
@@ -35,29 +47,45 @@ class SpeechTimeline:
             if not previous_end <= start < end:
                 raise ValueError(f"spans must be sorted, disjoint and non-empty: {self.spans}")
             previous_end = end
+        if not 0.0 <= self.pause < float("inf"):
+            raise ValueError(f"pause must be a finite number of seconds >= 0: {self.pause}")
 
     @property
     def seconds(self) -> float:
+        """Of the spans (the pauses between them not counted)."""
         return sum(end - start for start, end in self.spans)
 
-    def _sample_ranges(self, length: int) -> list[tuple[int, int]]:
+    def _silences(self) -> list[float]:
+        """The silence before each span in the compacted audio (none before the first)."""
+        ends = [0.0] + [end for _, end in self.spans[:-1]]
+        return [
+            0.0 if index == 0 else min(self.pause, start - previous_end)
+            for index, ((start, _), previous_end) in enumerate(zip(self.spans, ends, strict=True))
+        ]
+
+    def _sample_ranges(self, length: int) -> list[tuple[int, int, int]]:
+        """(samples of silence before it, first sample, end sample) of each span in
+        [0, length)."""
         ranges = []
-        for start, end in self.spans:
+        for (start, end), silence in zip(self.spans, self._silences(), strict=True):
             first, last = round(start * SAMPLE_RATE), min(round(end * SAMPLE_RATE), length)
             if last > first:
-                ranges.append((first, last))
+                ranges.append((round(silence * SAMPLE_RATE), first, last))
         return ranges
 
     def compact(self, samples: np.ndarray) -> np.ndarray:
-        """The spans' samples, end to end."""
-        pieces = [samples[first:last] for first, last in self._sample_ranges(len(samples))]
+        """The spans' samples, end to end, with the silences between them."""
+        pieces = []
+        for silence, first, last in self._sample_ranges(len(samples)):
+            pieces += [np.zeros(silence, samples.dtype), samples[first:last]]
         return np.concatenate(pieces) if pieces else samples[:0]
 
     def resumptions(self, length: int, min_pause: float) -> list[int]:
         """Sample offsets in `compact(samples)` (len(samples) == length) where speech resumes
         after at least `min_pause` seconds of the recording were cut out."""
         offsets, clock, previous_last = [], 0, None
-        for first, last in self._sample_ranges(length):
+        for silence, first, last in self._sample_ranges(length):
+            clock += silence
             if previous_last is not None and first - previous_last >= min_pause * SAMPLE_RATE:
                 offsets.append(clock)
             clock += last - first
@@ -67,22 +95,48 @@ class SpeechTimeline:
     def bounded(self, duration: float) -> SpeechTimeline:
         """The spans clipped to [0, duration]; spans wholly past it are dropped."""
         spans = [(start, min(end, duration)) for start, end in self.spans if start < duration]
-        return SpeechTimeline(tuple((s, e) for s, e in spans if e > s))
+        return SpeechTimeline(tuple((s, e) for s, e in spans if e > s), self.pause)
 
     def _offsets(self) -> list[float]:
         """Where each span starts in the compacted audio."""
         offsets, clock = [], 0.0
-        for start, end in self.spans:
+        for (start, end), silence in zip(self.spans, self._silences(), strict=True):
+            clock += silence
             offsets.append(clock)
             clock += end - start
         return offsets
 
     def _span_at(self, compact_time: float, offsets: list[float]) -> int:
+        """The span whose start is the last at or before `compact_time`."""
         return max(0, bisect.bisect_right(offsets, compact_time) - 1)
+
+    def _nearest_span(self, compact_time: float, offsets: list[float]) -> int:
+        """The span `compact_time` falls in; in the silence between two, the nearer one."""
+        index = self._span_at(compact_time, offsets)
+        start, end = self.spans[index]
+        after_end = compact_time - (offsets[index] + end - start)
+        if after_end > 0 and index + 1 < len(offsets):
+            return index + 1 if offsets[index + 1] - compact_time < after_end else index
+        return index
+
+    def _starting_span(self, segment: Segment, offsets: list[float]) -> int:
+        """The span a segment without words starts in: the next one if it starts in the
+        silence before it, or within END_SEAM_GRACE of its seam and ends past it (Whisper's
+        start timestamps come early by as much as its end timestamps overshoot, and the span
+        before the seam closes with the VAD's padding)."""
+        index = self._span_at(segment.start, offsets)
+        if index + 1 < len(offsets):
+            start, end = self.spans[index]
+            seam = offsets[index] + end - start
+            if segment.start > seam or (
+                segment.start >= seam - END_SEAM_GRACE and segment.end > seam + 1e-6
+            ):
+                return index + 1
+        return index
 
     def original(self, compact_time: float, span: int | None = None) -> float:
         """A time of the compacted audio on the original timeline, inside `span` (default: the
-        span it falls in), clipped to that span."""
+        span it falls in, or the one before the silence it falls in), clipped to that span."""
         offsets = self._offsets()
         index = self._span_at(compact_time, offsets) if span is None else span
         start, end = self.spans[index]
@@ -94,7 +148,8 @@ class SpeechTimeline:
         unless that end lies within END_SEAM_GRACE of the span's start: then it ends where the
         span before ends (Whisper's end timestamps overshoot a seam by a few hundred ms, and
         the span after one opens with the VAD's padding; mapped there, a sentence ending before
-        a cut-out pause of 90 s would last across it)."""
+        a cut-out pause of 90 s would last across it). Its start is placed the same way, in
+        mirror (`_starting_span`)."""
         if not self.spans:
             return list(segments)
         offsets = self._offsets()
@@ -104,7 +159,7 @@ class SpeechTimeline:
             if words:
                 start, end = words[0].start, words[-1].end
             else:
-                start_span = self._span_at(segment.start, offsets)
+                start_span = self._starting_span(segment, offsets)
                 start = self.original(segment.start, start_span)
                 # an end exactly at a seam belongs to the span before it
                 end_span = self._span_at(max(segment.end - 1e-6, segment.start), offsets)
@@ -115,7 +170,7 @@ class SpeechTimeline:
         return restored
 
     def _word(self, word: Word, offsets: list[float]) -> Word:
-        span = self._span_at((word.start + word.end) / 2, offsets)
+        span = self._nearest_span((word.start + word.end) / 2, offsets)
         start = self.original(word.start, span)
         return replace(word, start=start, end=max(self.original(word.end, span), start))
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -42,7 +43,7 @@ from asr.silence import (
     sounds_like_speech,
     split_at_silence,
 )
-from asr.speech_timeline import Span, SpeechTimeline
+from asr.speech_timeline import SEAM_PAUSE, Span, SpeechTimeline
 from asr.types import DecidedWindow, ProgressHook, Segment, Transcript, WindowHook, no_progress
 from asr.whisper import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, EncodedAudio, WhisperModel
 from asr.whisper_drafters import DraftSource
@@ -144,12 +145,13 @@ class TranscribeOptions:
             known = ", ".join(sorted(special.language_ids))
             raise ValueError(f"language {self.language!r} is not one of: {known}")
         if not special.multilingual:
+            named = Path(model.name).name  # the model's directory, not the cache's path to it
             if self.language not in (None, "en"):
-                raise ValueError(f"language {self.language!r}: model {model.name} is English-only")
+                raise ValueError(f"language {self.language!r}: model {named} is English-only")
             if self.task == "translate":
-                raise ValueError(f"task 'translate': model {model.name} is English-only")
+                raise ValueError(f"task 'translate': model {named} is English-only")
             if self.multilingual:
-                raise ValueError(f"multilingual: model {model.name} is English-only")
+                raise ValueError(f"multilingual: model {named} is English-only")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise ValueError(f"temperatures must be non-negative, not {self.temperatures}")
         if not 1 <= self.max_new_tokens <= 224:
@@ -994,7 +996,7 @@ def _prepare(
     duration = len(samples) / SAMPLE_RATE
     timeline = None
     if recording.spans is not None:
-        timeline = SpeechTimeline(tuple(recording.spans)).bounded(duration)
+        timeline = SpeechTimeline(tuple(recording.spans), SEAM_PAUSE).bounded(duration)
     if timeline is not None and not timeline.spans:
         return Transcript(
             segments=(),

@@ -316,12 +316,18 @@ def _options(stored: dict) -> dict:
     return {key: value for key, value in stored.items() if key != RECORD_FORMATS}
 
 
+def _shown(record: dict, key: str) -> str:
+    """A record's value as the user reads it: JSON, or "(default)" where the record leaves the
+    option out (it was at the value outputs were made with before it was recorded)."""
+    return json.dumps(record[key]) if key in record else "(default)"
+
+
 def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[str, str]:
     """Whether a file's outputs are done: ("missing", ""), ("done", ""), ("changed", what)
     or ("unrecorded", "").
 
     "changed": every output exists, but the record says other options made them (`what` names
-    them: "diarize false -> true"), or does not vouch for some of them ("srt made with other
+    them: "diarize false -> true", "multilingual true -> (default)"), or does not vouch for some of them ("srt made with other
     options"). "unrecorded": every output exists and no record says how they were made
     (written by hand, or by a version that kept none): callers keep them, as nothing says
     they are wrong, and say so."""
@@ -341,7 +347,7 @@ def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[s
     options = _options(stored)
     if options != wanted:
         differences = [
-            f"{key} {json.dumps(options.get(key))} -> {json.dumps(wanted.get(key))}"
+            f"{key} {_shown(options, key)} -> {_shown(wanted, key)}"
             for key in sorted(set(options) | set(wanted))
             if options.get(key) != wanted.get(key)
         ]

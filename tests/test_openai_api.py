@@ -130,6 +130,23 @@ def test_options_that_contradict_each_other_are_a_422():
     assert "multilingual detects every window's language" in caught.value.message
 
 
+def test_an_english_only_models_refusal_names_the_field_and_the_model(whisper_tiny_en):
+    from app.api.audio_routes import model_refusal
+
+    asked = [
+        ({"language": "de"}, "transcribe", "language"),
+        ({"multilingual": "true"}, "transcribe", "multilingual"),
+        ({}, "translate", "model"),
+    ]
+    for fields, task, param in asked:
+        form, _ = parse_form(_form(**fields))
+        with pytest.raises(ValueError) as caught:
+            form.service_options(task).transcribe_options().validate(whisper_tiny_en)
+        refusal = model_refusal(caught.value)
+        assert (refusal.status, refusal.param) == (422, param), refusal.message
+        assert "model whisper-tiny.en is English-only" in refusal.message
+
+
 def test_stop_scanner_cuts_at_a_stop_and_holds_back_what_could_start_one():
     pieces = {1: "One,", 2: " two", 3: ", thr", 4: "ee, END", 5: " four"}
     scanner = StopScanner(lambda ids: "".join(pieces[i] for i in ids), ["END", ", th"])

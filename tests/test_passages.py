@@ -11,7 +11,7 @@ from asr.passages import plan_passages
 from asr.speech_timeline import SpeechTimeline
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.whisper_drafters import pair_draft
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, SHARED_SPEECH, needs_speech
 from tests.test_transcribe_speculative import assert_same_segments
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -195,3 +195,31 @@ def test_speech_packed_after_a_pause_is_not_skipped(settings):
         [found] = [s for s in transcript.segments if "lamps" in s.text]
         assert sentence_start - 0.5 <= found.start <= sentence_start + 1.0
         assert found.end <= sentence_start + len(sentence) / SAMPLE_RATE + 0.5
+
+
+@pytest.mark.slow
+@needs_speech
+def test_one_word_utterances_after_long_pauses_are_each_timed_and_decoded_once(settings):
+    """Nine one-word recordings (an4), 6 s apart: the VAD's spans are packed into one window.
+    Laid end to end without silence between them, whisper-base gave every word a 1 s segment
+    from the window's start (times up to 14 s early) and decoded the last two words twice."""
+    from app.service import ServiceOptions, TranscriptionService
+
+    clips = sorted((SHARED_SPEECH / "en_single" / "an4").glob("*.txt"))
+    clips = [c for c in clips if len(c.read_text().split()) == 1][:9]
+    words, pieces, bounds, clock = [], [], [], 0.0
+    for clip in clips:
+        audio = load_audio(clip.with_suffix(".wav"))
+        words.append(clip.read_text().strip().lower())
+        bounds.append((clock, clock + len(audio) / SAMPLE_RATE))
+        pieces += [audio, np.zeros(6 * SAMPLE_RATE, np.float32)]
+        clock = bounds[-1][1] + 6
+    samples = np.concatenate(pieces)
+    service = TranscriptionService(settings, assistant_model="auto")
+    transcript = service.run(samples, ServiceOptions(language="en"))
+    assert transcript.stats["passages"] == 1
+    decoded = [s for s in transcript.segments if s.text.strip()]
+    assert [s.text.strip(" .!?,").lower() for s in decoded] == words
+    for segment, (start, end) in zip(decoded, bounds, strict=True):
+        # within the VAD's padding (0.4 s) of its own recording
+        assert start - 0.5 <= segment.start and segment.end <= end + 0.5, (segment, start, end)

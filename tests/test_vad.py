@@ -100,6 +100,39 @@ def test_restore_maps_segments_and_words_back_and_never_into_a_cut():
     assert [(s.start, s.end) for s in spoken] == [(10.5, 12.0), (10.5, 41.0)]
 
 
+def test_silence_stands_between_spans_where_audio_was_cut_out():
+    """Up to `pause` seconds of silence lie between spans (less where less was cut out), and
+    every offset the compacted audio is read by counts them."""
+    samples = np.arange(1, 16_000 * 20 + 1, dtype=np.float32)
+    timeline = SpeechTimeline(((1.0, 2.0), (2.25, 3.0), (10.0, 11.0)), pause=1.0)
+    compact = timeline.compact(samples)
+    # 1 s, 0.25 s of silence (all that was cut), 0.75 s, 1 s of silence, 1 s
+    assert len(compact) == 16_000 * 4
+    assert compact[16_000 : 20_000].max() == 0 and compact[16_000 - 1] != 0
+    assert compact[20_000] == samples[36_000] and compact[32_000 : 48_000].max() == 0
+    assert compact[48_000] == samples[160_000]
+    assert timeline.seconds == pytest.approx(2.75)
+    assert timeline.resumptions(len(samples), min_pause=5.0) == [48_000]
+    assert timeline.bounded(10.5) == SpeechTimeline(((1.0, 2.0), (2.25, 3.0), (10.0, 10.5)), 1.0)
+    with pytest.raises(ValueError, match="pause"):
+        SpeechTimeline(((1.0, 2.0),), pause=-1.0)
+
+
+def test_times_in_the_silence_between_spans_go_to_the_speech_beside_them():
+    timeline = SpeechTimeline(((10.0, 12.0), (40.0, 43.0)), pause=1.0)  # 2nd span at 3.0
+    # a word is placed in the nearer span; a segment starting in the silence, or in the last
+    # END_SEAM_GRACE of a span and running past it, starts where the next span starts
+    words = (Word(2.0, 2.4, " early", 0.9), Word(2.6, 3.2, " late", 0.9))
+    [worded] = timeline.restore([Segment(2.0, 3.2, " early late", words)])
+    assert [(w.start, w.end) for w in worded.words] == [(12.0, 12.0), (40.0, 40.2)]
+    plain = timeline.restore(
+        [Segment(0.0, 2.5, " a"), Segment(2.5, 4.0, " b"), Segment(1.7, 4.0, " c")]
+    )
+    assert [(s.start, s.end) for s in plain] == [(10.0, 12.0), (40.0, 41.0), (40.0, 41.0)]
+    # a segment well inside the first span that runs across the seam keeps its start
+    assert timeline.restore([Segment(1.0, 4.0, " d")])[0].start == 11.0
+
+
 def test_a_timeline_refuses_unsorted_or_empty_spans():
     with pytest.raises(ValueError):
         SpeechTimeline(((5.0, 6.0), (1.0, 2.0)))

@@ -91,6 +91,12 @@ def test_a_record_beside_the_outputs_tells_finished_work_from_work_made_otherwis
         "changed",
         "diarize false -> true, num_speakers null -> 2",
     )
+    # an option a record leaves out is at its default (null is a value of its own)
+    later = {"model": "whisper-base", "num_speakers": None, "multilingual": True}
+    assert outputs_state(paths, later) == (
+        "changed",
+        "diarize false -> (default), multilingual (default) -> true",
+    )
     (tmp_path / ".talk.specscribe.json").unlink()  # outputs written by hand, or before records
     assert outputs_state(paths, asked) == ("unrecorded", "")
     paths["txt"].unlink()

@@ -36,6 +36,23 @@ log = logging.getLogger(__name__)
 CLIENT_CLOSED_REQUEST = 499
 # Multipart framing and the form's text fields, on top of the file itself.
 FORM_OVERHEAD_BYTES = 1_000_000
+# The form field a model's refusal names (`TranscribeOptions.validate` opens its message with
+# the option at fault): OpenAI's errors carry it as "param".
+_VALIDATED_FIELDS = {
+    "language": "language",
+    "multilingual": "multilingual",
+    "task": "model",  # translate with an English-only model
+    "temperatures": "temperature",
+    "word_timestamps": "timestamp_granularities",
+}
+
+
+def model_refusal(error: ValueError) -> ApiError:
+    """`TranscribeOptions.validate`'s refusal of a request -> a 422 naming the form field."""
+    message = str(error)
+    return ApiError(422, message, param=_VALIDATED_FIELDS.get(message.split(" ")[0].rstrip(":")))
+
+
 Task = Literal["transcribe", "translate"]
 
 
@@ -69,9 +86,7 @@ class AudioApi:
         try:
             options.transcribe_options().validate(self.service.model)
         except ValueError as error:  # a language or task this model does not have
-            message = str(error)
-            param = "language" if message.startswith("language") else None
-            raise ApiError(422, message, param=param) from None
+            raise model_refusal(error) from None
         with self._place() as place:  # given back if the audio does not decode
             # 2. The audio, decoded outside the queue (ffmpeg runs in its own process).
             samples = await asyncio.to_thread(self._decode, audio)
