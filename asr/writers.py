@@ -327,10 +327,10 @@ def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[s
     or ("unrecorded", "").
 
     "changed": every output exists, but the record says other options made them (`what` names
-    them: "diarize false -> true", "multilingual true -> (default)"), or does not vouch for some of them ("srt made with other
-    options"). "unrecorded": every output exists and no record says how they were made
-    (written by hand, or by a version that kept none): callers keep them, as nothing says
-    they are wrong, and say so."""
+    them: "diarize false -> true", "multilingual true -> (default)"), or does not vouch for
+    some of them ("srt made with other options"). "unrecorded": every output exists and no
+    record says how they were made (written by hand, or by a version that kept none): callers
+    keep them, as nothing says they are wrong, and say so."""
     if not paths or not all(path.exists() for path in paths.values()):
         return "missing", ""
     if record is None:

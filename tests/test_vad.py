@@ -108,8 +108,8 @@ def test_silence_stands_between_spans_where_audio_was_cut_out():
     compact = timeline.compact(samples)
     # 1 s, 0.25 s of silence (all that was cut), 0.75 s, 1 s of silence, 1 s
     assert len(compact) == 16_000 * 4
-    assert compact[16_000 : 20_000].max() == 0 and compact[16_000 - 1] != 0
-    assert compact[20_000] == samples[36_000] and compact[32_000 : 48_000].max() == 0
+    assert compact[16_000:20_000].max() == 0 and compact[16_000 - 1] != 0
+    assert compact[20_000] == samples[36_000] and compact[32_000:48_000].max() == 0
     assert compact[48_000] == samples[160_000]
     assert timeline.seconds == pytest.approx(2.75)
     assert timeline.resumptions(len(samples), min_pause=5.0) == [48_000]
