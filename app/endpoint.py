@@ -213,14 +213,19 @@ def to_response(transcript: Transcript, word_level: bool, seconds: float) -> dic
 
     chunks: [{"text", "timestamp": [start, end], "speaker"}], one per segment, or one per word
     when `word_level` (a segment without word times stays one chunk); "speaker" is None
-    without diarization. speakers: consecutive segments of one speaker merged into
-    [{"speaker", "text", "timestamp": [start, end]}]; [] without diarization.
+    without diarization; with `multilingual` each chunk also has its segment's "language".
+    speakers: consecutive segments of one speaker merged into [{"speaker", "text",
+    "timestamp": [start, end]}]; [] without diarization.
     Times are seconds from the start of the audio.
     """
     chunks = []
+    multilingual = bool(transcript.options.get("multilingual"))
     for segment in transcript.segments:
         parts = segment.words if word_level and segment.words else (segment,)
-        chunks.extend(_chunk(part.text, part.start, part.end, part.speaker) for part in parts)
+        for part in parts:
+            chunks.append(_chunk(part.text, part.start, part.end, part.speaker))
+            if multilingual:  # the language its window was decoded in
+                chunks[-1]["language"] = segment.language
     speakers: list[dict[str, Any]] = []
     for segment in transcript.segments:
         if segment.speaker is None:

@@ -34,8 +34,9 @@ def split_segments(
     window_frames: int,
     duration: float,
     keep_unfinished: bool = False,
+    language: str | None = None,
 ) -> WindowSplit:
-    """Splits a window's tokens at timestamp pairs into segments.
+    """Splits a window's tokens (decoded in `language`) at timestamp pairs into segments.
 
     Text after the last complete segment is left for the next window, which starts there
     (frames consumed < window_frames), unless `keep_unfinished`: independent windows have no
@@ -59,6 +60,7 @@ def split_segments(
             text=model.text_of(sliced),
             avg_logprob=result.avg_logprob,
             no_speech_prob=result.no_speech_prob,
+            language=language,
         )
         return found, tuple(sliced)
 

@@ -477,8 +477,10 @@ class _Session:
             ]
             guards = [p.guard for p in passages]
         splits = [
-            split_segments(self.model, result, start / FRAMES_PER_SECOND, frames, end, unfinished)
-            for (result, start, frames), end in zip(decoded, ends, strict=True)
+            split_segments(
+                self.model, result, start / FRAMES_PER_SECOND, frames, end, unfinished, language
+            )
+            for (result, start, frames), end, language in zip(decoded, ends, languages, strict=True)
         ]
         if self.options.word_timestamps and splits:
             started = time.perf_counter()

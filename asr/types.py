@@ -25,6 +25,9 @@ class Word:
 
 @dataclass(frozen=True)
 class Segment:
+    """language: the code of the language its window was decoded in (with `multilingual`,
+    each window's own; otherwise the recording's)."""
+
     start: float
     end: float
     text: str
@@ -32,6 +35,7 @@ class Segment:
     avg_logprob: float = 0.0
     no_speech_prob: float = 0.0
     speaker: str | None = None
+    language: str | None = None
 
 
 @dataclass(frozen=True)

@@ -364,3 +364,15 @@ def test_word_level_chunks_carry_each_word_and_its_speaker():
     ]
     segment_level = to_response(Transcript(segments, "en", 2.0), word_level=False, seconds=1.0)
     assert len(segment_level["chunks"]) == 2
+
+
+def test_multilingual_chunks_carry_their_segments_language():
+    segments = (
+        Segment(0.0, 0.9, " Hello.", words=(word(0.0, 0.9, " Hello.", None),), language="en"),
+        Segment(1.0, 2.0, " Hallo.", language="de"),
+    )
+    mixed = Transcript(segments, "en", 2.0, options={"multilingual": True})
+    chunks = to_response(mixed, word_level=True, seconds=1.0)["chunks"]
+    assert [chunk["language"] for chunk in chunks] == ["en", "de"]
+    one = to_response(dataclasses.replace(mixed, options={}), word_level=True, seconds=1.0)
+    assert all("language" not in chunk for chunk in one["chunks"])

@@ -62,10 +62,15 @@ def test_each_passage_is_decoded_in_its_own_language(whisper_base, mixed):
         # whisper-base, read in its language: a few words off in German (compounds split)
         assert word_error_rate(reference_text(path), text) <= 0.3, (language, text)
     assert all(segment.words for segment in transcript.segments)  # timed in their languages
+    # each segment says the language it was decoded in
+    for (language, _), (start, end) in zip(CLIPS, spans, strict=True):
+        inside = [s for s in transcript.segments if start <= s.start < end]
+        assert inside and {s.language for s in inside} == {language}
 
     # Without it the first window's language holds, and the German is not German.
     english = transcribe(whisper_base, samples, TranscribeOptions(language="en"), spans=spans)
     assert "window_languages" not in english.stats
+    assert {segment.language for segment in english.segments} == {"en"}
     assert passage_texts(english, spans)[1] != passage_texts(transcript, spans)[1]
 
 

