@@ -57,11 +57,11 @@ class SpeechTimeline:
 
     def _silences(self) -> list[float]:
         """The silence before each span in the compacted audio (none before the first)."""
-        ends = [0.0] + [end for _, end in self.spans[:-1]]
-        return [
-            0.0 if index == 0 else min(self.pause, start - previous_end)
-            for index, ((start, _), previous_end) in enumerate(zip(self.spans, ends, strict=True))
+        between = [
+            min(self.pause, start - previous_end)
+            for (_, previous_end), (start, _) in zip(self.spans[:-1], self.spans[1:], strict=True)
         ]
+        return [0.0, *between][: len(self.spans)]
 
     def _sample_ranges(self, length: int) -> list[tuple[int, int, int]]:
         """(samples of silence before it, first sample, end sample) of each span in
