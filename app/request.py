@@ -255,6 +255,7 @@ class ServiceOptions(BaseModel):
             **({"temperatures": self.temperatures()} if self.temperature > 0 else {}),
             repetition_ngram=self.repetition_ngram,
             passage_pause=self.passage_pause,
+            pack_passages=self.clip_timestamps is None,
             hallucination_silence_threshold=self.hallucination_silence_threshold,
         ).checked()
 

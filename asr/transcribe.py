@@ -21,6 +21,7 @@ timeline. The hallucination guards (`asr.guards`) act on decided text only.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field, replace
@@ -112,6 +113,10 @@ class TranscribeOptions:
     # cut out starts a passage of its own, decoded side by side with the others and prompted
     # with its own text only (`asr.passages`). None: all spans are one passage.
     passage_pause: float | None = 5.0
+    # Short passages packed, whole, into one window while they fit. False: each passage has
+    # windows of its own; for clip ranges, which OpenAI decodes one by one and which may start
+    # mid-word (packed behind another, such a range's words were lost).
+    pack_passages: bool = True
 
     def checked(self) -> TranscribeOptions:
         """Checks what needs no model (the guards' settings); returns self."""
@@ -263,7 +268,7 @@ class _Session:
         cuts = [-(-sample // HOP_LENGTH) for sample in resumptions or ()]
         # Multilingual: no short passages packed into one window, so that speech after a long
         # pause (often another speaker) has its language detected from its own window.
-        packing = 0 if options.multilingual else N_FRAMES
+        packing = N_FRAMES if options.pack_passages and not options.multilingual else 0
         self.passages = plan_passages(cuts, self.content_frames, packing)
         self.pause_cuts = cuts  # "silence" chunks are cut there too
         # Whether pauses were cut out (VAD regions, clip ranges laid end to end): speech after
@@ -277,7 +282,7 @@ class _Session:
         self.window_languages: Counter[str] = Counter()  # multilingual: windows per language
         self.initial_prompt = self._tokens(options.initial_prompt)
         self.hotwords = self._tokens(options.hotwords)
-        self.guard = self.new_guard()  # what the recording said ("silence" chunks)
+        self.guard = self.new_guard()  # what the recording said (windows given no record)
         self.dropped_repeats = 0
         self.reprompted = 0  # windows decoded again without previous text (repeats)
         self.dropped_anomalies = 0
@@ -457,6 +462,7 @@ class _Session:
         unfinished: bool,
         passages: list[_Passage] | None = None,
         languages: list[str | None] | None = None,
+        guards: list[RepetitionGuard | None] | None = None,
     ) -> list[WindowSplit]:
         """Spoken windows -> their segments, timed word by word when the options ask for it.
 
@@ -465,11 +471,12 @@ class _Session:
         independent passages side by side: no time of a window runs past its passage's end,
         and each reads (and moves on) where its own passage's speech last ended. None: the
         windows follow each other in the recording. languages: each window's (default: the
-        recording's).
+        recording's). guards: each window's record of what was said, where `passages` is None
+        (default: the recording's).
         """
         languages = languages or [self.language] * len(decoded)
         if passages is None:
-            ends, guards = [self.duration] * len(decoded), [self.guard] * len(decoded)
+            ends, guards = [self.duration] * len(decoded), guards or [self.guard] * len(decoded)
         else:  # a passage that runs to the recording's end ends with its last sample
             ends = [
                 p.end / FRAMES_PER_SECOND if p.end < self.content_frames else self.duration
@@ -798,6 +805,17 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
     options, total = session.options, session.content_frames
     level = loudness(session.mel, total)
     queue = deque(split_at_silence(session.mel, total, session.pause_cuts))
+    # What was said, per stretch between long cut-out pauses (`session.pause_cuts`, where the
+    # chunks are cut too): a passage's, as in "seek" windows, so that a sentence said again
+    # after a long pause is not taken for a copy.
+    stretch_guards: dict[int, RepetitionGuard | None] = {}
+
+    def guard_of(start: int) -> RepetitionGuard | None:
+        stretch = bisect.bisect_right(session.pause_cuts, start)
+        if stretch not in stretch_guards:
+            stretch_guards[stretch] = session.new_guard()
+        return stretch_guards[stretch]
+
     segments: list[Segment] = []
     decided: list[tuple[int, WindowResult, WindowSplit]] = []  # not yet reported
     reached = 0  # frames reported to `progress`: tails go back, the report does not
@@ -810,7 +828,7 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
             WindowBatch(encoded, prompts, draft_encoded),
             languages,
             seeds=[options.seed + s for s, _ in group],
-            guards=[session.guard] * len(group),
+            guards=[guard_of(start) for start, _ in group],
             owners=[session] * len(group),
         )
         spoken = [
@@ -823,7 +841,11 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
             decoded = [window for _, window in spoken]
             spoken_languages = [languages[row] for row, _ in spoken]
             splits = session.split(
-                encoded.rows(rows), decoded, unfinished=True, languages=spoken_languages
+                encoded.rows(rows),
+                decoded,
+                unfinished=True,
+                languages=spoken_languages,
+                guards=[guard_of(start) for _, start, _ in decoded],
             )
             tails = []
             for (result, start, frames), split in zip(decoded, splits, strict=True):

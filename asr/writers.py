@@ -317,9 +317,10 @@ def _options(stored: dict) -> dict:
 
 
 def _shown(record: dict, key: str) -> str:
-    """A record's value as the user reads it: JSON, or "(default)" where the record leaves the
-    option out (it was at the value outputs were made with before it was recorded)."""
-    return json.dumps(record[key]) if key in record else "(default)"
+    """A record's value as the user reads it: JSON, or "(default)" where the option is unset
+    (null: detected, none given) or left out of the record (at the value outputs were made
+    with before it was recorded)."""
+    return "(default)" if record.get(key) is None else json.dumps(record[key])
 
 
 def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[str, str]:

@@ -180,7 +180,7 @@ def test_folder_run_skips_a_corrupt_file_and_finished_work(capsys, tmp_path):
     # Other options make other outputs: a rerun with them redoes the finished files.
     assert main([*command, "--language", "en"]) == 1
     err = capsys.readouterr().err
-    assert f'redoing {inputs / "a_good.wav"}: options changed (language null -> "en")' in err
+    assert f'redoing {inputs / "a_good.wav"}: options changed (language (default) -> "en")' in err
     assert "2 transcribed, 0 skipped (outputs exist), 1 failed" in err
     assert main([*command, "--language", "en"]) == 1
     assert "0 transcribed, 2 skipped (outputs exist), 1 failed" in capsys.readouterr().err

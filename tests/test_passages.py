@@ -223,3 +223,53 @@ def test_one_word_utterances_after_long_pauses_are_each_timed_and_decoded_once(s
     for segment, (start, end) in zip(decoded, bounds, strict=True):
         # within the VAD's padding (0.4 s) of its own recording
         assert start - 0.5 <= segment.start and segment.end <= end + 0.5, (segment, start, end)
+
+
+@pytest.mark.slow
+def test_batched_chunks_keep_a_sentence_said_again_after_a_long_pause(whisper_tiny_en):
+    """`--batch-size`: each stretch between long cut-out pauses keeps its own record of what
+    was said, as a passage does; one record for the whole file dropped the second reading."""
+    sentence, jfk = (
+        load_audio(SAMPLES / name) for name in ("librispeech_1089-134686-0002.wav", "jfk.wav")
+    )
+    pause = np.zeros(int(PAUSE_SECONDS * SAMPLE_RATE), np.float32)
+    pieces, spans, clock = [], [], 0.0
+    for audio in (sentence, jfk, sentence):
+        pieces += [audio, pause]
+        spans.append((clock, clock + len(audio) / SAMPLE_RATE))
+        clock = spans[-1][1] + PAUSE_SECONDS
+    options = TranscribeOptions(
+        language="en", windows="silence", batch_size=8, condition_on_previous_text=False
+    )
+    transcript = transcribe(whisper_tiny_en, np.concatenate(pieces), options, spans=spans)
+    assert transcript.stats["dropped_repeats"] == 0
+    readings = [s.start for s in transcript.segments if "lamps would light up" in s.text.lower()]
+    assert len(readings) == 2, transcript.text
+    for start, (span_start, span_end) in zip(readings, (spans[0], spans[2]), strict=True):
+        assert span_start - 0.5 <= start < span_end
+
+
+@pytest.mark.slow
+def test_clip_ranges_decode_apart_even_when_one_starts_mid_speech(settings):
+    """A clip range that starts mid-sentence, packed into one window with a later range, lost
+    its words and gave the later range's text a segment across the 30 s between them; each
+    range now decodes in windows of its own, as OpenAI's clip_timestamps does."""
+    from app.service import ServiceOptions, TranscriptionService
+
+    jfk, sentence = (
+        load_audio(SAMPLES / name) for name in ("jfk.wav", "librispeech_1089-134686-0002.wav")
+    )
+
+    def pause(seconds: float) -> np.ndarray:
+        return np.zeros(int(seconds * SAMPLE_RATE), np.float32)
+
+    samples = np.concatenate([pause(1.0), jfk, pause(30.0), sentence])
+    later = 1.0 + len(jfk) / SAMPLE_RATE + 30.0
+    service = TranscriptionService(settings, assistant_model="auto")
+    options = ServiceOptions(language="en", clip_timestamps=f"3-7,{later - 0.2:.2f}-")
+    transcript = service.run(samples, options)
+    first = [s for s in transcript.segments if s.start < 7.5]
+    assert first and all(s.start >= 3.0 and s.end <= 7.5 for s in first), transcript.segments
+    assert "ask not" in " ".join(s.text for s in first).lower()
+    assert all(s.start >= later - 0.5 for s in transcript.segments if s not in first)
+    assert "lamps would light up" in transcript.text.lower()

@@ -91,9 +91,9 @@ def test_a_record_beside_the_outputs_tells_finished_work_from_work_made_otherwis
     asked = {**made, "diarize": True, "num_speakers": 2}
     assert outputs_state(paths, asked) == (
         "changed",
-        "diarize false -> true, num_speakers null -> 2",
+        "diarize false -> true, num_speakers (default) -> 2",
     )
-    # an option a record leaves out is at its default (null is a value of its own)
+    # an option a record leaves out, like one it holds as null, is shown as at its default
     later = {"model": "whisper-base", "num_speakers": None, "multilingual": True}
     assert outputs_state(paths, later) == (
         "changed",
