@@ -110,11 +110,15 @@ class SpeechTimeline:
         """The span whose start is the last at or before `compact_time`."""
         return max(0, bisect.bisect_right(offsets, compact_time) - 1)
 
+    def _seam(self, index: int, offsets: list[float]) -> float:
+        """Where span `index` ends in the compacted audio."""
+        start, end = self.spans[index]
+        return offsets[index] + end - start
+
     def _nearest_span(self, compact_time: float, offsets: list[float]) -> int:
         """The span `compact_time` falls in; in the silence between two, the nearer one."""
         index = self._span_at(compact_time, offsets)
-        start, end = self.spans[index]
-        after_end = compact_time - (offsets[index] + end - start)
+        after_end = compact_time - self._seam(index, offsets)
         if after_end > 0 and index + 1 < len(offsets):
             return index + 1 if offsets[index + 1] - compact_time < after_end else index
         return index
@@ -126,8 +130,7 @@ class SpeechTimeline:
         before the seam closes with the VAD's padding)."""
         index = self._span_at(segment.start, offsets)
         if index + 1 < len(offsets):
-            start, end = self.spans[index]
-            seam = offsets[index] + end - start
+            seam = self._seam(index, offsets)
             if segment.start > seam or (
                 segment.start >= seam - END_SEAM_GRACE and segment.end > seam + 1e-6
             ):
@@ -138,9 +141,14 @@ class SpeechTimeline:
         """A time of the compacted audio on the original timeline, inside `span` (default: the
         span it falls in, or the one before the silence it falls in), clipped to that span."""
         offsets = self._offsets()
-        index = self._span_at(compact_time, offsets) if span is None else span
-        start, end = self.spans[index]
-        return round(min(max(start + compact_time - offsets[index], start), end), 3)
+        return self._mapped(
+            compact_time, self._span_at(compact_time, offsets) if span is None else span, offsets
+        )
+
+    def _mapped(self, compact_time: float, span: int, offsets: list[float]) -> float:
+        """`original(compact_time, span)` with the offsets computed once by the caller."""
+        start, end = self.spans[span]
+        return round(min(max(start + compact_time - offsets[span], start), end), 3)
 
     def restore(self, segments: list[Segment]) -> list[Segment]:
         """Segments timed on the compacted audio -> the same on the original timeline. A word
@@ -160,19 +168,19 @@ class SpeechTimeline:
                 start, end = words[0].start, words[-1].end
             else:
                 start_span = self._starting_span(segment, offsets)
-                start = self.original(segment.start, start_span)
+                start = self._mapped(segment.start, start_span, offsets)
                 # an end exactly at a seam belongs to the span before it
                 end_span = self._span_at(max(segment.end - 1e-6, segment.start), offsets)
                 if end_span > start_span and segment.end - offsets[end_span] <= END_SEAM_GRACE:
                     end_span -= 1  # an end just past a seam: the speech before it, not the pause
-                end = self.original(segment.end, end_span)
+                end = self._mapped(segment.end, end_span, offsets)
             restored.append(replace(segment, start=start, end=max(end, start), words=words))
         return restored
 
     def _word(self, word: Word, offsets: list[float]) -> Word:
         span = self._nearest_span((word.start + word.end) / 2, offsets)
-        start = self.original(word.start, span)
-        return replace(word, start=start, end=max(self.original(word.end, span), start))
+        start = self._mapped(word.start, span, offsets)
+        return replace(word, start=start, end=max(self._mapped(word.end, span, offsets), start))
 
 
 def intersect(first: tuple[Span, ...], second: tuple[Span, ...]) -> tuple[Span, ...]:

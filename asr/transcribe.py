@@ -282,7 +282,6 @@ class _Session:
         self.window_languages: Counter[str] = Counter()  # multilingual: windows per language
         self.initial_prompt = self._tokens(options.initial_prompt)
         self.hotwords = self._tokens(options.hotwords)
-        self.guard = self.new_guard()  # what the recording said (windows given no record)
         self.dropped_repeats = 0
         self.reprompted = 0  # windows decoded again without previous text (repeats)
         self.dropped_anomalies = 0
@@ -365,7 +364,7 @@ class _Session:
         self,
         batch: WindowBatch,
         seeds: list[int],
-        guards: list[RepetitionGuard | None] | None = None,
+        guards: list[RepetitionGuard | None],
         owners: list[_Session] | None = None,
         language: str | None = None,
     ) -> list[WindowResult]:
@@ -383,13 +382,12 @@ class _Session:
         the checks above then go on from that result. A repeat left after that is dropped when
         the window is split, not sampled away: where speech really repeats, sampling only
         trades the right words for worse ones. guards: each window's record of what was said
-        before it (default: the recording's); owners: each window's recording, where windows
+        before it (None: the guard is off); owners: each window's recording, where windows
         of several decode together (default: this one), which must share its options, draft and
         policy; language: the windows' (default: the recording's), which their prompts end in.
         """
         options = self.options
         language = language or self.language
-        guards = guards if guards is not None else [self.guard] * len(batch.prompts)
         decoder = WindowDecoder(
             self.model,
             self.rules,
@@ -460,29 +458,28 @@ class _Session:
         encoded: EncodedAudio,
         decoded: list[tuple[WindowResult, int, int]],
         unfinished: bool,
+        guards: list[RepetitionGuard | None],
         passages: list[_Passage] | None = None,
         languages: list[str | None] | None = None,
-        guards: list[RepetitionGuard | None] | None = None,
     ) -> list[WindowSplit]:
         """Spoken windows -> their segments, timed word by word when the options ask for it.
 
         decoded: per window, its result, first frame and content frames; `encoded` has one row
-        per window, in the same order. passages: each window's passage, for windows of
-        independent passages side by side: no time of a window runs past its passage's end,
-        and each reads (and moves on) where its own passage's speech last ended. None: the
-        windows follow each other in the recording. languages: each window's (default: the
-        recording's). guards: each window's record of what was said, where `passages` is None
-        (default: the recording's).
+        per window, in the same order. guards: each window's record of what was said (its
+        passage's, or its stretch's between long pauses). passages: each window's passage, for
+        windows of independent passages side by side: no time of a window runs past its
+        passage's end, and each reads (and moves on) where its own passage's speech last ended.
+        None: the windows follow each other in the recording. languages: each window's (default: the
+        recording's).
         """
         languages = languages or [self.language] * len(decoded)
         if passages is None:
-            ends, guards = [self.duration] * len(decoded), guards or [self.guard] * len(decoded)
+            ends = [self.duration] * len(decoded)
         else:  # a passage that runs to the recording's end ends with its last sample
             ends = [
                 p.end / FRAMES_PER_SECOND if p.end < self.content_frames else self.duration
                 for p in passages
             ]
-            guards = [p.guard for p in passages]
         splits = [
             split_segments(
                 self.model, result, start / FRAMES_PER_SECOND, frames, end, unfinished, language
@@ -756,7 +753,12 @@ def _decided(
     index = torch.tensor(rows, device=encoded.features.device)
     decoded = [(results[r], windows[r][0], windows[r][1] - windows[r][0]) for r in rows]
     splits = session.split(
-        encoded.rows(index), decoded, unfinished=False, passages=owners, languages=languages
+        encoded.rows(index),
+        decoded,
+        unfinished=False,
+        guards=[passage.guard for passage in owners],
+        passages=owners,
+        languages=languages,
     )
     for (result, seek, frames), split, passage in zip(decoded, splits, owners, strict=True):
         kept = _segments_with_content(split)
