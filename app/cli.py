@@ -523,6 +523,44 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --word-timestamps: drop improbable segments alone between pauses longer "
         "than S seconds (OpenAI's option; default: off)",
     )
+    fallback = parser.add_argument_group(
+        "temperature fallback (OpenAI's: a window whose text fails a check is decoded again, "
+        "hotter)"
+    )
+    fallback.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="first decoding temperature: 0 decodes greedily (default; the draft's output "
+        "is the plain decoder's), above 0 samples",
+    )
+    fallback.add_argument(
+        "--temperature-increment-on-fallback",
+        default=0.2,
+        metavar="STEP",
+        help="each fallback samples this much hotter, up to 1.0 (default 0.2; 0: no fallback)",
+    )
+    fallback.add_argument(
+        "--compression-ratio-threshold",
+        default=2.4,
+        metavar="R",
+        help="fall back where the text's gzip compression ratio is above R, i.e. it repeats "
+        "itself (default 2.4; off)",
+    )
+    fallback.add_argument(
+        "--logprob-threshold",
+        default=-1.0,
+        metavar="L",
+        help="fall back where the tokens' average log-probability is below L (default -1.0; off)",
+    )
+    fallback.add_argument(
+        "--no-speech-threshold",
+        default=0.6,
+        metavar="P",
+        help="skip a window as silence where its no-speech probability is above P and its "
+        "text improbable (default 0.6; off)",
+    )
     parser.add_argument(
         "--diarize",
         action="store_true",
@@ -549,6 +587,7 @@ def _request_options(args: argparse.Namespace):
         batch_size=args.batch_size,
         initial_prompt=args.initial_prompt,
         condition_on_previous_text=args.condition_on_previous_text,
+        temperature=args.temperature,
         **decoding_choices(args),
     )
 

@@ -89,6 +89,13 @@ class EndpointParameters(BaseModel):
     passage_pause: float | None = Field(5.0, ge=0, allow_inf_nan=False)  # 0 or None: off
     repetition_ngram: int | None = Field(6, ge=0, le=50)  # 0 or None: off; 1 is refused
     hallucination_silence_threshold: float | None = Field(None, gt=0, allow_inf_nan=False)
+    # The temperature fallback (app.request): the first temperature, its increment (0 or None:
+    # no fallback) and the quality checks that trigger it (None: off).
+    temperature: float = Field(0.0, ge=0, le=1)
+    temperature_increment_on_fallback: float | None = Field(0.2, ge=0, le=1)
+    compression_ratio_threshold: float | None = 2.4
+    logprob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
     chunk_length_s: Literal[30] | None = None
     sampling_rate: Literal[16000] | None = None
 
@@ -106,6 +113,7 @@ class EndpointParameters(BaseModel):
             batch_size=self.batch_size,
             initial_prompt=self.initial_prompt,
             condition_on_previous_text=self.condition_on_previous_text,
+            temperature=self.temperature,
             **decoding_choices(self),
         )
 

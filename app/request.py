@@ -10,7 +10,8 @@ rule below, so no later stage checks a request again (only what depends on the l
 - speaker counts ask for speakers: given without `diarize`, they turn diarization on; given with
   `diarize=False`, the request contradicts itself and is refused;
 - empty text means none (prompt, hotwords, clip ranges), and a repetition n-gram of 0 turns
-  the repetition guard off;
+  the repetition guard off; the fallback's thresholds and increment are turned off by None or
+  "off" / "none" (and the increment by 0);
 - numbers in range, VAD settings, clip ranges, guard settings and speaker counts are checked
   by the objects that use them (`asr.vad.VadOptions`, `asr.speech_timeline`,
   `asr.transcribe.TranscribeOptions`, `diarize.pipeline.DiarizeOptions`), at construction.
@@ -41,7 +42,14 @@ DECODING_CHOICES = (
     "passage_pause",
     "repetition_ngram",
     "hallucination_silence_threshold",
+    "temperature_increment_on_fallback",
+    "compression_ratio_threshold",
+    "logprob_threshold",
+    "no_speech_threshold",
 )
+# The fallback's settings that may be turned off: None, or one of these words, means off.
+FALLBACK_SETTINGS = DECODING_CHOICES[-4:]
+OFF_WORDS = ("off", "none", "null")
 
 SPEAKER_COUNTS = ("num_speakers", "min_speakers", "max_speakers")
 
@@ -72,6 +80,14 @@ def check_formats(formats: tuple[str, ...] | list[str], diarize: bool) -> None:
         raise ValueError(f"unknown format {', '.join(unknown)}; choose from {', '.join(WRITERS)}")
     if "rttm" in formats and not diarize:
         raise ValueError("format rttm needs diarize: RTTM holds the diarizer's speaker turns")
+
+
+def off_is_none(value: Any) -> Any:
+    """A setting given as "off" / "none" / "null" (any case; form text and CLI words) -> None,
+    which turns it off; anything else unchanged."""
+    if isinstance(value, str) and value.strip().lower() in OFF_WORDS:
+        return None
+    return value
 
 
 def decoding_choices(request: object) -> dict:
@@ -106,7 +122,7 @@ class ServiceOptions(BaseModel):
     condition_on_previous_text: bool = True
     # The first decoding temperature (OpenAI's `temperature`): 0 decodes greedily and falls
     # back to sampling where the text fails the quality checks; t > 0 samples from the start,
-    # then t + 0.2, ... up to 1.0 (openai-whisper's --temperature with its 0.2 increment).
+    # then hotter by `temperature_increment_on_fallback` (openai-whisper's --temperature).
     temperature: float = Field(0.0, ge=0.0, le=1.0)
     # Words carried into every window's prompt (names, jargon): faster-whisper's hotwords.
     hotwords: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
@@ -128,6 +144,15 @@ class ServiceOptions(BaseModel):
     # this many seconds are dropped (None: off).
     repetition_ngram: int | None = 6
     hallucination_silence_threshold: float | None = None
+    # Temperature fallback (OpenAI's): a window whose text repeats itself (gzip compression
+    # ratio above the threshold) or is improbable (average log-probability below it) is
+    # decoded again, `temperature_increment_on_fallback` hotter each time up to 1.0; a window
+    # whose no-speech probability is above that threshold while its text is improbable is
+    # skipped as silence. None (or 0 for the increment): off.
+    temperature_increment_on_fallback: float | None = Field(0.2, ge=0.0, le=1.0)
+    compression_ratio_threshold: float | None = 2.4
+    logprob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
 
     def __init__(self, **fields: Any) -> None:
         try:
@@ -179,6 +204,16 @@ class ServiceOptions(BaseModel):
     @field_validator("repetition_ngram", "passage_pause", mode="before")
     @classmethod
     def _zero_is_off(cls, value: Any) -> Any:
+        return None if value == 0 else value
+
+    @field_validator(*FALLBACK_SETTINGS, mode="before")
+    @classmethod
+    def _off_is_none(cls, value: Any) -> Any:
+        return off_is_none(value)
+
+    @field_validator("temperature_increment_on_fallback")
+    @classmethod
+    def _no_increment_is_off(cls, value: float | None) -> float | None:
         return None if value == 0 else value
 
     @field_validator("passage_pause")
@@ -252,7 +287,10 @@ class ServiceOptions(BaseModel):
             initial_prompt=self.initial_prompt,
             hotwords=self.hotwords,
             batch_size=self.batch_size,
-            **({"temperatures": self.temperatures()} if self.temperature > 0 else {}),
+            temperatures=self.temperatures(),
+            compression_ratio_threshold=self.compression_ratio_threshold,
+            logprob_threshold=self.logprob_threshold,
+            no_speech_threshold=self.no_speech_threshold,
             repetition_ngram=self.repetition_ngram,
             passage_pause=self.passage_pause,
             pack_passages=self.clip_timestamps is None,
@@ -260,9 +298,13 @@ class ServiceOptions(BaseModel):
         ).checked()
 
     def temperatures(self) -> tuple[float, ...]:
-        """The fallback schedule starting at `temperature` (t, t + 0.2, ... <= 1.0)."""
-        count = int((1.0 - self.temperature) / 0.2 + 1e-6) + 1
-        return tuple(round(self.temperature + 0.2 * step, 6) for step in range(count))
+        """The fallback schedule: `temperature`, then hotter by the increment up to 1.0
+        (t, t + 0.2, ... by default); `temperature` alone when the increment is off."""
+        increment = self.temperature_increment_on_fallback
+        if increment is None:
+            return (self.temperature,)
+        count = int((1.0 - self.temperature) / increment + 1e-6) + 1
+        return tuple(round(self.temperature + increment * step, 6) for step in range(count))
 
 
 def describe(error: ValidationError) -> str:

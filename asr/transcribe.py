@@ -134,12 +134,34 @@ class TranscribeOptions:
         pause = self.passage_pause
         if pause is not None and not 0 < pause < float("inf"):
             raise ValueError(f"passage_pause must be a positive number of seconds, not {pause}")
+        self._check_fallback()
         if self.multilingual and self.language is not None:
             raise ValueError(
                 f"multilingual detects every window's language: it cannot be combined with "
                 f"language {self.language!r}"
             )
         return self
+
+    def _check_fallback(self) -> None:
+        """The temperature schedule and the quality checks that trigger its fallback."""
+        finite = float("inf")
+        if not self.temperatures or not all(0 <= t < finite for t in self.temperatures):
+            raise ValueError(f"temperatures must be non-negative, not {self.temperatures}")
+        ratio = self.compression_ratio_threshold
+        if ratio is not None and not 0 < ratio < finite:
+            raise ValueError(
+                f"compression_ratio_threshold must be a positive number (or off), not {ratio}"
+            )
+        logprob = self.logprob_threshold
+        if logprob is not None and not -finite < logprob <= 0:
+            raise ValueError(
+                f"logprob_threshold must be a log-probability, at most 0 (or off), not {logprob}"
+            )
+        no_speech = self.no_speech_threshold
+        if no_speech is not None and not 0 <= no_speech <= 1:
+            raise ValueError(
+                f"no_speech_threshold must be a probability in 0..1 (or off), not {no_speech}"
+            )
 
     def validate(self, model: WhisperModel) -> None:
         self.checked()
@@ -157,8 +179,6 @@ class TranscribeOptions:
                 raise ValueError(f"task 'translate': model {named} is English-only")
             if self.multilingual:
                 raise ValueError(f"multilingual: model {named} is English-only")
-        if not self.temperatures or any(t < 0 for t in self.temperatures):
-            raise ValueError(f"temperatures must be non-negative, not {self.temperatures}")
         if not 1 <= self.max_new_tokens <= 224:
             raise ValueError(f"max_new_tokens must be in 1..224, not {self.max_new_tokens}")
         if self.word_timestamps and not model.alignment_heads:

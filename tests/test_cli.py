@@ -55,6 +55,9 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
         ("--passage-pause", "inf"): "passage_pause must be 0 (off) or a positive number",
         ("--passage-pause", "-1"): "passage_pause must be 0 (off) or a positive number",
         ("--multilingual", "--language", "de"): "cannot be combined with language 'de'",
+        ("--temperature", "2"): "temperature: input should be less than or equal to 1",
+        ("--logprob-threshold", "1"): "logprob_threshold must be a log-probability, at most 0",
+        ("--no-speech-threshold", "often"): "no_speech_threshold: input should be a valid number",
     }
     for flags, reason in refused.items():
         assert main([*jfk, "--output-dir", str(out), *flags]) == 2, flags
@@ -243,16 +246,20 @@ def test_the_default_draft_joins_once_the_files_speech_repays_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_prompt_flags_reach_the_transcription_and_its_record(tmp_path):
+def test_prompt_and_fallback_flags_reach_the_transcription_and_its_record(tmp_path):
     import json
 
     audio = str(SAMPLES / "jfk.wav")
     flags = ["--initial-prompt", "President Kennedy:", "--no-condition-on-previous-text"]
+    flags += ["--temperature-increment-on-fallback", "0", "--compression-ratio-threshold", "off"]
     command = ["transcribe", audio, "--output-dir", str(tmp_path), "--format", "json"]
     assert main([*command, *flags]) == 0
     saved = json.loads((tmp_path / "jfk.json").read_text())
     assert saved["options"]["initial_prompt"] == "President Kennedy:"
     assert saved["options"]["condition_on_previous_text"] is False
+    assert saved["options"]["temperatures"] == [0.0]  # no fallback
+    assert saved["options"]["compression_ratio_threshold"] is None
+    assert saved["options"]["logprob_threshold"] == -1.0
     record = json.loads((tmp_path / ".jfk.specscribe.json").read_text())
     assert record["initial_prompt"] == "President Kennedy:"
     # Without the flags the outputs were made otherwise, so a rerun redoes them.

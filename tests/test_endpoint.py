@@ -276,7 +276,27 @@ BAD_REQUESTS = [
         "hallucination_silence_threshold: Input should be a finite number",
     ),
     ({"inputs": JFK_B64, "parameters": {"repetition_ngram": 1}}, 422, "repetition_ngram"),
+    ({"inputs": JFK_B64, "parameters": {"temperature": 2.0}}, 422, "temperature: Input should"),
+    ({"inputs": JFK_B64, "parameters": {"logprob_threshold": 1.0}}, 422, "logprob_threshold"),
+    (
+        {"inputs": JFK_B64, "parameters": {"no_speech_threshold": "off"}},
+        422,
+        "no_speech_threshold: Input should be a valid number",  # JSON: null turns it off
+    ),
 ]
+
+
+def test_fallback_parameters_reach_the_options():
+    from app.endpoint import parse_parameters
+
+    options = parse_parameters(
+        {"temperature": 0.2, "temperature_increment_on_fallback": 0.4, "logprob_threshold": None}
+    ).service_options()
+    decoding = options.transcribe_options()
+    assert decoding.temperatures == (0.2, 0.6, 1.0)
+    assert decoding.logprob_threshold is None and decoding.compression_ratio_threshold == 2.4
+    plain = parse_parameters({"temperature_increment_on_fallback": 0}).service_options()
+    assert plain.transcribe_options().temperatures == (0.0,)
 
 
 @pytest.mark.slow

@@ -116,6 +116,32 @@ def test_bad_form_fields_are_refused_naming_the_field(fields, status, param):
     assert (caught.value.status, caught.value.param) == (status, param)
 
 
+def test_fallback_fields_reach_the_options_and_off_turns_a_check_off():
+    asked, _ = parse_form(
+        _form(
+            temperature_increment_on_fallback="0.5",
+            compression_ratio_threshold="off",
+            logprob_threshold="-0.5",
+            no_speech_threshold="none",
+        )
+    )
+    options = asked.service_options("transcribe").transcribe_options()
+    assert options.temperatures == (0.0, 0.5, 1.0)
+    assert (options.compression_ratio_threshold, options.no_speech_threshold) == (None, None)
+    assert options.logprob_threshold == -0.5
+    for field, value in [
+        ("temperature_increment_on_fallback", "-0.1"),
+        ("temperature_increment_on_fallback", "often"),
+        ("logprob_threshold", "0.5"),
+        ("compression_ratio_threshold", "0"),
+        ("no_speech_threshold", "2"),
+    ]:
+        with pytest.raises(ApiError) as caught:
+            asked, _ = parse_form(_form(**{field: value}))
+            asked.service_options("transcribe")
+        assert (caught.value.status, caught.value.param) == (422, field), (field, value)
+
+
 def test_a_form_without_a_file_is_a_400():
     from starlette.datastructures import FormData
 
@@ -548,6 +574,30 @@ def test_verbose_json_has_segments_words_and_the_decode_statistics(client):
     assert stats["generated_tokens"] >= len(segments[0].tokens) - 1
     assert stats["target_calls"] < stats["generated_tokens"]  # the shipped draft saved calls
     assert stats["tokens_per_target_call"] > 1.0
+
+
+@pytest.mark.slow
+def test_fallback_settings_decide_which_temperature_a_segment_is_decoded_at(client):
+    """A log-probability threshold of 0 fails every window's text: it is decoded again at each
+    temperature of the schedule and the last one's text is kept (OpenAI's rule); with the
+    increment at 0 there is no fallback, and the greedy text stands."""
+
+    def segments(**fields) -> list:
+        with JFK.open("rb") as audio:
+            result = client.audio.transcriptions.create(
+                model="whisper-1",
+                file=audio,
+                language="en",
+                response_format="verbose_json",
+                extra_body={"logprob_threshold": "0", **fields},
+            )
+        return result.segments
+
+    hottest = segments(temperature_increment_on_fallback="0.5")
+    assert hottest and {s.temperature for s in hottest} == {1.0}
+    greedy = segments(temperature_increment_on_fallback="0")
+    assert {s.temperature for s in greedy} == {0.0}
+    assert "".join(s.text for s in greedy).strip() == JFK_TEXT
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import pytest
 
 from app.output_plan import plan_outputs
 from app.request import MAX_PROMPT_CHARACTERS, ServiceOptions, check_formats
+from asr.transcribe import TranscribeOptions
 from asr.writers import output_paths, record_path
 
 
@@ -44,6 +45,32 @@ def test_empty_text_means_none_and_a_zero_ngram_turns_the_guard_off():
     assert ServiceOptions().passage_pause == 5.0
 
 
+def test_the_fallback_schedule_follows_its_increment_and_off_turns_a_check_off():
+    def schedule(**fields):
+        return ServiceOptions(**fields).transcribe_options().temperatures
+
+    assert schedule() == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # OpenAI's
+    assert schedule(temperature=0.1, temperature_increment_on_fallback=0.3) == (0.1, 0.4, 0.7, 1.0)
+    assert schedule(temperature_increment_on_fallback=0) == (0.0,)  # no fallback
+    assert schedule(temperature=0.5, temperature_increment_on_fallback="off") == (0.5,)
+    assert schedule(temperature_increment_on_fallback=1.0) == (0.0, 1.0)
+    off = ServiceOptions(
+        compression_ratio_threshold="None", logprob_threshold="off", no_speech_threshold=None
+    ).transcribe_options()
+    assert (off.compression_ratio_threshold, off.logprob_threshold, off.no_speech_threshold) == (
+        None,
+        None,
+        None,
+    )
+    given = ServiceOptions(
+        compression_ratio_threshold="2.0", logprob_threshold=0, no_speech_threshold=0.9
+    ).transcribe_options()
+    assert (given.compression_ratio_threshold, given.logprob_threshold) == (2.0, 0.0)
+    assert given.no_speech_threshold == 0.9
+    defaults = ServiceOptions().transcribe_options()  # OpenAI's, as TranscribeOptions has them
+    assert defaults == TranscribeOptions()
+
+
 @pytest.mark.parametrize(
     "fields, message",
     [
@@ -58,6 +85,12 @@ def test_empty_text_means_none_and_a_zero_ngram_turns_the_guard_off():
         ({"passage_pause": -1}, "passage_pause must be 0 (off) or a positive number of seconds"),
         ({"passage_pause": float("inf")}, "passage_pause must be 0 (off) or a positive number"),
         ({"passage_pause": float("nan")}, "passage_pause must be 0 (off) or a positive number"),
+        ({"compression_ratio_threshold": 0}, "compression_ratio_threshold must be a positive"),
+        ({"compression_ratio_threshold": "x"}, "compression_ratio_threshold: input should be"),
+        ({"logprob_threshold": 0.5}, "logprob_threshold must be a log-probability, at most 0"),
+        ({"logprob_threshold": "-inf"}, "logprob_threshold must be a log-probability"),
+        ({"no_speech_threshold": 1.5}, "no_speech_threshold must be a probability in 0..1"),
+        ({"temperature_increment_on_fallback": 1.5}, "temperature_increment_on_fallback: input"),
     ],
 )
 def test_a_bad_request_is_refused_when_made_in_one_line_naming_the_field(fields, message):

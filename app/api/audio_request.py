@@ -4,7 +4,9 @@ a validated `AudioRequest` and the uploaded file's bytes.
 OpenAI's fields (`file`, `model`, `language`, `prompt`, `response_format`, `temperature`,
 `timestamp_granularities[]`, `stream`) plus specscribe's extras (`diarize`, `num_speakers`,
 `min_speakers`, `max_speakers`, `assistant`, `multilingual`, `vad` and its thresholds, `hotwords`,
-`clip_timestamps`, `repetition_ngram`, `hallucination_silence_threshold`), each checked once;
+`clip_timestamps`, `repetition_ngram`, `hallucination_silence_threshold`, the temperature
+fallback's `temperature_increment_on_fallback`, `compression_ratio_threshold`,
+`logprob_threshold` and `no_speech_threshold`), each checked once;
 anything else is refused with 400, so a misspelt option is never silently ignored.
 """
 
@@ -12,12 +14,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.datastructures import FormData, UploadFile
 
 from asr.types import MAX_SPEAKERS
 
-from ..request import MAX_PROMPT_CHARACTERS, ServiceOptions, decoding_choices
+from ..request import (
+    FALLBACK_SETTINGS,
+    MAX_PROMPT_CHARACTERS,
+    ServiceOptions,
+    decoding_choices,
+    off_is_none,
+)
 from .errors import ApiError
 
 ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
@@ -56,6 +64,13 @@ class AudioRequest(BaseModel):
     clip_timestamps: str | None = Field(None, max_length=1000)
     repetition_ngram: int = Field(6, ge=0, le=50)  # 0: the repetition guard is off
     hallucination_silence_threshold: float | None = Field(None, gt=0.0)
+    # The temperature fallback's settings; "off" or "none" turns one off (app.request).
+    temperature_increment_on_fallback: float | None = Field(0.2, ge=0.0, le=1.0)
+    compression_ratio_threshold: float | None = 2.4
+    logprob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+
+    _off_is_none = field_validator(*FALLBACK_SETTINGS, mode="before")(off_is_none)
 
     @property
     def words(self) -> bool:
@@ -107,6 +122,7 @@ class AudioRequest(BaseModel):
 def _param_of(message: str) -> str | None:
     """The field a ServiceOptions message is about (they start with or name it)."""
     names = (
+        *FALLBACK_SETTINGS,  # before "temperature", which the increment's name starts with
         "language",
         "temperature",
         "num_speakers",
