@@ -28,6 +28,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 MAX_PROMPT_CHARACTERS = 4000  # a sanity bound: a longer prompt is a mistake, not a prompt
 
+# The temperature fallback's settings (OpenAI's names): None, or one of OFF_WORDS, turns one off.
+FALLBACK_SETTINGS = (
+    "temperature_increment_on_fallback",
+    "compression_ratio_threshold",
+    "logprob_threshold",
+    "no_speech_threshold",
+)
+OFF_WORDS = ("off", "none", "null")
+
 # ServiceOptions fields every front takes under the same names (CLI flags, endpoint
 # parameters, API form fields): `decoding_choices` copies them from a front's request.
 DECODING_CHOICES = (
@@ -42,14 +51,8 @@ DECODING_CHOICES = (
     "passage_pause",
     "repetition_ngram",
     "hallucination_silence_threshold",
-    "temperature_increment_on_fallback",
-    "compression_ratio_threshold",
-    "logprob_threshold",
-    "no_speech_threshold",
+    *FALLBACK_SETTINGS,
 )
-# The fallback's settings that may be turned off: None, or one of these words, means off.
-FALLBACK_SETTINGS = DECODING_CHOICES[-4:]
-OFF_WORDS = ("off", "none", "null")
 
 SPEAKER_COUNTS = ("num_speakers", "min_speakers", "max_speakers")
 
