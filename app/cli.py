@@ -102,7 +102,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from asr.audio import AudioLoadError, check_distinct_outputs, find_audio_files
     from asr.writers import SubtitleLayout, output_paths, write_outputs
 
-    from .output_plan import plan_outputs
+    from .output_plan import kept_outputs, plan_outputs
     from .service import TranscriptionService
 
     # 1. The request, checked before anything is read or loaded.
@@ -145,28 +145,31 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         check_distinct_outputs(files, args.output_dir)
         _check_output_dir(args.output_dir)
     jobs, skipped = [], 0
+    kept: list[tuple[Path, str]] = []  # files left undone for outputs specscribe did not make
     for path, stem in files:
         outputs = output_paths(args.output_dir, stem, formats) if args.output_dir else {}
         plan = plan_outputs(outputs, record, args.overwrite)
         if not plan.decode:
-            skipped += 1
             if plan.unrecorded:
-                print(
-                    f"specscribe: skipping {path}: {', '.join(str(p) for p in outputs.values())}"
-                    " exist without a record of how they were made (--overwrite replaces them)",
-                    file=sys.stderr,
-                )
+                told = kept_outputs(plan, outputs)
+                print(f"specscribe: skipping {path}: {told}", file=sys.stderr)
+            if plan.unrecorded and not all(p.exists() for p in outputs.values()):
+                kept.append((path, f"{path}: {told}"))  # outputs asked for and not made
+            else:
+                skipped += 1
             continue
         if plan.action == "redo":
             print(f"specscribe: redoing {path}: options changed ({plan.changes})", file=sys.stderr)
         jobs.append((path, outputs))
 
-    if not jobs:
+    if not jobs and not kept:
         print(
             f"specscribe: all {skipped} files have their outputs (--overwrite redoes them)",
             file=sys.stderr,
         )
         return 1 if unlisted else 0
+    if not jobs:
+        return _summary(0, skipped, [*unlisted, *kept])
 
     # 3. The models, loaded once; options checked against them before any work.
     options.transcribe_options().validate(service.model)
@@ -179,7 +182,8 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
 
     # 4. The files, up to --batch-files at a time: a bad one is reported and skipped, the rest
     # go on.
-    failures: list[tuple[Path, str]] = list(unlisted)  # (file or folder, reason)
+    failures: list[tuple[Path, str]] = [*unlisted, *kept]  # (file or folder, reason)
+    undone_before = len(failures)
     bar = tqdm(total=len(jobs), unit="file", disable=None, file=sys.stderr)
 
     def failed(path: Path, error: Exception) -> None:
@@ -217,8 +221,12 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             bar.update()
     bar.close()
 
-    # 5. Summary; non-zero exit when any file failed.
-    done = len(jobs) - len(failures) + len(unlisted)
+    return _summary(len(jobs) - (len(failures) - undone_before), skipped, failures)
+
+
+def _summary(done: int, skipped: int, failures: list[tuple[Path, str]]) -> int:
+    """Step 5 of `transcribe`: the counts and every failure's reason; the exit status (1 when
+    anything failed)."""
     print(
         f"specscribe: {done} transcribed, {skipped} skipped (outputs exist), "
         f"{len(failures)} failed",

@@ -6,8 +6,8 @@ outputs, `asr.writers`) says the same model, precision and options made them. Th
 skipped, unless the request says to overwrite; outputs made otherwise are made again, and the
 user is told what changed. When every output exists but no record says how they were made
 (written by hand, a reference transcript beside its audio, or a version that kept no records),
-the file is skipped and the user told why; when some of them are missing, all are made, those
-included.
+the file is skipped and the user told why, and so it is when other outputs are missing: an
+output that specscribe did not write is never replaced without `overwrite`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,17 @@ Action = Literal["make", "redo", "overwrite", "skip"]
 class OutputPlan:
     """What to do with one file. action: "make" (an output is missing), "redo" (the outputs
     were made with other options: `changes` names them), "overwrite" (done, but the request
-    says to make them again), "skip" (done). unrecorded: skipped outputs that no record says
-    how they were made (worth telling the user: they may be someone else's files)."""
+    says to make them again), "skip" (done, or kept). kept: the formats of outputs that no
+    record says specscribe made, which are kept (worth telling the user: they may be someone
+    else's files; where others are missing, those are not made either)."""
 
     action: Action
     changes: str = ""
-    unrecorded: bool = False
+    kept: tuple[str, ...] = ()
+
+    @property
+    def unrecorded(self) -> bool:
+        return bool(self.kept)
 
     @property
     def decode(self) -> bool:
@@ -40,11 +45,23 @@ def plan_outputs(outputs: dict[str, Path], record: dict | None, overwrite: bool)
     (`TranscriptionService.output_record`), None to take any existing outputs as done."""
     from asr.writers import outputs_state
 
-    state, changes = outputs_state(outputs, record)
+    state, detail = outputs_state(outputs, record)
     if state == "missing":
         return OutputPlan("make")
     if state == "changed":
-        return OutputPlan("redo", changes)
+        return OutputPlan("redo", detail)
     if overwrite:
         return OutputPlan("overwrite")
-    return OutputPlan("skip", unrecorded=state == "unrecorded")
+    kept = tuple(detail.split(", ")) if state == "unrecorded" else ()
+    return OutputPlan("skip", kept=kept)
+
+
+def kept_outputs(plan: OutputPlan, outputs: dict[str, Path]) -> str:
+    """What a skip that keeps unrecorded outputs tells the user: those files, and the outputs
+    not made because of them."""
+    kept = ", ".join(str(outputs[fmt]) for fmt in plan.kept)
+    missing = [str(path) for fmt, path in outputs.items() if not path.exists()]
+    told = f"{kept} exist without a record that specscribe made them"
+    if missing:
+        told += f", so {', '.join(missing)} were not made either"
+    return told + " (--overwrite replaces them)"

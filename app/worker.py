@@ -131,7 +131,7 @@ def prepare(
 
     record: what makes this task's outputs (TranscriptionService.output_record); outputs
     whose record says they were made otherwise are made again (app.output_plan, as the CLI)."""
-    from .output_plan import plan_outputs
+    from .output_plan import kept_outputs, plan_outputs
 
     for leftover in _temporary_leftovers(task):
         leftover.unlink(missing_ok=True)  # half an output from an attempt that was killed
@@ -144,10 +144,13 @@ def prepare(
         log(f"task {task.id} (job {task.job_id}): options changed ({plan.changes}): {task.path}")
         return True
     outputs = list(task.outputs.values())
+    if plan.action == "skip" and not all(path.exists() for path in outputs):
+        reason = kept_outputs(plan, task.outputs)  # asked for, and not made: theirs are kept
+        if store.fail(task, worker, reason):
+            log(f"task {task.id} (job {task.job_id}) failed: {reason}")
+        return False
     if plan.action == "skip":
-        note = "outputs existed" + (
-            ", with no record of how they were made" if plan.unrecorded else ""
-        )
+        note = kept_outputs(plan, task.outputs) if plan.unrecorded else "outputs existed"
     elif task.attempt > 1 and min(p.stat().st_mtime for p in outputs) >= task.first_started:
         note = "outputs written by an earlier attempt"  # it died after writing, before recording
     else:

@@ -277,10 +277,11 @@ def write_outputs(
         except (OSError, ValueError):  # damaged: replaced by what was just written
             stored = None
         content = {**wanted, RECORD_FORMATS: sorted(paths)}
+        content[RECORD_WRITTEN] = sorted({*paths, *_written(stored)})
         if isinstance(stored, dict) and _options(stored) == wanted:
             vouched = stored.get(RECORD_FORMATS)
             if RECORD_FORMATS not in stored:  # from before formats were named, same options:
-                content = wanted  # it still vouches for every output, as it did
+                content = {**wanted}  # it still vouches for every output, as it did
             elif isinstance(vouched, list):
                 content[RECORD_FORMATS] = sorted({*paths, *map(str, vouched)})
         write_atomically(record_path(paths), json.dumps(content, sort_keys=True, indent=1) + "\n")
@@ -289,6 +290,10 @@ def write_outputs(
 # The record's key that lists the formats its options made. Records written before it was
 # kept lack it and vouch for every output of the file, as they were read then.
 RECORD_FORMATS = "formats"
+# The record's key that lists every format specscribe has written for the file, whatever the
+# options: an output of another name (a reference .txt beside its audio) is someone else's,
+# and is never replaced without --overwrite. Records without it: the formats they vouch for.
+RECORD_WRITTEN = "written"
 
 
 def record_path(paths: dict[str, Path]) -> Path:
@@ -312,8 +317,28 @@ def _as_stored(record: dict) -> dict:
 
 
 def _options(stored: dict) -> dict:
-    """A stored record's options, without the formats it vouches for."""
-    return {key: value for key, value in stored.items() if key != RECORD_FORMATS}
+    """A stored record's options, without the formats it vouches for and has written."""
+    return {k: v for k, v in stored.items() if k not in (RECORD_FORMATS, RECORD_WRITTEN)}
+
+
+def _written(stored: object) -> list[str]:
+    """The formats a stored record says specscribe wrote (`RECORD_WRITTEN`)."""
+    if not isinstance(stored, dict):
+        return []
+    written = stored.get(RECORD_WRITTEN, stored.get(RECORD_FORMATS))
+    return [str(fmt) for fmt in written] if isinstance(written, list) else []
+
+
+def _foreign(existing: list[str], stored: object) -> list[str]:
+    """Which existing outputs specscribe did not write, by the stored record: all of them
+    where there is none; none where it is damaged or from before formats were named (it
+    vouched for every output then)."""
+    if stored is None:
+        return existing
+    if not isinstance(stored, dict) or RECORD_FORMATS not in stored:
+        return []
+    written = set(_written(stored))
+    return [fmt for fmt in existing if fmt not in written]
 
 
 def _shown(record: dict, key: str) -> str:
@@ -325,23 +350,27 @@ def _shown(record: dict, key: str) -> str:
 
 def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[str, str]:
     """Whether a file's outputs are done: ("missing", ""), ("done", ""), ("changed", what)
-    or ("unrecorded", "").
+    or ("unrecorded", formats).
 
     "changed": every output exists, but the record says other options made them (`what` names
     them: "diarize false -> true", "multilingual true -> (default)"), or does not vouch for
-    some of them ("srt made with other options"). "unrecorded": every output exists and no
-    record says how they were made (written by hand, or by a version that kept none): callers
-    keep them, as nothing says they are wrong, and say so."""
-    if not paths or not all(path.exists() for path in paths.values()):
-        return "missing", ""
-    if record is None:
-        return "done", ""
+    some of them ("srt made with other options"). "unrecorded": some outputs exist that no
+    record says specscribe wrote (written by hand, a reference transcript beside its audio, or
+    by a version that kept no records; `formats` names them, "txt, srt"): callers keep them,
+    as nothing says they are wrong, and say so, even when other outputs are missing."""
+    existing = [fmt for fmt, path in paths.items() if path.exists()]
+    complete = bool(paths) and len(existing) == len(paths)
+    if not existing or record is None:
+        return ("done" if complete else "missing"), ""
     try:
         stored = _read_record(record_path(paths))
     except (OSError, ValueError):
-        return "changed", "its record is unreadable"
-    if stored is None:
-        return "unrecorded", ""
+        return ("changed", "its record is unreadable") if complete else ("missing", "")
+    foreign = _foreign(existing, stored)
+    if foreign:
+        return "unrecorded", ", ".join(foreign)
+    if not complete:
+        return "missing", ""
     if not isinstance(stored, dict):
         return "changed", "its record is unreadable"
     wanted = _as_stored(record)

@@ -148,6 +148,13 @@ def test_a_cut_short_file_is_transcribed_with_a_warning_and_others_outputs_are_k
     assert (folder / "jfk.txt").read_text() == "a reference transcript someone wrote\n"
     saved = (folder / "cut.txt").read_text()
     assert "fellow Americans" in saved
+    # Asked for srt too, the reference is still kept: the file fails, naming both.
+    assert main([*command, "--format", "txt,srt"]) == 1
+    err = capsys.readouterr().err
+    assert f"so {folder / 'jfk.srt'} were not made either (--overwrite replaces them)" in err
+    assert "1 transcribed, 0 skipped (outputs exist), 1 failed" in err  # cut: its srt made
+    assert (folder / "jfk.txt").read_text() == "a reference transcript someone wrote\n"
+    assert not (folder / "jfk.srt").exists()
 
 
 @pytest.mark.slow

@@ -136,11 +136,14 @@ def test_the_plan_makes_missing_outputs_redoes_changed_ones_and_skips_finished_o
     record = {"model": "whisper-base", "language": "en"}
     assert plan_outputs(outputs, record, overwrite=False).action == "make"
     outputs["txt"].write_text("hello")
-    assert plan_outputs(outputs, record, overwrite=False).action == "make"  # json missing
+    # Outputs without a record (written by hand or an older version) are kept, and said to be,
+    # even where others are missing; only overwrite replaces them.
+    kept = plan_outputs(outputs, record, overwrite=False)
+    assert (kept.action, kept.kept, kept.unrecorded) == ("skip", ("txt",), True)
+    assert plan_outputs(outputs, record, overwrite=True).decode
     outputs["json"].write_text("{}")
-    # Outputs without a record (written by hand or an older version) are kept, and said to be.
     unrecorded = plan_outputs(outputs, record, overwrite=False)
-    assert (unrecorded.action, unrecorded.unrecorded) == ("skip", True)
+    assert (unrecorded.action, unrecorded.kept) == ("skip", ("txt", "json"))
     record_path(outputs).write_text(json.dumps(record))
     plan = plan_outputs(outputs, record, overwrite=False)
     assert (plan.action, plan.decode) == ("skip", False)

@@ -257,6 +257,26 @@ def test_outputs_made_with_other_options_are_made_again(tmp_path):
     assert prepare(store, task, one, said.append, {"model": MODEL, "diarize": False}) is False
 
 
+def test_a_file_someone_else_wrote_is_kept_and_its_task_fails_naming_it(tmp_path):
+    from app.worker import prepare
+
+    dummy_files(tmp_path / "in", 1)
+    store = JobStore(tmp_path / "jobs.db")
+    submit(store, tmp_path / "in", tmp_path / "out", "txt", "json")
+    one = WorkerId("h", 1, "one")
+    task = store.claim(one, MODEL, lease=60)
+    task.outputs["txt"].parent.mkdir(parents=True)
+    task.outputs["txt"].write_text("a reference transcript someone wrote\n")
+    said = []
+    assert prepare(store, task, one, said.append, {"model": MODEL}) is False
+    (failed,) = store.tasks(task.job_id)
+    assert failed.state == "failed"
+    assert str(task.outputs["txt"]) in failed.error and str(task.outputs["json"]) in failed.error
+    assert "--overwrite replaces them" in failed.error
+    assert task.outputs["txt"].read_text() == "a reference transcript someone wrote\n"
+    assert not task.outputs["json"].exists()
+
+
 def test_a_store_path_that_is_a_folder_or_missing_is_a_clear_error(tmp_path, capsys, monkeypatch):
     from app.cli import main
 

@@ -100,9 +100,34 @@ def test_a_record_beside_the_outputs_tells_finished_work_from_work_made_otherwis
         "diarize false -> (default), multilingual (default) -> true",
     )
     (tmp_path / ".talk.specscribe.json").unlink()  # outputs written by hand, or before records
-    assert outputs_state(paths, asked) == ("unrecorded", "")
-    paths["txt"].unlink()
+    assert outputs_state(paths, asked) == ("unrecorded", "txt, srt")
+    paths["txt"].unlink()  # the srt left is still not specscribe's to replace
+    assert outputs_state(paths, made) == ("unrecorded", "srt")
+    paths["srt"].unlink()
     assert outputs_state(paths, made) == ("missing", "")
+
+
+def test_an_output_specscribe_did_not_write_is_never_taken_for_its_own(tmp_path):
+    """A reference transcript beside its audio stays someone else's file, whether other
+    outputs are missing, made, or made with other options later."""
+    txt, srt, both = (
+        output_paths(tmp_path, Path("talk"), f) for f in (["txt"], ["srt"], ["txt", "srt"])
+    )
+    txt["txt"].write_text("a reference transcript")
+    english, german = {"language": "en"}, {"language": "de"}
+    assert outputs_state(both, english) == ("unrecorded", "txt")  # srt missing: still kept
+    write_outputs(TRANSCRIPT, srt, english)  # the srt alone, as asked
+    assert outputs_state(both, english) == ("unrecorded", "txt")
+    assert outputs_state(both, german) == ("unrecorded", "txt")  # not "txt made otherwise"
+    assert outputs_state(srt, german) == ("changed", 'language "en" -> "de"')
+    write_outputs(TRANSCRIPT, srt, german)
+    assert outputs_state(both, german) == ("unrecorded", "txt")
+    record = json.loads((tmp_path / ".talk.specscribe.json").read_text())
+    assert record == {**german, "formats": ["srt"], "written": ["srt"]}
+    # What specscribe wrote once stays its own, whatever options it was written with.
+    write_outputs(TRANSCRIPT, both, english)
+    write_outputs(TRANSCRIPT, srt, german)
+    assert outputs_state(both, german) == ("changed", "txt made with other options")
 
 
 def test_a_record_vouches_only_for_the_formats_its_options_made(tmp_path):
@@ -119,7 +144,7 @@ def test_a_record_vouches_only_for_the_formats_its_options_made(tmp_path):
     write_outputs(TRANSCRIPT, txt, german)  # same options: the record keeps vouching for srt
     assert outputs_state(both, german) == ("done", "")
     record = json.loads((tmp_path / ".talk.specscribe.json").read_text())
-    assert record == {**german, "formats": ["srt", "txt"]}
+    assert record == {**german, "formats": ["srt", "txt"], "written": ["srt", "txt"]}
     # A record from before formats were named vouches for every output, as it did then, and
     # goes on doing so when another format is made with the same options.
     (tmp_path / ".talk.specscribe.json").write_text(json.dumps(german))
