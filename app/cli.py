@@ -521,8 +521,9 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=6,
         metavar="N",
-        help="a segment of N+ words repeating N-word runs said earlier falls back and, if it "
-        "still repeats, is dropped (default 6; 0: off)",
+        help="a segment of N+ words repeating N-word runs said earlier is decoded again "
+        "without the earlier text in its prompt (which Whisper copies), and kept only as the "
+        "audio then says it (default 6; 0: off)",
     )
     guards.add_argument(
         "--hallucination-silence-threshold",

@@ -142,8 +142,8 @@ class ServiceOptions(BaseModel):
     # --clip_timestamps); None: all of it.
     clip_timestamps: str | None = None
     # Hallucination guards (asr.guards): a segment repeating earlier text has its window
-    # decoded again without the previous-text prompt, and is dropped if it still repeats
-    # (None: off); with word timestamps, anomalous words alone between pauses longer than
+    # decoded again without the previous-text prompt, whose text then stands (None: off);
+    # with word timestamps, anomalous words alone between pauses longer than
     # this many seconds are dropped (None: off).
     repetition_ngram: int | None = 6
     hallucination_silence_threshold: float | None = None

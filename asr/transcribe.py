@@ -447,7 +447,7 @@ class _Session:
                 for row, result in decoded.items():
                     last = temperature == options.temperatures[-1]
                     if last or not _needs_fallback(result, options):
-                        results[row] = result
+                        results[row] = replace(result, prompted=batch.prompts[row] != bare)
             if all(result is not None for result in results):
                 break
         return results
@@ -535,7 +535,8 @@ class _Session:
                     for split, last in zip(splits, before, strict=True)
                 ]
         return [
-            self._without_repeats(split, guard) for split, guard in zip(splits, guards, strict=True)
+            self._without_repeats(split, guard, result.prompted)
+            for split, guard, (result, _, _) in zip(splits, guards, decoded, strict=True)
         ]
 
     def _without_anomalies(
@@ -547,12 +548,17 @@ class _Session:
         self.dropped_anomalies += keep.count(False)
         return _select(split, keep)
 
-    def _without_repeats(self, split: WindowSplit, guard: RepetitionGuard | None) -> WindowSplit:
-        """The split without segments that still repeat text `guard` has seen (after the
-        re-prompt); what stays is recorded as said."""
+    def _without_repeats(
+        self, split: WindowSplit, guard: RepetitionGuard | None, prompted: bool
+    ) -> WindowSplit:
+        """The split without segments that repeat text `guard` has seen, where its window was
+        decoded with earlier text in the prompt (a repeat left after the re-prompt, as a
+        sampled fallback can copy the prompt); what stays is recorded as said. A window
+        decoded without earlier text says what its audio says, even where that is a repeat:
+        speech said again (a chorus, a line read twice) is kept."""
         if guard is None:
             return split
-        keep = [not guard.repeats(segment) for segment in split.segments]
+        keep = [not (prompted and guard.repeats(segment)) for segment in split.segments]
         self.dropped_repeats += keep.count(False)
         split = _select(split, keep)
         guard.add(segment.text for segment in split.segments if _has_content(segment))
@@ -1072,8 +1078,8 @@ def _dropped_warnings(session: _Session) -> tuple[str, ...]:
     if session.dropped_repeats:
         ngram = session.options.repetition_ngram
         warnings.append(
-            f"{session.dropped_repeats} segments left out: they repeated earlier text even "
-            f"when decoded again (repetition n-gram {ngram}; 0 keeps them)"
+            f"{session.dropped_repeats} segments left out: they repeated earlier text that "
+            f"their prompt held (repetition n-gram {ngram}; 0 keeps them)"
         )
     if session.dropped_anomalies:
         threshold = session.options.hallucination_silence_threshold

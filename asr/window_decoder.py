@@ -31,6 +31,9 @@ class WindowResult:
     avg_logprob: float  # over the generated tokens and the end token, of rule-masked logits
     no_speech_prob: float
     temperature: float
+    # Decoded with earlier text in its prompt, which Whisper may copy (`asr.guards`); set by
+    # the transcription session, which knows the prompts.
+    prompted: bool = False
 
     @property
     def compression_ratio(self) -> float:

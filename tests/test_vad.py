@@ -422,8 +422,8 @@ def test_the_repetition_guard_removes_repeated_segments(
     said_so = [w for w in guarded.warnings if "repeated earlier text" in w]
     assert said_so == (
         [
-            f"{dropped} segments left out: they repeated earlier text even when "
-            "decoded again (repetition n-gram 6; 0 keeps them)"
+            f"{dropped} segments left out: they repeated earlier text that their "
+            "prompt held (repetition n-gram 6; 0 keeps them)"
         ]
         if dropped
         else []
@@ -433,6 +433,31 @@ def test_the_repetition_guard_removes_repeated_segments(
     for segment in guarded.segments:  # no segment left is a copy of what came before it
         assert not said.repeats(segment), segment.text
         said.add([segment.text])
+
+
+@pytest.mark.slow
+def test_speech_said_again_is_kept_where_the_audio_says_it(service):
+    """jfk, 20 s of silence, a LibriSpeech line, 40 s, jfk, 3 s, jfk, without VAD: the second
+    jfk's first pass repeats the prompt's text and so does its pass without the prompt, since
+    the audio says it. It is kept (it was dropped, and the third, prompted without it, came out
+    as sampled nonsense at temperature 1)."""
+    from asr.audio import SAMPLE_RATE, load_audio
+
+    jfk = load_audio(SAMPLES / "jfk.wav")
+    line = load_audio(SAMPLES / "librispeech_61-70968-0000.flac")
+
+    def pause(seconds: float) -> np.ndarray:
+        return np.zeros(int(seconds * SAMPLE_RATE), dtype=np.float32)
+
+    recording = np.concatenate([jfk, pause(20), line, pause(40), jfk, pause(3), jfk])
+    options = ServiceOptions(language="en", vad=False, use_assistant=False)
+    with torch_threads(2):
+        transcript = service.run(recording, options)
+    said = " ".join(normalised_words(transcript.text))
+    assert said.count("ask not what your country can do for you") == 3, transcript.text
+    assert transcript.stats["dropped_repeats"] == 0 and not transcript.warnings
+    reference = (SAMPLES / "librispeech_61-70968-0000.txt").read_text()
+    assert " ".join(normalised_words(reference)) in said
 
 
 @needs_speech
