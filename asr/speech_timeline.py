@@ -106,6 +106,16 @@ class SpeechTimeline:
             clock += end - start
         return offsets
 
+    def seam_silences(self) -> tuple[Span, ...]:
+        """The (start, end) seconds of each silence laid between spans in the compacted audio:
+        where a pause was cut out."""
+        offsets = self._offsets()
+        return tuple(
+            (offset - silence, offset)
+            for offset, silence in zip(offsets, self._silences(), strict=True)
+            if silence > 0
+        )
+
     def _span_at(self, compact_time: float, offsets: list[float]) -> int:
         """The span whose start is the last at or before `compact_time`."""
         return max(0, bisect.bisect_right(offsets, compact_time) - 1)

@@ -294,6 +294,8 @@ class _Session:
         # Whether pauses were cut out (VAD regions, clip ranges laid end to end): speech after
         # a seam may follow where a window's text stopped (`_decided`).
         self.has_seams = timeline is not None and len(timeline.spans) > 1
+        # where pauses were cut out of the decoded audio (word timing keeps words out of them)
+        self.seam_silences = timeline.seam_silences() if timeline is not None else ()
         self.duration = len(samples) / SAMPLE_RATE  # of what is decoded
         # of the whole recording (`samples` may be its spans, laid end to end)
         self.recording_seconds = recording_seconds if recording_seconds else self.duration
@@ -518,11 +520,19 @@ class _Session:
                     self.options.task,
                     self.duration,
                     self.last_speech,
+                    self.seam_silences,
                 )
             else:
                 before = [p.last_speech for p in passages]
                 splits, _ = add_word_timestamps(
-                    self.model, encoded, splits, languages, self.options.task, ends, before
+                    self.model,
+                    encoded,
+                    splits,
+                    languages,
+                    self.options.task,
+                    ends,
+                    before,
+                    self.seam_silences,
                 )
                 for passage, split in zip(passages, splits, strict=True):
                     word_ends = [s.words[-1].end for s in split.segments if s.words]

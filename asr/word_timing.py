@@ -327,6 +327,32 @@ def _clamp_at_sentence_ends(words: list[WordPiece], median: float) -> list[WordP
     return clamped
 
 
+def _after_seam(
+    start: float, words: list[WordPiece], seam_silences: Sequence[tuple[float, float]]
+) -> list[WordPiece]:
+    """A segment's words (absolute seconds) kept out of the silence of a cut-out pause that
+    its own start timestamp lies past. The alignment tends to put a first word after a pause
+    right behind the last word before it (on jfk said twice 3 s apart, "And" landed in the
+    previous span, 3.6 s early); the segment's timestamp, which Whisper predicts from the
+    audio, says the speech starts after the silence. The words that end before the silence
+    does share, evenly, the time from its end to the end of the first word past it."""
+    before = [silence for silence in seam_silences if silence[0] < start]
+    if not before or not words:
+        return words
+    _, silence_end = max(before)
+    if words[0].start >= silence_end:
+        return words
+    past = next((i for i, word in enumerate(words) if word.end > silence_end), None)
+    if past is None:
+        return words  # every word before the silence: nothing to anchor them after it
+    step = (words[past].end - silence_end) / (past + 1)
+    moved = [
+        replace(word, start=silence_end + i * step, end=silence_end + (i + 1) * step)
+        for i, word in enumerate(words[: past + 1])
+    ]
+    return moved + words[past + 1 :]
+
+
 def _fit_segment(
     segment: Segment,
     words: list[WordPiece],
@@ -391,6 +417,7 @@ def add_word_timestamps(
     task: str,
     duration: float | Sequence[float],
     last_speech: float | Sequence[float] = 0.0,
+    seam_silences: Sequence[tuple[float, float]] = (),
 ) -> tuple[list[WindowSplit], float]:
     """Every segment of these windows gets its words; segment times follow the words.
 
@@ -399,7 +426,10 @@ def add_word_timestamps(
     without text cost nothing; the others share one decoder pass. Returns the new splits and
     where speech last ended. Windows of independent passages, side by side, give both per
     window (sequences): each window then reads its own, not the window before it. language:
-    the windows', or one per window (`TranscribeOptions.multilingual`).
+    the windows', or one per window (`TranscribeOptions.multilingual`). seam_silences: the
+    (start, end) seconds of silence laid where pauses were cut out of the audio
+    (`asr.speech_timeline.SpeechTimeline.seam_silences`), which no word of a segment that
+    starts after one may begin in or before (`_after_seam`).
     """
     independent = not isinstance(last_speech, float | int)
     bounds = [duration] * len(splits) if isinstance(duration, float | int) else list(duration)
@@ -440,6 +470,7 @@ def add_word_timestamps(
                 continue
             offset = split.time_offset
             absolute = [replace(w, start=w.start + offset, end=w.end + offset) for w in words]
+            absolute = _after_seam(segment.start, absolute, seam_silences)
             segment = _fit_segment(segment, absolute, median, speech_end, bounds[index])
             speech_end = segment.end
             segments.append(segment)

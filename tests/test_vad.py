@@ -113,6 +113,7 @@ def test_silence_stands_between_spans_where_audio_was_cut_out():
     assert compact[48_000] == samples[160_000]
     assert timeline.seconds == pytest.approx(2.75)
     assert timeline.resumptions(len(samples), min_pause=5.0) == [48_000]
+    assert timeline.seam_silences() == ((1.0, 1.25), (2.0, 3.0))
     assert timeline.bounded(10.5) == SpeechTimeline(((1.0, 2.0), (2.25, 3.0), (10.0, 10.5)), 1.0)
     with pytest.raises(ValueError, match="pause"):
         SpeechTimeline(((1.0, 2.0),), pause=-1.0)
@@ -458,6 +459,27 @@ def test_speech_said_again_is_kept_where_the_audio_says_it(service):
     assert transcript.stats["dropped_repeats"] == 0 and not transcript.warnings
     reference = (SAMPLES / "librispeech_61-70968-0000.txt").read_text()
     assert " ".join(normalised_words(reference)) in said
+
+
+@pytest.mark.slow
+def test_a_word_after_a_cut_pause_is_timed_after_it(service):
+    """jfk, 3 s of silence, jfk again, with VAD and word timestamps: the pause is cut out and
+    both readings decode in one window. The second "And" was aligned right behind "country",
+    in the first reading's span, 3.6 s before it is said."""
+    from asr.audio import SAMPLE_RATE, load_audio
+
+    jfk = load_audio(SAMPLES / "jfk.wav")
+    pause = np.zeros(3 * SAMPLE_RATE, dtype=np.float32)
+    second = (len(jfk) + len(pause)) / SAMPLE_RATE
+    options = ServiceOptions(language="en", word_timestamps=True, use_assistant=False)
+    with torch_threads(2):
+        transcript = service.run(np.concatenate([jfk, pause, jfk]), options)
+    words = _words(transcript)
+    firsts = [w for w in words if w.text.strip() == "And"]
+    assert len(firsts) == 2, transcript.text
+    assert firsts[1].start >= second - 0.5  # VAD pads its regions by 0.4 s
+    starts = [w.start for w in words]
+    assert starts == sorted(starts)
 
 
 @needs_speech

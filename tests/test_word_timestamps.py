@@ -19,7 +19,14 @@ from asr.audio import load_audio
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.types import Segment, Transcript
 from asr.whisper_drafters import pair_draft
-from asr.word_timing import WordPiece, dtw, median_filter, merge_punctuations, split_words
+from asr.word_timing import (
+    WordPiece,
+    _after_seam,
+    dtw,
+    median_filter,
+    merge_punctuations,
+    split_words,
+)
 from asr.writers import WRITERS
 from tests.conftest import SAMPLES
 
@@ -112,6 +119,25 @@ def _pieces(*spans: tuple[str, float, float]) -> list[WordPiece]:
     return [
         WordPiece(text, (index,), start, end, 0.5) for index, (text, start, end) in enumerate(spans)
     ]
+
+
+def test_words_of_a_segment_that_starts_past_a_cut_pause_are_kept_out_of_its_silence():
+    # The silence of a cut-out pause lies at 30.14-31.14 s; the segment's timestamp says it
+    # starts at 31.37 s, but the alignment put "And" before the silence and "so" across it.
+    words = _pieces((" And", 29.11, 30.01), (" so", 30.01, 32.03), (" my", 32.03, 32.37))
+    moved = _after_seam(31.37, words, [(10.0, 11.0), (30.14, 31.14)])
+    assert [(w.text, round(w.start, 3), round(w.end, 3)) for w in moved] == [
+        (" And", 31.14, 31.585),
+        (" so", 31.585, 32.03),
+        (" my", 32.03, 32.37),
+    ]
+    # A segment that starts before the silence may run across it; one whose words already
+    # follow it, or that has no word past it, is left alone.
+    assert _after_seam(29.0, words, [(30.14, 31.14)]) == words
+    assert _after_seam(31.37, words[2:], [(30.14, 31.14)]) == words[2:]
+    early = _pieces((" And", 29.11, 30.01))
+    assert _after_seam(31.37, early, [(30.14, 31.14)]) == early
+    assert _after_seam(31.37, words, []) == words
 
 
 def test_punctuation_joins_its_neighbouring_word():
