@@ -948,6 +948,19 @@ def test_chat_completion_uses_the_chat_template(client):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == answer.content
     assert chunks[-1].choices[0].finish_reason == result.choices[0].finish_reason
+    # The SDK's current name for the limit, and fields stock clients send at neutral values.
+    again = client.chat.completions.create(
+        model=TEXT_MODEL,
+        messages=messages,
+        temperature=0,
+        max_completion_tokens=20,
+        frequency_penalty=0,
+        presence_penalty=0,
+        logprobs=False,
+        parallel_tool_calls=False,
+        logit_bias={},
+    )
+    assert again.choices[0].message.content == answer.content
 
 
 @pytest.mark.slow
@@ -955,7 +968,21 @@ def test_text_request_errors(open_server):
     url = open_server.url + "/v1/completions"
     base = {"model": TEXT_MODEL, "prompt": "Hi", "temperature": 0}
     _error(httpx.post(url, json={**base, "model": "gpt-4o"}), 404, "model_not_found")
-    _error(httpx.post(url, json={**base, "logit_bias": {}}), 400, "unknown_parameter")
+    _error(httpx.post(url, json={**base, "colour": "blue"}), 400, "unknown_parameter")
+    for field, value in [
+        ("logit_bias", {"50256": -100}),
+        ("frequency_penalty", 0.5),
+        ("presence_penalty", -1),
+        ("echo", True),
+        ("best_of", 3),
+        ("logprobs", 5),
+    ]:
+        assert _error(httpx.post(url, json={**base, field: value}), 422)["param"] == field
+    chat = open_server.url + "/v1/chat/completions"
+    said = {"model": TEXT_MODEL, "messages": [{"role": "user", "content": "Hi"}]}
+    both = {**said, "max_tokens": 10, "max_completion_tokens": 20}
+    assert _error(httpx.post(chat, json=both), 422)["param"] == "max_completion_tokens"
+    assert _error(httpx.post(chat, json={**said, "logprobs": True}), 422)["param"] == "logprobs"
     _error(httpx.post(url, json={"model": TEXT_MODEL}), 400)  # no prompt
     assert _error(httpx.post(url, json={**base, "top_p": 0}), 422)["param"] == "top_p"
     assert _error(httpx.post(url, json={**base, "n": 2}), 422)["param"] == "n"

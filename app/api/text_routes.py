@@ -1,8 +1,11 @@
 """`POST /v1/completions` and `POST /v1/chat/completions` on the text front.
 
-OpenAI's request fields (`model`, `prompt` / `messages`, `max_tokens`, `temperature`, `top_p`,
-`seed`, `stop`, `stream`, `stream_options`, `n` = 1, `user`); anything else is refused with
-400. temperature 0 is greedy decoding (OpenAI's default is 1: sampling). The response carries
+OpenAI's request fields (`model`, `prompt` / `messages`, `max_tokens` (chat: or
+`max_completion_tokens`), `temperature`, `top_p`, `seed`, `stop`, `stream`, `stream_options`,
+`n` = 1, `user`), and those stock clients send at values that change nothing (penalties of 0,
+no logprobs, an empty `logit_bias`, `parallel_tool_calls`; completions: `echo` false,
+`best_of` 1); other values of those are refused with 422, anything else with 400.
+temperature 0 is greedy decoding (OpenAI's default is 1: sampling). The response carries
 OpenAI's `usage` and specscribe's `stats` (target and draft calls, tokens per target call).
 Chat completions exist when the model has a chat template; without `--text-model` both routes
 answer 503.
@@ -54,6 +57,29 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1
     user: str | None = None  # OpenAI's end-user id; recorded nowhere
+    # What stock clients send at values that change nothing; any other value is refused (422).
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("frequency_penalty", "presence_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float) -> float:
+        if value != 0:
+            raise ValueError("penalties are not supported: only 0")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported: only {} or null")
+        return value
+
+    @property
+    def token_limit(self) -> int | None:
+        """The most tokens to generate, as asked (None: the route's default)."""
+        return self.max_tokens
 
     @property
     def stops(self) -> list[str]:
@@ -70,6 +96,11 @@ class _Common(BaseModel):
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
+    # OpenAI's, at the values that change nothing (others are refused with 422).
+    logprobs: Literal[0] | None = None
+    echo: Literal[False] = False
+    best_of: Literal[1] | None = None
+    suffix: Literal[""] | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -103,6 +134,25 @@ class Message(BaseModel):
 
 class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
+    # The chat route's current name for max_tokens (the SDK sends it); both: they must agree.
+    max_completion_tokens: int | None = Field(None, ge=1)
+    # OpenAI's, at the values that change nothing (others are refused with 422); no tools are
+    # offered, so parallel_tool_calls has nothing to run in parallel.
+    logprobs: Literal[False] = False
+    top_logprobs: Literal[0] | None = None
+    parallel_tool_calls: bool | None = None
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _one_limit(cls, value: int | None, info) -> int | None:
+        given = info.data.get("max_tokens")
+        if value is not None and given is not None and given != value:
+            raise ValueError(f"differs from max_tokens ({given}): give one of them")
+        return value
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
 
 
 class TextApi:
@@ -167,7 +217,7 @@ class TextApi:
                 code="model_not_found",
             )
         stops = asked.stops
-        max_tokens = asked.max_tokens or _default_max_tokens(front, len(prompt), kind)
+        max_tokens = asked.token_limit or _default_max_tokens(front, len(prompt), kind)
         context = front.context
         if context is not None and len(prompt) + max_tokens > context:
             raise ApiError(
