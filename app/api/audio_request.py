@@ -105,7 +105,9 @@ class AudioRequest(BaseModel):
             return ServiceOptions(
                 language=self.language,
                 task=task,
-                word_timestamps=self.words,
+                # The guard reads word times: computed for it whatever the response shows
+                # (the API has no word_timestamps field to ask for them apart from words).
+                word_timestamps=self.words or self.hallucination_silence_threshold is not None,
                 use_assistant=self.assistant is not False,
                 diarize=self.diarize,
                 num_speakers=self.num_speakers,
