@@ -100,6 +100,9 @@ def decode_audio(
             decoded = _decode_with_soundfile(Path(spooled.name), label, limit, sniffed=True)
             if decoded is None:
                 decoded = _decode_with_ffmpeg(spooled.name, label, max_seconds)
+            if limit is None or decoded.samples.size <= limit:  # else refused as too long
+                cut = _cut_short(Path(spooled.name), decoded.samples, sniffed=True)
+                decoded = DecodedAudio(decoded.samples, decoded.warnings + cut)
     else:
         path = Path(source)
         label = name or str(path)
@@ -111,7 +114,7 @@ def decode_audio(
             decoded = _decode_with_soundfile(path, label, limit)
         if decoded is None:
             decoded = _decode_with_ffmpeg(str(path), label, max_seconds)
-        if limit is None:
+        if limit is None or decoded.samples.size <= limit:  # else refused as too long
             cut = _cut_short(path, decoded.samples)
             decoded = DecodedAudio(decoded.samples, decoded.warnings + cut)
     samples = decoded.samples
@@ -217,9 +220,10 @@ def _wav_header(path: Path) -> _WavHeader | None:
     return None
 
 
-def _cut_short(path: Path, samples: np.ndarray) -> tuple[str, ...]:
-    """A warning when a WAV holds less audio than its header gives (a recording cut off)."""
-    header = _wav_header(path) if path.suffix.lower() == ".wav" else None
+def _cut_short(path: Path, samples: np.ndarray, sniffed: bool = False) -> tuple[str, ...]:
+    """A warning when a WAV holds less audio than its header gives (a recording cut off).
+    sniffed: the file's name says nothing (uploaded bytes): any RIFF WAV is checked."""
+    header = _wav_header(path) if sniffed or path.suffix.lower() == ".wav" else None
     decoded = len(samples) / SAMPLE_RATE
     if header is None or header.seconds is None or decoded >= header.seconds - 0.01:
         return ()

@@ -217,6 +217,11 @@ def test_a_truncated_file_decodes_what_it_holds_and_says_it_was_cut_short(tmp_pa
         "the file ends after 3.12 s of the 11.00 s its header gives (truncated?); "
         "transcribed what is there",
     )
+    # Uploaded bytes (the API, the endpoint) are checked alike, under a size limit too.
+    for limit in (None, 600.0):
+        uploaded = decode_audio(wav.read_bytes(), name="file", max_seconds=limit)
+        assert uploaded.warnings == cut.warnings
+    assert decode_audio(JFK.read_bytes(), max_seconds=600.0).warnings == ()
     flac_bytes = (SAMPLES / "librispeech_61-70968-0000.flac").read_bytes()
     flac.write_bytes(flac_bytes[:50_000])  # soundfile refuses it; ffmpeg decodes past the damage
     cut = decode_audio(flac)
