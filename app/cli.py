@@ -474,7 +474,7 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "--clip-timestamps",
         metavar="RANGES",
         help='transcribe only these ranges: "600,1200" or "10:00-20:00,1:05:00-" (seconds or '
-        "[h:]m:s; an open end runs to the end of the file)",
+        "[h:]m:s; an open end runs to the end of the file, an open start from 0)",
     )
     vad = parser.add_argument_group("voice activity detection (Silero VAD)")
     vad.add_argument(

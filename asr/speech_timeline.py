@@ -211,7 +211,8 @@ def intersect(first: tuple[Span, ...], second: tuple[Span, ...]) -> tuple[Span, 
 def parse_clip_ranges(text: str) -> tuple[Span, ...]:
     """OpenAI's --clip_timestamps: "start,end,start,end,..." in seconds (the last end may be
     left out: to the end of the file); also accepts "10:00-20:00" style ranges separated by
-    commas (clock times as [h:]m:s). -> sorted, disjoint spans; an open end is `inf`."""
+    commas (clock times as [h:]m:s; an open end runs to the end, an open start from 0).
+    -> sorted, disjoint spans; an open end is `inf`."""
     text = text.strip()
     if not text:
         raise ValueError("clip ranges are empty")
@@ -221,7 +222,10 @@ def parse_clip_ranges(text: str) -> tuple[Span, ...]:
             start, dash, end = part.strip().partition("-")
             if not dash:
                 raise ValueError(f"clip range {part.strip()!r} is not START-END")
-            bounds += [_seconds(start), _seconds(end) if end.strip() else float("inf")]
+            if not start.strip() and not end.strip():
+                raise ValueError(f"clip range {part.strip()!r} is not START-END")
+            opened = _seconds(start) if start.strip() else 0.0  # "-5": from the beginning
+            bounds += [opened, _seconds(end) if end.strip() else float("inf")]
     else:
         bounds = [_seconds(part) for part in text.split(",")]
         if len(bounds) % 2:

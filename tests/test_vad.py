@@ -155,13 +155,15 @@ def test_intersect():
         ("30,40,50", ((30.0, 40.0), (50.0, float("inf")))),
         ("1:05:00-", ((3900.0, float("inf")),)),
         ("0-10, 5-15", ((0.0, 15.0),)),
+        ("-5", ((0.0, 5.0),)),  # an open start: from the beginning
+        ("-0:30,1:00-", ((0.0, 30.0), (60.0, float("inf")))),
     ],
 )
 def test_clip_ranges(text, spans):
     assert parse_clip_ranges(text) == spans
 
 
-@pytest.mark.parametrize("text", ["", "abc", "20-10", "5-5", "1:2:3:4-9", "10-x"])
+@pytest.mark.parametrize("text", ["", "abc", "20-10", "5-5", "1:2:3:4-9", "10-x", "-"])
 def test_bad_clip_ranges_are_refused(text):
     with pytest.raises(ValueError):
         parse_clip_ranges(text)
