@@ -334,8 +334,8 @@ def _after_seam(
     its own start timestamp lies past. The alignment tends to put a first word after a pause
     right behind the last word before it (on jfk said twice 3 s apart, "And" landed in the
     previous span, 3.6 s early); the segment's timestamp, which Whisper predicts from the
-    audio, says the speech starts after the silence. The words that end before the silence
-    does share, evenly, the time from its end to the end of the first word past it."""
+    audio, says the speech starts after the silence. So the words up to the first one that
+    ends past the silence share, evenly, the time from the silence's end to that word's end."""
     before = [silence for silence in seam_silences if silence[0] < start]
     if not before or not words:
         return words

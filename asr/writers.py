@@ -281,7 +281,7 @@ def write_outputs(
         if isinstance(stored, dict) and _options(stored) == wanted:
             vouched = stored.get(RECORD_FORMATS)
             if RECORD_FORMATS not in stored:  # from before formats were named, same options:
-                content = {**wanted}  # it still vouches for every output, as it did
+                content = wanted  # it still vouches for every output, as it did
             elif isinstance(vouched, list):
                 content[RECORD_FORMATS] = sorted({*paths, *map(str, vouched)})
         write_atomically(record_path(paths), json.dumps(content, sort_keys=True, indent=1) + "\n")
