@@ -36,6 +36,8 @@ FALLBACK_SETTINGS = (
     "no_speech_threshold",
 )
 OFF_WORDS = ("off", "none", "null")
+# The smallest step of the fallback's schedule: at most 21 temperatures from 0 to 1.
+MIN_FALLBACK_INCREMENT = 0.05
 
 # ServiceOptions fields every front takes under the same names (CLI flags, endpoint
 # parameters, API form fields): `decoding_choices` copies them from a front's request.
@@ -217,7 +219,14 @@ class ServiceOptions(BaseModel):
     @field_validator("temperature_increment_on_fallback")
     @classmethod
     def _no_increment_is_off(cls, value: float | None) -> float | None:
-        return None if value == 0 else value
+        if value == 0:
+            return None
+        if value is not None and value < MIN_FALLBACK_INCREMENT:
+            raise ValueError(
+                f"temperature_increment_on_fallback must be 0 (no fallback) or at least "
+                f"{MIN_FALLBACK_INCREMENT} (each step decodes a failing window again), not {value}"
+            )
+        return value
 
     @field_validator("passage_pause")
     @classmethod

@@ -70,6 +70,11 @@ _BEFORE_RECORDED = {
     "hallucination_silence_threshold": None,
     "passage_pause": None,
     "multilingual": False,
+    # OpenAI's fallback settings, fixed at these values before they were options
+    "temperature_increment_on_fallback": 0.2,
+    "compression_ratio_threshold": 2.4,
+    "logprob_threshold": -1.0,
+    "no_speech_threshold": 0.6,
 }
 
 

@@ -341,10 +341,26 @@ def _foreign(existing: list[str], stored: object) -> list[str]:
     return [fmt for fmt in existing if fmt not in written]
 
 
+_ABSENT = object()  # an option a record leaves out (not the same as one it holds as null)
+# Options whose null turns something off that is on by default (a guard, a fallback check).
+_NULL_IS_OFF = frozenset(
+    {
+        "repetition_ngram",
+        "passage_pause",
+        "temperature_increment_on_fallback",
+        "compression_ratio_threshold",
+        "logprob_threshold",
+        "no_speech_threshold",
+    }
+)
+
+
 def _shown(record: dict, key: str) -> str:
-    """A record's value as the user reads it: JSON, or "(default)" where the option is unset
-    (null: detected, none given) or left out of the record (at the value outputs were made
-    with before it was recorded)."""
+    """A record's value as the user reads it: JSON; "(default)" where the option is left out
+    of the record (at the value outputs were made with before it was recorded) or unset (null:
+    detected, none given); "off" where null turns it off (`_NULL_IS_OFF`)."""
+    if key in record and record[key] is None and key in _NULL_IS_OFF:
+        return "off"
     return "(default)" if record.get(key) is None else json.dumps(record[key])
 
 
@@ -379,7 +395,7 @@ def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[s
         differences = [
             f"{key} {_shown(options, key)} -> {_shown(wanted, key)}"
             for key in sorted(set(options) | set(wanted))
-            if options.get(key) != wanted.get(key)
+            if options.get(key, _ABSENT) != wanted.get(key, _ABSENT)
         ]
         return "changed", ", ".join(differences)
     vouched = stored.get(RECORD_FORMATS)

@@ -960,6 +960,10 @@ def test_chat_completion_uses_the_chat_template(client):
         logprobs=False,
         parallel_tool_calls=False,
         logit_bias={},
+        tool_choice="none",
+        response_format={"type": "text"},
+        store=False,
+        metadata={"run": "test"},
     )
     assert again.choices[0].message.content == answer.content
 
@@ -984,6 +988,8 @@ def test_text_request_errors(open_server):
     both = {**said, "max_tokens": 10, "max_completion_tokens": 20}
     assert _error(httpx.post(chat, json=both), 422)["param"] == "max_completion_tokens"
     assert _error(httpx.post(chat, json={**said, "logprobs": True}), 422)["param"] == "logprobs"
+    json_mode = {**said, "response_format": {"type": "json_object"}}
+    assert _error(httpx.post(chat, json=json_mode), 422)["param"].startswith("response_format")
     _error(httpx.post(url, json={"model": TEXT_MODEL}), 400)  # no prompt
     assert _error(httpx.post(url, json={**base, "top_p": 0}), 422)["param"] == "top_p"
     assert _error(httpx.post(url, json={**base, "n": 2}), 422)["param"] == "n"

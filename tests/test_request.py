@@ -91,6 +91,7 @@ def test_the_fallback_schedule_follows_its_increment_and_off_turns_a_check_off()
         ({"logprob_threshold": "-inf"}, "logprob_threshold must be a log-probability"),
         ({"no_speech_threshold": 1.5}, "no_speech_threshold must be a probability in 0..1"),
         ({"temperature_increment_on_fallback": 1.5}, "temperature_increment_on_fallback: input"),
+        ({"temperature_increment_on_fallback": 1e-6}, "0 (no fallback) or at least 0.05"),
     ],
 )
 def test_a_bad_request_is_refused_when_made_in_one_line_naming_the_field(fields, message):

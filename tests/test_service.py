@@ -51,6 +51,13 @@ def test_prompt_options_reach_the_decoder_and_the_output_record(settings):
     assert service.output_record(options)["condition_on_previous_text"] is False
     default = service.output_record(ServiceOptions())
     assert "initial_prompt" not in default and "condition_on_previous_text" not in default
+    # The fallback's settings, at the values every earlier output was decoded with, are not
+    # recorded either: an upgrade does not redo a library of outputs; changed, they are.
+    fallback = ("temperature_increment_on_fallback", "compression_ratio_threshold")
+    fallback += ("logprob_threshold", "no_speech_threshold")
+    assert not any(name in default for name in fallback)
+    changed = service.output_record(ServiceOptions(logprob_threshold="off"))
+    assert "logprob_threshold" in changed and changed["logprob_threshold"] is None
 
 
 def test_fused_rounds_are_a_setting_of_the_environment_that_reaches_the_loaded_model(

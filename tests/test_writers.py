@@ -99,6 +99,15 @@ def test_a_record_beside_the_outputs_tells_finished_work_from_work_made_otherwis
         "changed",
         "diarize false -> (default), multilingual (default) -> true",
     )
+    # a guard or check turned off is shown as off, not as at its default
+    guarded = {**made, "repetition_ngram": 6}
+    write_outputs(TRANSCRIPT, paths, guarded)
+    unguarded = {**made, "repetition_ngram": None}
+    assert outputs_state(paths, unguarded) == ("changed", "repetition_ngram 6 -> off")
+    write_outputs(TRANSCRIPT, paths, unguarded)
+    assert outputs_state(paths, guarded) == ("changed", "repetition_ngram off -> 6")
+    assert outputs_state(paths, made) == ("changed", "repetition_ngram off -> (default)")
+    write_outputs(TRANSCRIPT, paths, made)
     (tmp_path / ".talk.specscribe.json").unlink()  # outputs written by hand, or before records
     assert outputs_state(paths, asked) == ("unrecorded", "txt, srt")
     paths["txt"].unlink()  # the srt left is still not specscribe's to replace

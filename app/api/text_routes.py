@@ -3,8 +3,9 @@
 OpenAI's request fields (`model`, `prompt` / `messages`, `max_tokens` (chat: or
 `max_completion_tokens`), `temperature`, `top_p`, `seed`, `stop`, `stream`, `stream_options`,
 `n` = 1, `user`), and those stock clients send at values that change nothing (penalties of 0,
-no logprobs, an empty `logit_bias`, `parallel_tool_calls`; completions: `echo` false,
-`best_of` 1); other values of those are refused with 422, anything else with 400.
+no logprobs, an empty `logit_bias`, `parallel_tool_calls`; chat: `tool_choice` none, a text
+`response_format`, `store` false, `metadata`; completions: `echo` false, `best_of` 1); other
+values of those are refused with 422, anything else with 400.
 temperature 0 is greedy decoding (OpenAI's default is 1: sampling). The response carries
 OpenAI's `usage` and specscribe's `stats` (target and draft calls, tokens per target call).
 Chat completions exist when the model has a chat template; without `--text-model` both routes
@@ -132,6 +133,13 @@ class Message(BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
+class PlainText(BaseModel):
+    """A chat response_format: text is the one there is."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    type: Literal["text"]
+
+
 class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     # The chat route's current name for max_tokens (the SDK sends it); both: they must agree.
@@ -141,6 +149,10 @@ class ChatRequest(_Common):
     logprobs: Literal[False] = False
     top_logprobs: Literal[0] | None = None
     parallel_tool_calls: bool | None = None
+    tool_choice: Literal["none"] | None = None
+    response_format: PlainText | None = None
+    store: Literal[False] | None = None  # nothing is kept for OpenAI's stored completions
+    metadata: dict[str, str] | None = None  # tags for stored completions: none are stored
 
     @field_validator("max_completion_tokens")
     @classmethod
