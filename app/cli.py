@@ -153,7 +153,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             if plan.unrecorded:
                 told = kept_outputs(plan, outputs)
                 print(f"specscribe: skipping {path}: {told}", file=sys.stderr)
-            if plan.unrecorded and not all(p.exists() for p in outputs.values()):
+            if plan.blocked:
                 kept.append((path, f"{path}: {told}"))  # outputs asked for and not made
             else:
                 skipped += 1

@@ -25,11 +25,12 @@ class OutputPlan:
     were made with other options: `changes` names them), "overwrite" (done, but the request
     says to make them again), "skip" (done, or kept). kept: the formats of outputs that no
     record says specscribe made, which are kept (worth telling the user: they may be someone
-    else's files; where others are missing, those are not made either)."""
+    else's files); blocked: the formats asked for and missing, not made because of them."""
 
     action: Action
     changes: str = ""
     kept: tuple[str, ...] = ()
+    blocked: tuple[str, ...] = ()
 
     @property
     def unrecorded(self) -> bool:
@@ -52,16 +53,17 @@ def plan_outputs(outputs: dict[str, Path], record: dict | None, overwrite: bool)
         return OutputPlan("redo", detail)
     if overwrite:
         return OutputPlan("overwrite")
-    kept = tuple(detail.split(", ")) if state == "unrecorded" else ()
-    return OutputPlan("skip", kept=kept)
+    if state != "unrecorded":
+        return OutputPlan("skip")
+    blocked = tuple(fmt for fmt, path in outputs.items() if not path.exists())
+    return OutputPlan("skip", kept=tuple(detail.split(", ")), blocked=blocked)
 
 
 def kept_outputs(plan: OutputPlan, outputs: dict[str, Path]) -> str:
     """What a skip that keeps unrecorded outputs tells the user: those files, and the outputs
     not made because of them."""
-    kept = ", ".join(str(outputs[fmt]) for fmt in plan.kept)
-    missing = [str(path) for fmt, path in outputs.items() if not path.exists()]
-    told = f"{kept} exist without a record that specscribe made them"
-    if missing:
-        told += f", so {', '.join(missing)} were not made either"
+    told = f"{', '.join(str(outputs[fmt]) for fmt in plan.kept)} exist without a record that "
+    told += "specscribe made them"
+    if plan.blocked:
+        told += f", so {', '.join(str(outputs[fmt]) for fmt in plan.blocked)} were not made either"
     return told + " (--overwrite replaces them)"

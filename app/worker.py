@@ -144,7 +144,7 @@ def prepare(
         log(f"task {task.id} (job {task.job_id}): options changed ({plan.changes}): {task.path}")
         return True
     outputs = list(task.outputs.values())
-    if plan.action == "skip" and not all(path.exists() for path in outputs):
+    if plan.blocked:
         reason = kept_outputs(plan, task.outputs)  # asked for, and not made: theirs are kept
         if store.fail(task, worker, reason):
             log(f"task {task.id} (job {task.job_id}) failed: {reason}")

@@ -144,16 +144,16 @@ class TranscribeOptions:
 
     def _check_fallback(self) -> None:
         """The temperature schedule and the quality checks that trigger its fallback."""
-        finite = float("inf")
-        if not self.temperatures or not all(0 <= t < finite for t in self.temperatures):
+        inf = float("inf")
+        if not self.temperatures or not all(0 <= t < inf for t in self.temperatures):
             raise ValueError(f"temperatures must be non-negative, not {self.temperatures}")
         ratio = self.compression_ratio_threshold
-        if ratio is not None and not 0 < ratio < finite:
+        if ratio is not None and not 0 < ratio < inf:
             raise ValueError(
                 f"compression_ratio_threshold must be a positive number (or off), not {ratio}"
             )
         logprob = self.logprob_threshold
-        if logprob is not None and not -finite < logprob <= 0:
+        if logprob is not None and not -inf < logprob <= 0:
             raise ValueError(
                 f"logprob_threshold must be a log-probability, at most 0 (or off), not {logprob}"
             )
