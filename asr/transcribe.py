@@ -238,6 +238,21 @@ def _needs_fallback(result: WindowResult, options: TranscribeOptions) -> bool:
     return too_repetitive or too_improbable
 
 
+def _most_probable_of_failed(
+    results: list[WindowResult], options: TranscribeOptions
+) -> WindowResult:
+    """The window's text where every temperature failed the checks (`results`, coolest
+    first): the one with the highest average log-probability among those not too repetitive,
+    else among all, as faster-whisper chooses. OpenAI keeps the last, hottest sample, which on
+    noise or a window that really repeats itself is often text in another script or language
+    that the model itself finds improbable; the chosen text is the model's best guess, and
+    no prompt carries it on when the schedule went past 0.5 (`prompt_temperature`)."""
+    limit = options.compression_ratio_threshold
+    plain = [r for r in results if limit is None or r.compression_ratio <= limit]
+    best = max(plain or results, key=lambda result: result.avg_logprob)  # ties: the coolest
+    return replace(best, fallback_exhausted_at=results[-1].temperature)
+
+
 def _segment_texts(model: WhisperModel, result: WindowResult) -> list[str]:
     """The window's text cut at every timestamp token: its segments' texts."""
     begin = model.special.timestamp_begin
@@ -390,7 +405,8 @@ class _Session:
         owners: list[_Session] | None = None,
         language: str | None = None,
     ) -> list[WindowResult]:
-        """Each window at the first temperature whose result passes the checks (else the last).
+        """Each window at the first temperature whose result passes the checks; where none
+        does, the most probable of them (`_most_probable_of_failed`).
 
         Greedy passes decode the batch at once, drafted when there is a draft. Sampled passes
         decode one window at a time with its own seed and without the draft: speculative
@@ -422,6 +438,7 @@ class _Session:
         plain = replace(decoder, draft=None, policy=None)
         bare = self.prompt([], language)
         results: list[WindowResult | None] = [None] * len(batch.prompts)
+        failed: list[list[WindowResult]] = [[] for _ in batch.prompts]
         for temperature in options.temperatures:
             first = temperature == options.temperatures[0]
             pending = [row for row, result in enumerate(results) if result is None]
@@ -447,9 +464,13 @@ class _Session:
                     for row in echoes:
                         (owners[row] if owners is not None else self).reprompted += 1
                 for row, result in decoded.items():
-                    last = temperature == options.temperatures[-1]
-                    if last or not _needs_fallback(result, options):
-                        results[row] = replace(result, prompted=batch.prompts[row] != bare)
+                    result = replace(result, prompted=batch.prompts[row] != bare)
+                    if not _needs_fallback(result, options):
+                        results[row] = result
+                        continue
+                    failed[row].append(result)
+                    if temperature == options.temperatures[-1]:
+                        results[row] = _most_probable_of_failed(failed[row], options)
             if all(result is not None for result in results):
                 break
         return results
@@ -814,7 +835,7 @@ def _decided(
                 consumed = max(loud - ONSET_MARGIN_FRAMES, tail) - seek
         passage.seek += max(consumed, 1)
         # Text sampled hot is a poor prompt: OpenAI resets the context after it.
-        if options.condition_on_previous_text and result.temperature <= 0.5:
+        if options.condition_on_previous_text and result.prompt_temperature <= 0.5:
             passage.previous.extend(_context(split))
         else:
             passage.previous = []

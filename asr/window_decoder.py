@@ -34,6 +34,17 @@ class WindowResult:
     # Decoded with earlier text in its prompt, which Whisper may copy (`asr.guards`); set by
     # the transcription session, which knows the prompts.
     prompted: bool = False
+    # Set by the session where every temperature of the schedule failed the quality checks
+    # and this, the most probable of their results, was kept: the hottest temperature tried.
+    # It decides, as a sampled text's own temperature does, whether the next window's prompt
+    # may hold this text.
+    fallback_exhausted_at: float | None = None
+
+    @property
+    def prompt_temperature(self) -> float:
+        """The temperature that decides whether this text may prompt the next window."""
+        exhausted = self.fallback_exhausted_at
+        return self.temperature if exhausted is None else max(exhausted, self.temperature)
 
     @property
     def compression_ratio(self) -> float:

@@ -579,10 +579,10 @@ def test_verbose_json_has_segments_words_and_the_decode_statistics(client):
 @pytest.mark.slow
 def test_fallback_settings_decide_which_temperature_a_segment_is_decoded_at(client):
     """A log-probability threshold of 0 fails every window's text: it is decoded again at each
-    temperature of the schedule and the last one's text is kept (OpenAI's rule); with the
-    increment at 0 there is no fallback, and the greedy text stands."""
+    temperature of the schedule and the most probable text is kept (greedy's, here); with the
+    increment at 0 there is no fallback."""
 
-    def segments(**fields) -> list:
+    def transcription(**fields):
         with JFK.open("rb") as audio:
             result = client.audio.transcriptions.create(
                 model="whisper-1",
@@ -591,13 +591,14 @@ def test_fallback_settings_decide_which_temperature_a_segment_is_decoded_at(clie
                 response_format="verbose_json",
                 extra_body={"logprob_threshold": "0", **fields},
             )
-        return result.segments
+        return result.segments, result.model_extra["stats"]["generated_tokens"]
 
-    hottest = segments(temperature_increment_on_fallback="0.5")
-    assert hottest and {s.temperature for s in hottest} == {1.0}
-    greedy = segments(temperature_increment_on_fallback="0")
-    assert {s.temperature for s in greedy} == {0.0}
-    assert "".join(s.text for s in greedy).strip() == JFK_TEXT
+    schedule, schedule_tokens = transcription(temperature_increment_on_fallback="0.5")
+    greedy, greedy_tokens = transcription(temperature_increment_on_fallback="0")
+    assert schedule_tokens > 2 * greedy_tokens  # decoded at 0, 0.5 and 1.0
+    for segments in (schedule, greedy):
+        assert {s.temperature for s in segments} == {0.0}
+        assert "".join(s.text for s in segments).strip() == JFK_TEXT
 
 
 @pytest.mark.slow

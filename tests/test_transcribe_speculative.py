@@ -236,21 +236,23 @@ def test_special_tokens_cross_vocabularies_by_meaning(whisper_base, whisper_tiny
 def test_sampled_fallback_of_a_batched_window_does_not_depend_on_its_batch(
     whisper_base, whisper_tiny_en, sonnet, independent
 ):
-    # A log-probability threshold of 0 fails every greedy window: each is sampled at 0.5.
-    fallback = {**vars(INDEPENDENT), "temperatures": (0.0, 0.5), "logprob_threshold": 0.0}
+    # A log-probability threshold of 0 fails every window at every temperature: each is
+    # sampled at 0.5, then at 1.0, and the more probable sample is kept.
+    fallback = {**vars(INDEPENDENT), "temperatures": (0.5, 1.0), "logprob_threshold": 0.0}
     assistant = pair_draft(whisper_base, whisper_tiny_en)
     one = transcribe(whisper_base, sonnet, TranscribeOptions(**fallback), draft=assistant)
     options = TranscribeOptions(**{**fallback, "batch_size": 2})
     batched = transcribe(whisper_base, sonnet, options, draft=assistant)
     assert_same_segments(batched.segments, one.segments)
-    # Every window was decoded twice: greedily, then sampled.
+    # Every window was sampled twice.
     assert one.stats["generated_tokens"] > 1.5 * independent.stats["generated_tokens"]
 
 
 @pytest.mark.slow
 def test_a_window_that_falls_back_to_sampling_is_the_same_with_a_draft(whisper_base, registry):
-    # A log-probability threshold of 0 fails every greedy window: each is then sampled at 0.5,
-    # without the draft, so the sample is the one plain decoding draws.
+    # A log-probability threshold of 0 fails every window at every temperature: each is
+    # decoded greedily (drafted), then sampled at 0.5 without the draft, so the sample is the
+    # one plain decoding draws, and the more probable of the two is kept.
     fallback = TranscribeOptions(temperatures=(0.0, 0.5), logprob_threshold=0.0)
     jfk = load_audio(SAMPLES / "jfk.wav")
     assistant = load_draft(whisper_base, registry.resolve("whisper-base-draft"))
@@ -260,6 +262,11 @@ def test_a_window_that_falls_back_to_sampling_is_the_same_with_a_draft(whisper_b
     greedy = transcribe(whisper_base, jfk, TranscribeOptions(temperatures=(0.0,)))
     assert plain.stats["generated_tokens"] > 1.5 * greedy.stats["generated_tokens"]  # resampled
     assert drafted.stats["draft_calls"] > 0  # the greedy pass was drafted
+    # Sampled text kept: the same draw with the draft loaded as without.
+    sampled = TranscribeOptions(temperatures=(0.5,))
+    plain_sample = transcribe(whisper_base, jfk, sampled)
+    drafted_sample = transcribe(whisper_base, jfk, sampled, draft=assistant)
+    assert_same_segments(drafted_sample.segments, plain_sample.segments)
 
 
 def test_whisper_prompt_lookup_reads_text_tokens_only():
