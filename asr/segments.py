@@ -17,6 +17,8 @@ class WindowSplit:
     (where the next sequential window starts, relative to this one). single_timestamp_ending:
     the tokens end in one timestamp, so nothing is left unfinished. time_offset: the window's
     start (s); frames: its content frames (mel frames of audio, not padding).
+    timestamp_ends[i]: segment i's end as its timestamps give it (s), which word timing leaves
+    as it is (the segment's own times then follow its words, which often end earlier).
     """
 
     segments: tuple[Segment, ...]
@@ -25,6 +27,7 @@ class WindowSplit:
     single_timestamp_ending: bool
     time_offset: float
     frames: int
+    timestamp_ends: tuple[float, ...]
 
 
 def split_segments(
@@ -72,6 +75,7 @@ def split_segments(
             single_timestamp_ending=single_timestamp_ending,
             time_offset=time_offset,
             frames=window_frames,
+            timestamp_ends=tuple(found.end for found, _ in pieces),
         )
 
     if boundaries:

@@ -646,15 +646,13 @@ def _select(split: WindowSplit, keep: list[bool]) -> WindowSplit:
     """The split with only the segments (and their tokens) where `keep` is True."""
     if all(keep):
         return split
-    pairs = [
-        pair
-        for pair, kept in zip(zip(split.segments, split.tokens, strict=True), keep, strict=True)
-        if kept
-    ]
+    parts = zip(split.segments, split.tokens, split.timestamp_ends, strict=True)
+    kept = [part for part, keeps in zip(parts, keep, strict=True) if keeps]
     return replace(
         split,
-        segments=tuple(segment for segment, _ in pairs),
-        tokens=tuple(tokens for _, tokens in pairs),
+        segments=tuple(segment for segment, _, _ in kept),
+        tokens=tuple(tokens for _, tokens, _ in kept),
+        timestamp_ends=tuple(end for _, _, end in kept),
     )
 
 
@@ -829,7 +827,7 @@ def _decided(
         # the first loud frame after its text (a window that began in the quiet before
         # a cut would time its first segment from there, in the audio before the cut).
         if level is not None and frames < N_FRAMES:
-            tail = _skipped_tail(kept, seek, frames) if consumed >= frames else None
+            tail = _skipped_tail(split, seek, frames) if consumed >= frames else None
             loud = None if tail is None else first_loud_frame(level, (seek, seek + frames), tail)
             if loud is not None:
                 consumed = max(loud - ONSET_MARGIN_FRAMES, tail) - seek
@@ -911,7 +909,7 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
                 kept = _segments_with_content(split)
                 segments.extend(kept)
                 decided.append((start, result, split))
-                tail = _skipped_tail(kept, start, frames)
+                tail = _skipped_tail(split, start, frames)
                 if tail is not None and sounds_like_speech(level, (start, start + frames), tail):
                     tails.append((tail, start + frames))
             queue.extendleft(reversed(tails))  # next, in time order
@@ -951,13 +949,20 @@ def _decode_by_language(
     return results
 
 
-def _skipped_tail(kept: list[Segment], start: int, frames: int) -> int | None:
+def _skipped_tail(split: WindowSplit, start: int, frames: int) -> int | None:
     """First frame of audio after a padded window's text when that text ends at least
-    MIN_TAIL_SECONDS before the window's audio does (its last timestamp; unfinished text
-    already runs to the window's end), or None."""
-    if not kept:
+    MIN_TAIL_SECONDS before the window's audio does, or None. Where the text ends is its last
+    timestamp (unfinished text already runs to the window's end), not its last word's end:
+    word timing ends a word where its sound fades, often a second before the timestamp, and
+    that gap is no skipped speech (decoded again, it made Whisper say "Thank you.")."""
+    ends = [
+        end
+        for segment, end in zip(split.segments, split.timestamp_ends, strict=True)
+        if _has_content(segment)
+    ]
+    if not ends:
         return None
-    tail = round(kept[-1].end * FRAMES_PER_SECOND)
+    tail = round(ends[-1] * FRAMES_PER_SECOND)
     if start < tail <= start + frames - MIN_TAIL_SECONDS * FRAMES_PER_SECOND:
         return tail
     return None

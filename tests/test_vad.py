@@ -484,6 +484,31 @@ def test_a_word_after_a_cut_pause_is_timed_after_it(service):
     assert starts == sorted(starts)
 
 
+@pytest.mark.slow
+def test_the_pause_after_a_readings_last_word_is_not_decoded_again(service):
+    """A LibriSpeech line, jfk, and both again, apart by pauses of 2.5 to 6.5 s, with VAD and
+    word timestamps. The last word of a passage ends where its sound fades, a second before
+    the text's timestamp; that gap was taken for speech the window skipped and decoded again,
+    and Whisper said "Yeah." (or "Thank you.") in it."""
+    from asr.audio import SAMPLE_RATE, load_audio
+
+    line = SAMPLES / "librispeech_1089-134686-0002.wav"
+    readings = [load_audio(line), load_audio(SAMPLES / "jfk.wav")] * 2
+    pauses = [2.5, 6.5, 4.0, 0.0]
+    audio = np.concatenate(
+        [
+            part
+            for reading, pause in zip(readings, pauses, strict=True)
+            for part in (reading, np.zeros(int(pause * SAMPLE_RATE), dtype=np.float32))
+        ]
+    )
+    options = ServiceOptions(language="en", word_timestamps=True, use_assistant=False)
+    with torch_threads(2):
+        transcript = service.run(audio, options)
+    said = [(line.with_suffix(".txt")).read_text(), (SAMPLES / "jfk.txt").read_text()] * 2
+    assert normalised_words(transcript.text) == normalised_words(" ".join(said))
+
+
 @needs_speech
 @pytest.mark.slow
 def test_hallucination_silence_threshold_drops_copies_alone_in_pauses(
