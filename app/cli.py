@@ -217,11 +217,21 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
                 continue
             for warning in transcript.warnings:
                 tqdm.write(f"specscribe: warning: {path}: {warning}", file=sys.stderr)
-            tqdm.write(f"== {path}\n{transcript.text}")
+            tqdm.write(f"== {path}\n{_shown(transcript)}")
             bar.update()
     bar.close()
 
     return _summary(len(jobs) - (len(failures) - undone_before), skipped, failures)
+
+
+def _shown(transcript) -> str:
+    """What the terminal shows of a transcript: its text, or with speakers, its segments one
+    a line, each labelled as in the txt output."""
+    if not any(segment.speaker for segment in transcript.segments):
+        return transcript.text
+    from asr.writers import write_txt
+
+    return write_txt(transcript, "").rstrip("\n")
 
 
 def _summary(done: int, skipped: int, failures: list[tuple[Path, str]]) -> int:

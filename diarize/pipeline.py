@@ -367,7 +367,10 @@ class Diarizer:
         if exclusive is not None:
             exclusive = turns_from_annotation(exclusive, self.min_duration_on, names)
         speech = getattr(self.pipeline, "speech_probability", lambda: None)()
-        return Diarization(turns, exclusive if exclusive is not None else turns, speech)
+        diarization = Diarization(turns, exclusive if exclusive is not None else turns, speech)
+        # pyannote's last 10 s chunk is padded past the recording, and its turns may run
+        # into that padding (up to a second past the end of 30 s AMI chunks).
+        return diarization.within(((0.0, len(samples) / SAMPLE_RATE),))
 
 
 @dataclass(frozen=True)

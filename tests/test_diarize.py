@@ -200,6 +200,18 @@ def test_silence_has_no_turns(diarizer):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not AMI.exists(), reason="needs ../shared/speech")
+def test_turns_end_with_the_recording(diarizer):
+    # pyannote pads its last 10 s chunk past the end: on this 30 s AMI chunk a turn ran from
+    # 30.659 s to 30.963 s, after the audio.
+    samples = load_audio(SHARED_SPEECH / "multi" / "ami_pyannote_debug" / "trn00.flac")
+    duration = len(samples) / 16_000
+    turns = diarizer.diarize(samples)
+    assert turns and max(turn.end for turn in turns) <= duration
+    assert max(turn.end for turn in turns) > duration - 1.0  # they talk to the end
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not AMI.exists(), reason="needs ../shared/speech")
 def test_ami_mixture_end_to_end(diarizer, whisper_base):
     from asr.transcribe import transcribe
     from bench.diarize import cpwer
@@ -240,6 +252,7 @@ def test_cli_writes_speaker_labels_and_says_when_the_count_asked_is_not_found(tm
     captured = capsys.readouterr()
     assert f"warning: {SAMPLES / 'jfk.wav'}: {shortfall}" in captured.err
     assert "Found only" not in captured.out  # pyannote's print() kept off the transcript
+    assert "\n[SPEAKER_00] And so my fellow Americans" in captured.out  # printed labelled
 
 
 def test_a_speaker_count_not_met_is_described():
