@@ -189,7 +189,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     def failed(path: Path, error: Exception) -> None:
         if isinstance(error, AudioLoadError):
             failures.append((path, str(error)))
-            tqdm.write(f"specscribe: skipped {error}", file=sys.stderr)
+            tqdm.write(f"specscribe: failed {error}", file=sys.stderr)
         else:  # one file's failure must not end the run
             reason = f"{path}: {type(error).__name__}: {error}"
             failures.append((path, reason))

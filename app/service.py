@@ -580,8 +580,10 @@ def wordless_speakers_warning(turns: tuple[SpeakerTurn, ...], holding: set[str])
     if not missing:
         return None
     described = ", ".join(f"{name} ({seconds[name]:.1f} s of speech)" for name in missing)
+    found = f"{len(seconds)} speaker{'s' if len(seconds) != 1 else ''}"
+    holds = f"{len(holding)} hold{'s' if len(holding) == 1 else ''}"
     return (
-        f"{len(seconds)} speakers found in the audio, {len(holding)} hold words of the "
+        f"{found} found in the audio, {holds} words of the "
         f"transcript; no words for {described} (their turns are in the rttm output)"
     )
 

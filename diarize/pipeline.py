@@ -24,6 +24,7 @@ import contextlib
 import io
 import logging
 import math
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -315,6 +316,7 @@ class Diarizer:
         Hugging Face token). Needs hub access on first use; pyannote telemetry stays off."""
         from pyannote.audio import Pipeline
 
+        _check_local_pipeline(pipeline_id)
         set_telemetry_metrics(False)
         try:
             pipeline = Pipeline.from_pretrained(pipeline_id, token=token, cache_dir=cache_dir)
@@ -349,7 +351,11 @@ class Diarizer:
         options = (options or DiarizeOptions()).validate()
         # pyannote's clustering print()s when it finds fewer clusters than asked, onto the
         # stdout that carries our transcript; the caller reports a count not met itself.
-        with contextlib.redirect_stdout(io.StringIO()) as chatter:
+        with contextlib.redirect_stdout(io.StringIO()) as chatter, warnings.catch_warnings():
+            # numpy's complaints about averaging no embeddings, where nobody speaks alone
+            # long enough for one: the result (no turns there) is right, the noise is not ours.
+            warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
+            warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning)
             output = self.pipeline(
                 audio_file(samples),
                 num_speakers=options.num_speakers,
@@ -371,6 +377,19 @@ class Diarizer:
         # pyannote's last 10 s chunk is padded past the recording, and its turns may run
         # into that padding (up to a second past the end of 30 s AMI chunks).
         return diarization.within(((0.0, len(samples) / SAMPLE_RATE),))
+
+
+def _check_local_pipeline(pipeline_id: str) -> None:
+    """A clear error for a local pipeline that is not there: a path that does not exist (a hub
+    id is "owner/name": one slash, no leading "/", "." or "~"), or a folder without the
+    config.yaml pyannote reads. pyannote would take the first for a hub id and report the
+    hub's own complaint about its form, or being offline."""
+    path = Path(pipeline_id).expanduser()
+    if path.is_dir() and not (path / "config.yaml").is_file():
+        raise ValueError(f"{pipeline_id}: this folder holds no pyannote pipeline (config.yaml)")
+    looks_local = pipeline_id.startswith(("/", ".", "~")) or pipeline_id.count("/") > 1
+    if looks_local and not path.exists():
+        raise ValueError(f"{pipeline_id}: no such pipeline folder or file")
 
 
 @dataclass(frozen=True)

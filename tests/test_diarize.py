@@ -55,6 +55,15 @@ def test_hub_pipeline_offline_is_a_clear_error():
         Diarizer.from_pretrained("pyannote/speaker-diarization-community-1")
 
 
+def test_a_local_pipeline_that_is_not_there_is_a_clear_error(tmp_path):
+    from diarize.pipeline import Diarizer
+
+    with pytest.raises(ValueError, match="no such pipeline folder or file"):
+        Diarizer.from_pretrained(str(tmp_path / "missing" / "pipeline"))
+    with pytest.raises(ValueError, match=r"holds no pyannote pipeline \(config.yaml\)"):
+        Diarizer.from_pretrained(str(tmp_path))
+
+
 def test_turns_are_sorted_filtered_and_named_by_first_appearance():
     turns = [
         SpeakerTurn(5.0, 6.0, "7"),
@@ -309,6 +318,10 @@ def test_speakers_without_words_are_named():
         "SPEAKER_01 (0.5 s of speech) (their turns are in the rttm output)"
     )
     assert wordless_speakers_warning(turns[:1], {"SPEAKER_00"}) is None
+    two = (turns[0], turns[1])
+    assert wordless_speakers_warning(two, {"SPEAKER_00"}).startswith(
+        "2 speakers found in the audio, 1 holds words of the transcript; no words for SPEAKER_01"
+    )
 
 
 @pytest.mark.slow
