@@ -44,7 +44,7 @@ class WindowResult:
     def prompt_temperature(self) -> float:
         """The temperature that decides whether this text may prompt the next window."""
         exhausted = self.fallback_exhausted_at
-        return self.temperature if exhausted is None else max(exhausted, self.temperature)
+        return self.temperature if exhausted is None else exhausted
 
     @property
     def compression_ratio(self) -> float:

@@ -577,7 +577,7 @@ def test_verbose_json_has_segments_words_and_the_decode_statistics(client):
 
 
 @pytest.mark.slow
-def test_fallback_settings_decide_which_temperature_a_segment_is_decoded_at(client):
+def test_fallback_settings_reach_decoding_and_the_most_probable_text_is_kept(client):
     """A log-probability threshold of 0 fails every window's text: it is decoded again at each
     temperature of the schedule and the most probable text is kept (greedy's, here); with the
     increment at 0 there is no fallback."""
