@@ -72,6 +72,30 @@ def chunk_window(mel: torch.Tensor, start: int, end: int) -> torch.Tensor:
 MIN_RISE = 0.1
 
 
+def has_no_signal(mel: torch.Tensor, window: tuple[int, int]) -> bool:
+    """Whether frames [start, end) of a log-mel spectrogram hold no signal: every value at the
+    window's floor, as digital silence (zeros, or a constant) leaves it, but for at most
+    MAX_EDGE_FRAMES frames (what the STFT's window carries over from sound just outside it).
+    Whisper shown such a window says "you" or "Thank you." at a probability its no-speech rule
+    keeps; any sound inside it, however faint (dither, room noise), is not this.
+
+    mel: Tensor, shape = (n_mels, n_frames); log-mel, as Whisper normalises it.
+    """
+    start, end = window
+    values = mel[:, start:end].float()
+    if end <= start:
+        return False
+    sounding = (values > values.min() + FLAT_MEL).any(dim=0)
+    return int(sounding.sum()) <= MAX_EDGE_FRAMES
+
+
+# Log-mel values this close count as the same (float32 rounding of one normalised floor).
+FLAT_MEL = 1e-6
+# 0.05 s: the frames next to sound outside a window that its STFT reaches into, shorter than
+# any word.
+MAX_EDGE_FRAMES = 5
+
+
 def sounds_like_speech(level: torch.Tensor, chunk: tuple[int, int], tail_start: int) -> bool:
     """Whether frames [tail_start, chunk end) reach the chunk's median level somewhere and rise
     above its quietest level: a tail that does not is a pause (or silence), not words the

@@ -40,6 +40,7 @@ from asr.silence import (
     ONSET_MARGIN_FRAMES,
     chunk_window,
     first_loud_frame,
+    has_no_signal,
     loudness,
     sounds_like_speech,
     split_at_silence,
@@ -756,6 +757,17 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
             language = pending[0][0].session.language
             pending = [(r, p) for r, p in pending if r.session.language == language]
         active = pending[:PASSAGES_PER_PASS]
+        # A window of digital silence is skipped, as a silent one is, without decoding it.
+        silent = [
+            has_no_signal(r.session.mel, (p.seek, min(p.seek + N_FRAMES, p.end))) for r, p in active
+        ]
+        for (_, passage), skip in zip(active, silent, strict=True):
+            if skip:
+                passage.seek = min(passage.seek + N_FRAMES, passage.end)
+        active = [pair for pair, skip in zip(active, silent, strict=True) if not skip]
+        if not active:
+            progress("transcribe", total - _frames_left(recordings), total)
+            continue
         windows = [(p.seek, min(p.seek + N_FRAMES, p.end)) for _, p in active]
         pieces: list[tuple[_Session, list[tuple[int, int]]]] = []
         for (recording, _), window in zip(active, windows, strict=True):
@@ -787,9 +799,12 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
                 _decided(recording, encoded, rows, passages, windows, results, kept_languages)
         for recording in recordings:
             _report_decided(recording)
-        left = sum(p.end - min(p.seek, p.end) for r in recordings for p in r.passages)
-        progress("transcribe", total - left, total)
+        progress("transcribe", total - _frames_left(recordings), total)
     return [[s for passage in r.passages for s in passage.segments] for r in recordings]
+
+
+def _frames_left(recordings: list[_SeekState]) -> int:
+    return sum(p.end - min(p.seek, p.end) for r in recordings for p in r.passages)
 
 
 def _decided(
@@ -861,7 +876,9 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
     """
     options, total = session.options, session.content_frames
     level = loudness(session.mel, total)
-    queue = deque(split_at_silence(session.mel, total, session.pause_cuts))
+    chunks = split_at_silence(session.mel, total, session.pause_cuts)
+    # A chunk of digital silence is skipped, as a silent one is, without decoding it.
+    queue = deque(chunk for chunk in chunks if not has_no_signal(session.mel, chunk))
     # What was said, per stretch between long cut-out pauses (`session.pause_cuts`, where the
     # chunks are cut too): a passage's, as in "seek" windows, so that a sentence said again
     # after a long pause is not taken for a copy.
@@ -910,8 +927,13 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
                 segments.extend(kept)
                 decided.append((start, result, split))
                 tail = _skipped_tail(split, start, frames)
-                if tail is not None and sounds_like_speech(level, (start, start + frames), tail):
-                    tails.append((tail, start + frames))
+                rest = (tail, start + frames)
+                if (
+                    tail is not None
+                    and sounds_like_speech(level, (start, start + frames), tail)
+                    and not has_no_signal(session.mel, rest)
+                ):
+                    tails.append(rest)
             queue.extendleft(reversed(tails))  # next, in time order
         # Everything before the first window still queued is final.
         decided.sort(key=lambda window: window[0])
@@ -920,6 +942,8 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
             session.report(result, start, split)
         reached = max(reached, *(end for _, end in group))
         progress("transcribe", reached, total)
+    if reached < total:  # the last chunks were digital silence
+        progress("transcribe", total, total)
     return sorted(segments, key=lambda s: (s.start, s.end))
 
 
