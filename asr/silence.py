@@ -82,9 +82,9 @@ def has_no_signal(mel: torch.Tensor, window: tuple[int, int]) -> bool:
     mel: Tensor, shape = (n_mels, n_frames); log-mel, as Whisper normalises it.
     """
     start, end = window
-    values = mel[:, start:end].float()
     if end <= start:
         return False
+    values = mel[:, start:end].float()
     sounding = (values > values.min() + FLAT_MEL).any(dim=0)
     return int(sounding.sum()) <= MAX_EDGE_FRAMES
 

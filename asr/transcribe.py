@@ -757,18 +757,18 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
             language = pending[0][0].session.language
             pending = [(r, p) for r, p in pending if r.session.language == language]
         active = pending[:PASSAGES_PER_PASS]
+        windows = [(p.seek, min(p.seek + N_FRAMES, p.end)) for _, p in active]
         # A window of digital silence is skipped, as a silent one is, without decoding it.
-        silent = [
-            has_no_signal(r.session.mel, (p.seek, min(p.seek + N_FRAMES, p.end))) for r, p in active
-        ]
-        for (_, passage), skip in zip(active, silent, strict=True):
-            if skip:
-                passage.seek = min(passage.seek + N_FRAMES, passage.end)
-        active = [pair for pair, skip in zip(active, silent, strict=True) if not skip]
-        if not active:
+        heard = []
+        for (recording, passage), window in zip(active, windows, strict=True):
+            if has_no_signal(recording.session.mel, window):
+                passage.seek = window[1]
+            else:
+                heard.append(((recording, passage), window))
+        if not heard:
             progress("transcribe", total - _frames_left(recordings), total)
             continue
-        windows = [(p.seek, min(p.seek + N_FRAMES, p.end)) for _, p in active]
+        active, windows = [pair for pair, _ in heard], [window for _, window in heard]
         pieces: list[tuple[_Session, list[tuple[int, int]]]] = []
         for (recording, _), window in zip(active, windows, strict=True):
             if not pieces or pieces[-1][0] is not recording.session:
