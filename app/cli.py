@@ -99,11 +99,12 @@ def _output_formats(asked: list[str] | None, diarize: bool) -> list[str]:
 def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
-    from asr.audio import AudioLoadError, check_distinct_outputs, find_audio_files
+    from asr.audio import AudioLoadError, check_distinct_outputs, decode_audio, find_audio_files
     from asr.writers import SubtitleLayout, output_paths, write_outputs
 
     from .output_plan import kept_outputs, plan_outputs
-    from .service import TranscriptionService
+    from .service import Labelled, TranscriptionService
+    from .unlabelled_cache import keep_unlabelled, kept_unlabelled
 
     # 1. The request, checked before anything is read or loaded.
     layout = SubtitleLayout(args.max_line_width, args.max_line_count).validate()
@@ -144,7 +145,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     if args.output_dir:
         check_distinct_outputs(files, args.output_dir)
         _check_output_dir(args.output_dir)
-    jobs, skipped = [], 0
+    jobs, relabels, skipped = [], [], 0
     kept: list[tuple[Path, str]] = []  # files left undone for outputs specscribe did not make
     for path, stem in files:
         outputs = output_paths(args.output_dir, stem, formats) if args.output_dir else {}
@@ -158,33 +159,45 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             else:
                 skipped += 1
             continue
+        # Asked for other speaker counts (or an output lost): its transcript is kept.
+        unlabelled = None
+        if options.diarize and plan.action in ("make", "redo"):
+            unlabelled = kept_unlabelled(outputs, record)
         if plan.action == "redo":
-            print(f"specscribe: redoing {path}: options changed ({plan.changes})", file=sys.stderr)
-        jobs.append((path, outputs))
+            again = "labelling its kept transcript again" if unlabelled else "redoing"
+            print(f"specscribe: {again} {path}: options changed ({plan.changes})", file=sys.stderr)
+        if unlabelled is not None:
+            relabels.append((path, outputs, unlabelled))
+        else:
+            jobs.append((path, outputs))
 
-    if not jobs and not kept:
+    if not jobs and not relabels and not kept:
         print(
             f"specscribe: all {skipped} files have their outputs (--overwrite redoes them)",
             file=sys.stderr,
         )
         return 1 if unlisted else 0
-    if not jobs:
+    if not jobs and not relabels:
         return _summary(0, skipped, [*unlisted, *kept])
 
-    # 3. The models, loaded once; options checked against them before any work.
-    options.transcribe_options().validate(service.model)
-    # "auto"'s draft waits until the files' speech repays its load (app.service).
-    service.load(
-        diarization=options.diarize,
-        vad=options.vad and not options.diarize,
-        defer_auto_draft=True,
-    )
+    # 3. The models, loaded once; options checked against them before any work (the Whisper
+    # model only where a file is to be transcribed).
+    if jobs:
+        options.transcribe_options().validate(service.model)
+        # "auto"'s draft waits until the files' speech repays its load (app.service).
+        service.load(
+            diarization=options.diarize,
+            vad=options.vad and not options.diarize,
+            defer_auto_draft=True,
+        )
+    else:
+        _ = service.diarizer
 
     # 4. The files, up to --batch-files at a time: a bad one is reported and skipped, the rest
     # go on.
     failures: list[tuple[Path, str]] = [*unlisted, *kept]  # (file or folder, reason)
     undone_before = len(failures)
-    bar = tqdm(total=len(jobs), unit="file", disable=None, file=sys.stderr)
+    bar = tqdm(total=len(jobs) + len(relabels), unit="file", disable=None, file=sys.stderr)
 
     def failed(path: Path, error: Exception) -> None:
         if isinstance(error, AudioLoadError):
@@ -196,32 +209,50 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             tqdm.write(f"specscribe: failed {reason}", file=sys.stderr)
         bar.update()
 
+    def written(path: Path, outputs: dict[str, Path], result) -> None:
+        transcript, unlabelled = result.transcript, result.unlabelled
+        try:
+            if unlabelled is not None and outputs:  # printed: nothing to keep it beside
+                keep_unlabelled(outputs, record, unlabelled)
+            write_outputs(transcript, outputs, record, layout)
+        except Exception as error:
+            failed(path, error)
+            return
+        for warning in transcript.warnings:
+            tqdm.write(f"specscribe: warning: {path}: {warning}", file=sys.stderr)
+        tqdm.write(f"== {path}\n{_shown(transcript)}")
+        bar.update()
+
+    for path, outputs, unlabelled in relabels:  # no decoding: only the speakers are found again
+        bar.set_postfix_str(path.name)
+        try:
+            transcript = service.relabel(decode_audio(path), unlabelled, options)
+        except Exception as error:
+            failed(path, error)
+            continue
+        written(path, outputs, Labelled(transcript, None))
     for group in _batches(jobs, args.batch_files, failed):
         bar.set_postfix_str(group[0][0].name + (f" +{len(group) - 1}" if len(group) > 1 else ""))
-        transcripts = _transcribe_batch(service, group, options)
+        results = _transcribe_batch(service, group, options)
         together = [  # whose decoding costs the stats of these files are (files with speech)
             str(path)
-            for (path, _, _), transcript in zip(group, transcripts, strict=True)
-            if not isinstance(transcript, Exception) and "decoded_together" in transcript.stats
+            for (path, _, _), result in zip(group, results, strict=True)
+            if not isinstance(result, Exception) and "decoded_together" in result.transcript.stats
         ]
-        for (path, outputs, _), transcript in zip(group, transcripts, strict=True):
-            try:
-                if isinstance(transcript, Exception):
-                    raise transcript
-                if "decoded_together" in transcript.stats:
-                    stats = {**transcript.stats, "decoded_with": together}
-                    transcript = dataclasses.replace(transcript, stats=stats)
-                write_outputs(transcript, outputs, record, layout)
-            except Exception as error:
-                failed(path, error)
+        for (path, outputs, _), result in zip(group, results, strict=True):
+            if isinstance(result, Exception):
+                failed(path, result)
                 continue
-            for warning in transcript.warnings:
-                tqdm.write(f"specscribe: warning: {path}: {warning}", file=sys.stderr)
-            tqdm.write(f"== {path}\n{_shown(transcript)}")
-            bar.update()
+            if "decoded_together" in result.transcript.stats:
+                stats = {**result.transcript.stats, "decoded_with": together}
+                result = dataclasses.replace(
+                    result, transcript=dataclasses.replace(result.transcript, stats=stats)
+                )
+            written(path, outputs, result)
     bar.close()
 
-    return _summary(len(jobs) - (len(failures) - undone_before), skipped, failures)
+    done = len(jobs) + len(relabels) - (len(failures) - undone_before)
+    return _summary(done, skipped, failures)
 
 
 def _shown(transcript) -> str:
@@ -273,17 +304,17 @@ def _batches(jobs: list, size: int, failed: Callable[[Path, Exception], None]) -
 
 
 def _transcribe_batch(service, batch: list, options) -> list:
-    """Each file's Transcript, or the exception it raised. A batch whose decoding fails is
-    decoded again one file at a time, so that only the file at fault fails."""
+    """Each file's app.service.Labelled, or the exception it raised. A batch whose decoding
+    fails is decoded again one file at a time, so that only the file at fault fails."""
     if len(batch) > 1:
         try:
-            return service.run_many([audio for _, _, audio in batch], options)
+            return service.run_keeping_unlabelled([audio for _, _, audio in batch], options)
         except Exception:
             pass
     results: list = []
     for _, _, audio in batch:
         try:
-            results.append(service.run(audio, options))
+            results.append(service.run_keeping_unlabelled([audio], options)[0])
         except Exception as error:
             results.append(error)
     return results

@@ -288,7 +288,7 @@ class TranscriptionService:
         options.diarize. Bad audio raises asr.audio.AudioLoadError, bad options ValueError.
         on_window: each window's segments as soon as they are decided (`asr.transcribe`),
         before speakers are assigned."""
-        return self._run([audio], options, progress, on_window)[0]
+        return self._run([audio], options, progress, on_window)[0].transcript
 
     def run_many(
         self,
@@ -301,7 +301,45 @@ class TranscriptionService:
         transcribe_many`), which serves several short files for little more than the decoder
         calls of one. Errors as `run`'s; one bad recording fails the call (callers that must
         go on past it run the others again one at a time)."""
+        return [result.transcript for result in self._run(audios, options, progress, None)]
+
+    def run_keeping_unlabelled(
+        self,
+        audios: list[AudioInput],
+        options: ServiceOptions | None = None,
+        progress: ProgressHook = no_progress,
+    ) -> list[Labelled]:
+        """`run_many`, each transcript with the one it was before speakers were assigned
+        (`Labelled.unlabelled`, words timed), which `relabel` labels again for other speaker
+        options without transcribing again."""
         return self._run(audios, options, progress, None)
+
+    def relabel(
+        self,
+        audio: AudioInput,
+        unlabelled: Transcript,
+        options: ServiceOptions,
+        progress: ProgressHook = no_progress,
+    ) -> Transcript:
+        """The transcript `run` would give `audio` with `options` (diarize on), made from its
+        `unlabelled` transcript (`run_keeping_unlabelled`, made with the same options but for
+        the speaker counts): only the speakers are found again. The transcript does not
+        depend on the counts: the VAD reads the diarizer's segmentation pass, which precedes
+        clustering."""
+        if not options.diarize:
+            raise ValueError("relabel needs diarize")
+        decoded = _decoded(audio)
+        with self._lock:
+            started = time.perf_counter()
+            diarization = self.diarizer.diarization(
+                decoded.samples, options.speaker_options(), progress=progress
+            )
+            seconds = time.perf_counter() - started
+            reused = dataclasses.replace(
+                unlabelled, stats={**unlabelled.stats, "transcript_reused": True}
+            )
+            transcript = self._labelled(reused, diarization, options, seconds)
+        return _with_audio_warnings(transcript, decoded)
 
     def _run(
         self,
@@ -309,7 +347,7 @@ class TranscriptionService:
         options: ServiceOptions | None,
         progress: ProgressHook,
         on_window: WindowHook | None,
-    ) -> list[Transcript]:
+    ) -> list[Labelled]:
         from asr.transcribe import Recording, transcribe, transcribe_many
 
         options = options if options is not None else ServiceOptions()
@@ -356,12 +394,15 @@ class TranscriptionService:
                     progress=progress,
                     draft=draft,
                 )
-            return [
-                _with_audio_warnings(
-                    self._finished(transcript, p, options, draft is not None, hidden_words), d
-                )
-                for transcript, p, d in zip(transcripts, prepared, decoded, strict=True)
-            ]
+            results = []
+            for transcript, p, d in zip(transcripts, prepared, decoded, strict=True):
+                unlabelled = self._unlabelled(transcript, p, options, draft is not None)
+                if p.diarization is None:
+                    results.append(Labelled(_with_audio_warnings(unlabelled, d), None))
+                    continue
+                labelled = self._labelled(unlabelled, p.diarization, options, p.seconds)
+                results.append(Labelled(_with_audio_warnings(labelled, d), unlabelled))
+            return results
 
     def _prepare(
         self, samples: np.ndarray, options: ServiceOptions, progress: ProgressHook
@@ -377,19 +418,13 @@ class TranscriptionService:
         spans, vad = self._spans(samples, options, diarization)
         return _Prepared(samples, spans, vad, diarization, diarize_seconds)
 
-    def _finished(
-        self,
-        transcript: Transcript,
-        prepared: _Prepared,
-        options: ServiceOptions,
-        drafted: bool,
-        hidden_words: bool,
+    def _unlabelled(
+        self, transcript: Transcript, prepared: _Prepared, options: ServiceOptions, drafted: bool
     ) -> Transcript:
-        """The decoded transcript with what the request adds: the VAD's statistics, the
-        models and precision, speakers merged into the words."""
-        clips = options.clip_spans()
-        past_the_end = _clips_past_the_end(clips, transcript.duration)
-        transcript = dataclasses.replace(
+        """The decoded transcript with what the request adds before speakers: the VAD's
+        statistics, the models and precision, a warning about clip ranges past the end."""
+        past_the_end = _clips_past_the_end(options.clip_spans(), transcript.duration)
+        return dataclasses.replace(
             transcript,
             warnings=(past_the_end, *transcript.warnings) if past_the_end else transcript.warnings,
             stats={**transcript.stats, **prepared.vad},
@@ -400,15 +435,23 @@ class TranscriptionService:
                 "precision": self.precision,
             },
         )
-        if prepared.diarization is not None:
-            transcript = self._with_speakers(
-                transcript,
-                prepared.diarization.within(clips),
-                options.speaker_options(),
-                prepared.diarize_seconds,
-            )
-        # Word times the request did not ask for are left out, as they always were.
-        return _words_removed(transcript) if hidden_words else transcript
+
+    def _labelled(
+        self,
+        unlabelled: Transcript,
+        diarization: Diarization,
+        options: ServiceOptions,
+        seconds: float,
+    ) -> Transcript:
+        """`unlabelled` with speakers merged into its words (cut to the request's clip
+        ranges); word times the request did not ask for are left out, as they always were."""
+        transcript = self._with_speakers(
+            unlabelled,
+            diarization.within(options.clip_spans()),
+            options.speaker_options(),
+            seconds,
+        )
+        return transcript if options.word_timestamps else _words_removed(transcript)
 
     def _draft_for(self, speech_seconds: float) -> DraftSource | None:
         """The draft for a request of this much speech (None: decode plainly).
@@ -505,6 +548,16 @@ def _with_audio_warnings(transcript: Transcript, audio: DecodedAudio) -> Transcr
 
 
 @dataclasses.dataclass(frozen=True)
+class Labelled:
+    """A request's transcript, and with diarization the transcript it was before speakers
+    were assigned (words timed even where the request does not show them; None without
+    diarization): what `TranscriptionService.relabel` labels again."""
+
+    transcript: Transcript
+    unlabelled: Transcript | None
+
+
+@dataclasses.dataclass(frozen=True)
 class _Prepared:
     """A request's recording before transcription: its samples, the spans to decode (None:
     all of it) with the VAD's statistics, and its speakers when asked for."""
@@ -513,7 +566,7 @@ class _Prepared:
     spans: tuple[tuple[float, float], ...] | None
     vad: dict
     diarization: Diarization | None
-    diarize_seconds: float
+    seconds: float  # the diarizer's
 
 
 def _speech_seconds(samples: np.ndarray, spans: tuple[tuple[float, float], ...] | None) -> float:

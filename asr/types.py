@@ -91,3 +91,21 @@ class Transcript:
         result = asdict(self)
         result["text"] = self.text
         return result
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Transcript:
+        """The Transcript `to_dict` wrote (its "text" is derived, and ignored). Raises
+        KeyError or TypeError where `data` is not one."""
+        segments = tuple(
+            Segment(**{**s, "words": tuple(Word(**w) for w in s["words"])})
+            for s in data["segments"]
+        )
+        return cls(
+            segments=segments,
+            language=data["language"],
+            duration=data["duration"],
+            options=dict(data["options"]),
+            stats=dict(data["stats"]),
+            warnings=tuple(data["warnings"]),
+            turns=tuple(SpeakerTurn(**t) for t in data["turns"]),
+        )

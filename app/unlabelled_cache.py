@@ -1,0 +1,53 @@
+"""A diarized file's transcript before speakers, kept beside its outputs so that asking for
+other speaker counts labels it again without transcribing it again.
+
+The transcript does not depend on the counts (`TranscriptionService.relabel`): with them, the
+VAD reads the diarizer's segmentation pass, which precedes clustering. So a kept transcript
+serves any request whose option record (`TranscriptionService.output_record`) equals the one
+it was made with but for `SPEAKER_COUNTS`. It lives in the hidden .STEM.specscribe-unlabelled.json
+beside the record, with that record; a file that cannot be read, or that was made otherwise,
+is not used (the file is transcribed again, and it is replaced).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from asr.types import Transcript
+from asr.writers import record_path, write_atomically
+
+from .request import SPEAKER_COUNTS
+
+_RECORD, _TRANSCRIPT = "record", "transcript"
+
+
+def unlabelled_path(outputs: dict[str, Path]) -> Path:
+    """Where a file's kept transcript lives: beside its record (`asr.writers.record_path`)."""
+    record = record_path(outputs)
+    return record.with_name(record.name.removesuffix(".json") + "-unlabelled.json")
+
+
+def _transcription_record(record: dict) -> dict:
+    """What makes the transcript: the record without the speaker counts, as JSON stores it."""
+    return json.loads(json.dumps({k: v for k, v in record.items() if k not in SPEAKER_COUNTS}))
+
+
+def keep_unlabelled(outputs: dict[str, Path], record: dict, unlabelled: Transcript) -> None:
+    """Keeps `unlabelled` (a `Labelled.unlabelled`) as made with `record`, atomically."""
+    content = {_RECORD: _transcription_record(record), _TRANSCRIPT: unlabelled.to_dict()}
+    write_atomically(unlabelled_path(outputs), json.dumps(content, ensure_ascii=False) + "\n")
+
+
+def kept_unlabelled(outputs: dict[str, Path], record: dict) -> Transcript | None:
+    """The kept transcript, where one was made with `record` but for the speaker counts;
+    None where there is none, it was made otherwise, or it cannot be read."""
+    if not outputs:
+        return None
+    try:
+        content = json.loads(unlabelled_path(outputs).read_text(encoding="utf-8"))
+        if content[_RECORD] != _transcription_record(record):
+            return None
+        return Transcript.from_dict(content[_TRANSCRIPT])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,81 @@
+"""A diarized file's transcript before speakers is kept, and labelled again (not transcribed
+again) when only the speaker counts change."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from app.unlabelled_cache import keep_unlabelled, kept_unlabelled, unlabelled_path
+from asr.types import Transcript
+from asr.writers import output_paths
+from tests.conftest import SAMPLES
+from tests.test_writers import TRANSCRIPT
+
+RECORD = {"model": "whisper-base", "diarize": True, "num_speakers": None, "language": "en"}
+
+
+def test_a_transcript_reads_back_as_written():
+    assert Transcript.from_dict(json.loads(json.dumps(TRANSCRIPT.to_dict()))) == TRANSCRIPT
+
+
+def test_a_kept_transcript_serves_only_requests_that_differ_in_the_speaker_counts(tmp_path):
+    outputs = output_paths(tmp_path, Path("call"), ["txt", "rttm"])
+    assert kept_unlabelled(outputs, RECORD) is None  # none kept yet
+    keep_unlabelled(outputs, RECORD, TRANSCRIPT)
+    assert unlabelled_path(outputs) == tmp_path / ".call.specscribe-unlabelled.json"
+    assert kept_unlabelled(outputs, RECORD) == TRANSCRIPT
+    assert kept_unlabelled(outputs, {**RECORD, "num_speakers": 2}) == TRANSCRIPT
+    assert kept_unlabelled(outputs, {**RECORD, "min_speakers": 2, "max_speakers": 3}) is not None
+    # Anything else makes another transcript.
+    assert kept_unlabelled(outputs, {**RECORD, "language": "de"}) is None
+    assert kept_unlabelled(outputs, {**RECORD, "vad": False}) is None
+    assert kept_unlabelled(outputs, {k: v for k, v in RECORD.items() if k != "diarize"}) is None
+    assert kept_unlabelled({}, RECORD) is None  # printed, not written: nothing kept
+    unlabelled_path(outputs).write_text('{"record": ')  # damaged: not used
+    assert kept_unlabelled(outputs, RECORD) is None
+    unlabelled_path(outputs).write_text(json.dumps({"record": RECORD, "transcript": {}}))
+    assert kept_unlabelled(outputs, RECORD) is None
+
+
+@pytest.mark.slow
+def test_other_speaker_counts_label_the_kept_transcript_as_a_new_run_would(
+    tmp_path, capsys, monkeypatch
+):
+    from app.service import TranscriptionService
+
+    def command(output_dir: Path, *counts: str) -> list[str]:
+        audio = str(SAMPLES / "pyannote_sample.wav")
+        formats = ["--format", "txt,rttm,json", "--output-dir", str(output_dir)]
+        return ["transcribe", audio, "--diarize", "--language", "en", *counts, *formats]
+
+    assert main(command(tmp_path / "again", "--num-speakers", "1")) == 0
+    assert main(command(tmp_path / "fresh", "--num-speakers", "2")) == 0
+    one_speaker = (tmp_path / "again" / "pyannote_sample.txt").read_text()
+    capsys.readouterr()
+
+    def no_transcription(*args, **kwargs):
+        raise AssertionError("transcribed again")
+
+    monkeypatch.setattr(TranscriptionService, "run_keeping_unlabelled", no_transcription)
+    assert main(command(tmp_path / "again", "--num-speakers", "2")) == 0
+    told = capsys.readouterr().err
+    assert "labelling its kept transcript again" in told and "num_speakers 1 -> 2" in told
+    assert "1 transcribed, 0 skipped" in told
+    again, fresh = tmp_path / "again", tmp_path / "fresh"
+    for name in ("pyannote_sample.txt", "pyannote_sample.rttm"):
+        assert (again / name).read_text() == (fresh / name).read_text()
+    assert (again / "pyannote_sample.txt").read_text() != one_speaker  # two speakers now
+    relabelled, new = (json.loads((d / "pyannote_sample.json").read_text()) for d in (again, fresh))
+    assert relabelled["stats"].pop("transcript_reused") is True
+    for saved in (relabelled, new):
+        del saved["stats"]
+    assert relabelled == new
+    # Without other counts nothing is left to do; --overwrite transcribes again.
+    assert main(command(again, "--num-speakers", "2")) == 0
+    assert "all 1 files have their outputs" in capsys.readouterr().err
+    assert main([*command(again, "--num-speakers", "2"), "--overwrite"]) == 1
+    assert "transcribed again" in capsys.readouterr().err
