@@ -73,7 +73,9 @@ def _cmd_models(args: argparse.Namespace, settings: Settings) -> int:
 def _formats(value: str) -> list[str]:
     from asr.writers import WRITERS
 
-    names = list(WRITERS) if value == "all" else [v.strip() for v in value.split(",")]
+    names = list(dict.fromkeys(v.strip().lower() for v in value.split(",")))  # once each
+    if "all" in names:
+        return list(WRITERS)
     unknown = [name for name in names if name not in WRITERS]
     if unknown:
         raise argparse.ArgumentTypeError(
@@ -102,7 +104,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from asr.audio import AudioLoadError, check_distinct_outputs, decode_audio, find_audio_files
     from asr.writers import SubtitleLayout, output_paths, write_outputs
 
-    from .output_plan import kept_outputs, plan_outputs
+    from .output_plan import fingerprinted, kept_outputs, made_from, plan_outputs
     from .service import Labelled, TranscriptionService
     from .unlabelled_cache import keep_unlabelled, kept_unlabelled
 
@@ -116,6 +118,11 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     if args.format is not None and not args.output_dir:
         raise ValueError("--format needs --output-dir (without it the transcript is printed)")
     formats = _output_formats(args.format, options.diarize)
+    if layout.shaped and not (args.output_dir and {"srt", "vtt"} & set(formats)):
+        raise ValueError(
+            "--max-line-width and --max-line-count shape srt and vtt cues: "
+            "ask for --format srt or vtt (with --output-dir)"
+        )
     if args.draft_branches is not None:
         settings = dataclasses.replace(settings, draft_branches=draft_branches(args.draft_branches))
     service = TranscriptionService(  # names, device and precision settled; nothing loaded yet
@@ -149,7 +156,8 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     kept: list[tuple[Path, str]] = []  # files left undone for outputs specscribe did not make
     for path, stem in files:
         outputs = output_paths(args.output_dir, stem, formats) if args.output_dir else {}
-        plan = plan_outputs(outputs, record, args.overwrite)
+        file_record = made_from(path, record)
+        plan = plan_outputs(outputs, file_record, args.overwrite)
         if not plan.decode:
             if plan.unrecorded:
                 told = kept_outputs(plan, outputs)
@@ -162,14 +170,14 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         # Asked for other speaker counts (or an output lost): its transcript is kept.
         unlabelled = None
         if options.diarize and plan.action in ("make", "redo"):
-            unlabelled = kept_unlabelled(outputs, record)
+            unlabelled = kept_unlabelled(outputs, file_record)
         if plan.action == "redo":
             again = "labelling its kept transcript again" if unlabelled else "redoing"
-            print(f"specscribe: {again} {path}: options changed ({plan.changes})", file=sys.stderr)
+            print(f"specscribe: {again} {path}: {plan.why}", file=sys.stderr)
         if unlabelled is not None:
-            relabels.append((path, outputs, unlabelled))
+            relabels.append((path, outputs, file_record, unlabelled))
         else:
-            jobs.append((path, outputs))
+            jobs.append((path, outputs, file_record))
 
     if not jobs and not relabels and not kept:
         print(
@@ -209,12 +217,12 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             tqdm.write(f"specscribe: failed {reason}", file=sys.stderr)
         bar.update()
 
-    def written(path: Path, outputs: dict[str, Path], result) -> None:
+    def written(path: Path, outputs: dict[str, Path], file_record: dict, result) -> None:
         transcript, unlabelled = result.transcript, result.unlabelled
         try:
             if unlabelled is not None and outputs:  # printed: nothing to keep it beside
-                keep_unlabelled(outputs, record, unlabelled)
-            write_outputs(transcript, outputs, record, layout)
+                keep_unlabelled(outputs, file_record, unlabelled)
+            write_outputs(transcript, outputs, file_record, layout)
         except Exception as error:
             failed(path, error)
             return
@@ -223,23 +231,24 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         tqdm.write(f"== {path}\n{_shown(transcript)}")
         bar.update()
 
-    for path, outputs, unlabelled in relabels:  # no decoding: only the speakers are found again
+    for path, outputs, file_record, unlabelled in relabels:  # only the speakers are found again
         bar.set_postfix_str(path.name)
         try:
-            transcript = service.relabel(decode_audio(path), unlabelled, options)
+            audio = decode_audio(fingerprinted(path, file_record))
+            transcript = service.relabel(audio, unlabelled, options)
         except Exception as error:
             failed(path, error)
             continue
-        written(path, outputs, Labelled(transcript, None))
+        written(path, outputs, file_record, Labelled(transcript, None))
     for group in _batches(jobs, args.batch_files, failed):
         bar.set_postfix_str(group[0][0].name + (f" +{len(group) - 1}" if len(group) > 1 else ""))
         results = _transcribe_batch(service, group, options)
         together = [  # whose decoding costs the stats of these files are (files with speech)
             str(path)
-            for (path, _, _), result in zip(group, results, strict=True)
+            for (path, *_), result in zip(group, results, strict=True)
             if not isinstance(result, Exception) and "decoded_together" in result.transcript.stats
         ]
-        for (path, outputs, _), result in zip(group, results, strict=True):
+        for (path, outputs, file_record, _), result in zip(group, results, strict=True):
             if isinstance(result, Exception):
                 failed(path, result)
                 continue
@@ -248,7 +257,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
                 result = dataclasses.replace(
                     result, transcript=dataclasses.replace(result.transcript, stats=stats)
                 )
-            written(path, outputs, result)
+            written(path, outputs, file_record, result)
     bar.close()
 
     done = len(jobs) + len(relabels) - (len(failures) - undone_before)
@@ -279,23 +288,26 @@ def _summary(done: int, skipped: int, failures: list[tuple[Path, str]]) -> int:
 
 
 def _batches(jobs: list, size: int, failed: Callable[[Path, Exception], None]) -> Iterator[list]:
-    """The jobs in order, their audio loaded, in batches of up to `size` files and
-    BATCH_AUDIO_SECONDS of audio (a longer file goes alone); a file that does not load is
-    handed to `failed` and left out. Yields lists of (path, outputs, asr.audio.DecodedAudio)."""
+    """The jobs (path, outputs, record) in order, their audio loaded, in batches of up to
+    `size` files and BATCH_AUDIO_SECONDS of audio (a longer file goes alone); a file that does
+    not load is handed to `failed` and left out. Yields lists of (path, outputs, record,
+    asr.audio.DecodedAudio)."""
     from asr.audio import SAMPLE_RATE, decode_audio
 
+    from .output_plan import fingerprinted
+
     batch: list = []
-    for path, outputs in jobs:
+    for path, outputs, record in jobs:
         try:
-            audio = decode_audio(path)
+            audio = decode_audio(fingerprinted(path, record))
         except Exception as error:
             failed(path, error)
             continue
-        held = sum(len(loaded.samples) for _, _, loaded in batch) + len(audio.samples)
+        held = sum(len(loaded.samples) for *_, loaded in batch) + len(audio.samples)
         if batch and held > BATCH_AUDIO_SECONDS * SAMPLE_RATE:
             yield batch
             batch = []
-        batch.append((path, outputs, audio))
+        batch.append((path, outputs, record, audio))
         if len(batch) == size:
             yield batch
             batch = []
@@ -308,11 +320,11 @@ def _transcribe_batch(service, batch: list, options) -> list:
     fails is decoded again one file at a time, so that only the file at fault fails."""
     if len(batch) > 1:
         try:
-            return service.run_keeping_unlabelled([audio for _, _, audio in batch], options)
+            return service.run_keeping_unlabelled([audio for *_, audio in batch], options)
         except Exception:
             pass
     results: list = []
-    for _, _, audio in batch:
+    for *_, audio in batch:
         try:
             results.append(service.run_keeping_unlabelled([audio], options)[0])
         except Exception as error:

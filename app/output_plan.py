@@ -2,7 +2,8 @@
 engine share.
 
 A file is done when every output it asks for exists and its option record (written beside the
-outputs, `asr.writers`) says the same model, precision and options made them. Then it is
+outputs, `asr.writers`) says the same model, precision and options made them, from the same
+recording where the caller names it (`asr.writers.RECORD_SOURCE`). Then it is
 skipped, unless the request says to overwrite; outputs made otherwise are made again, and the
 user is told what changed. When every output exists but no record says how they were made
 (written by hand, a reference transcript beside its audio, or a version that kept no records),
@@ -25,12 +26,19 @@ class OutputPlan:
     were made with other options: `changes` names them), "overwrite" (done, but the request
     says to make them again), "skip" (done, or kept). kept: the formats of outputs that no
     record says specscribe made, which are kept (worth telling the user: they may be someone
-    else's files); blocked: the formats asked for and missing, not made because of them."""
+    else's files); blocked: the formats asked for and not made because of them (missing, or
+    made otherwise)."""
 
     action: Action
     changes: str = ""
     kept: tuple[str, ...] = ()
     blocked: tuple[str, ...] = ()
+    replaced: bool = False  # a redo because the recording is not the one they were made from
+
+    @property
+    def why(self) -> str:
+        """Why a redo, as the user is told."""
+        return self.changes if self.replaced else f"options changed ({self.changes})"
 
     @property
     def unrecorded(self) -> bool:
@@ -49,14 +57,18 @@ def plan_outputs(outputs: dict[str, Path], record: dict | None, overwrite: bool)
     state, detail = outputs_state(outputs, record)
     if state == "missing":
         return OutputPlan("make")
-    if state == "changed":
-        return OutputPlan("redo", detail)
+    if state in ("changed", "replaced"):
+        return OutputPlan("redo", detail, replaced=state == "replaced")
     if overwrite:
         return OutputPlan("overwrite")
     if state != "unrecorded":
         return OutputPlan("skip")
-    blocked = tuple(fmt for fmt, path in outputs.items() if not path.exists())
-    return OutputPlan("skip", kept=tuple(detail.split(", ")), blocked=blocked)
+    kept = tuple(detail.split(", "))
+    # Not made because of them: the outputs missing, and specscribe's own made otherwise.
+    ours = {fmt: path for fmt, path in outputs.items() if fmt not in kept and path.exists()}
+    stale = tuple(ours) if ours and outputs_state(ours, record)[0] != "done" else ()
+    missing = tuple(fmt for fmt, path in outputs.items() if not path.exists())
+    return OutputPlan("skip", kept=kept, blocked=tuple(f for f in outputs if f in stale + missing))
 
 
 def kept_outputs(plan: OutputPlan, outputs: dict[str, Path]) -> str:
@@ -67,3 +79,25 @@ def kept_outputs(plan: OutputPlan, outputs: dict[str, Path]) -> str:
     if plan.blocked:
         told += f", so {', '.join(str(outputs[fmt]) for fmt in plan.blocked)} were not made either"
     return told + " (--overwrite replaces them)"
+
+
+def made_from(path: Path, record: dict) -> dict:
+    """The record of one file's outputs: `record`, and the recording they are made from
+    (`asr.writers.RECORD_SOURCE`; not where it cannot be read: decoding it will say why)."""
+    from asr.source import Source
+    from asr.writers import RECORD_SOURCE
+
+    try:
+        return {**record, RECORD_SOURCE: Source.of(path)}
+    except OSError:
+        return record
+
+
+def fingerprinted(path: Path, record: dict) -> Path:
+    """`path`, once the digest of the recording its record names is read: before its samples,
+    so that the record names the bytes decoded. Raises OSError where it cannot be read."""
+    from asr.writers import RECORD_SOURCE
+
+    if RECORD_SOURCE in record:
+        _ = record[RECORD_SOURCE].digest
+    return path

@@ -21,6 +21,7 @@ from typing import Any
 
 from .config import Settings
 from .jobs import ClaimedTask, JobStore, WorkerId
+from .output_plan import fingerprinted, made_from
 from .ray_actor import ActorSpec, NodeInfo
 from .ray_pool import ActorPool, ActorStartError, first_line
 from .ray_progress import ProgressRelay
@@ -182,12 +183,13 @@ class RayWorker:
             self.log(f"task {task.id}: {reason}; starting another")
             pool.replace(actor)
             return None
+        record = made_from(task.path, record)
         if not prepare(self.store, task, self.worker, self.log, record):
             pool.give_back(actor)
             self.finished += 1
             return None
         try:
-            audio = task.path.read_bytes()
+            audio = fingerprinted(task.path, record).read_bytes()
         except OSError as error:
             reason = f"{task.path}: cannot read it ({error.strerror})"
             finish(self.store, task, self.worker, Outcome(None, reason, 0.0), self.log)

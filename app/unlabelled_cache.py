@@ -4,9 +4,10 @@ other speaker counts labels it again without transcribing it again.
 The transcript does not depend on the counts (`TranscriptionService.relabel`): with them, the
 VAD reads the diarizer's segmentation pass, which precedes clustering. So a kept transcript
 serves any request whose option record (`TranscriptionService.output_record`) equals the one
-it was made with but for `SPEAKER_COUNTS`. It lives in the hidden .STEM.specscribe-unlabelled.json
-beside the record, with that record; a file that cannot be read, or that was made otherwise,
-is not used (the file is transcribed again, and it is replaced).
+it was made with but for `SPEAKER_COUNTS`, from the same recording. It lives in the hidden
+.STEM.specscribe-unlabelled.json beside the record, with that record; a file that cannot be
+read, or that was made otherwise, is not used (the file is transcribed again, and it is
+replaced).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 from pathlib import Path
 
 from asr.types import Transcript
-from asr.writers import record_path, write_atomically
+from asr.writers import RECORD_SOURCE, record_path, write_atomically
 
 from .request import SPEAKER_COUNTS
 
@@ -29,24 +30,36 @@ def unlabelled_path(outputs: dict[str, Path]) -> Path:
 
 
 def _transcription_record(record: dict) -> dict:
-    """What makes the transcript: the record without the speaker counts, as JSON stores it."""
-    return json.loads(json.dumps({k: v for k, v in record.items() if k not in SPEAKER_COUNTS}))
+    """What makes the transcript: the record without the speaker counts and the recording,
+    as JSON stores it."""
+    kept = {k: v for k, v in record.items() if k not in (*SPEAKER_COUNTS, RECORD_SOURCE)}
+    return json.loads(json.dumps(kept))
 
 
 def keep_unlabelled(outputs: dict[str, Path], record: dict, unlabelled: Transcript) -> None:
-    """Keeps `unlabelled` (a `Labelled.unlabelled`) as made with `record`, atomically."""
-    content = {_RECORD: _transcription_record(record), _TRANSCRIPT: unlabelled.to_dict()}
+    """Keeps `unlabelled` (a `Labelled.unlabelled`) as made with `record` (and from the
+    recording it names, `asr.writers.RECORD_SOURCE`), atomically."""
+    source = record.get(RECORD_SOURCE)
+    content = {
+        _RECORD: _transcription_record(record),
+        RECORD_SOURCE: source.stored() if source is not None else None,
+        _TRANSCRIPT: unlabelled.to_dict(),
+    }
     write_atomically(unlabelled_path(outputs), json.dumps(content, ensure_ascii=False) + "\n")
 
 
 def kept_unlabelled(outputs: dict[str, Path], record: dict) -> Transcript | None:
-    """The kept transcript, where one was made with `record` but for the speaker counts;
-    None where there is none, it was made otherwise, or it cannot be read."""
+    """The kept transcript, where one was made with `record` but for the speaker counts, from
+    the recording `record` names (if it names one); None where there is none, it was made
+    otherwise, or it cannot be read."""
     if not outputs:
         return None
     try:
         content = json.loads(unlabelled_path(outputs).read_text(encoding="utf-8"))
         if content[_RECORD] != _transcription_record(record):
+            return None
+        source = record.get(RECORD_SOURCE)
+        if source is not None and not source.made(content[RECORD_SOURCE]):
             return None
         return Transcript.from_dict(content[_TRANSCRIPT])
     except (OSError, ValueError, KeyError, TypeError):

@@ -29,6 +29,7 @@ from pathlib import Path
 from asr.types import ProgressHook, Transcript, no_progress
 
 from .jobs import ClaimedTask, JobStore, WorkerId
+from .output_plan import made_from
 from .service import ServiceOptions, TranscriptionService
 
 Log = Callable[[str], None]
@@ -141,7 +142,7 @@ def prepare(
     if plan.action == "make":
         return True
     if plan.action == "redo":
-        log(f"task {task.id} (job {task.job_id}): options changed ({plan.changes}): {task.path}")
+        log(f"task {task.id} (job {task.job_id}): {plan.why}: {task.path}")
         return True
     outputs = list(task.outputs.values())
     if plan.blocked:
@@ -330,7 +331,7 @@ class LocalWorker:
 
     def _run_one(self, task: ClaimedTask) -> None:
         self.log(f"task {task.id} (job {task.job_id}) running, attempt {task.attempt}: {task.path}")
-        record = self.service.output_record(task.spec.options)
+        record = made_from(task.path, self.service.output_record(task.spec.options))
         try:
             if not prepare(self.store, task, self.worker, self.log, record):
                 return

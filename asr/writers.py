@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from asr.source import Source
 from asr.types import Segment, Transcript, Word
 
 Writer = Callable[[Transcript, str], str]  # (transcript, input stem) -> file content
@@ -61,8 +62,9 @@ class SubtitleLayout:
     None and None: one cue per segment, on one line. Otherwise a segment's words are laid into
     lines of at most `max_line_width` characters (a longer word gets a line of its own), and a
     cue holds at most `max_line_count` lines, or starts anew after a pause of MAX_CUE_GAP s;
-    a cue runs from its first word's start to its last word's end and never spans two
-    segments (speakers stay apart). A segment without word times is wrapped the same way and
+    a cue runs from its first word's start to its last word's end (at least MIN_CUE_SECONDS
+    where there is room) and never spans two segments (speakers stay apart); a line never
+    breaks inside a hyphenated word. A segment without word times is wrapped the same way and
     its time shared among its cues by characters."""
 
     max_line_width: int | None = None
@@ -97,7 +99,8 @@ def _cues(
     speaker's cue's first line, shown on screen (srt's "[SPEAKER_00] "), which the line's
     width then includes."""
     if not layout.shaped:
-        return [_Cue(s.start, s.end, (_one_line(s.text),), s.speaker) for s in transcript.segments]
+        cues = [_Cue(s.start, s.end, (_one_line(s.text),), s.speaker) for s in transcript.segments]
+        return _lasting(cues, transcript.duration)
     cues: list[_Cue] = []
     for segment in transcript.segments:
         shown = len(label(segment.speaker)) if label and segment.speaker else 0
@@ -106,7 +109,23 @@ def _cues(
             cues += _word_cues(words, layout, segment.speaker, shown)
         elif segment.text.strip():
             cues += _text_cues(segment, layout, shown)
-    return cues
+    return _lasting(cues, transcript.duration)
+
+
+def _lasting(cues: list[_Cue], duration: float) -> list[_Cue]:
+    """The cues, each one that would end as it starts (a cue of one word that word timing
+    left without length: players drop or flash it) lasting up to MIN_CUE_SECONDS, as far as
+    the next cue and the recording leave room."""
+    lasting = []
+    for cue, after in zip(cues, [*cues[1:], None], strict=True):
+        if cue.end <= cue.start:
+            room = min(after.start if after else duration, duration)
+            cue = replace(cue, end=round(max(min(cue.start + MIN_CUE_SECONDS, room), cue.end), 3))
+        lasting.append(cue)
+    return lasting
+
+
+MIN_CUE_SECONDS = 0.5
 
 
 def _word_cues(
@@ -125,19 +144,35 @@ def _word_cues(
             lines.clear()
 
     previous_end = None
-    for word in words:
-        if previous_end is not None and word.start - previous_end > layout.MAX_CUE_GAP:
+    for whole in _whole_words(words):
+        if previous_end is not None and whole[0].start - previous_end > layout.MAX_CUE_GAP:
             close()
         length = len("".join(w.text for w in lines[-1]).strip()) if lines else 0
         room = width - label_width if len(lines) == 1 else width
-        if not lines or length + len(word.text) > room:
+        if not lines or length + sum(len(w.text) for w in whole) > room:
             if len(lines) == count:
                 close()
             lines.append([])
-        lines[-1].append(word)
-        previous_end = word.end
+        lines[-1].extend(whole)
+        previous_end = whole[-1].end
     close()
     return cues
+
+
+def _whole_words(words: list[Word]) -> list[list[Word]]:
+    """The words, each with the pieces Whisper's word timing split off it ("self"
+    "-substantial", "many" "-fledged"), which a line never breaks before."""
+    wholes: list[list[Word]] = []
+    for word in words:
+        if wholes and word.text[:1] in _WORD_PIECE_STARTS:
+            wholes[-1].append(word)
+        else:
+            wholes.append([word])
+    return wholes
+
+
+# How a word that Whisper's word timing split off the one before it begins (no space).
+_WORD_PIECE_STARTS = frozenset("-\u2010\u2011'\u2019")
 
 
 def _text_cues(segment: Segment, layout: SubtitleLayout, label_width: int = 0) -> list[_Cue]:
@@ -271,17 +306,19 @@ def write_outputs(
             content = WRITERS[fmt](transcript, path.stem)
         write_atomically(path, content)
     if record is not None and paths:
-        wanted = _as_stored(record)
+        source, wanted = _split(record)
         try:
             stored = _read_record(record_path(paths))
         except (OSError, ValueError):  # damaged: replaced by what was just written
             stored = None
-        content = {**wanted, RECORD_FORMATS: sorted(paths)}
+        made_from = {RECORD_SOURCE: source.stored()} if source is not None else {}
+        content = {**wanted, **made_from, RECORD_FORMATS: sorted(paths)}
         content[RECORD_WRITTEN] = sorted({*paths, *_written(stored)})
-        if isinstance(stored, dict) and _options(stored) == wanted:
+        same = isinstance(stored, dict) and _options(stored) == wanted
+        if same and _same_source(source, stored):
             vouched = stored.get(RECORD_FORMATS)
             if RECORD_FORMATS not in stored:  # from before formats were named, same options:
-                content = wanted  # it still vouches for every output, as it did
+                content = {**wanted, **made_from}  # it still vouches for every output, as it did
             elif isinstance(vouched, list):
                 content[RECORD_FORMATS] = sorted({*paths, *map(str, vouched)})
         write_atomically(record_path(paths), json.dumps(content, sort_keys=True, indent=1) + "\n")
@@ -294,6 +331,11 @@ RECORD_FORMATS = "formats"
 # options: an output of another name (a reference .txt beside its audio) is someone else's,
 # and is never replaced without --overwrite. Records without it: the formats they vouch for.
 RECORD_WRITTEN = "written"
+
+
+# The record's key for the recording the outputs were made from (an asr.source.Source in the
+# record a caller passes, its `stored()` in the file). Records without it are not checked.
+RECORD_SOURCE = "source"
 
 
 def record_path(paths: dict[str, Path]) -> Path:
@@ -316,9 +358,24 @@ def _as_stored(record: dict) -> dict:
     return json.loads(json.dumps(record))
 
 
+def _split(record: dict) -> tuple[Source | None, dict]:
+    """A caller's record: the recording (`RECORD_SOURCE`), and the options as JSON stores them."""
+    options = {k: v for k, v in record.items() if k != RECORD_SOURCE}
+    return record.get(RECORD_SOURCE), _as_stored(options)
+
+
+def _same_source(source: Source | None, stored: dict) -> bool:
+    """Whether a stored record's outputs were made from `source` (True where either does not
+    say: records from before sources were kept, callers that do not name one)."""
+    return source is None or RECORD_SOURCE not in stored or source.made(stored[RECORD_SOURCE])
+
+
 def _options(stored: dict) -> dict:
-    """A stored record's options, without the formats it vouches for and has written."""
-    return {k: v for k, v in stored.items() if k not in (RECORD_FORMATS, RECORD_WRITTEN)}
+    """A stored record's options, without the formats it vouches for and has written, and the
+    recording it was made from."""
+    return {
+        k: v for k, v in stored.items() if k not in (RECORD_FORMATS, RECORD_WRITTEN, RECORD_SOURCE)
+    }
 
 
 def _written(stored: object) -> list[str]:
@@ -365,8 +422,12 @@ def _shown(record: dict, key: str) -> str:
 
 
 def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[str, str]:
-    """Whether a file's outputs are done: ("missing", ""), ("done", ""), ("changed", what)
-    or ("unrecorded", formats).
+    """Whether a file's outputs are done: ("missing", ""), ("done", ""), ("changed", what),
+    ("replaced", what) or ("unrecorded", formats).
+
+    "replaced": `record` names the recording the outputs are to be made from
+    (`RECORD_SOURCE`), and they were made from another, or from it before it changed (`what`
+    says which).
 
     "changed": every output exists, but the record says other options made them (`what` names
     them: "diarize false -> true", "multilingual true -> (default)"), or does not vouch for
@@ -389,7 +450,9 @@ def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[s
         return "missing", ""
     if not isinstance(stored, dict):
         return "changed", "its record is unreadable"
-    wanted = _as_stored(record)
+    source, wanted = _split(record)
+    if not _same_source(source, stored):
+        return "replaced", source.change(stored[RECORD_SOURCE])
     options = _options(stored)
     if options != wanted:
         differences = [

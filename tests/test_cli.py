@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+from pathlib import Path
 
 import pytest
 import torch
@@ -70,6 +71,9 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
     assert "multilingual: model whisper-tiny.en is English-only" in refused  # not its path
     assert main([*jfk, "--format", "srt"]) == 2
     assert "--format needs --output-dir" in capsys.readouterr().err
+    for flags in (["--max-line-width", "20"], ["--output-dir", str(out), "--max-line-count", "1"]):
+        assert main([*jfk, *flags]) == 2  # printed, or txt only: no cues to shape
+        assert "shape srt and vtt cues: ask for --format srt or vtt" in capsys.readouterr().err
     submit = ["submit", str(SAMPLES / "jfk.wav"), "--output-dir", str(out)]
     store = ["--store", str(tmp_path / "jobs.db")]
     assert main([*submit, *store, "--model", "whisper-bogus"]) == 2
@@ -358,3 +362,40 @@ def test_a_wrong_draft_is_refused_before_the_target_loads(capsys, monkeypatch, r
     assert "whisper-base is a whisper model, not a text language model" in capsys.readouterr().err
     assert main(["generate", "Hello", "--assistant", "nonsense-model:int8"]) == 2
     assert "unknown model 'nonsense-model'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_outputs_of_another_recording_of_the_same_name_are_not_taken_for_its_own(capsys, tmp_path):
+    # A recorder names every day's file REC001.WAV: the outputs of yesterday's are not
+    # today's, though their options are the same.
+    (tmp_path / "monday").mkdir()
+    (tmp_path / "tuesday").mkdir()
+    monday, tuesday = tmp_path / "monday" / "REC001.wav", tmp_path / "tuesday" / "REC001.wav"
+    shutil.copy(SAMPLES / "jfk.wav", monday)
+    shutil.copy(SAMPLES / "librispeech_1089-134686-0002.wav", tuesday)
+    out = tmp_path / "out"
+
+    def command(audio: Path) -> list[str]:
+        return ["transcribe", str(audio), "--output-dir", str(out), "--language", "en"]
+
+    assert main(command(monday)) == 0
+    capsys.readouterr()
+    assert main(command(tuesday)) == 0
+    err = capsys.readouterr().err
+    assert f"redoing {tuesday}: its outputs were made from another recording, {monday}" in err
+    reference = reference_text(SAMPLES / "librispeech_1089-134686-0002.wav")
+    assert word_error_rate(reference, (out / "REC001.txt").read_text()) < 0.2
+    assert main(command(tuesday)) == 0
+    assert "all 1 files have their outputs" in capsys.readouterr().err
+
+
+def test_format_lists_are_read_as_users_write_them():
+    import argparse
+
+    from app.cli import _formats
+    from asr.writers import WRITERS
+
+    assert _formats("SRT, vtt,srt") == ["srt", "vtt"]
+    assert _formats("all") == _formats("all,srt") == list(WRITERS)
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown format docx; choose from"):
+        _formats("txt,docx")

@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from app.output_plan import plan_outputs
+from app.output_plan import OutputPlan, kept_outputs, plan_outputs
 from app.request import MAX_PROMPT_CHARACTERS, ServiceOptions, check_formats
 from asr.transcribe import TranscribeOptions
-from asr.writers import output_paths, record_path
+from asr.writers import output_paths, record_path, write_outputs
+from tests.test_writers import TRANSCRIPT
 
 
 def test_languages_are_codes_whatever_the_front_sent():
@@ -155,3 +156,26 @@ def test_the_plan_makes_missing_outputs_redoes_changed_ones_and_skips_finished_o
         'language "en" -> "de"',
         True,
     )
+
+
+def test_a_file_kept_beside_outputs_made_otherwise_blocks_them(tmp_path):
+    # A reference txt beside its audio, and an srt specscribe made with other options: the srt
+    # cannot be made again without the txt being replaced, so the file is not done (the CLI
+    # and the worker count it failed), and the user is told both.
+    outputs = output_paths(tmp_path, tmp_path / "talk", ["txt", "srt"])
+    outputs["txt"].write_text("a reference transcript")
+    srt_only = {"srt": outputs["srt"]}
+    write_outputs(TRANSCRIPT, srt_only, {"max_line_width": None})
+    done = plan_outputs(outputs, {"max_line_width": None}, overwrite=False)
+    assert (done.action, done.kept, done.blocked) == ("skip", ("txt",), ())
+    plan = plan_outputs(outputs, {"max_line_width": 20}, overwrite=False)
+    assert (plan.action, plan.kept, plan.blocked) == ("skip", ("txt",), ("srt",))
+    told = kept_outputs(plan, outputs)
+    assert f"so {outputs['srt']} were not made either" in told
+
+
+def test_a_redo_says_why():
+    changed = OutputPlan("redo", 'language "en" -> "de"')
+    assert changed.why == 'options changed (language "en" -> "de")'
+    replaced = "the recording changed since its outputs were made"
+    assert OutputPlan("redo", replaced, replaced=True).why == replaced

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -226,3 +227,82 @@ def test_a_label_wider_than_the_line_never_splits_words():
     segment = Segment(0.0, 3.0, " Thank you everyone.", speaker="SPEAKER_00")  # no word times
     srt = write_srt(Transcript((segment,), "en", 3.0), "x", SubtitleLayout(max_line_width=16))
     assert "[SPEAKER_00] Thank\n" in srt and "everyone." in srt
+
+
+def test_outputs_made_from_another_recording_are_made_again(tmp_path):
+    from asr.source import Source
+    from asr.writers import RECORD_SOURCE
+
+    audio = tmp_path / "talk.wav"
+    audio.write_bytes(b"RIFF one recording")
+    outputs = output_paths(tmp_path / "out", Path("talk"), ["txt"])
+
+    def made_from(path: Path) -> dict:
+        return {"language": "en", RECORD_SOURCE: Source.of(path)}
+
+    write_outputs(TRANSCRIPT, outputs, made_from(audio))
+    stored = json.loads((tmp_path / "out" / ".talk.specscribe.json").read_text())
+    assert stored[RECORD_SOURCE]["size"] == audio.stat().st_size
+    assert stored[RECORD_SOURCE]["path"] == str(audio.resolve())
+    assert outputs_state(outputs, made_from(audio)) == ("done", "")
+    # A copy elsewhere (another path, another time, the same bytes) is the same recording.
+    copy = tmp_path / "copy" / "talk.wav"
+    copy.parent.mkdir()
+    copy.write_bytes(audio.read_bytes())
+    os.utime(copy, ns=(1, 1))
+    assert outputs_state(outputs, made_from(copy)) == ("done", "")
+    # Another recording of the same name, or this one replaced, is not.
+    other = tmp_path / "other" / "talk.wav"
+    other.parent.mkdir()
+    other.write_bytes(b"RIFF two recording")  # the same size
+    assert outputs_state(outputs, made_from(other)) == (
+        "replaced",
+        f"its outputs were made from another recording, {audio.resolve()}",
+    )
+    audio.write_bytes(b"RIFF a new recording, longer")
+    assert outputs_state(outputs, made_from(audio)) == (
+        "replaced",
+        "the recording changed since its outputs were made",
+    )
+    # Options still count, and a record from before sources were kept is taken as made from it.
+    write_outputs(TRANSCRIPT, outputs, made_from(audio))
+    assert outputs_state(outputs, {**made_from(audio), "language": "de"})[0] == "changed"
+    del stored[RECORD_SOURCE]
+    (tmp_path / "out" / ".talk.specscribe.json").write_text(json.dumps(stored))
+    assert outputs_state(outputs, made_from(other)) == ("done", "")
+
+
+def test_a_cue_of_a_word_without_length_lasts_as_long_as_there_is_room():
+    # Word timing can leave a word without length (" smiling," at 7.784-7.784 s): its cue
+    # would end as it starts, which players drop or flash.
+    words = (
+        Word(7.0, 7.784, " were", 0.9),
+        Word(7.784, 7.784, " smiling,", 0.9),
+        Word(8.0, 8.5, " and", 0.9),
+        Word(20.0, 20.0, " preserved", 0.9),
+    )
+    transcript = Transcript(
+        segments=(Segment(7.0, 20.0, "".join(w.text for w in words), words),),
+        language="en",
+        duration=20.2,
+    )
+    srt = write_srt(transcript, "x", SubtitleLayout(max_line_width=10, max_line_count=1))
+    assert "00:00:07,784 --> 00:00:08,000\nsmiling," in srt  # up to the next cue
+    assert "00:00:20,000 --> 00:00:20,200\npreserved" in srt  # up to the recording's end
+    untimed = Transcript((Segment(3.0, 3.0, " Hm."),), "en", 10.0)
+    assert "00:00:03.000 --> 00:00:03.500\nHm." in write_vtt(untimed, "x")
+
+
+def test_lines_never_break_inside_a_hyphenated_word():
+    # Whisper's word timing splits "self-substantial" into " self" and "-substantial".
+    words = _spoken("feed thy light's flame with self")
+    piece = Word(words[-1].end, words[-1].end + 0.4, "-substantial", 0.9)
+    words += (piece, Word(piece.end + 0.1, piece.end + 0.5, " fuel,", 0.9))
+    transcript = Transcript(
+        segments=(Segment(0.0, 4.0, "".join(w.text for w in words), words),),
+        language="en",
+        duration=4.0,
+    )
+    srt = write_srt(transcript, "x", SubtitleLayout(max_line_width=20, max_line_count=1))
+    lines = [line for line in srt.splitlines() if line and "-->" not in line and not line.isdigit()]
+    assert lines == ["feed thy light's", "flame with", "self-substantial", "fuel,"]

@@ -1,0 +1,64 @@
+"""Which recording a file's outputs were made from, as their record keeps it.
+
+A rerun skips a file whose outputs exist and were made with the same options; without this, it
+also skipped one whose recording had since been replaced (a recorder's REC001.WAV of another
+day), or another recording of the same name written to the same folder. The size and the
+modification time vouch for a file unchanged since, as make, rsync and git trust them, so a
+finished folder is not read again; where only the time differs (a copy), the bytes decide.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Source:
+    """A recording on disk: where it is, its size and modification time; its BLAKE2b
+    digest is read on first use (`digest`)."""
+
+    path: Path
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path) -> Source:
+        """Raises OSError where `path` cannot be read."""
+        stat = path.stat()
+        return cls(path.resolve(), stat.st_size, stat.st_mtime_ns)
+
+    @functools.cached_property
+    def digest(self) -> str:
+        digest = hashlib.blake2b(digest_size=20)
+        with self.path.open("rb") as stream:
+            while chunk := stream.read(_CHUNK):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    def stored(self) -> dict:
+        """As a record stores it (JSON values)."""
+        return {
+            "path": str(self.path),
+            "size": self.size,
+            "mtime_ns": self.mtime_ns,
+            "blake2b": self.digest,
+        }
+
+    def made(self, stored: object) -> bool:
+        """Whether `stored` (a record's `stored()`) is this recording: the same size, and the
+        same modification time or else the same bytes."""
+        if not isinstance(stored, dict) or stored.get("size") != self.size:
+            return False
+        return stored.get("mtime_ns") == self.mtime_ns or stored.get("blake2b") == self.digest
+
+    def change(self, stored: object) -> str:
+        """What tells `stored` from this recording, as a rerun notice says it."""
+        where = stored.get("path") if isinstance(stored, dict) else None
+        if isinstance(where, str) and Path(where) != self.path:
+            return f"its outputs were made from another recording, {where}"
+        return "the recording changed since its outputs were made"
