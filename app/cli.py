@@ -168,14 +168,14 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
                 skipped += 1
             continue
         # Asked for other speaker counts (or an output lost): its transcript is kept.
-        unlabelled = None
+        kept_transcript = None
         if options.diarize and plan.action in ("make", "redo"):
-            unlabelled = kept_unlabelled(outputs, file_record)
+            kept_transcript = kept_unlabelled(outputs, file_record)
         if plan.action == "redo":
-            again = "labelling its kept transcript again" if unlabelled else "redoing"
+            again = "labelling its kept transcript again" if kept_transcript else "redoing"
             print(f"specscribe: {again} {path}: {plan.why}", file=sys.stderr)
-        if unlabelled is not None:
-            relabels.append((path, outputs, file_record, unlabelled))
+        if kept_transcript is not None:
+            relabels.append((path, outputs, file_record, kept_transcript))
         else:
             jobs.append((path, outputs, file_record))
 
@@ -221,7 +221,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         transcript, unlabelled = result.transcript, result.unlabelled
         try:
             if unlabelled is not None and outputs:  # printed: nothing to keep it beside
-                keep_unlabelled(outputs, file_record, unlabelled)
+                keep_unlabelled(outputs, file_record, unlabelled, result.passes)
             write_outputs(transcript, outputs, file_record, layout)
         except Exception as error:
             failed(path, error)
@@ -231,11 +231,12 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         tqdm.write(f"== {path}\n{_shown(transcript)}")
         bar.update()
 
-    for path, outputs, file_record, unlabelled in relabels:  # only the speakers are found again
+    for path, outputs, file_record, kept_transcript in relabels:  # only speakers found again
         bar.set_postfix_str(path.name)
         try:
             audio = decode_audio(fingerprinted(path, file_record))
-            transcript = service.relabel(audio, unlabelled, options)
+            unlabelled, passes = kept_transcript.unlabelled, kept_transcript.passes
+            transcript = service.relabel(audio, unlabelled, options, passes=passes)
         except Exception as error:
             failed(path, error)
             continue

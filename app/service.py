@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from asr.vad import VoiceActivityDetector
     from asr.whisper import WhisperModel
     from asr.whisper_drafters import DraftSource
+    from diarize.passes import SpeakerPasses
     from diarize.pipeline import Diarization, DiarizeOptions, Diarizer
 
 __all__ = [
@@ -320,19 +321,21 @@ class TranscriptionService:
         unlabelled: Transcript,
         options: ServiceOptions,
         progress: ProgressHook = no_progress,
+        passes: SpeakerPasses | None = None,
     ) -> Transcript:
         """The transcript `run` would give `audio` with `options` (diarize on), made from its
         `unlabelled` transcript (`run_keeping_unlabelled`, made with the same options but for
         the speaker counts): only the speakers are found again. The transcript does not
         depend on the counts: the VAD reads the diarizer's segmentation pass, which precedes
-        clustering."""
+        clustering. passes: the diarizer's passes over it (`Labelled.passes`), which leave only
+        the clustering to run again."""
         if not options.diarize:
             raise ValueError("relabel needs diarize")
         decoded = _decoded(audio)
         with self._lock:
             started = time.perf_counter()
             diarization = self.diarizer.diarization(
-                decoded.samples, options.speaker_options(), progress=progress
+                decoded.samples, options.speaker_options(), progress=progress, passes=passes
             )
             seconds = time.perf_counter() - started
             reused = dataclasses.replace(
@@ -401,7 +404,8 @@ class TranscriptionService:
                     results.append(Labelled(_with_audio_warnings(unlabelled, d), None))
                     continue
                 labelled = self._labelled(unlabelled, p.diarization, options, p.seconds)
-                results.append(Labelled(_with_audio_warnings(labelled, d), unlabelled))
+                passes = p.diarization.passes
+                results.append(Labelled(_with_audio_warnings(labelled, d), unlabelled, passes))
             return results
 
     def _prepare(
@@ -555,6 +559,7 @@ class Labelled:
 
     transcript: Transcript
     unlabelled: Transcript | None
+    passes: SpeakerPasses | None = None  # the diarizer's, where it keeps them
 
 
 @dataclasses.dataclass(frozen=True)

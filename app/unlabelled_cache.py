@@ -12,21 +12,39 @@ replaced).
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from asr.types import Transcript
 from asr.writers import RECORD_SOURCE, record_path, write_atomically
+from diarize.passes import SpeakerPasses
 
 from .request import SPEAKER_COUNTS
 
-_RECORD, _TRANSCRIPT = "record", "transcript"
+_RECORD, _TRANSCRIPT, _PASSES = "record", "transcript", "passes"
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A file's kept transcript before speakers, and the diarizer's passes over the file where
+    they were kept too (None: the diarizer runs in full)."""
+
+    unlabelled: Transcript
+    passes: SpeakerPasses | None
 
 
 def unlabelled_path(outputs: dict[str, Path]) -> Path:
     """Where a file's kept transcript lives: beside its record (`asr.writers.record_path`)."""
     record = record_path(outputs)
     return record.with_name(record.name.removesuffix(".json") + "-unlabelled.json")
+
+
+def passes_path(outputs: dict[str, Path]) -> Path:
+    """Where the diarizer's passes over a file live, beside its kept transcript."""
+    return unlabelled_path(outputs).with_suffix(".npz")
 
 
 def _transcription_record(record: dict) -> dict:
@@ -36,22 +54,40 @@ def _transcription_record(record: dict) -> dict:
     return json.loads(json.dumps(kept))
 
 
-def keep_unlabelled(outputs: dict[str, Path], record: dict, unlabelled: Transcript) -> None:
-    """Keeps `unlabelled` (a `Labelled.unlabelled`) as made with `record` (and from the
-    recording it names, `asr.writers.RECORD_SOURCE`), atomically."""
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=20).hexdigest()
+
+
+def keep_unlabelled(
+    outputs: dict[str, Path],
+    record: dict,
+    unlabelled: Transcript,
+    passes: SpeakerPasses | None = None,
+) -> None:
+    """Keeps `unlabelled` (a `Labelled.unlabelled`) and the diarizer's `passes` as made with
+    `record` (and from the recording it names, `asr.writers.RECORD_SOURCE`), each file
+    atomically; the transcript's names the passes' digest, so that passes left from another
+    run are never read with it."""
+    digest = None
+    if passes is not None:
+        stream = io.BytesIO()
+        passes.save(stream)
+        write_atomically(passes_path(outputs), stream.getvalue())
+        digest = _digest(stream.getvalue())
     source = record.get(RECORD_SOURCE)
     content = {
         _RECORD: _transcription_record(record),
         RECORD_SOURCE: source.stored() if source is not None else None,
+        _PASSES: digest,
         _TRANSCRIPT: unlabelled.to_dict(),
     }
     write_atomically(unlabelled_path(outputs), json.dumps(content, ensure_ascii=False) + "\n")
 
 
-def kept_unlabelled(outputs: dict[str, Path], record: dict) -> Transcript | None:
+def kept_unlabelled(outputs: dict[str, Path], record: dict) -> Kept | None:
     """The kept transcript, where one was made with `record` but for the speaker counts, from
-    the recording `record` names (if it names one); None where there is none, it was made
-    otherwise, or it cannot be read."""
+    the recording `record` names (if it names one), with the passes kept beside it; None where
+    there is none, it was made otherwise, or it cannot be read."""
     if not outputs:
         return None
     try:
@@ -61,6 +97,20 @@ def kept_unlabelled(outputs: dict[str, Path], record: dict) -> Transcript | None
         source = record.get(RECORD_SOURCE)
         if source is not None and not source.made(content[RECORD_SOURCE]):
             return None
-        return Transcript.from_dict(content[_TRANSCRIPT])
+        unlabelled = Transcript.from_dict(content[_TRANSCRIPT])
     except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return Kept(unlabelled, _kept_passes(passes_path(outputs), content.get(_PASSES)))
+
+
+def _kept_passes(path: Path, digest: object) -> SpeakerPasses | None:
+    """The passes at `path`, if their bytes have `digest`; None otherwise."""
+    if not isinstance(digest, str):
+        return None
+    try:
+        data = path.read_bytes()
+        if _digest(data) != digest:
+            return None
+        return SpeakerPasses.load(io.BytesIO(data))
+    except (OSError, ValueError, KeyError):
         return None

@@ -264,15 +264,17 @@ def output_paths(output_dir: Path, relative_stem: Path, formats: list[str]) -> d
     }
 
 
-def write_atomically(path: Path, content: str) -> None:
-    """Writes to a temporary file in the same folder, then renames it over `path`."""
+def write_atomically(path: Path, content: str | bytes) -> None:
+    """Writes to a temporary file in the same folder, then renames it over `path` (text as
+    UTF-8)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(
         dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
     )
     try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as stream:
-            stream.write(content)
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        with os.fdopen(descriptor, "wb") as stream:
+            stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())  # the rename must never publish a file still in cache
         # mkstemp creates the file 0600; outputs get the permissions a plain open() would give.

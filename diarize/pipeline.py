@@ -35,7 +35,7 @@ from pyannote.audio.core.plda import PLDA
 from pyannote.audio.pipelines import SpeakerDiarization
 from pyannote.audio.pipelines.clustering import AgglomerativeClustering
 from pyannote.audio.telemetry import set_telemetry_metrics
-from pyannote.core import Annotation, SlidingWindowFeature
+from pyannote.core import Annotation, SlidingWindow, SlidingWindowFeature
 from pyannote.core import Segment as TimeSpan
 from pyannote.pipeline.parameter import Uniform
 
@@ -44,6 +44,7 @@ from asr.types import MAX_SPEAKERS, ProgressHook, SpeakerTurn, no_progress
 from asr.vad import SpeechProbability, probability_from_activity
 from diarize.campplus import FRAME_SHIFT, load_campplus, num_frames
 from diarize.embedding import CamPlusPlusEmbedding
+from diarize.passes import SpeakerPasses
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,8 @@ class EmbeddedSpeakerDiarization(SpeakerDiarization):
     """
 
     EMBEDDING_CACHE = "training_cache/campplus_embeddings"
+    # A file's passes from an earlier run (diarize.passes): used instead of running the networks.
+    REUSED_PASSES = "specscribe/passes"
 
     def __init__(
         self,
@@ -195,12 +198,32 @@ class EmbeddedSpeakerDiarization(SpeakerDiarization):
         self.clustering = _AgglomerativeClustering(metric=self._embedding.metric)
         self.device = torch.device("cpu")  # until `to`
         self.last_segmentations: SlidingWindowFeature | None = None
+        self.last_embeddings: np.ndarray | None = None
 
     def get_segmentations(self, file: dict[str, Any], hook: Any = None) -> SlidingWindowFeature:
         """pyannote's segmentation pass, kept (until the next file) for the speech detector
         (`speech_probability`): VAD and diarization share it."""
-        self.last_segmentations = super().get_segmentations(file, hook=hook)
+        self.last_embeddings = None
+        reused: SpeakerPasses | None = file.get(self.REUSED_PASSES)
+        if reused is not None:
+            start, duration, step = reused.chunk_window
+            window = SlidingWindow(start=start, duration=duration, step=step)
+            self.last_segmentations = SlidingWindowFeature(reused.segmentations.copy(), window)
+        else:
+            self.last_segmentations = super().get_segmentations(file, hook=hook)
         return self.last_segmentations
+
+    def last_passes(self) -> SpeakerPasses | None:
+        """The last file's segmentation and embedding passes (None where it had no speech to
+        embed), for `Diarizer.diarization(..., passes=...)` to cluster again."""
+        if self.last_segmentations is None or self.last_embeddings is None:
+            return None
+        window = self.last_segmentations.sliding_window
+        return SpeakerPasses(
+            self.last_segmentations.data,
+            (float(window.start), float(window.duration), float(window.step)),
+            self.last_embeddings,
+        )
 
     def speech_probability(self) -> SpeechProbability | None:
         """Whether anyone speaks, frame by frame, in the last file segmented (None before)."""
@@ -225,6 +248,9 @@ class EmbeddedSpeakerDiarization(SpeakerDiarization):
         speakers silent in a chunk (pyannote's clustering skips them)."""
         if self.training and self.EMBEDDING_CACHE in file:
             return file[self.EMBEDDING_CACHE]
+        if self.REUSED_PASSES in file:
+            self.last_embeddings = file[self.REUSED_PASSES].embeddings
+            return self.last_embeddings.copy()
         model: CamPlusPlusEmbedding = self._embedding.model_
         chunks = binary_segmentations.sliding_window
         masks = np.nan_to_num(binary_segmentations.data, nan=0.0).astype(np.float32)
@@ -259,6 +285,7 @@ class EmbeddedSpeakerDiarization(SpeakerDiarization):
                 hook("embeddings", None, total=num_blocks, completed=block + 1)
         if self.training:
             file[self.EMBEDDING_CACHE] = embeddings
+        self.last_embeddings = embeddings.copy()  # clustering's input, as it was
         return embeddings
 
 
@@ -346,9 +373,17 @@ class Diarizer:
         samples: np.ndarray,
         options: DiarizeOptions | None = None,
         progress: ProgressHook = no_progress,
+        passes: SpeakerPasses | None = None,
     ) -> Diarization:
-        """The overlap-aware turns and the exclusive ones (see Diarization) of one recording."""
+        """The overlap-aware turns and the exclusive ones (see Diarization) of one recording.
+
+        passes: the recording's `Diarization.passes` from an earlier run: only the clustering
+        runs again, on the same inputs (the embedded pipeline; others run in full)."""
         options = (options or DiarizeOptions()).validate()
+        embedded = isinstance(self.pipeline, EmbeddedSpeakerDiarization)
+        file = audio_file(samples)
+        if passes is not None and embedded:
+            file[EmbeddedSpeakerDiarization.REUSED_PASSES] = passes
         # pyannote's clustering print()s when it finds fewer clusters than asked, onto the
         # stdout that carries our transcript; the caller reports a count not met itself.
         with contextlib.redirect_stdout(io.StringIO()) as chatter, warnings.catch_warnings():
@@ -357,7 +392,7 @@ class Diarizer:
             warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
             warnings.filterwarnings("ignore", "invalid value encountered", RuntimeWarning)
             output = self.pipeline(
-                audio_file(samples),
+                file,
                 num_speakers=options.num_speakers,
                 min_speakers=options.min_speakers,
                 max_speakers=options.max_speakers,
@@ -373,7 +408,9 @@ class Diarizer:
         if exclusive is not None:
             exclusive = turns_from_annotation(exclusive, self.min_duration_on, names)
         speech = getattr(self.pipeline, "speech_probability", lambda: None)()
-        diarization = Diarization(turns, exclusive if exclusive is not None else turns, speech)
+        kept = getattr(self.pipeline, "last_passes", lambda: None)()
+        exclusive = exclusive if exclusive is not None else turns
+        diarization = Diarization(turns, exclusive, speech, kept)
         # pyannote's last 10 s chunk is padded past the recording, and its turns may run
         # into that padding (up to a second past the end of 30 s AMI chunks).
         return diarization.within(((0.0, len(samples) / SAMPLE_RATE),))
@@ -400,11 +437,13 @@ class Diarization:
     overlapped speech goes to the speaker most likely saying it. Same speaker names in both;
     a pipeline without an exclusive output gives its turns for both. speech: whether anyone
     speaks, frame by frame, from the same segmentation pass (the embedded pipeline only), for
-    voice activity detection."""
+    voice activity detection. passes: the networks' passes that clustering read (the embedded
+    pipeline only), to cluster again for other speaker counts."""
 
     turns: tuple[SpeakerTurn, ...]
     exclusive: tuple[SpeakerTurn, ...]
     speech: SpeechProbability | None = None
+    passes: SpeakerPasses | None = None
 
     def within(self, spans: tuple[tuple[float, float], ...] | None) -> Diarization:
         """The turns cut to `spans` (sorted, disjoint seconds; an end may be inf), as for a

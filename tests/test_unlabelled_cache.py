@@ -6,12 +6,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app.cli import main
-from app.unlabelled_cache import keep_unlabelled, kept_unlabelled, unlabelled_path
+from app.unlabelled_cache import (
+    Kept,
+    keep_unlabelled,
+    kept_unlabelled,
+    passes_path,
+    unlabelled_path,
+)
 from asr.types import Transcript
 from asr.writers import output_paths
+from diarize.passes import SpeakerPasses
 from tests.conftest import SAMPLES
 from tests.test_writers import TRANSCRIPT
 
@@ -27,8 +35,8 @@ def test_a_kept_transcript_serves_only_requests_that_differ_in_the_speaker_count
     assert kept_unlabelled(outputs, RECORD) is None  # none kept yet
     keep_unlabelled(outputs, RECORD, TRANSCRIPT)
     assert unlabelled_path(outputs) == tmp_path / ".call.specscribe-unlabelled.json"
-    assert kept_unlabelled(outputs, RECORD) == TRANSCRIPT
-    assert kept_unlabelled(outputs, {**RECORD, "num_speakers": 2}) == TRANSCRIPT
+    assert kept_unlabelled(outputs, RECORD) == Kept(TRANSCRIPT, None)
+    assert kept_unlabelled(outputs, {**RECORD, "num_speakers": 2}) == Kept(TRANSCRIPT, None)
     assert kept_unlabelled(outputs, {**RECORD, "min_speakers": 2, "max_speakers": 3}) is not None
     # Anything else makes another transcript.
     assert kept_unlabelled(outputs, {**RECORD, "language": "de"}) is None
@@ -41,11 +49,39 @@ def test_a_kept_transcript_serves_only_requests_that_differ_in_the_speaker_count
     assert kept_unlabelled(outputs, RECORD) is None
 
 
+def _passes(segmentations: np.ndarray) -> SpeakerPasses:
+    embeddings = np.random.default_rng(0).normal(size=(3, 3, 4)).astype(np.float32)
+    embeddings[1, 2] = np.nan  # a local speaker silent in a chunk
+    return SpeakerPasses(segmentations, (0.0, 10.0, 1.0), embeddings)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_the_diarizers_passes_read_back_exactly(tmp_path, binary):
+    rng = np.random.default_rng(1)
+    activations = rng.random((3, 589, 3)).astype(np.float32)
+    passes = _passes((activations > 0.5).astype(np.float32) if binary else activations)
+    outputs = output_paths(tmp_path, Path("call"), ["txt"])
+    keep_unlabelled(outputs, RECORD, TRANSCRIPT, passes)
+    kept = kept_unlabelled(outputs, RECORD)
+    assert kept.unlabelled == TRANSCRIPT and kept.passes.chunk_window == (0.0, 10.0, 1.0)
+    assert np.array_equal(kept.passes.segmentations, passes.segmentations)
+    assert np.array_equal(kept.passes.embeddings, passes.embeddings, equal_nan=True)
+    # Passes that are not the ones the transcript names are not read with it.
+    keep_unlabelled(outputs, RECORD, TRANSCRIPT, None)
+    assert kept_unlabelled(outputs, RECORD) == Kept(TRANSCRIPT, None)
+    keep_unlabelled(outputs, RECORD, TRANSCRIPT, passes)
+    passes_path(outputs).write_bytes(passes_path(outputs).read_bytes()[:-10])
+    assert kept_unlabelled(outputs, RECORD) == Kept(TRANSCRIPT, None)
+
+
 @pytest.mark.slow
 def test_other_speaker_counts_label_the_kept_transcript_as_a_new_run_would(
     tmp_path, capsys, monkeypatch
 ):
+    from pyannote.audio.pipelines import SpeakerDiarization
+
     from app.service import TranscriptionService
+    from diarize.campplus import CAMPPlus
 
     def command(output_dir: Path, *counts: str) -> list[str]:
         audio = str(SAMPLES / "pyannote_sample.wav")
@@ -61,6 +97,9 @@ def test_other_speaker_counts_label_the_kept_transcript_as_a_new_run_would(
         raise AssertionError("transcribed again")
 
     monkeypatch.setattr(TranscriptionService, "run_keeping_unlabelled", no_transcription)
+    # Nor are the diarizer's networks run again: only its clustering.
+    monkeypatch.setattr(SpeakerDiarization, "get_segmentations", no_transcription)
+    monkeypatch.setattr(CAMPPlus, "frame_features", no_transcription)
     assert main(command(tmp_path / "again", "--num-speakers", "2")) == 0
     told = capsys.readouterr().err
     assert "labelling its kept transcript again" in told and "num_speakers 1 -> 2" in told
