@@ -973,7 +973,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("constant", "heuristic", "confidence", "adaptive"),
         help="the text drafter's draft-length policy (as `generate --policy`)",
     )
-    web.set_defaults(run=_cmd_serve)
+    web.set_defaults(run=_cmd_serve, quick_exit=True)
 
     store_help = "the job store, an SQLite file (default: the user data folder's jobs.sqlite3)"
     submit = commands.add_parser("submit", help="queue files or folders for `specscribe worker`")
@@ -1044,8 +1044,10 @@ def run() -> None:
 
     A one-shot command (`quick_exit`: transcribe, generate) leaves without the interpreter's
     teardown once its outputs are written: unloading torch's C++ libraries and the modules
-    costs about 0.3 s, a tenth of a one-file run. The standard streams are flushed and the
-    atexit handlers (logging, temporary folders' finalizers) still run first.
+    costs about 0.3 s, a tenth of a one-file run. So does `serve`: a stop may leave a request's
+    thread inside torch (a window the web page asked for), and the teardown under it aborts
+    the process (std::terminate, status 134). The standard streams are flushed and the atexit
+    handlers (logging, temporary folders' finalizers) still run first.
     """
     args = build_parser().parse_args()
     status = _run_command(args)

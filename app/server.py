@@ -29,6 +29,10 @@ from .ui import DEFAULT_HOST, DEFAULT_PORT, build_app
 
 log = logging.getLogger(__name__)
 GRACEFUL_SHUTDOWN_SECONDS = 5  # open event streams (the page's queue) are closed after this
+# Of those, the time a running request has to finish: the rest answers it (503) before uvicorn
+# closes its connection, and lets the job stop after the window it is decoding.
+RUNNING_REQUEST_GRACE_SECONDS = 3.0
+JOB_STOP_SECONDS = 30.0  # how long a stop waits for that window before exiting anyway
 
 
 def page_login(api_key: str):
@@ -95,8 +99,22 @@ def serve(
             for signum in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(signum, signal.SIG_IGN)
         print(f"specscribe: serving http://{host}:{port}/ (API under /v1)", flush=True)
-        uvicorn.Server(config).run()
+        _Server(config, work).run()
     finally:
         if work is not None:
-            work.close()
+            work.close(timeout=JOB_STOP_SECONDS)
         shutil.rmtree(outputs_dir, ignore_errors=True)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which tells the API's queue when a stop begins (SIGINT, SIGTERM):
+    requests waiting are answered 503 at once, and a running one within
+    RUNNING_REQUEST_GRACE_SECONDS (its transcript, or 503), never cut off without an answer."""
+
+    def __init__(self, config: uvicorn.Config, work: WorkQueue) -> None:
+        super().__init__(config)
+        self.work = work
+
+    def handle_exit(self, sig: int, frame) -> None:
+        self.work.shut_down(RUNNING_REQUEST_GRACE_SECONDS)
+        super().handle_exit(sig, frame)

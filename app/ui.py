@@ -29,7 +29,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from asr.audio import AudioLoadError
+from asr.audio import AudioLoadError, AudioTooLongError, decode_audio
 from asr.types import ProgressHook, Transcript
 from asr.writers import output_paths, write_outputs
 
@@ -276,7 +276,15 @@ class WebApp:
 
         # 2. Transcribe; errors become messages, never tracebacks.
         try:
-            transcript = self.service.run(audio, options, progress=gradio_progress(progress))
+            # The operator's duration cap holds here as in the API (MAX_AUDIO_SECONDS).
+            limit = self.service.settings.max_audio_seconds
+            decoded = decode_audio(Path(audio), max_seconds=limit)
+            transcript = self.service.run(decoded, options, progress=gradio_progress(progress))
+        except AudioTooLongError as error:
+            message = str(error).replace(str(audio), Path(audio).name)
+            raise gr.Error(
+                f"{html.escape(message)} (MAX_AUDIO_SECONDS)", print_exception=False
+            ) from None
         except AudioLoadError as error:
             # The message names the upload's temporary path; the user knows it by its name.
             message = str(error).replace(str(audio), Path(audio).name)

@@ -117,7 +117,7 @@ def _lasting(cues: list[_Cue], duration: float) -> list[_Cue]:
     left without length: players drop or flash it) lasting up to MIN_CUE_SECONDS, as far as
     the next cue and the recording leave room."""
     lasting = []
-    for cue, after in zip(cues, [*cues[1:], None], strict=True):
+    for cue, after in zip(cues, [*cues[1:], None], strict=False):  # after the last: None
         if cue.end <= cue.start:
             room = min(after.start if after else duration, duration)
             cue = replace(cue, end=round(max(min(cue.start + MIN_CUE_SECONDS, room), cue.end), 3))

@@ -306,6 +306,61 @@ def test_a_request_whose_client_leaves_cancels_its_job_or_stops_it():
         work.close()
 
 
+def test_a_stop_answers_every_request_waiting_and_gives_a_running_one_its_grace():
+    # `docker stop` while one request runs and another waits: the waiting one is answered at
+    # once, the running one gets its result if it ends within the grace, else an answer and
+    # a stop; nothing new is taken. (uvicorn would otherwise cut them off without one.)
+    import asyncio
+
+    from app.api.work_queue import ShuttingDown
+
+    work = WorkQueue(2)
+    release, stop, stopped = threading.Event(), threading.Event(), threading.Event()
+
+    def long_job() -> None:  # runs until told to stop, as a transcription between windows
+        stop.wait(10)
+        stopped.set()
+
+    async def scenario():
+        running = asyncio.create_task(work.run(long_job, stop=stop))
+        waiting = asyncio.create_task(work.run(lambda: "never"))
+        while work.waiting:  # the first has started; the second waits behind it
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        work.shut_down(grace=1.0)
+        with pytest.raises(ShuttingDown):
+            await asyncio.wait_for(waiting, 2)  # answered at its next poll, not after 1 s
+        assert not running.done() and not stop.is_set()  # within its grace
+        with pytest.raises(ShuttingDown):
+            await asyncio.wait_for(running, 3)
+        assert await asyncio.to_thread(stopped.wait, 5)  # asked to stop, and it did
+        with pytest.raises(ShuttingDown):
+            work.reserve()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        work.close(timeout=5)
+
+
+def test_a_job_that_ends_within_the_grace_keeps_its_result():
+    import asyncio
+
+    work = WorkQueue(2)
+
+    async def scenario():
+        task = asyncio.create_task(work.run(lambda: time.sleep(0.6) or "done"))
+        await asyncio.sleep(0.2)
+        work.shut_down(grace=3.0)
+        assert await asyncio.wait_for(task, 5) == "done"
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        work.close(timeout=5)
+
+
 def test_a_stream_whose_client_left_before_it_began_gives_its_place_back():
     # The client left while its upload decoded: the ASGI server cancels the response before
     # its body generator starts, so only the response itself can give the place back.
@@ -508,8 +563,10 @@ def test_a_model_is_retrieved_by_id_and_other_paths_answer_in_openais_shape(clie
     import openai
 
     assert client.models.retrieve("whisper-base").id == "whisper-base"
+    # The name stock clients send, which the audio routes take, is there to be checked.
+    assert client.models.retrieve("whisper-1").id == "whisper-1"
     with pytest.raises(openai.NotFoundError, match="does not exist"):
-        client.models.retrieve("whisper-1")
+        client.models.retrieve("whisper-large-v9")
     url = open_server.url
     _error(httpx.get(url + "/v1/nothing/here"), 404, "unknown_url")
     wrong_method = httpx.get(url + "/v1/audio/transcriptions")
@@ -1020,3 +1077,46 @@ def test_vad_and_clip_ranges_through_the_api(open_server, tmp_path):
     assert all(s["start"] >= 20.0 for s in clipped.json()["segments"])
     everything = _post_audio(url, call, response_format="json", vad="false").json()["text"]
     assert "Hello" in everything
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_server_stopped_mid_request_answers_every_request_and_exits_cleanly(tmp_path):
+    # `docker stop` (SIGTERM) while one transcription runs and another waits: both clients
+    # get an answer in OpenAI's shape (before: uvicorn cut them off with a plain-text 500,
+    # and the process aborted, status 134), and the server exits with status 0.
+    server = Server(tmp_path, ["--assistant", "none"], _child_env(tmp_path))
+    answers: dict[str, httpx.Response] = {}
+
+    def send(name: str) -> None:
+        with SONNET.open("rb") as audio:
+            answers[name] = httpx.post(
+                server.url + "/v1/audio/transcriptions",
+                files={"file": ("sonnet.mp3", audio.read())},
+                data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+                timeout=120,
+            )
+
+    try:
+        server.wait_ready()
+        clients = [threading.Thread(target=send, args=(name,)) for name in ("first", "second")]
+        for client_thread in clients:
+            client_thread.start()
+            time.sleep(1.0)
+        time.sleep(1.0)  # the first decodes (53 s on one thread), the second waits
+        started = time.monotonic()
+        code = server.stop()
+        for client_thread in clients:
+            client_thread.join(30)
+    finally:
+        if server.alive():
+            server.process.kill()
+    assert code == 0, server.tail()
+    assert time.monotonic() - started < 30
+    for name, answer in answers.items():
+        assert answer.status_code in (200, 503), (name, answer.status_code, answer.text)
+        if answer.status_code == 503:
+            assert answer.json()["error"]["code"] == "shutting_down"
+            assert answer.headers["retry-after"] == "10"
+    assert answers["second"].status_code == 503  # it never started
+    assert set(answers) == {"first", "second"}

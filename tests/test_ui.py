@@ -8,6 +8,7 @@ the page works offline and fetches nothing from the internet.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -230,6 +231,20 @@ def test_bad_audio_and_missing_audio_are_messages_without_server_paths(tmp_path,
         app.transcribe(str(SAMPLE), AUTO_LANGUAGE, "transcribe", False, False, True, 0, 3, 1)
     assert caught.value.title == "Invalid options"
     assert caught.value.message == "min_speakers (3) exceeds max_speakers (1)"
+
+
+def test_the_pages_uploads_are_held_to_the_servers_duration_cap(tmp_path, settings):
+    # MAX_AUDIO_SECONDS bounds the API's requests; the page shares the decoder, so it holds
+    # there too (it transcribed a 55 s upload under a 20 s cap). No model loads: the audio
+    # is refused while it decodes.
+    capped = dataclasses.replace(settings, max_audio_seconds=5.0)
+    app = WebApp(TranscriptionService(capped), tmp_path)
+    form = (AUTO_LANGUAGE, "transcribe", False, False, False, 0, 0, 0)
+    with pytest.raises(gr.Error) as caught:
+        app.transcribe(str(SAMPLE), *form)
+    message = caught.value.message
+    assert "lasts more than the 5 s allowed (MAX_AUDIO_SECONDS)" in message
+    assert str(SAMPLE.parent) not in message
 
 
 def test_serve_refuses_a_bad_port_before_loading_anything(capsys):

@@ -306,3 +306,10 @@ def test_lines_never_break_inside_a_hyphenated_word():
     srt = write_srt(transcript, "x", SubtitleLayout(max_line_width=20, max_line_count=1))
     lines = [line for line in srt.splitlines() if line and "-->" not in line and not line.isdigit()]
     assert lines == ["feed thy light's", "flame with", "self-substantial", "fuel,"]
+
+
+def test_a_transcript_without_segments_has_no_cues():
+    empty = Transcript((), "en", 20.0)
+    layout = SubtitleLayout(max_line_width=20)
+    assert write_srt(empty, "x") == write_srt(empty, "x", layout) == ""
+    assert write_vtt(empty, "x") == "WEBVTT\n\n"

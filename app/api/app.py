@@ -16,6 +16,7 @@ from fastapi import Depends, FastAPI, Request
 from starlette.routing import Match, Mount
 
 from ..service import TranscriptionService
+from .audio_request import WHISPER_ALIAS
 from .audio_routes import AudioApi
 from .errors import ApiError, install_handlers
 from .text_front import TextFront
@@ -79,6 +80,8 @@ def build_api(
         for entry in model_entries():
             if entry["id"] == model_id:
                 return entry
+        if model_id == WHISPER_ALIAS:  # what stock clients name; the audio routes take it
+            return {**model_entries()[0], "id": WHISPER_ALIAS}
         raise ApiError(
             404, f"the model {model_id!r} does not exist", param="model", code="model_not_found"
         )

@@ -7,7 +7,8 @@ status) shows the message. Statuses: 400 malformed request (unknown or missing f
 file), 401 missing or wrong API key, 404 a model that is not loaded (as OpenAI answers) or a
 path that is no route, 405 a route's other methods, 413 audio
 too large or too long, 415 not audio / not multipart, 422 a value out of range or a combination
-this server cannot do, 429 the queue is full, 503 a front that is not enabled.
+this server cannot do, 429 the queue is full, 503 a front that is not enabled or a server
+shutting down.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+
+from .work_queue import ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,11 @@ def install_handlers(app: FastAPI) -> None:
         param = ".".join(str(p) for p in problems[0]["loc"][1:]) if problems else None
         message = "; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems)
         return error_response(ApiError(422, message, param=param or None))
+
+    @app.exception_handler(ShuttingDown)
+    async def _shutting_down(request: Request, error: ShuttingDown) -> JSONResponse:
+        headers = {"Retry-After": "10"}
+        return error_response(ApiError(503, str(error), code="shutting_down", headers=headers))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, error: Exception) -> JSONResponse:

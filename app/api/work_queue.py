@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Future
 from typing import TypeVar
@@ -34,6 +35,10 @@ class QueueFull(Exception):
 
 class Abandoned(Exception):
     """The client that asked for a job went away (`WorkQueue.run`)."""
+
+
+class ShuttingDown(Exception):
+    """The server is stopping (`WorkQueue.shut_down`): the job was not run, or not to its end."""
 
 
 class Place:
@@ -83,6 +88,8 @@ class WorkQueue:
         self._lock = threading.Lock()
         self._waiting = 0
         self._running = False
+        self._stopping = threading.Event()
+        self._deadline = float("inf")  # time.monotonic() by which a running job must end
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -95,6 +102,8 @@ class WorkQueue:
         """Takes a place for a job to come; raises QueueFull when `size` are held already and
         a job runs (while none runs, one more: the first of them will run at once)."""
         with self._lock:
+            if self._stopping.is_set():
+                raise ShuttingDown(_SHUTTING_DOWN)
             if self._waiting >= self.size + (0 if self._running else 1):
                 raise QueueFull(f"{self._waiting} requests are waiting (--queue-size {self.size})")
             self._waiting += 1
@@ -150,7 +159,9 @@ class WorkQueue:
         """Queues `job` and waits for its result (its exception) without blocking the event
         loop. A request cancelled while waiting gives up its place. abandoned: polled while
         waiting (a client's disconnect); once true the job is cancelled if it has not
-        started, `stop` is set for a running job to notice, and Abandoned is raised."""
+        started, `stop` is set for a running job to notice, and Abandoned is raised. Once the
+        server is shutting down (`shut_down`), a job that has not started, or that runs past
+        the grace it was given, is given up the same way, raising ShuttingDown."""
         future = self.submit(job, place)
         waiter = asyncio.wrap_future(future)
         try:
@@ -161,6 +172,11 @@ class WorkQueue:
                 if abandoned is not None and await abandoned():
                     self._give_up(future, waiter, stop)
                     raise Abandoned("the client went away")
+                if self._stopping.is_set() and (
+                    not future.running() or time.monotonic() >= self._deadline
+                ):
+                    self._give_up(future, waiter, stop)
+                    raise ShuttingDown(_SHUTTING_DOWN)
         except asyncio.CancelledError:
             self._give_up(future, waiter, stop)
             raise
@@ -175,9 +191,20 @@ class WorkQueue:
             stop.set()
         waiter.add_done_callback(lambda done: done.cancelled() or done.exception())
 
-    def close(self) -> None:
-        """Lets the worker thread end after the jobs queued so far."""
+    def shut_down(self, grace: float) -> None:
+        """The server is stopping: no job is taken or started from now on (ShuttingDown), and
+        a running one has `grace` seconds before its request is answered ShuttingDown and it
+        is asked to stop (`run`), so that every request is answered before the server closes
+        its connections."""
+        self._deadline = time.monotonic() + grace
+        self._stopping.set()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Lets the worker thread end after the jobs queued so far, waiting up to `timeout`
+        seconds for it (None: not at all)."""
         self._jobs.put(None)
+        if timeout is not None:
+            self._thread.join(timeout)
 
     def _give_back_place(self, item: _Job) -> None:
         """`item`'s place among the waiting, once (it starts, or is cancelled); under the lock."""
@@ -198,6 +225,8 @@ class WorkQueue:
             if not self._running:
                 continue
             try:
+                if self._stopping.is_set():  # a stream's job, queued when the server stopped
+                    raise ShuttingDown(_SHUTTING_DOWN)
                 result = item.run()
             except BaseException as error:  # handed to the request that asked for it
                 item.future.set_exception(error)
@@ -210,6 +239,7 @@ class WorkQueue:
 
 # How often a waiting request checks that its client is still there.
 ABANDON_POLL_SECONDS = 0.5
+_SHUTTING_DOWN = "the server is shutting down; send the request again once it is back"
 
 
 class ClosingStream(StreamingResponse):
