@@ -642,7 +642,8 @@ def wordless_speakers_warning(turns: tuple[SpeakerTurn, ...], holding: set[str])
     holds = f"{len(holding)} hold{'s' if len(holding) == 1 else ''}"
     return (
         f"{found} found in the audio, {holds} words of the "
-        f"transcript; no words for {described} (their turns are in the rttm output)"
+        f"transcript; no words for {described} (their turns are with the others': rttm, "
+        "json's turns, verbose_json's speakers)"
     )
 
 

@@ -424,6 +424,14 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                     label="Downloads", file_count="multiple", interactive=False, elem_id="downloads"
                 )
 
+        # Another recording's results go as it comes, so a failure never shows them as its own.
+        audio.change(
+            lambda: ("", "", None),
+            None,
+            [transcript, stats, downloads],
+            queue=False,
+            api_visibility="private",
+        )
         diarize.change(
             lambda on: gr.Row(visible=on),
             diarize,

@@ -315,7 +315,8 @@ def test_speakers_without_words_are_named():
     assert holding == {"SPEAKER_00", "SPEAKER_02"}  # by word, not by segment
     assert wordless_speakers_warning(turns, holding) == (
         "3 speakers found in the audio, 2 hold words of the transcript; no words for "
-        "SPEAKER_01 (0.5 s of speech) (their turns are in the rttm output)"
+        "SPEAKER_01 (0.5 s of speech) (their turns are with the others': rttm, json's turns, "
+        "verbose_json's speakers)"
     )
     assert wordless_speakers_warning(turns[:1], {"SPEAKER_00"}) is None
     two = (turns[0], turns[1])

@@ -378,6 +378,20 @@ def test_browser_transcribes_with_speakers_and_downloads_the_srt(server, tmp_pat
             with page.expect_download() as download:
                 page.click("#downloads a[download='pyannote_sample.srt']")
             srt = Path(download.value.path()).read_text(encoding="utf-8")
+
+            # 4. Another upload clears the results, so one that fails never shows the last's.
+            broken = tmp_path / "broken.wav"
+            broken.write_bytes(b"RIFF" + b"\x00garbage" * 100)
+            page.locator("#audio button[aria-label='Clear']").click()
+            page.set_input_files("#audio input[type=file]", str(broken))
+            page.wait_for_function(
+                "document.querySelector('#transcript textarea').value === ''", timeout=30_000
+            )
+            page.locator("#transcribe").click()
+            failure = page.locator(".toast-body").filter(has_text="Could not read the audio")
+            failure.wait_for(timeout=60_000)
+            assert page.locator("#transcript textarea").input_value() == ""
+            assert page.locator("#stats").inner_text().strip() == ""
         finally:
             browser.close()
 
