@@ -403,7 +403,7 @@ class TranscriptionService:
                 if p.diarization is None:
                     results.append(Labelled(_with_audio_warnings(unlabelled, d), None))
                     continue
-                labelled = self._labelled(unlabelled, p.diarization, options, p.seconds)
+                labelled = self._labelled(unlabelled, p.diarization, options, p.diarize_seconds)
                 passes = p.diarization.passes
                 results.append(Labelled(_with_audio_warnings(labelled, d), unlabelled, passes))
             return results
@@ -571,7 +571,7 @@ class _Prepared:
     spans: tuple[tuple[float, float], ...] | None
     vad: dict
     diarization: Diarization | None
-    seconds: float  # the diarizer's
+    diarize_seconds: float
 
 
 def _speech_seconds(samples: np.ndarray, spans: tuple[tuple[float, float], ...] | None) -> float:

@@ -1,12 +1,14 @@
-"""A diarized file's transcript before speakers, kept beside its outputs so that asking for
-other speaker counts labels it again without transcribing it again.
+"""A diarized file's transcript before speakers, and the diarizer's passes over the file, kept
+beside its outputs so that asking for other speaker counts labels it again without running
+Whisper or the diarizer's networks again.
 
-The transcript does not depend on the counts (`TranscriptionService.relabel`): with them, the
-VAD reads the diarizer's segmentation pass, which precedes clustering. So a kept transcript
+Neither depends on the counts (`TranscriptionService.relabel`): with them, the VAD reads the
+diarizer's segmentation pass, and only clustering comes after the passes. So a kept transcript
 serves any request whose option record (`TranscriptionService.output_record`) equals the one
 it was made with but for `SPEAKER_COUNTS`, from the same recording. It lives in the hidden
-.STEM.specscribe-unlabelled.json beside the record, with that record; a file that cannot be
-read, or that was made otherwise, is not used (the file is transcribed again, and it is
+.STEM.specscribe-unlabelled.json beside the record, with that record, and the passes in the
+.npz of the same name (`diarize.passes`), which the json names by digest; a file that cannot be
+read, or that was made otherwise, is not used (the file is transcribed again, and both are
 replaced).
 """
 
