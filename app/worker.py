@@ -25,12 +25,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from asr.types import ProgressHook, Transcript, no_progress
 
 from .jobs import ClaimedTask, JobStore, WorkerId
 from .output_plan import made_from
 from .service import ServiceOptions, TranscriptionService
+from .unlabelled_cache import Kept, keep_unlabelled, kept_unlabelled
+
+if TYPE_CHECKING:
+    from diarize.passes import SpeakerPasses
 
 Log = Callable[[str], None]
 
@@ -60,11 +65,15 @@ class WorkerOptions:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What decoding one file gave: a transcript, or the error that names the cause."""
+    """What decoding one file gave: a transcript, or the error that names the cause; with
+    diarization, the transcript before speakers and the diarizer's passes too, which `finish`
+    keeps beside the outputs (app.unlabelled_cache) for a rerun with other speaker counts."""
 
     transcript: Transcript | None
     error: str | None
     seconds: float
+    unlabelled: Transcript | None = None
+    passes: SpeakerPasses | None = None
 
 
 class Shutdown(BaseException):
@@ -88,18 +97,25 @@ def execute(
     label: str,
     options: ServiceOptions,
     progress: ProgressHook = no_progress,
+    kept: Kept | None = None,
 ) -> Outcome:
     """Decodes one file (a path, or its bytes named `label` in errors). Any error becomes a
-    failed Outcome: one bad file must not stop the worker."""
+    failed Outcome: one bad file must not stop the worker. kept: the file's kept transcript
+    (`app.unlabelled_cache.kept_unlabelled`), labelled again instead of transcribing."""
     from asr.audio import decode_audio
 
     started = time.perf_counter()
     try:
         source = decode_audio(audio, name=label) if isinstance(audio, bytes) else audio
-        transcript = service.run(source, options, progress)
+        if kept is not None:
+            unlabelled, passes = kept.unlabelled, kept.passes
+            transcript = service.relabel(source, unlabelled, options, progress, passes=passes)
+            return Outcome(transcript, None, time.perf_counter() - started)
+        result = service.run_keeping_unlabelled([source], options, progress)[0]
     except Exception as error:
         return Outcome(None, describe_error(error), time.perf_counter() - started)
-    return Outcome(transcript, None, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return Outcome(result.transcript, None, seconds, result.unlabelled, result.passes)
 
 
 def _temporary_leftovers(task: ClaimedTask) -> list[Path]:
@@ -186,6 +202,8 @@ def finish(
         log(f"task {task.id} (job {task.job_id}): lease lost, result dropped")
         return
     try:
+        if outcome.unlabelled is not None and record is not None:
+            keep_unlabelled(task.outputs, record, outcome.unlabelled, outcome.passes)
         write_outputs(outcome.transcript, task.outputs, record)
     except OSError as error:  # a full disk, a file where a folder must go: this task's failure
         reason = f"writing outputs: {describe_error(error)}"
@@ -335,12 +353,16 @@ class LocalWorker:
         try:
             if not prepare(self.store, task, self.worker, self.log, record):
                 return
+            kept = None  # other speaker counts than its outputs': its transcript is kept
+            if task.spec.options.diarize and not task.spec.overwrite:
+                kept = kept_unlabelled(task.outputs, record)
             outcome = execute(
                 self.service,
                 task.path,
                 str(task.path),
                 task.spec.options,
                 progress_recorder(self.store, task),
+                kept,
             )
             finish(self.store, task, self.worker, outcome, self.log, record)
         except (Shutdown, KeyboardInterrupt) as stop:

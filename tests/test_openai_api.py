@@ -1031,6 +1031,10 @@ def test_text_request_errors(open_server):
     url = open_server.url + "/v1/completions"
     base = {"model": TEXT_MODEL, "prompt": "Hi", "temperature": 0}
     _error(httpx.post(url, json={**base, "model": "gpt-4o"}), 404, "model_not_found")
+    # The speech model is loaded, just not for text: not said to be missing.
+    speech_model = httpx.post(url, json={**base, "model": "whisper-base"})
+    whisper = _error(speech_model, 404, "model_not_found")
+    assert "is not this server's text model" in whisper["message"]
     _error(httpx.post(url, json={**base, "colour": "blue"}), 400, "unknown_parameter")
     for field, value in [
         ("logit_bias", {"50256": -100}),

@@ -527,3 +527,36 @@ def test_a_signal_inside_a_ray_call_still_stops_the_ray_driver_cleanly():
     assert _stop_signal(interrupt) is interrupt
     assert _stop_signal(SystemError("a real one")) is None
     assert _stop_signal(ValueError("not a stop")) is None
+
+
+@pytest.mark.slow
+def test_a_job_asking_other_speaker_counts_labels_the_kept_transcript(
+    tmp_path, settings, monkeypatch
+):
+    from app.service import TranscriptionService
+    from app.worker import LocalWorker, WorkerOptions
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(SAMPLES / "pyannote_sample.wav", folder / "call.wav")
+    store = JobStore(tmp_path / "jobs.db")
+
+    def submit_counting(speakers: int) -> int:
+        options = ServiceOptions(language="en", diarize=True, num_speakers=speakers)
+        return store.submit([folder], JobSpec(tmp_path / "out", ("txt", "rttm"), options, MODEL))
+
+    service = TranscriptionService(settings, asr_model=MODEL, assistant_model="none")
+    options = WorkerOptions(until_idle=True, poll=0.1)
+    submit_counting(1)
+    assert LocalWorker(store, service, options, log=lambda _: None).run() == 1
+    assert "SPEAKER_01" not in (tmp_path / "out" / "call.txt").read_text()
+
+    def no_transcription(*args, **kwargs):
+        raise AssertionError("transcribed again")
+
+    monkeypatch.setattr(TranscriptionService, "run_keeping_unlabelled", no_transcription)
+    job = submit_counting(2)
+    assert LocalWorker(store, service, options, log=lambda _: None).run() == 1
+    (task,) = store.tasks(job)
+    assert task.state == "done", task.error
+    assert "[SPEAKER_01]" in (tmp_path / "out" / "call.txt").read_text()

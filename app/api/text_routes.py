@@ -224,7 +224,7 @@ class TextApi:
         if asked.model != front.name:
             raise ApiError(
                 404,
-                f"model {asked.model!r} is not loaded; this server's text model is {front.name!r}",
+                f"model {asked.model!r} is not this server's text model: {front.name!r} is",
                 param="model",
                 code="model_not_found",
             )
