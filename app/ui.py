@@ -280,17 +280,14 @@ class WebApp:
             limit = self.service.settings.max_audio_seconds
             decoded = decode_audio(Path(audio), max_seconds=limit)
             transcript = self.service.run(decoded, options, progress=gradio_progress(progress))
-        except AudioTooLongError as error:
-            message = str(error).replace(str(audio), Path(audio).name)
-            raise gr.Error(
-                f"{html.escape(message)} (MAX_AUDIO_SECONDS)", print_exception=False
-            ) from None
         except AudioLoadError as error:
             # The message names the upload's temporary path; the user knows it by its name.
-            message = str(error).replace(str(audio), Path(audio).name)
-            raise gr.Error(
-                f"Could not read the audio: {html.escape(message)}", print_exception=False
-            ) from None
+            message = html.escape(str(error).replace(str(audio), Path(audio).name))
+            if isinstance(error, AudioTooLongError):
+                message = f"{message} (MAX_AUDIO_SECONDS)"
+            else:
+                message = f"Could not read the audio: {message}"
+            raise gr.Error(message, print_exception=False) from None
         except ValueError as error:
             raise gr.Error(html.escape(str(error)), print_exception=False) from None
         except Exception as error:

@@ -14,12 +14,12 @@ replaced).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from asr.source import new_digest
 from asr.types import Transcript
 from asr.writers import RECORD_SOURCE, record_path, write_atomically
 from diarize.passes import SpeakerPasses
@@ -57,7 +57,9 @@ def _transcription_record(record: dict) -> dict:
 
 
 def _digest(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=20).hexdigest()
+    digest = new_digest()
+    digest.update(data)
+    return digest.hexdigest()
 
 
 def keep_unlabelled(

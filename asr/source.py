@@ -17,6 +17,11 @@ from pathlib import Path
 _CHUNK = 1 << 20
 
 
+def new_digest():
+    """The hash that names files' bytes in records (BLAKE2b, 160 bits)."""
+    return hashlib.blake2b(digest_size=20)
+
+
 @dataclass(frozen=True)
 class Source:
     """A recording on disk: where it is, its size and modification time; its BLAKE2b
@@ -34,7 +39,7 @@ class Source:
 
     @functools.cached_property
     def digest(self) -> str:
-        digest = hashlib.blake2b(digest_size=20)
+        digest = new_digest()
         with self.path.open("rb") as stream:
             while chunk := stream.read(_CHUNK):
                 digest.update(chunk)

@@ -116,10 +116,12 @@ def _lasting(cues: list[_Cue], duration: float) -> list[_Cue]:
     """The cues, each one that would end as it starts (a cue of one word that word timing
     left without length: players drop or flash it) lasting up to MIN_CUE_SECONDS, as far as
     the next cue and the recording leave room."""
+    if not cues:
+        return cues
     lasting = []
-    for cue, after in zip(cues, [*cues[1:], None], strict=False):  # after the last: None
+    ends = [min(after.start, duration) for after in cues[1:]] + [duration]  # room for each
+    for cue, room in zip(cues, ends, strict=True):
         if cue.end <= cue.start:
-            room = min(after.start if after else duration, duration)
             cue = replace(cue, end=round(max(min(cue.start + MIN_CUE_SECONDS, room), cue.end), 3))
         lasting.append(cue)
     return lasting
