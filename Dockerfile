@@ -55,5 +55,5 @@ WORKDIR /home/specscribe
 
 EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s \
-    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7860/', timeout=4)"
+    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7860/health', timeout=4)"
 CMD ["specscribe", "serve", "--host", "0.0.0.0"]

@@ -361,6 +361,49 @@ def test_a_job_that_ends_within_the_grace_keeps_its_result():
         work.close(timeout=5)
 
 
+def test_health_reports_the_queue_and_turns_503_once_a_stop_begins():
+    # A load balancer's or container's probe: no key, the models and the queue, and a 503 as
+    # soon as a stop begins so that new requests go elsewhere while running ones finish.
+    from types import SimpleNamespace
+
+    from fastapi.testclient import TestClient
+
+    from app.api.app import build_api
+
+    service = SimpleNamespace(
+        asr_model_name="whisper-base",
+        settings=SimpleNamespace(max_audio_bytes=1_000_000, max_audio_seconds=60.0),
+    )
+    work = WorkQueue(3)
+    release = threading.Event()
+    try:
+        client = TestClient(build_api(service, work, api_key="a-key"))
+        assert client.get("/v1/models").status_code == 401  # the key still guards the API
+        assert client.get("/health").json() == {
+            "status": "ok",
+            "models": ["whisper-base"],
+            "running": False,
+            "waiting": 0,
+            "queue_size": 3,
+        }
+        work.submit(lambda: release.wait(10))
+        work.submit(lambda: None)
+        deadline = time.monotonic() + 5
+        while not work.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        busy = client.get("/health")
+        assert busy.status_code == 200
+        assert (busy.json()["running"], busy.json()["waiting"]) == (True, 1)
+        assert client.head("/health").status_code == 200
+        work.shut_down(grace=1.0)
+        stopping = client.get("/health")
+        assert stopping.status_code == 503
+        assert stopping.json()["status"] == "shutting_down"
+    finally:
+        release.set()
+        work.close(timeout=5)
+
+
 def test_a_stream_whose_client_left_before_it_began_gives_its_place_back():
     # The client left while its upload decoded: the ASGI server cancels the response before
     # its body generator starts, so only the response itself can give the place back.
@@ -460,7 +503,7 @@ class Server:
             if self.process.poll() is not None:
                 pytest.fail(f"serve exited ({self.process.returncode}):\n{self.tail()}")
             try:
-                if httpx.get(self.url + "/v1/models", timeout=2).status_code in (200, 401):
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

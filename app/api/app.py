@@ -1,10 +1,10 @@
 """build_api: the OpenAI-compatible FastAPI app over the loaded models.
 
-Routes: `GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/audio/transcriptions`,
-`POST /v1/audio/translations`, `POST /v1/completions`, `POST /v1/chat/completions`. With an
-API key, every `/v1` route wants `Authorization: Bearer KEY` (401 otherwise); any other `/v1`
-path is a 404 (405 for a route's other methods) in OpenAI's error shape. All model work goes
-through one `WorkQueue`.
+Routes: `GET /health` (no key: for load balancers and container probes), `GET /v1/models`,
+`GET /v1/models/{id}`, `POST /v1/audio/transcriptions`, `POST /v1/audio/translations`,
+`POST /v1/completions`, `POST /v1/chat/completions`. With an API key, every `/v1` route wants
+`Authorization: Bearer KEY` (401 otherwise); any other `/v1` path is a 404 (405 for a route's
+other methods) in OpenAI's error shape. All model work goes through one `WorkQueue`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import hmac
 import time
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
 from starlette.routing import Match, Mount
 
 from ..service import TranscriptionService
@@ -70,6 +71,20 @@ def build_api(
             {"id": name, "object": "model", "created": started, "owned_by": "specscribe", "task": t}
             for name, t in names
         ]
+
+    @app.api_route("/health", methods=["GET", "HEAD"], include_in_schema=False)
+    async def health() -> JSONResponse:
+        """200 while requests are taken, 503 once a stop has begun (a balancer then sends
+        new requests elsewhere); the queue's state, for a probe or a person to read."""
+        stopping = work.stopping
+        body = {
+            "status": "shutting_down" if stopping else "ok",
+            "models": [entry["id"] for entry in model_entries()],
+            "running": work.running,
+            "waiting": work.waiting,
+            "queue_size": work.size,
+        }
+        return JSONResponse(body, status_code=503 if stopping else 200)
 
     @app.get("/v1/models", dependencies=auth)
     async def models() -> dict:

@@ -98,6 +98,16 @@ class WorkQueue:
         """Places held: jobs submitted and not started yet, and reservations."""
         return self._waiting
 
+    @property
+    def running(self) -> bool:
+        """Whether a job runs now."""
+        return self._running
+
+    @property
+    def stopping(self) -> bool:
+        """Whether `shut_down` was called: no job is taken any more."""
+        return self._stopping.is_set()
+
     def reserve(self) -> Place:
         """Takes a place for a job to come; raises QueueFull when `size` are held already and
         a job runs (while none runs, one more: the first of them will run at once)."""
