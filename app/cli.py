@@ -1,4 +1,8 @@
-"""specscribe command line: `specscribe transcribe | models`."""
+"""specscribe command line: fast, lossless speech transcription with speculative decoding.
+
+`specscribe transcribe PATH...` is the main job; `serve` runs the web page and the
+OpenAI-compatible API, `submit` / `worker` / `status` a durable batch queue, `generate` the
+same decoder on text models, `models` lists or fetches the embedded weights."""
 
 from __future__ import annotations
 

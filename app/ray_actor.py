@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from .config import Settings
 from .service import ServiceOptions, TranscriptionService
+from .unlabelled_cache import Kept
 from .worker import Outcome, execute
 
 
@@ -121,11 +122,15 @@ class Transcriber:
         """The option record this actor's outputs carry (its precision is its node's)."""
         return self.service.output_record(options)
 
-    def transcribe(self, audio: bytes, label: str, options: ServiceOptions) -> Outcome:
+    def transcribe(
+        self, audio: bytes, label: str, options: ServiceOptions, kept: Kept | None = None
+    ) -> Outcome:
+        """kept: the file's kept transcript and passes, read by the driver beside the outputs
+        (`app.unlabelled_cache.kept_unlabelled`): only its speakers are found again."""
         with self._lock:
             self._progress = None
         try:
-            return execute(self.service, audio, label, options, self._record)
+            return execute(self.service, audio, label, options, self._record, kept)
         finally:
             with self._lock:
                 self._progress = None

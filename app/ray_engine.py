@@ -25,6 +25,7 @@ from .output_plan import fingerprinted, made_from
 from .ray_actor import ActorSpec, NodeInfo
 from .ray_pool import ActorPool, ActorStartError, first_line
 from .ray_progress import ProgressRelay
+from .unlabelled_cache import kept_unlabelled
 from .worker import (
     LeaseKeeper,
     Log,
@@ -196,11 +197,14 @@ class RayWorker:
             pool.give_back(actor)
             self.finished += 1
             return None
+        kept = None  # other speaker counts than its outputs': the actor labels the kept transcript
+        if task.spec.options.diarize and not task.spec.overwrite:
+            kept = kept_unlabelled(task.outputs, record)
         self.log(
             f"task {task.id} (job {task.job_id}) running on Ray node {node.label}, "
             f"attempt {task.attempt}: {task.path}"
         )
-        ref = actor.transcribe.remote(audio, str(task.path), task.spec.options)
+        ref = actor.transcribe.remote(audio, str(task.path), task.spec.options, kept)
         return Dispatch(ref, task, actor, node, record)
 
     def _collect(self, ray, pool: ActorPool, dispatch: Dispatch) -> None:

@@ -74,6 +74,7 @@ class Outcome:
     seconds: float
     unlabelled: Transcript | None = None
     passes: SpeakerPasses | None = None
+    relabelled: bool = False  # only speakers were found again, from a kept transcript
 
 
 class Shutdown(BaseException):
@@ -110,7 +111,7 @@ def execute(
         if kept is not None:
             unlabelled, passes = kept.unlabelled, kept.passes
             transcript = service.relabel(source, unlabelled, options, progress, passes=passes)
-            return Outcome(transcript, None, time.perf_counter() - started)
+            return Outcome(transcript, None, time.perf_counter() - started, relabelled=True)
         result = service.run_keeping_unlabelled([source], options, progress)[0]
     except Exception as error:
         return Outcome(None, describe_error(error), time.perf_counter() - started)
@@ -210,7 +211,8 @@ def finish(
         if store.fail(task, worker, reason, outcome.seconds):
             log(f"task {task.id} (job {task.job_id}) failed: {reason}")
         return
-    done = f"transcribed on {place}" if place else "transcribed"
+    done = "speakers labelled again on the kept transcript" if outcome.relabelled else "transcribed"
+    done = f"{done} on {place}" if place else done
     note = "; ".join((done, *outcome.transcript.warnings))
     if store.complete(task, worker, outcome.seconds, note):
         log(f"task {task.id} (job {task.job_id}) done in {outcome.seconds:.1f} s: {task.path}")

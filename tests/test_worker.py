@@ -549,7 +549,8 @@ def test_a_job_asking_other_speaker_counts_labels_the_kept_transcript(
     options = WorkerOptions(until_idle=True, poll=0.1)
     submit_counting(1)
     assert LocalWorker(store, service, options, log=lambda _: None).run() == 1
-    assert "SPEAKER_01" not in (tmp_path / "out" / "call.txt").read_text()
+    one_speaker = (tmp_path / "out" / "call.txt").read_text()
+    assert "SPEAKER_01" not in one_speaker
 
     def no_transcription(*args, **kwargs):
         raise AssertionError("transcribed again")
@@ -559,4 +560,17 @@ def test_a_job_asking_other_speaker_counts_labels_the_kept_transcript(
     assert LocalWorker(store, service, options, log=lambda _: None).run() == 1
     (task,) = store.tasks(job)
     assert task.state == "done", task.error
-    assert "[SPEAKER_01]" in (tmp_path / "out" / "call.txt").read_text()
+    assert task.note.startswith("speakers labelled again on the kept transcript"), task.note
+    two_speakers = (tmp_path / "out" / "call.txt").read_text()
+    assert "[SPEAKER_01]" in two_speakers
+
+    # The Ray engine's driver reads the kept transcript too and has an actor label it: back to
+    # one speaker, the outputs of the first job again.
+    job = submit_counting(1)
+    log = tmp_path / "ray-worker.log"
+    args = ("worker", "--engine", "ray", "--store", store.path, "--model", MODEL, "--until-idle")
+    finish(specscribe(*args, "--assistant", "none", "--poll", "0.2", log=log), log, timeout=300)
+    (task,) = store.tasks(job)
+    assert task.state == "done", task.error
+    assert re.match(r"speakers labelled again on the kept transcript on Ray node", task.note)
+    assert (tmp_path / "out" / "call.txt").read_text() == one_speaker
