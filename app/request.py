@@ -332,5 +332,7 @@ def describe(error: ValidationError) -> str:
         elif problem["type"] == "extra_forbidden":
             clauses.append(f"{name}: unknown option")
         else:
-            clauses.append(f"{name}: {message[:1].lower()}{message[1:]} (got {problem['input']!r})")
+            clauses.append(
+                f"{name}: {message[:1].lower()}{message[1:]} (got {problem['input']!r:.80})"
+            )
     return "; ".join(clauses)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
@@ -54,9 +55,10 @@ __all__ = [
     "language_code",
 ]
 
-AudioInput = str | Path | bytes | np.ndarray | DecodedAudio
-"""A path, the bytes of an audio file, float32 16 kHz mono samples, or a file decoded already
-(`asr.audio.decode_audio`: its warnings join the transcript's)."""
+AudioInput = str | Path | bytes | BinaryIO | np.ndarray | DecodedAudio
+"""A path, the bytes of an audio file, an open binary file, samples at 16 kHz (float in
+[-1, 1] or integer PCM, mono or channels: `asr.audio.samples_audio`), or a file decoded
+already (`asr.audio.decode_audio`: its warnings join the transcript's)."""
 
 
 # Options and the value every output made before them was made with.
@@ -281,12 +283,13 @@ class TranscriptionService:
     def run(
         self,
         audio: AudioInput,
-        options: ServiceOptions | None = None,
+        options: ServiceOptions | Mapping[str, object] | None = None,
         progress: ProgressHook = no_progress,
         on_window: WindowHook | None = None,
     ) -> Transcript:
-        """One request: audio (path, file bytes or samples) -> Transcript, with speakers when
-        options.diarize. Bad audio raises asr.audio.AudioLoadError, bad options ValueError.
+        """One request: audio (`AudioInput`) -> Transcript, with speakers when options.diarize
+        (ServiceOptions, or a dict of its fields). Bad audio raises asr.audio.AudioLoadError,
+        bad options ValueError.
         on_window: each window's segments as soon as they are decided (`asr.transcribe`),
         before speakers are assigned."""
         return self._run([audio], options, progress, on_window)[0].transcript
@@ -294,7 +297,7 @@ class TranscriptionService:
     def run_many(
         self,
         audios: list[AudioInput],
-        options: ServiceOptions | None = None,
+        options: ServiceOptions | Mapping[str, object] | None = None,
         progress: ProgressHook = no_progress,
     ) -> list[Transcript]:
         """Several recordings with the same options, one Transcript each, in order, each the
@@ -307,7 +310,7 @@ class TranscriptionService:
     def run_keeping_unlabelled(
         self,
         audios: list[AudioInput],
-        options: ServiceOptions | None = None,
+        options: ServiceOptions | Mapping[str, object] | None = None,
         progress: ProgressHook = no_progress,
     ) -> list[Labelled]:
         """`run_many`, each transcript with the one it was before speakers were assigned
@@ -329,6 +332,7 @@ class TranscriptionService:
         depend on the counts: the VAD reads the diarizer's segmentation pass, which precedes
         clustering. passes: the diarizer's passes over it (`Labelled.passes`), which leave only
         the clustering to run again."""
+        options = _service_options(options)
         if not options.diarize:
             raise ValueError("relabel needs diarize")
         decoded = _decoded(audio)
@@ -347,13 +351,13 @@ class TranscriptionService:
     def _run(
         self,
         audios: list[AudioInput],
-        options: ServiceOptions | None,
+        options: ServiceOptions | Mapping[str, object] | None,
         progress: ProgressHook,
         on_window: WindowHook | None,
     ) -> list[Labelled]:
         from asr.transcribe import Recording, transcribe, transcribe_many
 
-        options = options if options is not None else ServiceOptions()
+        options = _service_options(options)
         if self.settings.heap_trim_seconds > 0:  # long recordings: free pages back as it goes
             progress = trimming(progress, self.settings.heap_trim_seconds)
         # 1. Check everything that can be checked before any work (the options were checked
@@ -534,13 +538,37 @@ class TranscriptionService:
         )
 
 
+def _service_options(options: ServiceOptions | Mapping[str, object] | None) -> ServiceOptions:
+    """A request's options: None for the defaults, or a mapping of ServiceOptions' fields
+    (checked as ServiceOptions checks them: ValueError)."""
+    if options is None:
+        return ServiceOptions()
+    if isinstance(options, ServiceOptions):
+        return options
+    if isinstance(options, Mapping):
+        return ServiceOptions(**options)
+    raise TypeError(f"options must be a ServiceOptions or a dict, not {type(options).__name__}")
+
+
 def _decoded(audio: AudioInput) -> DecodedAudio:
+    """Any AudioInput as float32 mono samples; AudioLoadError for what is not audio (TypeError
+    for what is not an AudioInput)."""
+    from asr.audio import decode_audio, samples_audio
+
     if isinstance(audio, DecodedAudio):
         return audio
     if isinstance(audio, np.ndarray):
-        return DecodedAudio(audio)
-    from asr.audio import decode_audio
-
+        return samples_audio(audio)
+    if hasattr(audio, "read"):  # an open binary file, as faster-whisper takes one
+        data = audio.read()
+        if not isinstance(data, bytes):
+            raise TypeError("a file object must be opened in binary mode ('rb')")
+        return decode_audio(data, name=str(getattr(audio, "name", "<file object>")))
+    if not isinstance(audio, str | Path | bytes | bytearray | memoryview):
+        raise TypeError(
+            f"audio must be a path, a file's bytes, an open binary file or a numpy array of "
+            f"samples, not {type(audio).__name__}"
+        )
     return decode_audio(audio)
 
 

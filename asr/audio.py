@@ -66,6 +66,55 @@ class DecodedAudio:
     warnings: tuple[str, ...] = ()
 
 
+# Channel counts an array's shorter axis may hold; more, and it is not taken for channels.
+_MAX_ARRAY_CHANNELS = 16
+
+
+def samples_audio(samples: np.ndarray, name: str = "<samples>") -> DecodedAudio:
+    """Samples given as an array (16 kHz assumed: a rate cannot be read from an array), made
+    what `decode_audio` gives a file of the same samples: float32 mono. Floats are taken as
+    they are (in [-1, 1]); integer PCM is scaled by its type's range (int16 by 32768, uint8
+    around 128), as a WAV of that type decodes. Channels, on either axis of a 2-D array
+    (soundfile's (frames, channels) or librosa's (channels, frames)), mix as a file's do:
+    stereo at -3 dB a channel, more channels averaged. Raises AudioLoadError for an empty
+    array, one with NaN or infinite samples, or one that is not real-valued audio."""
+    array = np.asarray(samples)
+    if array.size == 0:
+        raise AudioLoadError(f"{name}: contains no audio samples")
+    if array.ndim == 2 and 1 < min(array.shape) <= _MAX_ARRAY_CHANNELS:
+        array = array if array.shape[0] >= array.shape[1] else array.T  # (frames, channels)
+    elif array.ndim == 1 or (array.ndim == 2 and 1 in array.shape):  # mono
+        array = array.reshape(-1, 1)
+    else:
+        raise AudioLoadError(
+            f"{name}: samples of shape {array.shape}: expected mono samples (n,) or channels "
+            f"(n, channels) / (channels, n), at most {_MAX_ARRAY_CHANNELS} of them"
+        )
+    if array.dtype.kind in "iu":
+        info = np.iinfo(array.dtype)
+        middle = (int(info.max) + int(info.min) + 1) / 2  # 0 for signed types, 128 for uint8
+        array = ((array.astype(np.float64) - middle) / (int(info.max) + 1 - middle)).astype(
+            np.float32
+        )
+    elif array.dtype.kind == "f":
+        array = array.astype(np.float32)
+    else:
+        raise AudioLoadError(
+            f"{name}: samples of type {array.dtype}: expected float samples in [-1, 1] or "
+            "integer PCM"
+        )
+    if array.shape[1] > 2:  # as `_decode_with_soundfile` mixes a file's channels
+        mono = array.mean(axis=1, dtype=np.float32)
+    elif array.shape[1] == 2:
+        mono = array.sum(axis=1) * np.float32(_STEREO_GAIN)
+    else:
+        mono = array[:, 0]
+    mono = np.ascontiguousarray(mono, dtype=np.float32)
+    if not np.isfinite(mono).all():
+        raise AudioLoadError(f"{name}: contains NaN or infinite samples")
+    return DecodedAudio(mono)
+
+
 def load_audio(
     source: str | Path | bytes, name: str | None = None, max_seconds: float | None = None
 ) -> np.ndarray:
@@ -105,7 +154,11 @@ def decode_audio(
                 decoded = DecodedAudio(decoded.samples, decoded.warnings + cut)
     else:
         path = Path(source)
-        label = name or str(path)
+        label = name or str(source)
+        if str(source).startswith(("http://", "https://")):
+            raise AudioLoadError(f"{label}: a URL; specscribe reads files: download it first")
+        if path.is_dir():
+            raise AudioLoadError(f"{label}: a folder, not a file")
         if not path.is_file():
             raise AudioLoadError(f"{label}: no such file")
         if path.stat().st_size == 0:

@@ -14,6 +14,7 @@ from asr.audio import (
     check_distinct_outputs,
     find_audio_files,
     load_audio,
+    samples_audio,
 )
 from tests.conftest import SAMPLES
 
@@ -72,6 +73,46 @@ def test_missing_empty_and_non_audio_inputs_name_the_cause(tmp_path):
         AudioLoadError, match=r"notes\.wav: ffmpeg could not decode it: .*Invalid data"
     ):
         load_audio(text)
+    with pytest.raises(AudioLoadError, match=r"a folder, not a file"):
+        load_audio(tmp_path)
+    with pytest.raises(AudioLoadError, match=r"^https://example\.com/a\.wav: a URL"):
+        load_audio("https://example.com/a.wav")
+
+
+@pytest.mark.parametrize("subtype", ["PCM_16", "PCM_32", "PCM_U8"])
+@pytest.mark.parametrize("channels", [1, 2, 3])
+def test_an_array_of_samples_reads_as_a_file_of_the_same_samples(tmp_path, subtype, channels):
+    # The Python API takes arrays as users have them (soundfile's int16 or (frames, channels),
+    # librosa's (channels, frames)): each gives what the same samples written as a file give.
+    import soundfile
+
+    mono = soundfile.read(JFK, dtype="float32")[0][: SAMPLE_RATE * 2]
+    float_channels = np.stack([mono * (1 - 0.3 * c) for c in range(channels)], axis=1)
+    path = tmp_path / "a.wav"
+    soundfile.write(path, float_channels, SAMPLE_RATE, subtype=subtype)
+    dtype = {"PCM_16": "int16", "PCM_32": "int32", "PCM_U8": "float32"}[subtype]
+    as_read = soundfile.read(path, dtype=dtype, always_2d=True)[0]
+    if subtype == "PCM_U8":  # soundfile reads no uint8: the file's bytes are it
+        as_read = np.round(as_read * 128 + 128).clip(0, 255).astype(np.uint8)
+    from_file = load_audio(path)
+    assert np.array_equal(samples_audio(as_read).samples, from_file)
+    assert np.array_equal(samples_audio(as_read.T).samples, from_file)
+    if channels == 1:
+        assert np.array_equal(samples_audio(as_read[:, 0]).samples, from_file)
+
+
+def test_arrays_that_are_not_audio_are_refused_naming_why():
+    for bad, why in [
+        (np.zeros(0, np.float32), "contains no audio samples"),
+        (np.zeros((2, 0), np.float32), "contains no audio samples"),
+        (np.zeros(100, np.complex64), "samples of type complex64"),
+        (np.ones(100, bool), "samples of type bool"),
+        (np.zeros((3, 4, 5), np.float32), r"samples of shape \(3, 4, 5\)"),
+        (np.zeros((100, 40), np.float32), r"samples of shape \(100, 40\)"),
+        (np.array([0.0, np.nan], np.float32), "NaN or infinite"),
+    ]:
+        with pytest.raises(AudioLoadError, match=why):
+            samples_audio(bad)
 
 
 def test_corrupt_file_is_reported_with_ffmpeg_stderr(tmp_path):

@@ -187,3 +187,35 @@ def test_draft_branches_are_a_setting_of_the_environment_and_reach_the_loaded_dr
         assistant_model="whisper-base-draft",
     )
     assert service.draft.branches == 2
+
+
+@pytest.mark.slow
+def test_the_python_api_takes_audio_as_users_hold_it(settings, tmp_path):
+    # faster-whisper's users pass open files and soundfile's arrays (int16, (frames, channels))
+    # and dicts of options: each gives the transcript of the file, and what is not audio is
+    # refused as bad audio before any model work (an int16 array gave an empty transcript in
+    # another language, a stereo one a numpy broadcast error, an empty one a torch error).
+    import numpy as np
+    import soundfile
+
+    from asr.audio import AudioLoadError
+    from tests.conftest import SAMPLES
+
+    jfk = SAMPLES / "jfk.wav"
+    service = TranscriptionService(settings, asr_model="whisper-tiny.en", assistant_model="none")
+    options = {"language": "en"}
+    expected = service.run(jfk, ServiceOptions(language="en")).text
+    assert "ask not what your country can do for you" in expected
+    pcm = soundfile.read(jfk, dtype="int16")[0]
+    assert service.run(pcm, options).text == expected
+    stereo = np.stack([pcm, pcm], axis=1)  # (frames, 2), as soundfile reads a stereo file
+    soundfile.write(tmp_path / "stereo.wav", stereo, 16000, subtype="PCM_16")
+    assert service.run(stereo, options).text == service.run(tmp_path / "stereo.wav", options).text
+    with jfk.open("rb") as opened:
+        assert service.run(opened, options).text == expected
+    with pytest.raises(AudioLoadError, match="contains no audio samples"):
+        service.run(np.zeros(0, np.float32), options)
+    with pytest.raises(TypeError, match="not int"):
+        service.run(7, options)
+    with pytest.raises(ValueError, match="language"):
+        service.run(jfk, {"language": "xx"})
