@@ -52,18 +52,31 @@ def _print_progress(stage: str, completed: int, total: int) -> None:
 
 
 def _cmd_models(args: argparse.Namespace, settings: Settings) -> int:
-    from asr.models import EMBEDDED, ModelRegistry
+    from asr.models import EMBEDDED, SHIPPED_DRAFTS, SHIPPED_DRAFTS_DIR, ModelRegistry
 
     registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
+    unknown = [name for name in args.names if name not in EMBEDDED and name not in SHIPPED_DRAFTS]
+    if unknown:
+        known = ", ".join([*EMBEDDED, *SHIPPED_DRAFTS])
+        raise ValueError(f"unknown model {', '.join(map(repr, unknown))}; the models: {known}")
     if args.action == "list":
         print(f"cache: {settings.cache_dir}")
         for name, model in EMBEDDED.items():
+            if args.names and name not in args.names:
+                continue
             state = "ready" if registry.is_ready(name) else "not fetched"
             print(f"{name:28} {model.kind:18} {state:12} {model.description} [{model.licence}]")
+        for name, description in SHIPPED_DRAFTS.items():
+            if not args.names or name in args.names:  # in the package: nothing to fetch
+                shipped = "shipped" if (SHIPPED_DRAFTS_DIR / name).is_dir() else "missing"
+                print(f"{name:28} {'whisper draft':18} {shipped:12} {description}")
         return 0
     names = args.names or list(EMBEDDED)
     failed = []
     for name in names:
+        if name in SHIPPED_DRAFTS:  # inside the package: nothing to fetch
+            print(f"{name}: ready at {SHIPPED_DRAFTS_DIR / name} (shipped in the package)")
+            continue
         path = registry.pull(name, force=args.force)
         bad = registry.verify(name)
         if bad:
@@ -353,13 +366,30 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
 
     from .llm import DraftOptions, language_model_path, load_language_model, run_generation
 
+    drafting = any(d is not None for d in (args.assistant, args.prompt_lookup, args.early_exit))
+    # Options that would change nothing are refused, as --seed without --sample is.
+    if not drafting and (args.k is not None or args.policy is not None):
+        given = [f for f, v in (("--k", args.k), ("--policy", args.policy)) if v is not None]
+        verb = "apply" if len(given) > 1 else "applies"
+        raise ValueError(
+            f"{' and '.join(given)} only {verb} with a drafter (--assistant, --prompt-lookup "
+            "or --early-exit)"
+        )
+    if args.prompt_lookup is not None and args.k is not None:
+        raise ValueError("--prompt-lookup N sets the draft length: leave --k out")
+    if args.ngram is not None and args.prompt_lookup is None:
+        raise ValueError("--ngram only applies with --prompt-lookup")
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    chosen = {
+        name: value
+        for name, value in (("ngram", args.ngram), ("policy", args.policy), ("k", args.k))
+        if value is not None
+    }
     options = DraftOptions(
         assistant=args.assistant,
         prompt_lookup=args.prompt_lookup,
-        ngram=args.ngram,
         early_exit=args.early_exit,
-        policy=args.policy,
-        k=args.k,
+        **chosen,
     ).validate()
     if args.max_new_tokens < 1:  # refused before the model loads, as the options above
         raise ValueError(f"--max-new-tokens must be at least 1, not {args.max_new_tokens}")
@@ -371,8 +401,7 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     sampling = None
     if args.sample:
         sampling = SamplingOptions(**given).validate()
-        drafting = args.assistant or args.prompt_lookup or args.early_exit
-        if drafting and args.policy == "adaptive" and args.seed is not None:
+        if drafting and options.policy == "adaptive" and args.seed is not None:
             print(
                 "specscribe: warning: --policy adaptive sets block lengths by the clock, so "
                 "--seed does not make this sampled run repeatable (any other policy does)",
@@ -389,7 +418,7 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         load_language_model(registry, args.assistant, loaded=target) if args.assistant else None
     )
     result = run_generation(
-        target, [args.prompt], options, assistant, sampling, max_new_tokens=args.max_new_tokens
+        target, [prompt], options, assistant, sampling, max_new_tokens=args.max_new_tokens
     )
     print(target.tokenizer.decode(result.tokens[0], skip_special_tokens=True), flush=True)
     stats = result.stats
@@ -868,7 +897,7 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.set_defaults(run=_cmd_transcribe, quick_exit=True)
 
     gen = commands.add_parser("generate", help="generate text with a causal LM, speculatively")
-    gen.add_argument("prompt")
+    gen.add_argument("prompt", help="the text to continue; - reads it from stdin")
     gen.add_argument("--model", help="target LM (default: gemma-3-270m); NAME:int8 quantizes it")
     drafts = gen.add_mutually_exclusive_group()
     drafts.add_argument("--assistant", help="draft LM; another tokenizer is re-encoded")
@@ -878,11 +907,14 @@ def build_parser() -> argparse.ArgumentParser:
     drafts.add_argument(
         "--early-exit", type=int, metavar="L", help="draft with the target's first L layers"
     )
+    # None marks "not given": without a drafter they would be ignored, so they are refused.
     gen.add_argument(
-        "--policy", default="heuristic", choices=("constant", "heuristic", "confidence", "adaptive")
+        "--policy",
+        choices=("constant", "heuristic", "confidence", "adaptive"),
+        help="with a drafter: how the draft length is chosen (default: heuristic)",
     )
-    gen.add_argument("--k", type=int, default=4, help="draft length (start / maximum)")
-    gen.add_argument("--ngram", type=int, default=3, help="longest n-gram for --prompt-lookup")
+    gen.add_argument("--k", type=int, help="with a drafter: draft length, start / maximum (4)")
+    gen.add_argument("--ngram", type=int, help="longest n-gram for --prompt-lookup (3)")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--sample", action="store_true", help="sample instead of greedy")
     # None marks "not given": without --sample they would be ignored, so they are refused.
@@ -1031,8 +1063,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=_cmd_bench)
 
     models = commands.add_parser("models", help="list or fetch the embedded models")
-    models.add_argument("action", choices=("list", "pull"))
-    models.add_argument("names", nargs="*", help="models to pull (default: all)")
+    models.add_argument("action", nargs="?", default="list", choices=("list", "pull"))
+    models.add_argument("names", nargs="*", help="models to list or pull (default: all)")
     models.add_argument("--force", action="store_true", help="fetch and convert again")
     models.set_defaults(run=_cmd_models)
     return parser

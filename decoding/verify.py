@@ -26,7 +26,10 @@ class SamplingOptions:
 
     def validate(self) -> SamplingOptions:
         if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 (got {self.temperature}); greedy is None")
+            raise ValueError(
+                f"temperature must be > 0 (got {self.temperature}); greedy decoding samples "
+                "nothing (sampling=None; on the command line, no --sample)"
+            )
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (got {self.top_k})")
         if not 0 < self.top_p <= 1:

@@ -18,8 +18,17 @@ from tests.conftest import SAMPLES, reference_text, word_error_rate
 def test_models_list_shows_every_embedded_model(capsys):
     assert main(["models", "list"]) == 0
     out = capsys.readouterr().out
-    for name in EMBEDDED:
+    for name in [*EMBEDDED, "whisper-base-draft"]:  # the draft shipped in the package too
         assert name in out
+    assert main(["models"]) == 0  # list is the default action
+    assert capsys.readouterr().out == out
+    assert main(["models", "list", "whisper-base-draft"]) == 0  # only the names asked for
+    (line,) = capsys.readouterr().out.splitlines()[1:]
+    assert line.startswith("whisper-base-draft") and "shipped" in line
+    assert main(["models", "pull", "whisper-base-draft"]) == 0  # nothing to fetch
+    assert "shipped in the package" in capsys.readouterr().out
+    assert main(["models", "list", "whisper-huge"]) == 2
+    assert "unknown model 'whisper-huge'" in capsys.readouterr().err
 
 
 def test_unknown_model_is_a_clear_error(capsys, tmp_path):

@@ -110,6 +110,31 @@ def test_cli_refuses_sampling_options_without_sample(capsys):
     assert "--temperature, --seed only apply with --sample" in capsys.readouterr().err
 
 
+def test_cli_refuses_draft_options_that_would_change_nothing(capsys):
+    # Refused before a model loads, as sampling options without --sample are (they were
+    # ignored: a user tuning --k without a drafter saw no difference and no reason).
+    refused = {
+        ("--k", "7"): "--k only applies with a drafter",
+        ("--policy", "adaptive", "--k", "7"): "--k and --policy only apply with a drafter",
+        ("--ngram", "2"): "--ngram only applies with --prompt-lookup",
+        ("--prompt-lookup", "4", "--k", "9"): "--prompt-lookup N sets the draft length",
+        ("--prompt-lookup", "2", "--policy", "confidence"): "confidence policy needs a model",
+    }
+    for extra, message in refused.items():
+        assert main(["generate", "Once upon a time", *extra]) == 2, extra
+        assert message in capsys.readouterr().err, extra
+
+
+def test_cli_reads_the_prompt_from_stdin(capsys, monkeypatch, gemma, greedy):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(PROMPTS[0]))
+    assert main(["generate", "-", "--max-new-tokens", str(NEW_TOKENS)]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == gemma.tokenizer.decode(
+        greedy[0], skip_special_tokens=True
+    )
+
+
 def test_conflicting_draft_options_are_refused():
     with pytest.raises(ValueError, match="choose one drafter, not assistant and prompt_lookup"):
         DraftOptions(assistant="x", prompt_lookup=3).validate()
