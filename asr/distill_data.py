@@ -164,8 +164,11 @@ def generate_sentences(language_model, count: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     found: list[str] = []
     round_ = 0
+    per_round = min(48, count)  # a paragraph gives a sentence or more; the recipe asks 1000s
     while len(found) < count:
-        prompts = [f"Here is a short paragraph about {rng.choice(TOPICS)}.\n\n" for _ in range(48)]
+        prompts = [
+            f"Here is a short paragraph about {rng.choice(TOPICS)}.\n\n" for _ in range(per_round)
+        ]
         sampling = SamplingOptions(temperature=0.9, top_p=0.95, seed=seed + round_).validate()
         result = run_generation(
             language_model, prompts, DraftOptions(), None, sampling, max_new_tokens=112

