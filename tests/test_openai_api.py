@@ -404,6 +404,32 @@ def test_health_reports_the_queue_and_turns_503_once_a_stop_begins():
         work.close(timeout=5)
 
 
+def test_a_stream_cut_off_while_it_waits_leaves_no_task_behind():
+    # A streaming client that leaves mid-stream cancels the reader inside its wait; the
+    # pending get() it was waiting on must go with it (it was left for the garbage collector,
+    # which logged "Task was destroyed but it is pending").
+    import asyncio
+
+    from app.api.events import until_done
+
+    async def scenario():
+        done = asyncio.get_running_loop().create_future()
+        items: asyncio.Queue[int] = asyncio.Queue()
+        items.put_nowait(1)
+        stream = until_done(done, items)
+        assert await stream.__anext__() == 1
+        reading = asyncio.create_task(stream.__anext__())
+        await asyncio.sleep(0.05)  # it waits for the next item
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+        await asyncio.sleep(0)
+        left = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        assert left == []
+
+    asyncio.run(scenario())
+
+
 def test_a_stream_whose_client_left_before_it_began_gives_its_place_back():
     # The client left while its upload decoded: the ASGI server cancels the response before
     # its body generator starts, so only the response itself can give the place back.

@@ -19,12 +19,20 @@ def sse(data: dict[str, Any]) -> str:
 async def until_done(done: asyncio.Future, items: asyncio.Queue[T]) -> AsyncIterator[T]:
     """The items put on `items`, in order, until `done` completes and none are left (its
     result or exception stays with `done`)."""
-    while True:
-        waiter = asyncio.ensure_future(items.get())
-        await asyncio.wait({waiter, done}, return_when=asyncio.FIRST_COMPLETED)
-        if not waiter.done():
+    waiter = None
+    try:
+        while True:
+            waiter = asyncio.ensure_future(items.get())
+            await asyncio.wait({waiter, done}, return_when=asyncio.FIRST_COMPLETED)
+            if not waiter.done():
+                waiter.cancel()
+                if items.empty():
+                    return
+                continue
+            yield waiter.result()
+    finally:
+        # A reader that stops early (a client gone mid-stream) cancels this generator inside
+        # the wait: its pending get() is cancelled here, not left for the garbage collector
+        # ("Task was destroyed but it is pending").
+        if waiter is not None and not waiter.done():
             waiter.cancel()
-            if items.empty():
-                return
-            continue
-        yield waiter.result()
