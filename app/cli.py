@@ -364,7 +364,15 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     from asr.models import ModelRegistry
     from decoding import SamplingOptions
 
-    from .llm import DraftOptions, language_model_path, load_language_model, run_generation
+    from .api.text_front import StopScanner
+    from .llm import (
+        DraftOptions,
+        chat_prompt_ids,
+        language_model_path,
+        load_language_model,
+        prompt_ids,
+        run_generation_ids,
+    )
 
     drafting = any(d is not None for d in (args.assistant, args.prompt_lookup, args.early_exit))
     # Options that would change nothing are refused, as --seed without --sample is.
@@ -417,10 +425,28 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     assistant = (
         load_language_model(registry, args.assistant, loaded=target) if args.assistant else None
     )
-    result = run_generation(
-        target, [prompt], options, assistant, sampling, max_new_tokens=args.max_new_tokens
+    tokens = chat_prompt_ids(target, [{"role": "user", "content": prompt}]) if args.chat else None
+    # The text goes out as it becomes final (an interrupted run keeps what it printed): the
+    # API's streaming rule, with no stop strings.
+    scanner = StopScanner(
+        lambda ids: target.tokenizer.decode(ids, skip_special_tokens=True), stops=()
     )
-    print(target.tokenizer.decode(result.tokens[0], skip_special_tokens=True), flush=True)
+
+    def on_step(new: tuple[tuple[int, ...], ...]) -> bool:
+        scanner.feed(new[0])
+        print(scanner.fresh(), end="", flush=True)
+        return False
+
+    result = run_generation_ids(
+        target,
+        [tokens if tokens is not None else prompt_ids(target, prompt)],
+        options,
+        assistant,
+        sampling,
+        max_new_tokens=args.max_new_tokens,
+        on_step=on_step,
+    )
+    print(scanner.fresh(final=True), flush=True)
     stats = result.stats
     seconds = stats.draft_seconds + stats.verify_seconds
     print(
@@ -899,6 +925,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="generate text with a causal LM, speculatively")
     gen.add_argument("prompt", help="the text to continue; - reads it from stdin")
     gen.add_argument("--model", help="target LM (default: gemma-3-270m); NAME:int8 quantizes it")
+    gen.add_argument(
+        "--chat",
+        action="store_true",
+        help="the prompt is a user's message, through the model's chat template (smollm2-135m)",
+    )
     drafts = gen.add_mutually_exclusive_group()
     drafts.add_argument("--assistant", help="draft LM; another tokenizer is re-encoded")
     drafts.add_argument(

@@ -221,6 +221,16 @@ def prompt_ids(model: LanguageModel, prompt: str) -> list[int]:
     return model.tokenizer(prompt).input_ids
 
 
+def chat_prompt_ids(model: LanguageModel, messages: list[dict[str, str]]) -> list[int]:
+    """The messages through the model's chat template, ready for the assistant's turn.
+    ValueError for a model without one (a base model)."""
+    tokenizer = model.tokenizer
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{model.name} has no chat template (a base model): prompt it with text")
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
 def run_generation(
     target: LanguageModel,
     prompts: list[str],

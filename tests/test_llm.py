@@ -125,6 +125,20 @@ def test_cli_refuses_draft_options_that_would_change_nothing(capsys):
         assert message in capsys.readouterr().err, extra
 
 
+@pytest.mark.slow
+def test_cli_chat_puts_the_prompt_through_the_chat_template(capsys, smollm2):
+    # An instruct model prompted with bare text ended at once (EOS: a blank line); as a user's
+    # message it answers. A base model has no template to use.
+    question = "What is the capital of France? Answer in one word."
+    assert (
+        main(["generate", "--model", "smollm2-135m", "--chat", question, "--max-new-tokens", "12"])
+        == 0
+    )
+    assert "Paris" in capsys.readouterr().out
+    assert main(["generate", "--chat", question, "--max-new-tokens", "4"]) == 2
+    assert "gemma-3-270m has no chat template" in capsys.readouterr().err
+
+
 def test_cli_reads_the_prompt_from_stdin(capsys, monkeypatch, gemma, greedy):
     import io
 

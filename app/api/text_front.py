@@ -21,6 +21,7 @@ from ..llm import (
     DraftOptions,
     LanguageModel,
     PolicyName,
+    chat_prompt_ids,
     load_language_model,
     prompt_ids,
     run_generation_ids,
@@ -168,9 +169,7 @@ class TextFront:
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """The messages through the model's chat template, ready for the assistant's turn."""
-        tokenizer = self.target.tokenizer
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return tokenizer(text, add_special_tokens=False).input_ids
+        return chat_prompt_ids(self.target, messages)
 
     def complete(
         self,
