@@ -8,7 +8,8 @@ skipped, unless the request says to overwrite; outputs made otherwise are made a
 user is told what changed. When every output exists but no record says how they were made
 (written by hand, a reference transcript beside its audio, or a version that kept no records),
 the file is skipped and the user told why, and so it is when other outputs are missing: an
-output that specscribe did not write is never replaced without `overwrite`.
+output that specscribe did not write is never replaced without `overwrite`, nor one it made
+from another recording at another path (a recorder's REC001.WAV of another day).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class OutputPlan:
     kept: tuple[str, ...] = ()
     blocked: tuple[str, ...] = ()
     replaced: bool = False  # a redo because the recording is not the one they were made from
+    elsewhere: bool = False  # kept: made from another recording (`changes` names it)
 
     @property
     def why(self) -> str:
@@ -57,6 +59,11 @@ def plan_outputs(outputs: dict[str, Path], record: dict | None, overwrite: bool)
     state, detail = outputs_state(outputs, record)
     if state == "missing":
         return OutputPlan("make")
+    if state == "elsewhere":  # another recording's transcript: kept unless told to replace it
+        if overwrite:
+            return OutputPlan("redo", detail, replaced=True)
+        existing = tuple(fmt for fmt, path in outputs.items() if path.exists())
+        return OutputPlan("skip", detail, kept=existing, blocked=tuple(outputs), elsewhere=True)
     if state in ("changed", "replaced"):
         return OutputPlan("redo", detail, replaced=state == "replaced")
     if overwrite:
@@ -72,8 +79,12 @@ def plan_outputs(outputs: dict[str, Path], record: dict | None, overwrite: bool)
 
 
 def kept_outputs(plan: OutputPlan, outputs: dict[str, Path]) -> str:
-    """What a skip that keeps unrecorded outputs tells the user: those files, and the outputs
-    not made because of them."""
+    """What a skip that keeps unrecorded outputs, or another recording's, tells the user: those
+    files, and the outputs not made because of them."""
+    if plan.elsewhere:
+        kept = ", ".join(str(outputs[fmt]) for fmt in plan.kept)
+        made = plan.changes.removeprefix("its outputs were made from ")
+        return f"{kept} hold the transcript of {made}: kept (--overwrite replaces them)"
     told = f"{', '.join(str(outputs[fmt]) for fmt in plan.kept)} exist without a record that "
     told += "specscribe made them"
     if plan.blocked:

@@ -61,9 +61,13 @@ class Source:
             return False
         return stored.get("mtime_ns") == self.mtime_ns or stored.get("blake2b") == self.digest
 
+    def elsewhere(self, stored: object) -> bool:
+        """Whether `stored` (a record's `stored()`) names a recording at another path."""
+        where = stored.get("path") if isinstance(stored, dict) else None
+        return isinstance(where, str) and Path(where) != self.path
+
     def change(self, stored: object) -> str:
         """What tells `stored` from this recording, as a rerun notice says it."""
-        where = stored.get("path") if isinstance(stored, dict) else None
-        if isinstance(where, str) and Path(where) != self.path:
-            return f"its outputs were made from another recording, {where}"
+        if self.elsewhere(stored):
+            return f"its outputs were made from another recording, {stored['path']}"
         return "the recording changed since its outputs were made"

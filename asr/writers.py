@@ -427,11 +427,12 @@ def _shown(record: dict, key: str) -> str:
 
 def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[str, str]:
     """Whether a file's outputs are done: ("missing", ""), ("done", ""), ("changed", what),
-    ("replaced", what) or ("unrecorded", formats).
+    ("replaced", what), ("elsewhere", what) or ("unrecorded", formats).
 
     "replaced": `record` names the recording the outputs are to be made from
-    (`RECORD_SOURCE`), and they were made from another, or from it before it changed (`what`
-    says which).
+    (`RECORD_SOURCE`), and they were made from it before it changed. "elsewhere": they were
+    made from another recording, at another path (a recorder's REC001.WAV of another day):
+    they are that one's transcript, which callers keep. `what` says which.
 
     "changed": every output exists, but the record says other options made them (`what` names
     them: "diarize false -> true", "multilingual true -> (default)"), or does not vouch for
@@ -450,13 +451,16 @@ def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[s
     foreign = _foreign(existing, stored)
     if foreign:
         return "unrecorded", ", ".join(foreign)
+    source, wanted = _split(record)
+    if isinstance(stored, dict) and not _same_source(source, stored):
+        if source.elsewhere(stored[RECORD_SOURCE]):  # whether or not all of them exist
+            return "elsewhere", source.change(stored[RECORD_SOURCE])
+        if complete:
+            return "replaced", source.change(stored[RECORD_SOURCE])
     if not complete:
         return "missing", ""
     if not isinstance(stored, dict):
         return "changed", "its record is unreadable"
-    source, wanted = _split(record)
-    if not _same_source(source, stored):
-        return "replaced", source.change(stored[RECORD_SOURCE])
     options = _options(stored)
     if options != wanted:
         differences = [

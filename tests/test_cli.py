@@ -388,8 +388,14 @@ def test_outputs_of_another_recording_of_the_same_name_are_not_taken_for_its_own
         return ["transcribe", str(audio), "--output-dir", str(out), "--language", "en"]
 
     assert main(command(monday)) == 0
+    mondays = (out / "REC001.txt").read_text()
     capsys.readouterr()
-    assert main(command(tuesday)) == 0
+    # Monday's transcript is kept (it was replaced without a word), and the file fails.
+    assert main(command(tuesday)) == 1
+    err = capsys.readouterr().err
+    assert f"REC001.txt hold the transcript of another recording, {monday}: kept" in err
+    assert (out / "REC001.txt").read_text() == mondays
+    assert main([*command(tuesday), "--overwrite"]) == 0
     err = capsys.readouterr().err
     assert f"redoing {tuesday}: its outputs were made from another recording, {monday}" in err
     reference = reference_text(SAMPLES / "librispeech_1089-134686-0002.wav")

@@ -256,9 +256,12 @@ def test_outputs_made_from_another_recording_are_made_again(tmp_path):
     other.parent.mkdir()
     other.write_bytes(b"RIFF two recording")  # the same size
     assert outputs_state(outputs, made_from(other)) == (
-        "replaced",
+        "elsewhere",
         f"its outputs were made from another recording, {audio.resolve()}",
     )
+    # ... even where an output asked for is missing (the others are still that one's).
+    with_json = {**outputs, "json": tmp_path / "out" / "talk.json"}
+    assert outputs_state(with_json, made_from(other))[0] == "elsewhere"
     audio.write_bytes(b"RIFF a new recording, longer")
     assert outputs_state(outputs, made_from(audio)) == (
         "replaced",
