@@ -11,7 +11,9 @@ import atexit
 import contextlib
 import dataclasses
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -920,7 +922,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID",
         help="a pyannote pipeline (hub id or folder) instead of the embedded one",
     )
-    transcribe.set_defaults(run=_cmd_transcribe, quick_exit=True)
+    transcribe.set_defaults(run=_cmd_transcribe, quick_exit=True, stop_signals=True)
 
     gen = commands.add_parser("generate", help="generate text with a causal LM, speculatively")
     gen.add_argument("prompt", help="the text to continue; - reads it from stdin")
@@ -953,7 +955,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, help="with --sample (default 0: all tokens)")
     gen.add_argument("--top-p", type=float, help="with --sample (default 1.0)")
     gen.add_argument("--seed", type=int, help="with --sample")
-    gen.set_defaults(run=_cmd_generate, quick_exit=True)
+    gen.set_defaults(run=_cmd_generate, quick_exit=True, stop_signals=True)
 
     # The project's training speech lies beside a checkout (../shared), not beside an installed
     # package, so the default is found from where the command runs.
@@ -1135,14 +1137,48 @@ def _run_command(args: argparse.Namespace) -> int:
 
     try:
         settings = Settings.from_env()
+        if getattr(args, "stop_signals", False):
+            with _stopped_by_signals():
+                return args.run(args, settings)
         return args.run(args, settings)
     except (ValueError, ModelFetchError, JobStoreError) as error:
         print(f"specscribe: error: {error}", file=sys.stderr)
         return 2
+    except Stopped as stop:  # SIGTERM, SIGHUP: unwound as Ctrl-C is (temporaries removed)
+        print(f"\nspecscribe: stopped ({stop.signal.name})", file=sys.stderr)
+        return 128 + stop.signal.value
     except KeyboardInterrupt:
         # Outputs are written atomically and a worker hands its task back, so nothing is lost.
         print("\nspecscribe: interrupted", file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports it
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal other than SIGINT (`docker stop`, systemd, a closed terminal), raised in
+    the main thread so that a one-shot command unwinds as on Ctrl-C."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signal = signal.Signals(signum)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Stopped while a one-shot command runs (their default kills the
+    process where it stands: a temporary file left beside the outputs, no summary)."""
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

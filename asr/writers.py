@@ -303,6 +303,8 @@ def write_outputs(
     those it named before if they were made with the same options. A run that writes only
     srt with other options leaves a txt made before it unvouched for, so a later run that
     asks for the txt with the new options makes it again instead of skipping it."""
+    if record is not None and paths:
+        _mark_writing(paths)
     for fmt, path in paths.items():
         if fmt in SUBTITLE_FORMATS:
             content = WRITERS[fmt](transcript, path.stem, layout)
@@ -328,6 +330,28 @@ def write_outputs(
         write_atomically(record_path(paths), json.dumps(content, sort_keys=True, indent=1) + "\n")
 
 
+def _mark_writing(paths: dict[str, Path]) -> None:
+    """Before a file's outputs are replaced: its record names them as specscribe's
+    (`RECORD_WRITTEN`), being written (`RECORD_WRITING`), and vouches for none of them, so
+    that a run stopped among them (Ctrl-C, a kill) leaves outputs the next run knows as its
+    own, to make again, not as someone else's files, to keep. The rest of the record stays
+    as it was until `write_outputs` replaces it."""
+    try:
+        stored = _read_record(record_path(paths))
+    except (OSError, ValueError):
+        stored = None
+    marked = dict(stored) if isinstance(stored, dict) else {}
+    if not isinstance(stored, dict) or RECORD_FORMATS in stored:
+        vouched = marked.get(RECORD_FORMATS)
+        vouched = set(map(str, vouched)) if isinstance(vouched, list) else set()
+        marked[RECORD_FORMATS] = sorted(vouched - set(paths))
+        marked[RECORD_WRITTEN] = sorted({*paths, *_written(stored)})
+    # else a record from before formats were named, which vouches for every output: the mark
+    # alone says which are being replaced.
+    marked[RECORD_WRITING] = sorted(paths)
+    write_atomically(record_path(paths), json.dumps(marked, sort_keys=True, indent=1) + "\n")
+
+
 # The record's key that lists the formats its options made. Records written before it was
 # kept lack it and vouch for every output of the file, as they were read then.
 RECORD_FORMATS = "formats"
@@ -335,6 +359,11 @@ RECORD_FORMATS = "formats"
 # options: an output of another name (a reference .txt beside its audio) is someone else's,
 # and is never replaced without --overwrite. Records without it: the formats they vouch for.
 RECORD_WRITTEN = "written"
+
+
+# The record's key that lists the outputs being written: there only while a run writes them,
+# so a record that holds it was left by a run stopped among its outputs.
+RECORD_WRITING = "writing"
 
 
 # The record's key for the recording the outputs were made from (an asr.source.Source in the
@@ -377,9 +406,8 @@ def _same_source(source: Source | None, stored: dict) -> bool:
 def _options(stored: dict) -> dict:
     """A stored record's options, without the formats it vouches for and has written, and the
     recording it was made from."""
-    return {
-        k: v for k, v in stored.items() if k not in (RECORD_FORMATS, RECORD_WRITTEN, RECORD_SOURCE)
-    }
+    kept_apart = (RECORD_FORMATS, RECORD_WRITTEN, RECORD_WRITING, RECORD_SOURCE)
+    return {k: v for k, v in stored.items() if k not in kept_apart}
 
 
 def _written(stored: object) -> list[str]:
@@ -461,6 +489,8 @@ def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[s
         return "missing", ""
     if not isinstance(stored, dict):
         return "changed", "its record is unreadable"
+    if stored.get(RECORD_WRITING):
+        return "changed", "a run was stopped while it wrote them"
     options = _options(stored)
     if options != wanted:
         differences = [

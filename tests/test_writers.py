@@ -140,6 +140,50 @@ def test_an_output_specscribe_did_not_write_is_never_taken_for_its_own(tmp_path)
     assert outputs_state(both, german) == ("changed", "txt made with other options")
 
 
+def test_a_run_stopped_among_its_outputs_leaves_them_its_own_to_make_again(tmp_path, monkeypatch):
+    # Ctrl-C or a kill after the txt was written, before the srt and the record: the rerun
+    # took the txt for someone else's file and failed the recording until --overwrite.
+    import asr.writers as writers
+
+    both = output_paths(tmp_path, Path("talk"), ["txt", "srt"])
+    english, german = {"language": "en"}, {"language": "de"}
+    written = writers.write_atomically
+
+    def stopped_after_the_txt(path: Path, content) -> None:
+        if path.suffix == ".srt":
+            raise KeyboardInterrupt
+        written(path, content)
+
+    monkeypatch.setattr(writers, "write_atomically", stopped_after_the_txt)
+    with pytest.raises(KeyboardInterrupt):
+        write_outputs(TRANSCRIPT, both, english)
+    monkeypatch.setattr(writers, "write_atomically", written)
+    assert both["txt"].exists() and not both["srt"].exists()
+    assert outputs_state(both, english) == ("missing", "")  # made again, not kept
+    write_outputs(TRANSCRIPT, both, english)
+    assert outputs_state(both, english) == ("done", "")
+    record = json.loads((tmp_path / ".talk.specscribe.json").read_text())
+    assert record == {**english, "formats": ["srt", "txt"], "written": ["srt", "txt"]}
+    # Stopped with every output rewritten (in German) but before the final record: none of
+    # them is vouched for by the options the record still names, English.
+    records = []
+
+    def stopped_before_the_record(path: Path, content) -> None:
+        if path == writers.record_path(both):
+            records.append(path)
+            if len(records) == 2:  # the mark went first; this is the final record
+                raise KeyboardInterrupt
+        written(path, content)
+
+    monkeypatch.setattr(writers, "write_atomically", stopped_before_the_record)
+    with pytest.raises(KeyboardInterrupt):
+        write_outputs(TRANSCRIPT, both, german)
+    monkeypatch.setattr(writers, "write_atomically", written)
+    assert outputs_state(both, english) == ("changed", "a run was stopped while it wrote them")
+    write_outputs(TRANSCRIPT, both, german)
+    assert outputs_state(both, german) == ("done", "")
+
+
 def test_a_record_vouches_only_for_the_formats_its_options_made(tmp_path):
     txt, srt, both = (
         output_paths(tmp_path, Path("talk"), f) for f in (["txt"], ["srt"], ["txt", "srt"])
