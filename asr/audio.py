@@ -328,8 +328,9 @@ def find_audio_files(
 ) -> list[tuple[Path, Path]]:
     """(file, name for its outputs): files as given, and the audio files under each folder.
 
-    Folders are searched recursively (symbolic links followed, each folder once), by
-    extension, in sorted order; a file found in a folder keeps its path relative to that
+    Folders are searched recursively (symbolic links followed, each folder once, hidden files
+    and folders left out: a file named itself is read whatever its name), by extension, in
+    sorted order; a file found in a folder keeps its path relative to that
     folder, so `a/x.wav` and `b/x.wav` get distinct outputs. A file given or found twice is
     listed once. unreadable: called with each folder that cannot be listed (permissions) and
     its error; without it such a folder raises the error, so none is ever skipped unsaid.
@@ -368,7 +369,14 @@ def _audio_under(folder: Path, unreadable: Callable[[Path, OSError], None] | Non
             folders.clear()
             continue
         visited.add(real)
-        audio.extend(Path(root, n) for n in names if Path(n).suffix.lower() in AUDIO_EXTENSIONS)
+        # Hidden entries are left out, as `ls` leaves them: macOS's ._NAME.wav resource files
+        # (not audio: every run failed on them), .Trash, .git, and specscribe's own records.
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        audio.extend(
+            Path(root, n)
+            for n in names
+            if Path(n).suffix.lower() in AUDIO_EXTENSIONS and not n.startswith(".")
+        )
     return sorted(audio)
 
 

@@ -147,11 +147,17 @@ def test_find_audio_files_recurses_by_extension(tmp_path):
     (tmp_path / "a" / "folder.wav").mkdir()  # a folder, not a file
     for name in ("a/one.wav", "a/b/two.MP3", "a/readme.txt", "three.flac"):
         (tmp_path / name).write_bytes(b"x")
-    found = find_audio_files([tmp_path / "a", tmp_path / "three.flac"])
+    # Hidden ones are left out of a folder search (macOS's ._one.wav is not audio), not when
+    # named themselves.
+    (tmp_path / "a" / ".git").mkdir()
+    for name in ("a/._one.wav", "a/.git/x.wav", ".hidden.wav"):
+        (tmp_path / name).write_bytes(b"x")
+    found = find_audio_files([tmp_path / "a", tmp_path / "three.flac", tmp_path / ".hidden.wav"])
     assert [(p.relative_to(tmp_path).as_posix(), stem.as_posix()) for p, stem in found] == [
         ("a/b/two.MP3", "b/two"),
         ("a/one.wav", "one"),
         ("three.flac", "three"),
+        (".hidden.wav", ".hidden"),
     ]
 
 
