@@ -92,7 +92,10 @@ def _cmd_models(args: argparse.Namespace, settings: Settings) -> int:
 def _formats(value: str) -> list[str]:
     from asr.writers import WRITERS
 
-    names = list(dict.fromkeys(v.strip().lower() for v in value.split(",")))  # once each
+    # Once each; an empty entry ("txt," or "txt,,srt") is no format.
+    names = list(dict.fromkeys(v.strip().lower() for v in value.split(",") if v.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError("no format given; choose from " + ", ".join(WRITERS))
     if "all" in names:
         return list(WRITERS)
     unknown = [name for name in names if name not in WRITERS]
@@ -199,8 +202,9 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             jobs.append((path, outputs, file_record))
 
     if not jobs and not relabels and not kept:
+        have = "the file has its" if skipped == 1 else f"all {skipped} files have their"
         print(
-            f"specscribe: all {skipped} files have their outputs (--overwrite redoes them)",
+            f"specscribe: {have} outputs (--overwrite redoes them)",
             file=sys.stderr,
         )
         return 1 if unlisted else 0

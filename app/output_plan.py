@@ -88,7 +88,10 @@ def kept_outputs(plan: OutputPlan, outputs: dict[str, Path]) -> str:
     told = f"{', '.join(str(outputs[fmt]) for fmt in plan.kept)} exist without a record that "
     told += "specscribe made them"
     if plan.blocked:
-        told += f", so {', '.join(str(outputs[fmt]) for fmt in plan.blocked)} were not made either"
+        blocked = [str(outputs[fmt]) for fmt in plan.blocked]
+        told += (
+            f", so {', '.join(blocked)} {'was' if len(blocked) == 1 else 'were'} not made either"
+        )
     return told + " (--overwrite replaces them)"
 
 

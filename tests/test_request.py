@@ -171,7 +171,7 @@ def test_a_file_kept_beside_outputs_made_otherwise_blocks_them(tmp_path):
     plan = plan_outputs(outputs, {"max_line_width": 20}, overwrite=False)
     assert (plan.action, plan.kept, plan.blocked) == ("skip", ("txt",), ("srt",))
     told = kept_outputs(plan, outputs)
-    assert f"so {outputs['srt']} were not made either" in told
+    assert f"so {outputs['srt']} was not made either" in told
 
 
 def test_a_redo_says_why():
