@@ -296,8 +296,9 @@ def write_outputs(
     layout: SubtitleLayout = SubtitleLayout(),
 ) -> None:
     """Each output, then (with `record`: the options that made them, JSON values) the record,
-    last, so a record never vouches for outputs that were not written. `layout` shapes the
-    srt and vtt cues.
+    last, so a record never vouches for outputs that were not written; before them, the
+    record marks them as being written (`_mark_writing`). `layout` shapes the srt and vtt
+    cues.
 
     The record names the formats it vouches for (`RECORD_FORMATS`): those written now, and
     those it named before if they were made with the same options. A run that writes only
