@@ -9,7 +9,8 @@ user is told what changed. When every output exists but no record says how they 
 (written by hand, a reference transcript beside its audio, or a version that kept no records),
 the file is skipped and the user told why, and so it is when other outputs are missing: an
 output that specscribe did not write is never replaced without `overwrite`, nor one it made
-from another recording at another path (a recorder's REC001.WAV of another day).
+from another recording at another path (a recorder's REC001.WAV of another day), nor one
+edited since specscribe wrote it (its record holds each output's digest).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class OutputPlan:
     blocked: tuple[str, ...] = ()
     replaced: bool = False  # a redo because the recording is not the one they were made from
     elsewhere: bool = False  # kept: made from another recording (`changes` names it)
+    edited: bool = False  # kept: specscribe's outputs, changed since it wrote them
 
     @property
     def why(self) -> str:
@@ -68,25 +70,30 @@ def plan_outputs(outputs: dict[str, Path], record: dict | None, overwrite: bool)
         return OutputPlan("redo", detail, replaced=state == "replaced")
     if overwrite:
         return OutputPlan("overwrite")
-    if state != "unrecorded":
+    if state not in ("unrecorded", "edited"):
         return OutputPlan("skip")
     kept = tuple(detail.split(", "))
     # Not made because of them: the outputs missing, and specscribe's own made otherwise.
     ours = {fmt: path for fmt, path in outputs.items() if fmt not in kept and path.exists()}
     stale = tuple(ours) if ours and outputs_state(ours, record)[0] != "done" else ()
     missing = tuple(fmt for fmt, path in outputs.items() if not path.exists())
-    return OutputPlan("skip", kept=kept, blocked=tuple(f for f in outputs if f in stale + missing))
+    blocked = tuple(f for f in outputs if f in stale + missing)
+    return OutputPlan("skip", kept=kept, blocked=blocked, edited=state == "edited")
 
 
 def kept_outputs(plan: OutputPlan, outputs: dict[str, Path]) -> str:
-    """What a skip that keeps unrecorded outputs, or another recording's, tells the user: those
-    files, and the outputs not made because of them."""
+    """What a skip that keeps unrecorded outputs, edited ones, or another recording's, tells the
+    user: those files, and the outputs not made because of them."""
     if plan.elsewhere:
         kept = ", ".join(str(outputs[fmt]) for fmt in plan.kept)
         made = plan.changes.removeprefix("its outputs were made from ")
         return f"{kept} hold the transcript of {made}: kept (--overwrite replaces them)"
-    told = f"{', '.join(str(outputs[fmt]) for fmt in plan.kept)} exist without a record that "
-    told += "specscribe made them"
+    why = (
+        "changed since specscribe wrote them"
+        if plan.edited
+        else ("exist without a record that specscribe made them")
+    )
+    told = f"{', '.join(str(outputs[fmt]) for fmt in plan.kept)} {why}"
     if plan.blocked:
         blocked = [str(outputs[fmt]) for fmt in plan.blocked]
         told += (

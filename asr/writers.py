@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from asr.source import Source
+from asr.source import Source, new_digest
 from asr.types import Segment, Transcript, Word
 
 Writer = Callable[[Transcript, str], str]  # (transcript, input stem) -> file content
@@ -306,12 +306,15 @@ def write_outputs(
     asks for the txt with the new options makes it again instead of skipping it."""
     if record is not None and paths:
         _mark_writing(paths)
+    digests = {}
     for fmt, path in paths.items():
         if fmt in SUBTITLE_FORMATS:
             content = WRITERS[fmt](transcript, path.stem, layout)
         else:
             content = WRITERS[fmt](transcript, path.stem)
-        write_atomically(path, content)
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        write_atomically(path, data)
+        digests[fmt] = _digest(data)
     if record is not None and paths:
         source, wanted = _split(record)
         try:
@@ -328,6 +331,7 @@ def write_outputs(
                 content = {**wanted, **made_from}  # it still vouches for every output, as it did
             elif isinstance(vouched, list):
                 content[RECORD_FORMATS] = sorted({*paths, *map(str, vouched)})
+        content[RECORD_DIGESTS] = {**_digests(stored), **digests}
         write_atomically(record_path(paths), json.dumps(content, sort_keys=True, indent=1) + "\n")
 
 
@@ -350,6 +354,7 @@ def _mark_writing(paths: dict[str, Path]) -> None:
     # else a record from before formats were named, which vouches for every output: the mark
     # alone says which are being replaced.
     marked[RECORD_WRITING] = sorted(paths)
+    marked[RECORD_DIGESTS] = {k: v for k, v in _digests(stored).items() if k not in paths}
     write_atomically(record_path(paths), json.dumps(marked, sort_keys=True, indent=1) + "\n")
 
 
@@ -365,6 +370,38 @@ RECORD_WRITTEN = "written"
 # The record's key that lists the outputs being written: there only while a run writes them,
 # so a record that holds it was left by a run stopped among its outputs.
 RECORD_WRITING = "writing"
+
+
+# The record's key for the BLAKE2b digest of each output as specscribe wrote it: an output whose
+# bytes differ was edited since (a corrected subtitle), and is kept, not made again.
+RECORD_DIGESTS = "digests"
+
+
+def _digest(data: bytes) -> str:
+    digest = new_digest()
+    digest.update(data)
+    return digest.hexdigest()
+
+
+def _digests(stored: object) -> dict[str, str]:
+    """The output digests a stored record holds (`RECORD_DIGESTS`)."""
+    digests = stored.get(RECORD_DIGESTS) if isinstance(stored, dict) else None
+    return {str(k): str(v) for k, v in digests.items()} if isinstance(digests, dict) else {}
+
+
+def _edited(paths: dict[str, Path], existing: list[str], stored: object) -> list[str]:
+    """The existing outputs whose bytes are not those the record says specscribe wrote."""
+    recorded = _digests(stored)
+    edited = []
+    for fmt in existing:
+        if fmt in recorded:
+            try:
+                data = paths[fmt].read_bytes()
+            except OSError:
+                continue  # reading it again will say why
+            if _digest(data) != recorded[fmt]:
+                edited.append(fmt)
+    return edited
 
 
 # The record's key for the recording the outputs were made from (an asr.source.Source in the
@@ -407,7 +444,7 @@ def _same_source(source: Source | None, stored: dict) -> bool:
 def _options(stored: dict) -> dict:
     """A stored record's options, without the formats it vouches for and has written, and the
     recording it was made from."""
-    kept_apart = (RECORD_FORMATS, RECORD_WRITTEN, RECORD_WRITING, RECORD_SOURCE)
+    kept_apart = (RECORD_FORMATS, RECORD_WRITTEN, RECORD_WRITING, RECORD_DIGESTS, RECORD_SOURCE)
     return {k: v for k, v in stored.items() if k not in kept_apart}
 
 
@@ -456,7 +493,7 @@ def _shown(record: dict, key: str) -> str:
 
 def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[str, str]:
     """Whether a file's outputs are done: ("missing", ""), ("done", ""), ("changed", what),
-    ("replaced", what), ("elsewhere", what) or ("unrecorded", formats).
+    ("replaced", what), ("elsewhere", what), ("unrecorded", formats) or ("edited", formats).
 
     "replaced": `record` names the recording the outputs are to be made from
     (`RECORD_SOURCE`), and they were made from it before it changed. "elsewhere": they were
@@ -468,7 +505,10 @@ def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[s
     some of them ("srt made with other options"). "unrecorded": some outputs exist that no
     record says specscribe wrote (written by hand, a reference transcript beside its audio, or
     by a version that kept no records; `formats` names them, "txt, srt"): callers keep them,
-    as nothing says they are wrong, and say so, even when other outputs are missing."""
+    as nothing says they are wrong, and say so, even when other outputs are missing.
+    "edited": outputs that would be made again have bytes other than specscribe wrote
+    (`RECORD_DIGESTS`: a corrected subtitle; `formats` names them): kept as unrecorded ones
+    are."""
     existing = [fmt for fmt, path in paths.items() if path.exists()]
     complete = bool(paths) and len(existing) == len(paths)
     if not existing or record is None:
@@ -480,6 +520,18 @@ def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[s
     foreign = _foreign(existing, stored)
     if foreign:
         return "unrecorded", ", ".join(foreign)
+    state = _own_outputs_state(paths, record, stored, complete)
+    if state[0] in ("missing", "changed", "replaced"):  # to be made again: unless edited
+        edited = _edited(paths, existing, stored)
+        if edited:
+            return "edited", ", ".join(edited)
+    return state
+
+
+def _own_outputs_state(
+    paths: dict[str, Path], record: dict, stored: object, complete: bool
+) -> tuple[str, str]:
+    """`outputs_state` of outputs that specscribe wrote, edited or not."""
     source, wanted = _split(record)
     if isinstance(stored, dict) and not _same_source(source, stored):
         if source.elsewhere(stored[RECORD_SOURCE]):  # whether or not all of them exist

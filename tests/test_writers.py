@@ -133,6 +133,7 @@ def test_an_output_specscribe_did_not_write_is_never_taken_for_its_own(tmp_path)
     write_outputs(TRANSCRIPT, srt, german)
     assert outputs_state(both, german) == ("unrecorded", "txt")
     record = json.loads((tmp_path / ".talk.specscribe.json").read_text())
+    assert set(record.pop("digests")) == {"srt"}  # each output's bytes as written
     assert record == {**german, "formats": ["srt"], "written": ["srt"]}
     # What specscribe wrote once stays its own, whatever options it was written with.
     write_outputs(TRANSCRIPT, both, english)
@@ -163,6 +164,7 @@ def test_a_run_stopped_among_its_outputs_leaves_them_its_own_to_make_again(tmp_p
     write_outputs(TRANSCRIPT, both, english)
     assert outputs_state(both, english) == ("done", "")
     record = json.loads((tmp_path / ".talk.specscribe.json").read_text())
+    assert set(record.pop("digests")) == {"srt", "txt"}
     assert record == {**english, "formats": ["srt", "txt"], "written": ["srt", "txt"]}
     # Stopped with every output rewritten (in German) but before the final record: none of
     # them is vouched for by the options the record still names, English.
@@ -184,6 +186,32 @@ def test_a_run_stopped_among_its_outputs_leaves_them_its_own_to_make_again(tmp_p
     assert outputs_state(both, german) == ("done", "")
 
 
+def test_an_output_edited_since_it_was_written_is_kept_not_made_again(tmp_path):
+    # A subtitle corrected by hand, then a rerun asking for json too, or with other options:
+    # the correction was overwritten without a word.
+    from app.output_plan import kept_outputs, plan_outputs
+
+    both = output_paths(tmp_path, Path("talk"), ["txt", "srt"])
+    with_json = {**both, "json": tmp_path / "talk.json"}
+    english, german = {"language": "en"}, {"language": "de"}
+    write_outputs(TRANSCRIPT, both, english)
+    both["srt"].write_text(both["srt"].read_text().replace("Hello", "Hallo"))
+    assert outputs_state(both, english) == ("done", "")  # nothing to redo: nothing to say
+    assert outputs_state(with_json, english) == ("edited", "srt")
+    assert outputs_state(both, german) == ("edited", "srt")
+    plan = plan_outputs(with_json, english, overwrite=False)
+    assert (plan.action, plan.kept, plan.blocked) == ("skip", ("srt",), ("json",))
+    assert kept_outputs(plan, with_json) == (
+        f"{both['srt']} changed since specscribe wrote them, so {with_json['json']} was not "
+        "made either (--overwrite replaces them)"
+    )
+    assert plan_outputs(with_json, english, overwrite=True).action == "overwrite"
+    # Unedited outputs are made again as before.
+    write_outputs(TRANSCRIPT, both, english)
+    assert outputs_state(with_json, english) == ("missing", "")
+    assert outputs_state(both, german)[0] == "changed"
+
+
 def test_a_record_vouches_only_for_the_formats_its_options_made(tmp_path):
     txt, srt, both = (
         output_paths(tmp_path, Path("talk"), f) for f in (["txt"], ["srt"], ["txt", "srt"])
@@ -198,6 +226,7 @@ def test_a_record_vouches_only_for_the_formats_its_options_made(tmp_path):
     write_outputs(TRANSCRIPT, txt, german)  # same options: the record keeps vouching for srt
     assert outputs_state(both, german) == ("done", "")
     record = json.loads((tmp_path / ".talk.specscribe.json").read_text())
+    record.pop("digests")
     assert record == {**german, "formats": ["srt", "txt"], "written": ["srt", "txt"]}
     # A record from before formats were named vouches for every output, as it did then, and
     # goes on doing so when another format is made with the same options.
