@@ -79,9 +79,6 @@ class DraftOptions:
             raise ValueError(f"k must be >= 1 (got {self.k})")
         if self.ngram < 1:
             raise ValueError(f"ngram must be >= 1 (got {self.ngram})")
-        if self.policy == "confidence" and self.prompt_lookup is not None:
-            # ConfidenceStop reads the draft's probabilities, which n-gram lookup has not.
-            raise ValueError("the confidence policy needs a model draft: prompt lookup has none")
         return self
 
     @property
