@@ -13,11 +13,11 @@ import dataclasses
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from .config import Settings, draft_branches
+from .stop_signals import raising_on
 
 # asr.precision.PRECISIONS, spelled out so that parsing arguments does not import torch
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "mixed", "int8")
@@ -1142,7 +1142,9 @@ def _run_command(args: argparse.Namespace) -> int:
     try:
         settings = Settings.from_env()
         if getattr(args, "stop_signals", False):
-            with _stopped_by_signals():
+            # Their default kills the process where it stands: a temporary file left beside
+            # the outputs, no summary.
+            with raising_on((signal.SIGTERM, signal.SIGHUP), Stopped):
                 return args.run(args, settings)
         return args.run(args, settings)
     except (ValueError, ModelFetchError, JobStoreError) as error:
@@ -1164,25 +1166,6 @@ class Stopped(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signal = signal.Signals(signum)
-
-
-@contextlib.contextmanager
-def _stopped_by_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise Stopped while a one-shot command runs (their default kills the
-    process where it stands: a temporary file left beside the outputs, no summary)."""
-
-    def stop(signum, frame):
-        raise Stopped(signum)
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

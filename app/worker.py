@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +32,7 @@ from asr.types import ProgressHook, Transcript, no_progress
 from .jobs import ClaimedTask, JobStore, WorkerId
 from .output_plan import made_from
 from .service import ServiceOptions, TranscriptionService
+from .stop_signals import raising_on
 from .unlabelled_cache import Kept, keep_unlabelled, kept_unlabelled
 
 if TYPE_CHECKING:
@@ -284,22 +285,11 @@ def progress_recorder(store: JobStore, task: ClaimedTask, every: float = 1.0) ->
     return record
 
 
-@contextmanager
-def stop_on_signals() -> Iterator[None]:
+def stop_on_signals() -> AbstractContextManager[None]:
     """SIGTERM (docker stop, systemd) and SIGINT raise Shutdown in the main thread."""
-
-    def handler(signum, frame):
-        raise Shutdown(signal.Signals(signum).name)
-
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signals reach only the main thread; an embedding app stops us its own way
-        return
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    return raising_on(
+        (signal.SIGTERM, signal.SIGINT), lambda signum: Shutdown(signal.Signals(signum).name)
+    )
 
 
 # -- the embedded engine ------------------------------------------------------------------------
