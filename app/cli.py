@@ -123,7 +123,7 @@ def _output_formats(asked: list[str] | None, diarize: bool) -> list[str]:
 def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from tqdm import tqdm
 
-    from asr.audio import AudioLoadError, check_distinct_outputs, decode_audio, find_audio_files
+    from asr.audio import AudioLoadError, colliding_outputs, decode_audio, find_audio_files
     from asr.writers import SubtitleLayout, output_paths, write_outputs
 
     from .output_plan import fingerprinted, kept_outputs, made_from, plan_outputs
@@ -171,11 +171,16 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     if not files:
         print("specscribe: no audio files found", file=sys.stderr)
         return 2
+    undone: list[tuple[Path, str]] = []  # files left undone: outputs specscribe did not make,
+    # or outputs another input would write too (each reported, the others go on)
     if args.output_dir:
-        check_distinct_outputs(files, args.output_dir)
         _check_output_dir(args.output_dir)
+        colliding = colliding_outputs(files, args.output_dir)
+        for path, reason in colliding.items():
+            print(f"specscribe: skipping {reason}", file=sys.stderr)
+            undone.append((path, reason))
+        files = [(path, stem) for path, stem in files if path not in colliding]
     jobs, relabels, skipped = [], [], 0
-    kept: list[tuple[Path, str]] = []  # files left undone for outputs specscribe did not make
     for path, stem in files:
         outputs = output_paths(args.output_dir, stem, formats) if args.output_dir else {}
         file_record = made_from(path, record)
@@ -185,7 +190,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
                 told = kept_outputs(plan, outputs)
                 print(f"specscribe: skipping {path}: {told}", file=sys.stderr)
             if plan.blocked:
-                kept.append((path, f"{path}: {told}"))  # outputs asked for and not made
+                undone.append((path, f"{path}: {told}"))  # outputs asked for and not made
             else:
                 skipped += 1
             continue
@@ -201,7 +206,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         else:
             jobs.append((path, outputs, file_record))
 
-    if not jobs and not relabels and not kept:
+    if not jobs and not relabels and not undone:
         have = "the file has its" if skipped == 1 else f"all {skipped} files have their"
         print(
             f"specscribe: {have} outputs (--overwrite redoes them)",
@@ -209,7 +214,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         )
         return 1 if unlisted else 0
     if not jobs and not relabels:
-        return _summary(0, skipped, [*unlisted, *kept])
+        return _summary(0, skipped, [*unlisted, *undone])
 
     # 3. The models, loaded once; options checked against them before any work (the Whisper
     # model only where a file is to be transcribed).
@@ -226,9 +231,10 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
 
     # 4. The files, up to --batch-files at a time: a bad one is reported and skipped, the rest
     # go on.
-    failures: list[tuple[Path, str]] = [*unlisted, *kept]  # (file or folder, reason)
-    undone_before = len(failures)
+    failures: list[tuple[Path, str]] = [*unlisted, *undone]  # (file or folder, reason)
+    failed_before = len(failures)
     bar = tqdm(total=len(jobs) + len(relabels), unit="file", disable=None, file=sys.stderr)
+    finished: list[Path] = []  # files whose outputs were written
 
     def failed(path: Path, error: Exception) -> None:
         if isinstance(error, AudioLoadError):
@@ -252,40 +258,55 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         for warning in transcript.warnings:
             tqdm.write(f"specscribe: warning: {path}: {warning}", file=sys.stderr)
         tqdm.write(f"== {path}\n{_shown(transcript)}")
+        finished.append(path)
         bar.update()
 
-    for path, outputs, file_record, kept_transcript in relabels:  # only speakers found again
-        bar.set_postfix_str(path.name)
-        try:
-            audio = decode_audio(fingerprinted(path, file_record))
-            unlabelled, passes = kept_transcript.unlabelled, kept_transcript.passes
-            transcript = service.relabel(audio, unlabelled, options, passes=passes)
-        except Exception as error:
-            failed(path, error)
-            continue
-        written(path, outputs, file_record, Labelled(transcript, None))
-    for group in _batches(jobs, args.batch_files, failed):
-        bar.set_postfix_str(group[0][0].name + (f" +{len(group) - 1}" if len(group) > 1 else ""))
-        results = _transcribe_batch(service, group, options)
-        together = [  # whose decoding costs the stats of these files are (files with speech)
-            str(path)
-            for (path, *_), result in zip(group, results, strict=True)
-            if not isinstance(result, Exception) and "decoded_together" in result.transcript.stats
-        ]
-        for (path, outputs, file_record, _), result in zip(group, results, strict=True):
-            if isinstance(result, Exception):
-                failed(path, result)
+    def work() -> None:
+        for path, outputs, file_record, kept_transcript in relabels:  # only speakers found again
+            bar.set_postfix_str(path.name)
+            try:
+                audio = decode_audio(fingerprinted(path, file_record))
+                unlabelled, passes = kept_transcript.unlabelled, kept_transcript.passes
+                transcript = service.relabel(audio, unlabelled, options, passes=passes)
+            except Exception as error:
+                failed(path, error)
                 continue
-            if "decoded_together" in result.transcript.stats:
-                stats = {**result.transcript.stats, "decoded_with": together}
-                result = dataclasses.replace(
-                    result, transcript=dataclasses.replace(result.transcript, stats=stats)
-                )
-            written(path, outputs, file_record, result)
-    bar.close()
+            written(path, outputs, file_record, Labelled(transcript, None))
+        for group in _batches(jobs, args.batch_files, failed):
+            bar.set_postfix_str(
+                group[0][0].name + (f" +{len(group) - 1}" if len(group) > 1 else "")
+            )
+            results = _transcribe_batch(service, group, options)
+            together = [  # whose decoding costs the stats of these files are (files with speech)
+                str(path)
+                for (path, *_), result in zip(group, results, strict=True)
+                if not isinstance(result, Exception)
+                and "decoded_together" in result.transcript.stats
+            ]
+            for (path, outputs, file_record, _), result in zip(group, results, strict=True):
+                if isinstance(result, Exception):
+                    failed(path, result)
+                    continue
+                if "decoded_together" in result.transcript.stats:
+                    stats = {**result.transcript.stats, "decoded_with": together}
+                    result = dataclasses.replace(
+                        result, transcript=dataclasses.replace(result.transcript, stats=stats)
+                    )
+                written(path, outputs, file_record, result)
 
-    done = len(jobs) + len(relabels) - (len(failures) - undone_before)
-    return _summary(done, skipped, failures)
+    try:
+        work()
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: what was finished is said first
+        bar.close()
+        left = len(jobs) + len(relabels) - len(finished) - (len(failures) - failed_before)
+        print(
+            f"\nspecscribe: {len(finished)} transcribed, {left} not done, {skipped} skipped "
+            f"(outputs exist), {len(failures)} failed (a rerun does the rest)",
+            file=sys.stderr,
+        )
+        raise
+    bar.close()
+    return _summary(len(finished), skipped, failures)
 
 
 def _shown(transcript) -> str:
@@ -887,10 +908,14 @@ def build_parser() -> argparse.ArgumentParser:
         "int8 (CPU: bf16 encoder, int8 decoder, lossless drafting); default: "
         "$SPECSCRIBE_PRECISION, else auto",
     )
-    transcribe.add_argument(
-        "--output-dir", type=Path, help="write STEM.FORMAT files here (default: print only)"
+    transcribe.add_argument(  # -o and -f as openai-whisper's and whisperX's CLIs have them
+        "-o",
+        "--output-dir",
+        type=Path,
+        help="write STEM.FORMAT files here (default: print only)",
     )
     transcribe.add_argument(
+        "-f",
         "--format",
         type=_formats,
         help="with --output-dir: txt, srt, vtt, tsv, json, rttm (with --diarize), a "
@@ -1051,8 +1076,10 @@ def build_parser() -> argparse.ArgumentParser:
     store_help = "the job store, an SQLite file (default: the user data folder's jobs.sqlite3)"
     submit = commands.add_parser("submit", help="queue files or folders for `specscribe worker`")
     submit.add_argument("paths", nargs="+", help="audio files or folders (searched recursively)")
-    submit.add_argument("--output-dir", type=Path, required=True, help="write STEM.FORMAT here")
-    submit.add_argument("--format", type=_formats, help="as for transcribe (default: txt)")
+    submit.add_argument(
+        "-o", "--output-dir", type=Path, required=True, help="write STEM.FORMAT here"
+    )
+    submit.add_argument("-f", "--format", type=_formats, help="as for transcribe (default: txt)")
     submit.add_argument(
         "--overwrite", action="store_true", help="transcribe files whose outputs exist"
     )

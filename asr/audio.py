@@ -380,9 +380,29 @@ def _audio_under(folder: Path, unreadable: Callable[[Path, OSError], None] | Non
     return sorted(audio)
 
 
+def colliding_outputs(files: list[tuple[Path, Path]], output_dir: Path) -> dict[Path, str]:
+    """The files among `find_audio_files`' that would write the same outputs as another
+    (`a/talk.wav` and `b/talk.mp3` given as files, or `talk.wav` beside `talk.flac`), each with
+    the reason, naming the others. Every file of a colliding group is named: none of them can
+    have outputs of its own there, and which one a run would favour is no rule a user knows."""
+    by_stem: dict[Path, list[Path]] = {}
+    for path, stem in files:
+        by_stem.setdefault(stem, []).append(path)
+    reasons: dict[Path, str] = {}
+    for stem, paths in by_stem.items():
+        if len(paths) > 1:
+            for path in paths:
+                others = " and ".join(str(p) for p in paths if p != path)
+                reasons[path] = (
+                    f"{path}: {others} would write the same outputs ({output_dir / stem}.*); "
+                    "transcribe them into different output folders"
+                )
+    return reasons
+
+
 def check_distinct_outputs(files: list[tuple[Path, Path]], output_dir: Path) -> None:
     """Raises ValueError when two of `find_audio_files`' files would write the same outputs
-    (`a/talk.wav` and `b/talk.mp3` given as files, or `talk.wav` beside `talk.flac`)."""
+    (`colliding_outputs`)."""
     by_stem: dict[Path, Path] = {}
     for path, stem in files:
         if stem in by_stem:

@@ -12,6 +12,7 @@ from asr.audio import (
     SAMPLE_RATE,
     AudioLoadError,
     check_distinct_outputs,
+    colliding_outputs,
     find_audio_files,
     load_audio,
     samples_audio,
@@ -140,6 +141,15 @@ def test_outputs_that_would_collide_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"talk\.wav and .*talk\.mp3 would both write"):
         check_distinct_outputs(files, tmp_path / "out")
     check_distinct_outputs(files[:1], tmp_path / "out")  # one is fine
+    third = (tmp_path / "b" / "talk.flac", Path("talk"))
+    other = (tmp_path / "other.wav", Path("other"))
+    reasons = colliding_outputs([*files, other, third], tmp_path / "out")
+    assert list(reasons) == [files[0][0], files[1][0], third[0]]  # every one of the group
+    assert reasons[files[1][0]] == (
+        f"{files[1][0]}: {files[0][0]} and {third[0]} would write the same outputs "
+        f"({tmp_path / 'out' / 'talk'}.*); transcribe them into different output folders"
+    )
+    assert colliding_outputs(files[:1], tmp_path / "out") == {}
 
 
 def test_find_audio_files_recurses_by_extension(tmp_path):

