@@ -126,6 +126,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from asr.audio import AudioLoadError, colliding_outputs, decode_audio, find_audio_files
     from asr.writers import SubtitleLayout, output_paths, write_outputs
 
+    from .output_claim import claim_outputs
     from .output_plan import fingerprinted, kept_outputs, made_from, plan_outputs
     from .service import Labelled, TranscriptionService
     from .unlabelled_cache import keep_unlabelled, kept_unlabelled
@@ -232,11 +233,44 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     # 4. The files, up to --batch-files at a time: a bad one is reported and skipped, the rest
     # go on.
     failures: list[tuple[Path, str]] = [*unlisted, *undone]  # (file or folder, reason)
-    failed_before = len(failures)
     bar = tqdm(total=len(jobs) + len(relabels), unit="file", disable=None, file=sys.stderr)
     finished: list[Path] = []  # files whose outputs were written
+    left_to_others: list[Path] = []  # files another run claimed (app.output_claim)
+    claims = {}  # file -> the claim this run holds on its outputs, until they are written
+    settled: list[Path] = []  # files done with here, whatever the outcome
+
+    def settle(path: Path) -> None:
+        settled.append(path)
+        bar.update()
+
+    def claimed(path: Path, outputs: dict[str, Path], file_record: dict) -> bool:
+        """Claims a file's outputs before it is decoded; False where another run holds them,
+        or made them since step 2 looked (counted here)."""
+        nonlocal skipped
+        if not outputs:
+            return True  # printed only
+        claim = claim_outputs(outputs)  # OSError: the file fails (caller)
+        if claim is None:
+            tqdm.write(
+                f"specscribe: skipping {path}: another specscribe run is transcribing it",
+                file=sys.stderr,
+            )
+            left_to_others.append(path)
+        elif plan_outputs(outputs, file_record, args.overwrite).decode:
+            claims[path] = claim
+            return True
+        else:  # another run made them since step 2 looked
+            claim.release()
+            skipped += 1
+        settle(path)
+        return False
+
+    def released(path: Path) -> None:
+        if (claim := claims.pop(path, None)) is not None:
+            claim.release()
 
     def failed(path: Path, error: Exception) -> None:
+        released(path)
         if isinstance(error, AudioLoadError):
             failures.append((path, str(error)))
             tqdm.write(f"specscribe: failed {error}", file=sys.stderr)
@@ -244,7 +278,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             reason = f"{path}: {type(error).__name__}: {error}"
             failures.append((path, reason))
             tqdm.write(f"specscribe: failed {reason}", file=sys.stderr)
-        bar.update()
+        settle(path)
 
     def written(path: Path, outputs: dict[str, Path], file_record: dict, result) -> None:
         transcript, unlabelled = result.transcript, result.unlabelled
@@ -255,16 +289,19 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         except Exception as error:
             failed(path, error)
             return
+        released(path)
         for warning in transcript.warnings:
             tqdm.write(f"specscribe: warning: {path}: {warning}", file=sys.stderr)
         tqdm.write(f"== {path}\n{_shown(transcript)}")
         finished.append(path)
-        bar.update()
+        settle(path)
 
     def work() -> None:
         for path, outputs, file_record, kept_transcript in relabels:  # only speakers found again
             bar.set_postfix_str(path.name)
             try:
+                if not claimed(path, outputs, file_record):
+                    continue
                 audio = decode_audio(fingerprinted(path, file_record))
                 unlabelled, passes = kept_transcript.unlabelled, kept_transcript.passes
                 transcript = service.relabel(audio, unlabelled, options, passes=passes)
@@ -272,7 +309,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
                 failed(path, error)
                 continue
             written(path, outputs, file_record, Labelled(transcript, None))
-        for group in _batches(jobs, args.batch_files, failed):
+        for group in _batches(jobs, args.batch_files, failed, claimed):
             bar.set_postfix_str(
                 group[0][0].name + (f" +{len(group) - 1}" if len(group) > 1 else "")
             )
@@ -298,7 +335,9 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         work()
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: what was finished is said first
         bar.close()
-        left = len(jobs) + len(relabels) - len(finished) - (len(failures) - failed_before)
+        for path in list(claims):
+            released(path)
+        left = len(jobs) + len(relabels) - len(settled)
         print(
             f"\nspecscribe: {len(finished)} transcribed, {left} not done, {skipped} skipped "
             f"(outputs exist), {len(failures)} failed (a rerun does the rest)",
@@ -306,7 +345,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         )
         raise
     bar.close()
-    return _summary(len(finished), skipped, failures)
+    return _summary(len(finished), skipped, failures, len(left_to_others))
 
 
 def _shown(transcript) -> str:
@@ -319,12 +358,15 @@ def _shown(transcript) -> str:
     return write_txt(transcript, "").rstrip("\n")
 
 
-def _summary(done: int, skipped: int, failures: list[tuple[Path, str]]) -> int:
+def _summary(
+    done: int, skipped: int, failures: list[tuple[Path, str]], left_to_others: int = 0
+) -> int:
     """Step 5 of `transcribe`: the counts and every failure's reason; the exit status (1 when
-    anything failed)."""
+    anything failed). left_to_others: files another run was transcribing (it reports them)."""
+    others = f", {left_to_others} left to another run" if left_to_others else ""
     print(
         f"specscribe: {done} transcribed, {skipped} skipped (outputs exist), "
-        f"{len(failures)} failed",
+        f"{len(failures)} failed{others}",
         file=sys.stderr,
     )
     for _, reason in failures:
@@ -332,11 +374,16 @@ def _summary(done: int, skipped: int, failures: list[tuple[Path, str]]) -> int:
     return 1 if failures else 0
 
 
-def _batches(jobs: list, size: int, failed: Callable[[Path, Exception], None]) -> Iterator[list]:
+def _batches(
+    jobs: list,
+    size: int,
+    failed: Callable[[Path, Exception], None],
+    claimed: Callable[[Path, dict, dict], bool],
+) -> Iterator[list]:
     """The jobs (path, outputs, record) in order, their audio loaded, in batches of up to
-    `size` files and BATCH_AUDIO_SECONDS of audio (a longer file goes alone); a file that does
-    not load is handed to `failed` and left out. Yields lists of (path, outputs, record,
-    asr.audio.DecodedAudio)."""
+    `size` files and BATCH_AUDIO_SECONDS of audio (a longer file goes alone); a file that
+    `claimed(path, outputs, record)` turns down is left out, and so is one that does not load
+    (handed to `failed`). Yields lists of (path, outputs, record, asr.audio.DecodedAudio)."""
     from asr.audio import SAMPLE_RATE, decode_audio
 
     from .output_plan import fingerprinted
@@ -344,6 +391,8 @@ def _batches(jobs: list, size: int, failed: Callable[[Path, Exception], None]) -
     batch: list = []
     for path, outputs, record in jobs:
         try:
+            if not claimed(path, outputs, record):
+                continue
             audio = decode_audio(fingerprinted(path, record))
         except Exception as error:
             failed(path, error)

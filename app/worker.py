@@ -120,15 +120,6 @@ def execute(
     return Outcome(result.transcript, None, seconds, result.unlabelled, result.passes)
 
 
-def _temporary_leftovers(task: ClaimedTask) -> list[Path]:
-    """write_atomically's temporaries (.NAME.*.tmp) beside this task's outputs."""
-    found: list[Path] = []
-    for path in task.outputs.values():
-        if path.parent.is_dir():
-            found.extend(path.parent.glob(f".{path.name}.*.tmp"))
-    return found
-
-
 def _output_folders_ready(store: JobStore, task: ClaimedTask, worker: WorkerId, log: Log) -> bool:
     """Makes the folders the task's outputs go to; a folder that cannot be made fails the
     task before its audio is decoded, rather than after (False)."""
@@ -150,10 +141,10 @@ def prepare(
 
     record: what makes this task's outputs (TranscriptionService.output_record); outputs
     whose record says they were made otherwise are made again (app.output_plan, as the CLI)."""
+    from .output_claim import remove_dead_runs_temporaries
     from .output_plan import kept_outputs, plan_outputs
 
-    for leftover in _temporary_leftovers(task):
-        leftover.unlink(missing_ok=True)  # half an output from an attempt that was killed
+    remove_dead_runs_temporaries(task.outputs)  # half an output from an attempt that was killed
     plan = plan_outputs(task.outputs, record, task.spec.overwrite)
     if plan.action in ("make", "redo") and not _output_folders_ready(store, task, worker, log):
         return False

@@ -36,7 +36,10 @@ REAL_MODEL_FIXTURES = frozenset(
 PROCESS_FIXTURES = frozenset({"server", "servers", "generated"})
 # Tests that start processes themselves, by file and test name.
 E2E_TESTS = {
-    "test_cli.py": {"test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback"},
+    "test_cli.py": {
+        "test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback",
+        "test_two_runs_on_one_folder_share_its_files",
+    },
     "test_bench_cli.py": {"test_a_one_file_run_times_real_processes"},
     "test_worker.py": {
         "test_claims_from_several_processes_never_overlap",

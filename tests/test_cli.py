@@ -223,6 +223,69 @@ def test_inputs_that_would_write_the_same_outputs_fail_and_the_rest_go_on(capsys
 
 
 @pytest.mark.slow
+def test_a_file_another_run_is_transcribing_is_left_to_it(capsys, tmp_path):
+    from app.output_claim import claim_outputs
+
+    inputs, outputs = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    shutil.copy(SAMPLES / "jfk.wav", inputs / "jfk.wav")
+    shutil.copy(SAMPLES / "librispeech_1089-134686-0002.wav", inputs / "talk.wav")
+    outputs.mkdir()
+    # What a run killed while writing leaves: half an output, and a lock no one holds.
+    (outputs / ".jfk.txt.u7k2m1.tmp").write_text("And so my fellow Amer")
+    (outputs / ".jfk.specscribe.lock").write_text("")
+    other_run = claim_outputs({"txt": outputs / "talk.txt"})  # as another process holds it
+    command = ["transcribe", str(inputs), "-o", str(outputs), "--assistant", "none"]
+    try:
+        assert main(command) == 0
+    finally:
+        other_run.release()
+    err = capsys.readouterr().err
+    assert f"skipping {inputs / 'talk.wav'}: another specscribe run is transcribing it" in err
+    assert "1 transcribed, 0 skipped (outputs exist), 0 failed, 1 left to another run" in err
+    assert sorted(p.name for p in outputs.iterdir()) == [".jfk.specscribe.json", "jfk.txt"]
+    # Released: the next run does it.
+    assert main(command) == 0
+    assert "1 transcribed, 1 skipped (outputs exist), 0 failed" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_runs_on_one_folder_share_its_files(tmp_path):
+    # Each run transcribed every file (and raced on its outputs); now each file is done once.
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    inputs, outputs = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    sources = [p for p in sorted(SAMPLES.iterdir()) if p.suffix in (".wav", ".flac", ".mp3")]
+    for copy in range(2):
+        for source in sources:
+            shutil.copy(source, inputs / f"{copy}-{source.name}")  # links are one file
+    command = [sys.executable, "-m", "specscribe.cli", "transcribe", str(inputs), "-o"]
+    command += [str(outputs), "--assistant", "none", "--batch-files", "1", "--language", "en"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    runs = [
+        subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    said = [run.communicate(timeout=600) for run in runs]
+    logs = [out.decode() + err.decode() for out, err in said]
+    assert [run.returncode for run in runs] == [0, 0], logs
+    done = [re.findall(r"^== (.+)$", log, re.MULTILINE) for log in logs]
+    every = sorted(str(inputs / name) for name in os.listdir(inputs))
+    assert sorted(done[0] + done[1]) == every  # each file once, by one run or the other
+    assert all(done), logs  # started together, both had work
+    assert sorted(p.name for p in outputs.glob("*.txt")) == sorted(
+        f"{Path(name).stem}.txt" for name in os.listdir(inputs)
+    )
+    assert not list(outputs.glob(".*.lock")) and not list(outputs.glob(".*.tmp"))
+
+
+@pytest.mark.slow
 def test_assistant_flag_drafts_without_changing_the_output(tmp_path):
     import json
 
