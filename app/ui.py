@@ -402,7 +402,9 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                     label="Label speakers", info="speaker diarization", elem_id="diarize"
                 )
                 with gr.Row(visible=False) as speaker_counts:
-                    number = {"precision": 0, "minimum": 0, "value": 0}
+                    # Checked by request_options (a message to the user), not by Gradio's
+                    # `minimum`, whose refusal also logs a traceback for a value someone typed.
+                    number = {"precision": 0, "value": 0}
                     num_speakers = gr.Number(label="Speakers (0: detect)", **number)
                     min_speakers = gr.Number(label="At least (0: any)", **number)
                     max_speakers = gr.Number(label="At most (0: any)", **number)

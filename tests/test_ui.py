@@ -231,6 +231,15 @@ def test_bad_audio_and_missing_audio_are_messages_without_server_paths(tmp_path,
         app.transcribe(str(SAMPLE), AUTO_LANGUAGE, "transcribe", False, False, True, 0, 3, 1)
     assert caught.value.title == "Invalid options"
     assert caught.value.message == "min_speakers (3) exceeds max_speakers (1)"
+    # A count typed below zero is the same kind of message: Gradio's own `minimum` check
+    # also printed a traceback in the server's log.
+    page = build_app(TranscriptionService(settings), tmp_path / "page")
+    (speakers,) = [b for b in page.blocks.values() if getattr(b, "label", "") == "At most (0: any)"]
+    assert speakers.minimum is None and speakers.preprocess(-1) == -1
+    with pytest.raises(gr.Error) as caught:
+        app.transcribe(str(SAMPLE), AUTO_LANGUAGE, "transcribe", False, False, True, -1, 0, 0)
+    assert caught.value.message == "num_speakers must be in 1..100, got -1"
+    assert not caught.value.print_exception
 
 
 def test_the_pages_uploads_are_held_to_the_servers_duration_cap(tmp_path, settings):
