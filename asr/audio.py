@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
+import stat
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -46,6 +48,8 @@ _MAX_OUTPUT_SAMPLES = 2**31 - 1
 _NAMED_LAYOUT_FORMATS = frozenset({"WAVEX", "FLAC", "OGG"})
 _MAX_NAMED_LAYOUT_CHANNELS = 8
 _STDERR_TAIL = 1500
+# "[wav @ 0x5624bb0a4980] ": how ffmpeg prefixes a component's messages.
+_FFMPEG_COMPONENT = re.compile(r"^\[[^\]]* @ 0x[0-9a-f]+\]\s*")
 
 
 class AudioLoadError(ValueError):
@@ -157,10 +161,7 @@ def decode_audio(
         label = name or str(source)
         if str(source).startswith(("http://", "https://")):
             raise AudioLoadError(f"{label}: a URL; specscribe reads files: download it first")
-        if path.is_dir():
-            raise AudioLoadError(f"{label}: a folder, not a file")
-        if not path.is_file():
-            raise AudioLoadError(f"{label}: no such file")
+        _check_regular_file(path, label)
         if path.stat().st_size == 0:
             raise AudioLoadError(f"{label}: empty file (0 bytes)")
         if path.suffix.lower() in _SOUNDFILE_EXTENSIONS:
@@ -178,6 +179,30 @@ def decode_audio(
     if not np.isfinite(samples).all():  # float files can hold them; every later stage would fail
         raise AudioLoadError(f"{label}: contains NaN or infinite samples")
     return decoded
+
+
+def _check_regular_file(path: Path, label: str) -> None:
+    """Raises AudioLoadError saying what `path` is where it is not a file that can be read
+    from its start: a pipe or device would block the reader (a FIFO in a folder hung a whole
+    run) or be consumed by the first read (the recording's digest, `asr.source`)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise AudioLoadError(f"{label}: a symbolic link to a file that is gone") from None
+        if str(path) == "-":
+            raise AudioLoadError(
+                "-: specscribe does not read audio from stdin: save it to a file first"
+            ) from None
+        raise AudioLoadError(f"{label}: no such file") from None
+    except OSError as error:  # a symbolic link loop (ELOOP), a name too long, ...
+        raise AudioLoadError(f"{label}: {error.strerror or error}") from None
+    if stat.S_ISDIR(mode):
+        raise AudioLoadError(f"{label}: a folder, not a file")
+    if not stat.S_ISREG(mode):
+        kinds = ((stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket"))
+        what = next((name for test, name in kinds if test(mode)), "a device")
+        raise AudioLoadError(f"{label}: {what}, not a file: save the audio to a file first")
 
 
 def _decode_with_soundfile(
@@ -303,9 +328,13 @@ def _decode_with_ffmpeg(path: str, label: str, max_seconds: float | None = None)
         # The decoded samples arrive once, as bytes that frombuffer wraps without a copy.
         out, err = stream.run(cmd="ffmpeg", capture_stdout=True, capture_stderr=True, quiet=True)
     except ffmpeg.Error as error:
-        stderr = error.stderr.decode("utf-8", errors="replace").strip().replace(path, label)
+        said = _ffmpeg_said(error.stderr, path, label)
+        if "does not contain any stream" in said:  # ffmpeg's words for "no audio stream"
+            raise AudioLoadError(
+                f"{label}: no audio stream in it (not audio, or a video without sound)"
+            ) from None
         raise AudioLoadError(
-            f"{label}: ffmpeg could not decode it: {stderr[-_STDERR_TAIL:]}"
+            f"{label}: ffmpeg could not decode it: {said[-_STDERR_TAIL:]}"
         ) from None
     except FileNotFoundError:
         raise AudioLoadError(
@@ -315,12 +344,21 @@ def _decode_with_ffmpeg(path: str, label: str, max_seconds: float | None = None)
     # -loglevel error: whatever ffmpeg says on a run that succeeds is damage it decoded past.
     said = [line for line in err.decode("utf-8", errors="replace").splitlines() if line.strip()]
     if said:
-        last = said[-1].replace(path, label).strip()
+        last = _ffmpeg_said(said[-1].encode(), path, label)
         errors = f"{len(said)} decoding error{'s' if len(said) > 1 else ''}"
         warnings = (
             f"ffmpeg met {errors} (the last: {last}); the audio may be cut short or damaged",
         )
     return DecodedAudio(np.frombuffer(out, dtype=np.float32), warnings)
+
+
+def _ffmpeg_said(stderr: bytes, path: str, label: str) -> str:
+    """ffmpeg's error output as one line of a message: the file named as the user named it,
+    its lines joined, and the "[wav @ 0x5624bb0a4980] " that prefixes a component's lines
+    left out (a memory address tells a user nothing)."""
+    text = stderr.decode("utf-8", errors="replace").replace(path, label)
+    lines = (_FFMPEG_COMPONENT.sub("", line).strip() for line in text.splitlines())
+    return "; ".join(line for line in lines if line)
 
 
 def find_audio_files(

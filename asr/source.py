@@ -9,8 +9,10 @@ finished folder is not read again; where only the time differs (a copy), the byt
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +35,12 @@ class Source:
 
     @classmethod
     def of(cls, path: Path) -> Source:
-        """Raises OSError where `path` cannot be read."""
-        stat = path.stat()
-        return cls(path.resolve(), stat.st_size, stat.st_mtime_ns)
+        """Raises OSError where `path` cannot be read, or is no regular file (a pipe: reading
+        its digest would block, or consume what the decoder was to read)."""
+        status = path.stat()
+        if not stat.S_ISREG(status.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return cls(path.resolve(), status.st_size, status.st_mtime_ns)
 
     @functools.cached_property
     def digest(self) -> str:

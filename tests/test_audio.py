@@ -80,6 +80,47 @@ def test_missing_empty_and_non_audio_inputs_name_the_cause(tmp_path):
         load_audio("https://example.com/a.wav")
 
 
+def test_what_is_no_file_is_named_for_what_it_is(tmp_path):
+    import os
+
+    (tmp_path / "loop1.wav").symlink_to(tmp_path / "loop2.wav")
+    (tmp_path / "loop2.wav").symlink_to(tmp_path / "loop1.wav")
+    with pytest.raises(AudioLoadError, match=r"loop1\.wav: Too many levels of symbolic links$"):
+        load_audio(tmp_path / "loop1.wav")
+    (tmp_path / "gone.wav").symlink_to(tmp_path / "deleted.wav")
+    with pytest.raises(AudioLoadError, match=r"gone\.wav: a symbolic link to a file that is gone"):
+        load_audio(tmp_path / "gone.wav")
+    # A pipe blocked the reader (a FIFO in a folder hung the whole run): refused unopened.
+    os.mkfifo(tmp_path / "pipe.wav")
+    with pytest.raises(AudioLoadError, match=r"pipe\.wav: a pipe, not a file: save the audio"):
+        load_audio(tmp_path / "pipe.wav")
+    with pytest.raises(AudioLoadError, match=r"^/dev/null: a device, not a file"):
+        load_audio("/dev/null")
+    with pytest.raises(AudioLoadError, match=r"^-: specscribe does not read audio from stdin"):
+        load_audio("-")
+
+
+def test_ffmpeg_errors_read_as_one_line_without_addresses(tmp_path):
+    import subprocess
+
+    header_only = tmp_path / "header.wav"  # a RIFF header and nothing after it
+    header_only.write_bytes((SAMPLES / "jfk.wav").read_bytes()[:36])
+    with pytest.raises(AudioLoadError) as caught:
+        load_audio(header_only)
+    message = str(caught.value)
+    assert message.startswith(f"{header_only}: ffmpeg could not decode it: ")
+    assert "\n" not in message and " @ 0x" not in message
+    # A video without sound: ffmpeg says "Output file #0 does not contain any stream".
+    silent_video = tmp_path / "screen.mp4"
+    video = ["-f", "lavfi", "-i", "color=size=32x32:duration=1", "-pix_fmt", "yuv420p"]
+    subprocess.run(["ffmpeg", "-loglevel", "error", *video, str(silent_video)], check=True)
+    with pytest.raises(AudioLoadError) as caught:
+        load_audio(silent_video)
+    assert str(caught.value) == (
+        f"{silent_video}: no audio stream in it (not audio, or a video without sound)"
+    )
+
+
 @pytest.mark.parametrize("subtype", ["PCM_16", "PCM_32", "PCM_U8"])
 @pytest.mark.parametrize("channels", [1, 2, 3])
 def test_an_array_of_samples_reads_as_a_file_of_the_same_samples(tmp_path, subtype, channels):

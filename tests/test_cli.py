@@ -286,6 +286,23 @@ def test_two_runs_on_one_folder_share_its_files(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_pipe_in_a_folder_fails_and_the_rest_go_on(capsys, tmp_path):
+    # Reading it (its digest, for the record) blocked for ever, and nothing was transcribed.
+    import os
+
+    inputs, outputs = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    os.mkfifo(inputs / "a-pipe.wav")
+    shutil.copy(SAMPLES / "jfk.wav", inputs / "b-jfk.wav")
+    command = ["transcribe", str(inputs), "-o", str(outputs), "--assistant", "none"]
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert f"failed: {inputs / 'a-pipe.wav'}: a pipe, not a file: save the audio to a file" in err
+    assert "1 transcribed, 0 skipped (outputs exist), 1 failed" in err
+    assert (outputs / "b-jfk.txt").is_file()
+
+
+@pytest.mark.slow
 def test_assistant_flag_drafts_without_changing_the_output(tmp_path):
     import json
 
