@@ -14,7 +14,7 @@ from asr.guards import RepetitionGuard, drop_isolated_anomalies, is_anomalous
 from asr.speech_timeline import SpeechTimeline, intersect, parse_clip_ranges
 from asr.types import Segment, Word
 from asr.vad import SpeechProbability, VadOptions, speech_regions
-from tests.conftest import SAMPLES, needs_speech, normalised_words, torch_threads
+from tests.conftest import SAMPLES, SHARED_SPEECH, needs_speech, normalised_words, torch_threads
 
 # -- speech regions from a probability curve ------------------------------------------------
 
@@ -300,6 +300,34 @@ def test_the_eager_network_computes_the_archives_bits(tmp_path):
             expected = (cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
             for ours, theirs in zip(network.lstm.parameters(), expected, strict=True):
                 assert torch.equal(ours, theirs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gain_db", [-40, -50, -60])
+def test_quiet_speech_is_found_whole(detector, gain_db):
+    # Silero hears level (Whisper reads each of these in full): at -40 dB VAD lost "And so",
+    # at -50 dB the first half, at -60 dB everything.
+    from asr.audio import load_audio
+
+    samples = load_audio(SAMPLES / "jfk.wav") * np.float32(10 ** (gain_db / 20))
+    ((start, end),) = detector.regions(samples)
+    assert start <= 0.1 and end >= 10.9
+
+
+@needs_speech
+@pytest.mark.slow
+def test_quiet_recordings_lose_nothing_heard_at_their_own_level(detector):
+    # Raised, whispering sounded less like speech to Silero (the end of whisper2 was lost):
+    # what either hearing finds is speech.
+    from asr.audio import load_audio
+
+    whispered = load_audio(SHARED_SPEECH / "en_single" / "mfa_short" / "whisper2.flac")
+    assert np.abs(whispered).max() < 0.1  # quiet: heard twice
+    as_given = detector._probability_as_given(whispered)
+    both = detector.probability(whispered)
+    assert (both.values >= as_given.values).all()
+    ((start, end),) = detector.regions(whispered)
+    assert (start, end) == pytest.approx((0.368, 3.536))
 
 
 @needs_speech
