@@ -48,6 +48,10 @@ _MAX_OUTPUT_SAMPLES = 2**31 - 1
 _NAMED_LAYOUT_FORMATS = frozenset({"WAVEX", "FLAC", "OGG"})
 _MAX_NAMED_LAYOUT_CHANNELS = 8
 _STDERR_TAIL = 1500
+# Float samples past _OVER_SCALE are out of full scale (`_in_full_scale`); where more than
+# _WILD_SAMPLES_SHARE of them pass 1.0, the whole recording is at another scale.
+_OVER_SCALE = 2.0
+_WILD_SAMPLES_SHARE = 0.001
 # "[wav @ 0x5624bb0a4980] ": how ffmpeg prefixes a component's messages.
 _FFMPEG_COMPONENT = re.compile(r"^\[[^\]]* @ 0x[0-9a-f]+\]\s*")
 
@@ -116,7 +120,27 @@ def samples_audio(samples: np.ndarray, name: str = "<samples>") -> DecodedAudio:
     mono = np.ascontiguousarray(mono, dtype=np.float32)
     if not np.isfinite(mono).all():
         raise AudioLoadError(f"{name}: contains NaN or infinite samples")
-    return DecodedAudio(mono)
+    return _in_full_scale(DecodedAudio(mono))
+
+
+def _in_full_scale(audio: DecodedAudio) -> DecodedAudio:
+    """`audio` brought into full scale where float samples go far past it, with a warning.
+
+    Float audio lies in [-1, 1] (a stereo mix of full-scale channels reaches 1.41). Whisper's
+    log-mel is not level-free: its floor is fixed, so a recording saved 90 dB too loud (int16
+    values written as float, a common numpy slip) gave an empty transcript. A recording
+    mostly past full scale is divided by its peak; one with a few wild samples (a 1e6
+    spike) has them clipped, so the rest keeps its level."""
+    samples = audio.samples
+    peak = float(np.abs(samples).max()) if samples.size else 0.0
+    if peak <= _OVER_SCALE:
+        return audio
+    if np.count_nonzero(np.abs(samples) > 1.0) > _WILD_SAMPLES_SHARE * samples.size:
+        samples, done = samples / np.float32(peak), f"divided by {peak:.5g}"
+    else:
+        samples, done = np.clip(samples, -1.0, 1.0), "the samples past it clipped"
+    warning = f"its samples reach {peak:.5g}, past full scale (float audio lies in [-1, 1]): {done}"
+    return DecodedAudio(samples.astype(np.float32, copy=False), (*audio.warnings, warning))
 
 
 def load_audio(
@@ -178,7 +202,7 @@ def decode_audio(
         raise AudioLoadError(f"{label}: contains no audio samples")
     if not np.isfinite(samples).all():  # float files can hold them; every later stage would fail
         raise AudioLoadError(f"{label}: contains NaN or infinite samples")
-    return decoded
+    return _in_full_scale(decoded)
 
 
 def _check_regular_file(path: Path, label: str) -> None:
@@ -220,6 +244,10 @@ def _decode_with_soundfile(
     except (RuntimeError, soundfile.LibsndfileError):
         return None  # ffmpeg gives the better error message
     if sniffed and info.format not in _SOUNDFILE_FORMATS:
+        return None
+    if info.frames == 0:
+        # An unfinished WAV (a recorder that stopped before writing its sizes) says 0 frames
+        # and libsndfile reads none; ffmpeg reads the samples that follow its header.
         return None
     rate = info.samplerate
     if rate < MIN_SAMPLE_RATE:

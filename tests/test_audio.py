@@ -100,6 +100,45 @@ def test_what_is_no_file_is_named_for_what_it_is(tmp_path):
         load_audio("-")
 
 
+def test_an_unfinished_wav_is_read_past_its_zero_sizes(tmp_path):
+    # A recorder that stopped before writing its sizes leaves 0 in RIFF's and data's: the
+    # file was "empty" ("contains no audio samples") though 11 s of audio follow the header.
+    data = bytearray((SAMPLES / "jfk.wav").read_bytes())
+    at = data.index(b"data")
+    data[4:8] = data[at + 4 : at + 8] = bytes(4)
+    unfinished = tmp_path / "recording.wav"
+    unfinished.write_bytes(data)
+    whole = load_audio(SAMPLES / "jfk.wav")
+    for source in (unfinished, bytes(data)):  # a path, and an upload's bytes
+        assert np.array_equal(load_audio(source), whole)
+
+
+def test_float_samples_far_past_full_scale_are_brought_back_with_a_warning(tmp_path):
+    import soundfile
+
+    from asr.audio import decode_audio
+
+    speech = load_audio(SAMPLES / "jfk.wav")
+    # int16 values saved as float (a common slip): Whisper wrote nothing for it.
+    loud = tmp_path / "loud.wav"
+    soundfile.write(loud, speech * 32768, SAMPLE_RATE, subtype="FLOAT")
+    decoded = decode_audio(loud)
+    peak = float(np.abs(speech * 32768).max())
+    np.testing.assert_allclose(decoded.samples, speech * 32768 / peak, rtol=1e-6)
+    (warning,) = decoded.warnings
+    assert warning.startswith(f"its samples reach {peak:.5g}, past full scale")
+    assert warning.endswith(f": divided by {peak:.5g}")
+    # One wild sample: clipped, and the speech keeps its level.
+    spiked = speech.copy()
+    spiked[5000] = 1e6
+    decoded = samples_audio(spiked)
+    assert decoded.samples[5000] == 1.0
+    assert np.array_equal(np.delete(decoded.samples, 5000), np.delete(speech, 5000))
+    assert decoded.warnings[0].endswith(": the samples past it clipped")
+    # A stereo mix of full-scale channels (up to 1.41) is full scale still.
+    assert samples_audio(np.stack([speech, speech], axis=1) * 0.99).warnings == ()
+
+
 def test_ffmpeg_errors_read_as_one_line_without_addresses(tmp_path):
     import subprocess
 
