@@ -24,6 +24,15 @@ AUDIO_EXTENSIONS = frozenset(
         ".ac3", ".caf", ".wv",
     }
 )  # fmt: skip
+# Containers that can hold pictures and several sound streams: ffprobe (about 50 ms) tells
+# where their sound starts and how many streams it has (`_probe_audio_streams`). Sound-only
+# formats are not probed, nor those soundfile reads.
+_MAY_HOLD_VIDEO = frozenset(
+    {
+        ".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".3gp",
+        ".flv", ".wmv", ".asf", ".mpg", ".mpeg", ".vob", ".ogv", ".mxf",
+    }
+)  # fmt: skip
 # Video containers (.mov, .avi, ...) are left to be named one by one: a folder often holds a
 # video beside the audio extracted from it, and both would write the same outputs.
 # soundfile (libsndfile) decodes these in-process, which skips an ffmpeg start (about 0.1 s a
@@ -51,6 +60,9 @@ _STDERR_TAIL = 1500
 # Float samples past _OVER_SCALE are out of full scale (`_in_full_scale`); where more than
 # _WILD_SAMPLES_SHARE of them pass 1.0, the whole recording is at another scale.
 _OVER_SCALE = 2.0
+# An audio stream's start past the file's start by at most this is taken as none (timestamps
+# rounded to a container's time base).
+_LEAD_TOLERANCE = 0.001
 _WILD_SAMPLES_SHARE = 0.001
 # "[wav @ 0x5624bb0a4980] ": how ffmpeg prefixes a component's messages.
 _FFMPEG_COMPONENT = re.compile(r"^\[[^\]]* @ 0x[0-9a-f]+\]\s*")
@@ -176,7 +188,8 @@ def decode_audio(
             # the same way (its header checks included); the rest through ffmpeg.
             decoded = _decode_with_soundfile(Path(spooled.name), label, limit, sniffed=True)
             if decoded is None:
-                decoded = _decode_with_ffmpeg(spooled.name, label, max_seconds)
+                # An upload's name may not say what it is: probed, as a video would be.
+                decoded = _decode_with_ffmpeg(spooled.name, label, max_seconds, probe=True)
             if limit is None or decoded.samples.size <= limit:  # else refused as too long
                 cut = _cut_short(Path(spooled.name), decoded.samples, sniffed=True)
                 decoded = DecodedAudio(decoded.samples, decoded.warnings + cut)
@@ -339,14 +352,26 @@ def _cut_short(path: Path, samples: np.ndarray, sniffed: bool = False) -> tuple[
     )
 
 
-def _decode_with_ffmpeg(path: str, label: str, max_seconds: float | None = None) -> DecodedAudio:
+def _decode_with_ffmpeg(
+    path: str, label: str, max_seconds: float | None = None, probe: bool | None = None
+) -> DecodedAudio:
+    """probe: whether to ask ffprobe where the sound starts and how many streams it has
+    (`_probe_audio_streams`); None: where the file's extension is a video container's."""
     import ffmpeg
 
     # With a limit, ffmpeg stops a little past it: enough to tell that the audio is longer.
     limit = {} if max_seconds is None else {"t": f"{max_seconds + 1:.3f}"}
     resampler = {"af": f"aresample={SAMPLE_RATE}:resampler=soxr"} if _ffmpeg_has_soxr() else {}
+    if probe is None:
+        probe = Path(path).suffix.lower() in _MAY_HOLD_VIDEO
+    probed = _probe_audio_streams(path) if probe else None
+    if probed is not None and probed.count == 0:
+        raise AudioLoadError(
+            f"{label}: no audio stream in it (not audio, or a video without sound)"
+        )
+    source = ffmpeg.input(path, threads=0)
     stream = (
-        ffmpeg.input(path, threads=0)
+        (source if probed is None else source["a:0"])  # the first audio stream, as named below
         .output(
             "pipe:", format="f32le", acodec="pcm_f32le", ac=1, ar=SAMPLE_RATE, **resampler, **limit
         )
@@ -368,16 +393,49 @@ def _decode_with_ffmpeg(path: str, label: str, max_seconds: float | None = None)
         raise AudioLoadError(
             f"{label}: the ffmpeg program is not installed (apt-get install ffmpeg)"
         ) from None
-    warnings = ()
+    warnings = []
     # -loglevel error: whatever ffmpeg says on a run that succeeds is damage it decoded past.
     said = [line for line in err.decode("utf-8", errors="replace").splitlines() if line.strip()]
     if said:
         last = _ffmpeg_said(said[-1].encode(), path, label)
         errors = f"{len(said)} decoding error{'s' if len(said) > 1 else ''}"
-        warnings = (
-            f"ffmpeg met {errors} (the last: {last}); the audio may be cut short or damaged",
+        warnings.append(
+            f"ffmpeg met {errors} (the last: {last}); the audio may be cut short or damaged"
         )
-    return DecodedAudio(np.frombuffer(out, dtype=np.float32), warnings)
+    samples = np.frombuffer(out, dtype=np.float32)
+    if probed is not None and probed.count > 1:
+        warnings.append(f"it holds {probed.count} audio streams: the first was transcribed")
+    if probed is not None and probed.lead_seconds > 0.0:
+        lead = np.zeros(round(probed.lead_seconds * SAMPLE_RATE), dtype=np.float32)
+        samples = np.concatenate([lead, samples])
+    return DecodedAudio(samples, tuple(warnings))
+
+
+@dataclass(frozen=True)
+class _AudioStreams:
+    """What ffprobe says of a file's audio. count: its audio streams; lead_seconds: how long
+    after the file's start (its earliest stream: a video's picture) the first one starts."""
+
+    count: int
+    lead_seconds: float
+
+
+def _probe_audio_streams(path: str) -> _AudioStreams | None:
+    """The file's audio streams; None where ffprobe cannot read the file (decoding it then
+    says why). A video whose sound starts late (2.9 s into an edited mp4) decodes from its
+    first sample, so without the lead every subtitle would be that much early."""
+    import ffmpeg
+
+    try:
+        probed = ffmpeg.probe(path, cmd="ffprobe")
+    except (ffmpeg.Error, FileNotFoundError):
+        return None
+    audio = [s for s in probed.get("streams", ()) if s.get("codec_type") == "audio"]
+    try:
+        lead = float(audio[0]["start_time"]) - float(probed["format"]["start_time"])
+    except (IndexError, KeyError, ValueError):
+        lead = 0.0
+    return _AudioStreams(len(audio), lead if lead > _LEAD_TOLERANCE else 0.0)
 
 
 def _ffmpeg_said(stderr: bytes, path: str, label: str) -> str:

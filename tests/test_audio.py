@@ -100,6 +100,33 @@ def test_what_is_no_file_is_named_for_what_it_is(tmp_path):
         load_audio("-")
 
 
+def test_a_videos_sound_keeps_its_place_and_its_other_streams_are_named(tmp_path):
+    import subprocess
+
+    from asr.audio import decode_audio
+
+    def ffmpeg(*arguments: str) -> None:
+        subprocess.run(["ffmpeg", "-loglevel", "error", *arguments], check=True)
+
+    # An edited video whose sound starts 2.5 s in: decoded from its first sample, every
+    # subtitle was 2.5 s early.
+    late = tmp_path / "late.mp4"
+    picture = ["-f", "lavfi", "-i", "color=size=32x32:duration=14", "-pix_fmt", "yuv420p"]
+    ffmpeg(*picture[:4], "-itsoffset", "2.5", "-i", str(JFK), *picture[4:], str(late))
+    speech = load_audio(JFK)
+    decoded = decode_audio(late)
+    lead = round(2.5 * SAMPLE_RATE)
+    assert decoded.warnings == () and not decoded.samples[:lead].any()
+    assert abs(len(decoded.samples) - lead - len(speech)) < 0.1 * SAMPLE_RATE  # aac frames
+    # Two sound streams (a second language, a second microphone): the first, and a word.
+    two = tmp_path / "two.mkv"
+    other = SAMPLES / "librispeech_61-70968-0000.flac"
+    ffmpeg("-i", str(JFK), "-i", str(other), "-map", "0:a", "-map", "1:a", "-c:a", "flac", str(two))
+    decoded = decode_audio(two)
+    assert np.array_equal(decoded.samples, speech)
+    assert decoded.warnings == ("it holds 2 audio streams: the first was transcribed",)
+
+
 def test_an_unfinished_wav_is_read_past_its_zero_sizes(tmp_path):
     # A recorder that stopped before writing its sizes leaves 0 in RIFF's and data's: the
     # file was "empty" ("contains no audio samples") though 11 s of audio follow the header.
