@@ -60,6 +60,10 @@ _STDERR_TAIL = 1500
 # Float samples past _OVER_SCALE are out of full scale (`_in_full_scale`); where more than
 # _WILD_SAMPLES_SHARE of them pass 1.0, the whole recording is at another scale.
 _OVER_SCALE = 2.0
+# A stereo mix this many times quieter than its louder channel is two channels cancelling
+# out (`_unless_cancelled`); ffmpeg's mixes are checked where they peak below _QUIET_MIX.
+_CANCELLED_MIX = 0.1
+_QUIET_MIX = 0.01
 # An audio stream's start past the file's start by at most this is taken as none (timestamps
 # rounded to a container's time base).
 _LEAD_TOLERANCE = 0.001
@@ -132,7 +136,8 @@ def samples_audio(samples: np.ndarray, name: str = "<samples>") -> DecodedAudio:
     mono = np.ascontiguousarray(mono, dtype=np.float32)
     if not np.isfinite(mono).all():
         raise AudioLoadError(f"{name}: contains NaN or infinite samples")
-    return _in_full_scale(DecodedAudio(mono))
+    mono, warnings = _unless_cancelled(mono, array)
+    return _in_full_scale(DecodedAudio(mono, warnings))
 
 
 def _in_full_scale(audio: DecodedAudio) -> DecodedAudio:
@@ -286,11 +291,34 @@ def _decode_with_soundfile(
         mono = samples.sum(axis=1) * np.float32(_STEREO_GAIN)
     else:
         mono = samples[:, 0]
+    mono, warnings = _unless_cancelled(mono, samples)
     if rate != SAMPLE_RATE and mono.size:
         import soxr
 
         mono = soxr.resample(mono, rate, SAMPLE_RATE, quality=_SOXR_QUALITY)
-    return DecodedAudio(np.ascontiguousarray(mono, dtype=np.float32))
+    return DecodedAudio(np.ascontiguousarray(mono, dtype=np.float32), warnings)
+
+
+def _unless_cancelled(mono: np.ndarray, channels: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
+    """`mono`, or where a stereo recording's channels cancel out in it, its louder channel,
+    with a warning. channels: shape = (frames, channels), the samples `mono` was mixed from.
+
+    One channel wired or saved inverted (R = -L) mixes to nothing: "no speech found", an
+    empty transcript, from two clear channels. A mix `_CANCELLED_MIX` times quieter than the
+    louder channel is taken for that; only stereo is checked (speech on one of many channels
+    is quiet in their average without anything cancelling)."""
+    if channels.ndim != 2 or channels.shape[1] != 2 or not mono.size:
+        return mono, ()
+    levels = np.sqrt(np.mean(np.square(channels, dtype=np.float64), axis=0))
+    louder = int(np.argmax(levels))
+    mixed = float(np.sqrt(np.mean(np.square(mono, dtype=np.float64))))
+    if levels[louder] == 0.0 or mixed >= _CANCELLED_MIX * levels[louder]:
+        return mono, ()
+    side = ("left", "right")[louder]
+    return np.ascontiguousarray(channels[:, louder], dtype=np.float32), (
+        f"its two channels cancel out when mixed (one is inverted?): the {side} one was "
+        "transcribed alone",
+    )
 
 
 def _layout_named(path: Path, info) -> bool:
@@ -357,11 +385,6 @@ def _decode_with_ffmpeg(
 ) -> DecodedAudio:
     """probe: whether to ask ffprobe where the sound starts and how many streams it has
     (`_probe_audio_streams`); None: where the file's extension is a video container's."""
-    import ffmpeg
-
-    # With a limit, ffmpeg stops a little past it: enough to tell that the audio is longer.
-    limit = {} if max_seconds is None else {"t": f"{max_seconds + 1:.3f}"}
-    resampler = {"af": f"aresample={SAMPLE_RATE}:resampler=soxr"} if _ffmpeg_has_soxr() else {}
     if probe is None:
         probe = Path(path).suffix.lower() in _MAY_HOLD_VIDEO
     probed = _probe_audio_streams(path) if probe else None
@@ -369,11 +392,52 @@ def _decode_with_ffmpeg(
         raise AudioLoadError(
             f"{label}: no audio stream in it (not audio, or a video without sound)"
         )
+    first_stream = probed is not None  # the first audio stream, as the warnings below name it
+    samples, said = _run_ffmpeg(path, label, max_seconds, 1, first_stream)
+    warnings = []
+    # -loglevel error: whatever ffmpeg says on a run that succeeds is damage it decoded past.
+    if said:
+        last = _ffmpeg_said(said[-1].encode(), path, label)
+        errors = f"{len(said)} decoding error{'s' if len(said) > 1 else ''}"
+        warnings.append(
+            f"ffmpeg met {errors} (the last: {last}); the audio may be cut short or damaged"
+        )
+    if samples.size and float(np.abs(samples).max()) < _QUIET_MIX:
+        # Nearly silent: perhaps two channels that cancel out, heard again apart.
+        stereo, _ = _run_ffmpeg(path, label, max_seconds, 2, first_stream)
+        if stereo.size == 2 * samples.size:
+            samples, cancelled = _unless_cancelled(samples, stereo.reshape(-1, 2))
+            warnings.extend(cancelled)
+    if probed is not None and probed.count > 1:
+        warnings.append(f"it holds {probed.count} audio streams: the first was transcribed")
+    if probed is not None and probed.lead_seconds > 0.0:
+        lead = np.zeros(round(probed.lead_seconds * SAMPLE_RATE), dtype=np.float32)
+        samples = np.concatenate([lead, samples])
+    return DecodedAudio(samples, tuple(warnings))
+
+
+def _run_ffmpeg(
+    path: str, label: str, max_seconds: float | None, channels: int, first_stream: bool
+) -> tuple[np.ndarray, list[str]]:
+    """The file's samples at 16 kHz as float32, `channels` interleaved (1: mixed as ffmpeg
+    mixes), and the error lines ffmpeg wrote on a run that succeeded. first_stream: decode
+    the first audio stream (else ffmpeg's choice). Raises AudioLoadError where it fails."""
+    import ffmpeg
+
+    # With a limit, ffmpeg stops a little past it: enough to tell that the audio is longer.
+    limit = {} if max_seconds is None else {"t": f"{max_seconds + 1:.3f}"}
+    resampler = {"af": f"aresample={SAMPLE_RATE}:resampler=soxr"} if _ffmpeg_has_soxr() else {}
     source = ffmpeg.input(path, threads=0)
     stream = (
-        (source if probed is None else source["a:0"])  # the first audio stream, as named below
+        (source["a:0"] if first_stream else source)
         .output(
-            "pipe:", format="f32le", acodec="pcm_f32le", ac=1, ar=SAMPLE_RATE, **resampler, **limit
+            "pipe:",
+            format="f32le",
+            acodec="pcm_f32le",
+            ac=channels,
+            ar=SAMPLE_RATE,
+            **resampler,
+            **limit,
         )
         .global_args("-nostdin", "-hide_banner", "-loglevel", "error")
     )
@@ -393,22 +457,8 @@ def _decode_with_ffmpeg(
         raise AudioLoadError(
             f"{label}: the ffmpeg program is not installed (apt-get install ffmpeg)"
         ) from None
-    warnings = []
-    # -loglevel error: whatever ffmpeg says on a run that succeeds is damage it decoded past.
     said = [line for line in err.decode("utf-8", errors="replace").splitlines() if line.strip()]
-    if said:
-        last = _ffmpeg_said(said[-1].encode(), path, label)
-        errors = f"{len(said)} decoding error{'s' if len(said) > 1 else ''}"
-        warnings.append(
-            f"ffmpeg met {errors} (the last: {last}); the audio may be cut short or damaged"
-        )
-    samples = np.frombuffer(out, dtype=np.float32)
-    if probed is not None and probed.count > 1:
-        warnings.append(f"it holds {probed.count} audio streams: the first was transcribed")
-    if probed is not None and probed.lead_seconds > 0.0:
-        lead = np.zeros(round(probed.lead_seconds * SAMPLE_RATE), dtype=np.float32)
-        samples = np.concatenate([lead, samples])
-    return DecodedAudio(samples, tuple(warnings))
+    return np.frombuffer(out, dtype=np.float32), said
 
 
 @dataclass(frozen=True)

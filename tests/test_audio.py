@@ -127,6 +127,35 @@ def test_a_videos_sound_keeps_its_place_and_its_other_streams_are_named(tmp_path
     assert decoded.warnings == ("it holds 2 audio streams: the first was transcribed",)
 
 
+def test_stereo_channels_that_cancel_out_are_heard_one_at_a_time(tmp_path):
+    # One channel inverted (R = -L) mixed to nothing: "no speech found" from clear speech.
+    import subprocess
+
+    import soundfile
+
+    from asr.audio import decode_audio
+
+    speech = load_audio(JFK)
+    inverted = tmp_path / "inverted.wav"
+    soundfile.write(inverted, np.stack([speech, -speech], axis=1), SAMPLE_RATE)
+    compressed = tmp_path / "inverted.mp3"  # through ffmpeg, which mixes it
+    subprocess.run(
+        ["ffmpeg", "-loglevel", "error", "-i", str(inverted), str(compressed)], check=True
+    )
+    for path in (inverted, compressed):
+        decoded = decode_audio(path)
+        assert np.abs(decoded.samples).max() > 0.5, path
+        (warning,) = decoded.warnings
+        assert warning.startswith("its two channels cancel out when mixed (one is inverted?)")
+    assert np.array_equal(decode_audio(inverted).samples, speech)  # the left one, alone
+    from_array = samples_audio(np.stack([speech, -speech]))  # as librosa reads channels
+    assert np.array_equal(from_array.samples, speech) and len(from_array.warnings) == 1
+    # A channel that is silent, or quieter, is no cancelling.
+    one_sided = tmp_path / "left.wav"
+    soundfile.write(one_sided, np.stack([speech, speech * 0], axis=1), SAMPLE_RATE)
+    assert decode_audio(one_sided).warnings == ()
+
+
 def test_an_unfinished_wav_is_read_past_its_zero_sizes(tmp_path):
     # A recorder that stopped before writing its sizes leaves 0 in RIFF's and data's: the
     # file was "empty" ("contains no audio samples") though 11 s of audio follow the header.
