@@ -13,7 +13,7 @@ import dataclasses
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from .config import Settings, draft_branches
@@ -33,10 +33,8 @@ DISTILL_OPTIONS = (
 
 
 # `transcribe --batch-files`: files decoded side by side (asr.transcribe.PASSAGES_PER_PASS
-# windows at a time), and the most audio one batch holds. A batch's outputs are written when
-# all of it is decoded, so a short file waits at most for 10 min of audio beside it.
+# windows at a time); app.file_run bounds the audio one batch holds.
 DEFAULT_BATCH_FILES = 8
-BATCH_AUDIO_SECONDS = 600.0
 
 
 def _batch_files(value: str) -> int:
@@ -121,15 +119,13 @@ def _output_formats(asked: list[str] | None, diarize: bool) -> list[str]:
 
 
 def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
-    from tqdm import tqdm
+    from asr.audio import colliding_outputs, find_audio_files
+    from asr.writers import SubtitleLayout, output_paths
 
-    from asr.audio import AudioLoadError, colliding_outputs, decode_audio, find_audio_files
-    from asr.writers import SubtitleLayout, output_paths, write_outputs
-
-    from .output_claim import claim_outputs
-    from .output_plan import fingerprinted, kept_outputs, made_from, plan_outputs
-    from .service import Labelled, TranscriptionService
-    from .unlabelled_cache import keep_unlabelled, kept_unlabelled
+    from .file_run import FileRun
+    from .output_plan import kept_outputs, made_from, plan_outputs
+    from .service import TranscriptionService
+    from .unlabelled_cache import kept_unlabelled
 
     # 1. The request, checked before anything is read or loaded.
     layout = SubtitleLayout(args.max_line_width, args.max_line_count).validate()
@@ -231,131 +227,18 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         _ = service.diarizer
 
     # 4. The files, up to --batch-files at a time: a bad one is reported and skipped, the rest
-    # go on.
-    failures: list[tuple[Path, str]] = [*unlisted, *undone]  # (file or folder, reason)
-    bar = tqdm(total=len(jobs) + len(relabels), unit="file", disable=None, file=sys.stderr)
-    finished: list[Path] = []  # files whose outputs were written
-    left_to_others: list[Path] = []  # files another run claimed (app.output_claim)
-    claims = {}  # file -> the claim this run holds on its outputs, until they are written
-    settled: list[Path] = []  # files done with here, whatever the outcome
-
-    def settle(path: Path) -> None:
-        settled.append(path)
-        bar.update()
-
-    def claimed(path: Path, outputs: dict[str, Path], file_record: dict) -> bool:
-        """Claims a file's outputs before it is decoded; False where another run holds them,
-        or made them since step 2 looked (counted here)."""
-        nonlocal skipped
-        if not outputs:
-            return True  # printed only
-        claim = claim_outputs(outputs)  # OSError: the file fails (caller)
-        if claim is None:
-            tqdm.write(
-                f"specscribe: skipping {path}: another specscribe run is transcribing it",
-                file=sys.stderr,
-            )
-            left_to_others.append(path)
-        elif plan_outputs(outputs, file_record, args.overwrite).decode:
-            claims[path] = claim
-            return True
-        else:  # another run made them since step 2 looked
-            claim.release()
-            skipped += 1
-        settle(path)
-        return False
-
-    def released(path: Path) -> None:
-        if (claim := claims.pop(path, None)) is not None:
-            claim.release()
-
-    def failed(path: Path, error: Exception) -> None:
-        released(path)
-        if isinstance(error, AudioLoadError):
-            failures.append((path, str(error)))
-            tqdm.write(f"specscribe: failed {error}", file=sys.stderr)
-        else:  # one file's failure must not end the run
-            reason = f"{path}: {type(error).__name__}: {error}"
-            failures.append((path, reason))
-            tqdm.write(f"specscribe: failed {reason}", file=sys.stderr)
-        settle(path)
-
-    def written(path: Path, outputs: dict[str, Path], file_record: dict, result) -> None:
-        transcript, unlabelled = result.transcript, result.unlabelled
-        try:
-            if unlabelled is not None and outputs:  # printed: nothing to keep it beside
-                keep_unlabelled(outputs, file_record, unlabelled, result.passes)
-            write_outputs(transcript, outputs, file_record, layout)
-        except Exception as error:
-            failed(path, error)
-            return
-        released(path)
-        for warning in transcript.warnings:
-            tqdm.write(f"specscribe: warning: {path}: {warning}", file=sys.stderr)
-        tqdm.write(f"== {path}\n{_shown(transcript)}")
-        finished.append(path)
-        settle(path)
-
-    def work() -> None:
-        for path, outputs, file_record, kept_transcript in relabels:  # only speakers found again
-            bar.set_postfix_str(path.name)
-            try:
-                if not claimed(path, outputs, file_record):
-                    continue
-                audio = decode_audio(fingerprinted(path, file_record))
-                unlabelled, passes = kept_transcript.unlabelled, kept_transcript.passes
-                transcript = service.relabel(audio, unlabelled, options, passes=passes)
-            except Exception as error:
-                failed(path, error)
-                continue
-            written(path, outputs, file_record, Labelled(transcript, None))
-        for group in _batches(jobs, args.batch_files, failed, claimed):
-            bar.set_postfix_str(
-                group[0][0].name + (f" +{len(group) - 1}" if len(group) > 1 else "")
-            )
-            results = _transcribe_batch(service, group, options)
-            together = [  # whose decoding costs the stats of these files are (files with speech)
-                str(path)
-                for (path, *_), result in zip(group, results, strict=True)
-                if not isinstance(result, Exception)
-                and "decoded_together" in result.transcript.stats
-            ]
-            for (path, outputs, file_record, _), result in zip(group, results, strict=True):
-                if isinstance(result, Exception):
-                    failed(path, result)
-                    continue
-                if "decoded_together" in result.transcript.stats:
-                    stats = {**result.transcript.stats, "decoded_with": together}
-                    result = dataclasses.replace(
-                        result, transcript=dataclasses.replace(result.transcript, stats=stats)
-                    )
-                written(path, outputs, file_record, result)
-
-    try:
-        work()
-    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: what was finished is said first
-        bar.close()
-        for path in list(claims):
-            released(path)
-        left = len(jobs) + len(relabels) - len(settled)
-        print(
-            f"\nspecscribe: {len(finished)} transcribed, {left} not done, {skipped} skipped "
-            f"(outputs exist), {len(failures)} failed (a rerun does the rest)",
-            file=sys.stderr,
-        )
-        raise
-    bar.close()
-    return _summary(len(finished), skipped, failures, len(left_to_others))
-
-
-def _shown(transcript) -> str:
-    """What the terminal shows of a transcript: its text, or with speakers, its segments one
-    a line, each labelled as in the txt output."""
-    if not any(segment.speaker for segment in transcript.segments):
-        return transcript.text
-    from asr.writers import write_txt
-
-    return write_txt(transcript, "").rstrip("\n")
+    # go on (app.file_run).
+    run = FileRun(
+        service,
+        options,
+        layout,
+        args.overwrite,
+        args.batch_files,
+        failures=[*unlisted, *undone],
+        skipped=skipped,
+    )
+    run.run(jobs, relabels)
+    return _summary(len(run.finished), run.skipped, run.failures, len(run.left_to_others))
 
 
 def _summary(
@@ -372,58 +255,6 @@ def _summary(
     for _, reason in failures:
         print(f"  failed: {reason}", file=sys.stderr)
     return 1 if failures else 0
-
-
-def _batches(
-    jobs: list,
-    size: int,
-    failed: Callable[[Path, Exception], None],
-    claimed: Callable[[Path, dict, dict], bool],
-) -> Iterator[list]:
-    """The jobs (path, outputs, record) in order, their audio loaded, in batches of up to
-    `size` files and BATCH_AUDIO_SECONDS of audio (a longer file goes alone); a file that
-    `claimed(path, outputs, record)` turns down is left out, and so is one that does not load
-    (handed to `failed`). Yields lists of (path, outputs, record, asr.audio.DecodedAudio)."""
-    from asr.audio import SAMPLE_RATE, decode_audio
-
-    from .output_plan import fingerprinted
-
-    batch: list = []
-    for path, outputs, record in jobs:
-        try:
-            if not claimed(path, outputs, record):
-                continue
-            audio = decode_audio(fingerprinted(path, record))
-        except Exception as error:
-            failed(path, error)
-            continue
-        held = sum(len(loaded.samples) for *_, loaded in batch) + len(audio.samples)
-        if batch and held > BATCH_AUDIO_SECONDS * SAMPLE_RATE:
-            yield batch
-            batch = []
-        batch.append((path, outputs, record, audio))
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def _transcribe_batch(service, batch: list, options) -> list:
-    """Each file's app.service.Labelled, or the exception it raised. A batch whose decoding
-    fails is decoded again one file at a time, so that only the file at fault fails."""
-    if len(batch) > 1:
-        try:
-            return service.run_keeping_unlabelled([audio for *_, audio in batch], options)
-        except Exception:
-            pass
-    results: list = []
-    for *_, audio in batch:
-        try:
-            results.append(service.run_keeping_unlabelled([audio], options)[0])
-        except Exception as error:
-            results.append(error)
-    return results
 
 
 def _check_output_dir(output_dir: Path) -> None:

@@ -1,0 +1,226 @@
+"""Step 4 of `specscribe transcribe`: the files left to do, decoded up to `batch_files` at a
+time, their outputs written, and each file's outcome counted.
+
+A file's failure is reported and the rest go on. Before a file is decoded, its outputs are
+claimed (`app.output_claim`), so several runs on one folder share its files; a file another
+run holds is left to it. A stop (Ctrl-C, SIGTERM, SIGHUP) says what was finished before it
+unwinds: outputs are written atomically, so a rerun does the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from asr.audio import SAMPLE_RATE, AudioLoadError, decode_audio
+from asr.writers import SubtitleLayout, write_outputs
+
+from .output_claim import OutputClaim, claim_outputs
+from .output_plan import fingerprinted, plan_outputs
+from .service import Labelled, TranscriptionService
+from .unlabelled_cache import Kept, keep_unlabelled
+
+# The most audio one batch of files holds: a batch's outputs are written when all of it is
+# decoded, so a short file waits at most for 10 min of audio beside it.
+BATCH_AUDIO_SECONDS = 600.0
+
+Job = tuple[Path, dict[str, Path], dict]  # (file, its outputs by format, their record)
+
+
+class FileRun:
+    """One run over the files. failures starts with what was refused before (folders that
+    could not be listed, outputs that stand in the way); skipped with the files whose outputs
+    exist. After `run`: finished (outputs written), left_to_others (claimed by another run),
+    failures and skipped, as the summary counts them."""
+
+    def __init__(
+        self,
+        service: TranscriptionService,
+        options,
+        layout: SubtitleLayout,
+        overwrite: bool,
+        batch_files: int,
+        failures: list[tuple[Path, str]],
+        skipped: int,
+    ) -> None:
+        self.service, self.options, self.layout = service, options, layout
+        self.overwrite, self.batch_files = overwrite, batch_files
+        self.failures, self.skipped = failures, skipped
+        self.finished: list[Path] = []
+        self.left_to_others: list[Path] = []
+        self._claims: dict[Path, OutputClaim] = {}  # held until a file's outputs are written
+        self._settled = 0  # files done with, whatever the outcome
+        self._bar = None
+
+    def run(self, jobs: list[Job], relabels: list[tuple[Path, dict[str, Path], dict, Kept]]):
+        """Transcribes `jobs` and labels the kept transcripts of `relabels` again (only the
+        speakers asked for changed). On a stop, releases its claims, says what was done and
+        re-raises."""
+        from tqdm import tqdm
+
+        total = len(jobs) + len(relabels)
+        self._bar = tqdm(total=total, unit="file", disable=None, file=sys.stderr)
+        try:
+            for path, outputs, record, kept in relabels:
+                self._relabel(path, outputs, record, kept)
+            for group in self._batches(jobs):
+                self._transcribe(group)
+        except KeyboardInterrupt:
+            self._bar.close()
+            for path in list(self._claims):
+                self._release(path)
+            print(
+                f"\nspecscribe: {len(self.finished)} transcribed, {total - self._settled} not "
+                f"done, {self.skipped} skipped (outputs exist), {len(self.failures)} failed "
+                "(a rerun does the rest)",
+                file=sys.stderr,
+            )
+            raise
+        self._bar.close()
+
+    # -- one file's steps ---------------------------------------------------------------------
+
+    def _relabel(self, path: Path, outputs: dict[str, Path], record: dict, kept: Kept) -> None:
+        self._bar.set_postfix_str(path.name)
+        try:
+            if not self._claimed(path, outputs, record):
+                return
+            audio = decode_audio(fingerprinted(path, record))
+            transcript = self.service.relabel(
+                audio, kept.unlabelled, self.options, passes=kept.passes
+            )
+        except Exception as error:
+            self._failed(path, error)
+            return
+        self._written(path, outputs, record, Labelled(transcript, None))
+
+    def _transcribe(self, group: list) -> None:
+        more = f" +{len(group) - 1}" if len(group) > 1 else ""
+        self._bar.set_postfix_str(group[0][0].name + more)
+        results = _transcribe_batch(self.service, group, self.options)
+        together = [  # whose decoding costs the stats of these files are (files with speech)
+            str(path)
+            for (path, *_), result in zip(group, results, strict=True)
+            if not isinstance(result, Exception) and "decoded_together" in result.transcript.stats
+        ]
+        for (path, outputs, record, _), result in zip(group, results, strict=True):
+            if isinstance(result, Exception):
+                self._failed(path, result)
+                continue
+            if "decoded_together" in result.transcript.stats:
+                stats = {**result.transcript.stats, "decoded_with": together}
+                transcript = dataclasses.replace(result.transcript, stats=stats)
+                result = dataclasses.replace(result, transcript=transcript)
+            self._written(path, outputs, record, result)
+
+    def _batches(self, jobs: list[Job]) -> Iterator[list]:
+        """The jobs in order, their audio loaded, in batches of up to `batch_files` files and
+        BATCH_AUDIO_SECONDS of audio (a longer file goes alone); a file another run holds is
+        left out, and so is one that does not load (a failure). Yields lists of (path,
+        outputs, record, asr.audio.DecodedAudio)."""
+        batch: list = []
+        for path, outputs, record in jobs:
+            try:
+                if not self._claimed(path, outputs, record):
+                    continue
+                audio = decode_audio(fingerprinted(path, record))
+            except Exception as error:
+                self._failed(path, error)
+                continue
+            held = sum(len(loaded.samples) for *_, loaded in batch) + len(audio.samples)
+            if batch and held > BATCH_AUDIO_SECONDS * SAMPLE_RATE:
+                yield batch
+                batch = []
+            batch.append((path, outputs, record, audio))
+            if len(batch) == self.batch_files:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    # -- outcomes -----------------------------------------------------------------------------
+
+    def _claimed(self, path: Path, outputs: dict[str, Path], record: dict) -> bool:
+        """Claims a file's outputs before it is decoded; False (the file counted) where another
+        run holds them, or made them since the plan was made. Raises OSError where the lock
+        file cannot be made."""
+        if not outputs:
+            return True  # printed only
+        claim = claim_outputs(outputs)
+        if claim is None:
+            self._say(f"specscribe: skipping {path}: another specscribe run is transcribing it")
+            self.left_to_others.append(path)
+        elif plan_outputs(outputs, record, self.overwrite).decode:
+            self._claims[path] = claim
+            return True
+        else:  # another run made them since this one looked
+            claim.release()
+            self.skipped += 1
+        self._settle()
+        return False
+
+    def _release(self, path: Path) -> None:
+        if (claim := self._claims.pop(path, None)) is not None:
+            claim.release()
+
+    def _failed(self, path: Path, error: Exception) -> None:
+        self._release(path)
+        if isinstance(error, AudioLoadError):
+            reason = str(error)  # names the file
+        else:  # one file's failure must not end the run
+            reason = f"{path}: {type(error).__name__}: {error}"
+        self.failures.append((path, reason))
+        self._say(f"specscribe: failed {reason}")
+        self._settle()
+
+    def _written(self, path: Path, outputs: dict[str, Path], record: dict, result) -> None:
+        transcript, unlabelled = result.transcript, result.unlabelled
+        try:
+            if unlabelled is not None and outputs:  # printed: nothing to keep it beside
+                keep_unlabelled(outputs, record, unlabelled, result.passes)
+            write_outputs(transcript, outputs, record, self.layout)
+        except Exception as error:
+            self._failed(path, error)
+            return
+        self._release(path)
+        for warning in transcript.warnings:
+            self._say(f"specscribe: warning: {path}: {warning}")
+        self._bar.write(f"== {path}\n{shown(transcript)}")
+        self.finished.append(path)
+        self._settle()
+
+    def _settle(self) -> None:
+        self._settled += 1
+        self._bar.update()
+
+    def _say(self, line: str) -> None:
+        self._bar.write(line, file=sys.stderr)
+
+
+def shown(transcript) -> str:
+    """What the terminal shows of a transcript: its text, or with speakers, its segments one
+    a line, each labelled as in the txt output."""
+    if not any(segment.speaker for segment in transcript.segments):
+        return transcript.text
+    from asr.writers import write_txt
+
+    return write_txt(transcript, "").rstrip("\n")
+
+
+def _transcribe_batch(service: TranscriptionService, batch: list, options) -> list:
+    """Each file's app.service.Labelled, or the exception it raised. A batch whose decoding
+    fails is decoded again one file at a time, so that only the file at fault fails."""
+    if len(batch) > 1:
+        try:
+            return service.run_keeping_unlabelled([audio for *_, audio in batch], options)
+        except Exception:
+            pass
+    results: list = []
+    for *_, audio in batch:
+        try:
+            results.append(service.run_keeping_unlabelled([audio], options)[0])
+        except Exception as error:
+            results.append(error)
+    return results
