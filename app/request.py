@@ -60,16 +60,20 @@ SPEAKER_COUNTS = ("num_speakers", "min_speakers", "max_speakers")
 
 
 def language_code(value: str | None) -> str | None:
-    """Whisper's language code for a code ("de"), an English name ("German") or a token
-    ("<|de|>"); None, "" and "auto" mean: detect it. Unknown values pass through, for
-    ServiceOptions to refuse."""
+    """Whisper's language code for a code ("de"), a locale's tag ("pt-BR", "en_US": its
+    language, as Whisper has no regions), an English name ("German") or a token ("<|de|>");
+    None, "" and "auto" mean: detect it. Unknown values pass through, for ServiceOptions to
+    refuse."""
     if value is None:
         return None
-    from asr.languages import TO_LANGUAGE_CODE
+    from asr.languages import LANGUAGES, TO_LANGUAGE_CODE
 
     text = value.strip().lower().removeprefix("<|").removesuffix("|>")
     if text in ("", "auto"):
         return None
+    language, _, region = text.replace("_", "-").partition("-")
+    if region and language in LANGUAGES:
+        return language
     return TO_LANGUAGE_CODE.get(text, text)
 
 
@@ -332,7 +336,20 @@ def describe(error: ValidationError) -> str:
         elif problem["type"] == "extra_forbidden":
             clauses.append(f"{name}: unknown option")
         else:
-            clauses.append(
-                f"{name}: {message[:1].lower()}{message[1:]} (got {problem['input']!r:.80})"
-            )
+            clauses.append(f"{name}: {message[:1].lower()}{message[1:]} (got {_got(problem)})")
     return "; ".join(clauses)
+
+
+def _got(problem: dict) -> str:
+    """The value a problem names, as a user reads it: whole where short, else its first
+    characters and how long it is (a 13 000-character prompt was echoed, cut mid-quote)."""
+    value = problem["input"]
+    shown = repr(value)
+    if len(shown) <= _ECHO_CHARACTERS:
+        return shown
+    if isinstance(value, str):
+        return f"{value[:_ECHO_CHARACTERS]!r}…, {len(value)} characters"
+    return f"{shown[:_ECHO_CHARACTERS]}…"
+
+
+_ECHO_CHARACTERS = 60

@@ -15,6 +15,8 @@ from pathlib import Path
 # same file (a service per precision, a full Whisper draft of the same family), and parsing one
 # costs about 0.1 s, hashing its bytes 3 ms. (A distilled draft shares its target's tokenizer.)
 _PARSED: dict[str, object] = {}
+# The same files parsed again to read special-token markup as plain text (`encode_text`).
+_PARSED_AS_TEXT: dict[str, object] = {}
 
 
 class WhisperTokenizer:
@@ -29,6 +31,7 @@ class WhisperTokenizer:
         if self.digest not in _PARSED:
             _PARSED[self.digest] = Tokenizer.from_str(data.decode("utf-8"))
         self._tokenizer = _PARSED[self.digest]
+        self._data = data
         no_timestamps = self._tokenizer.token_to_id("<|notimestamps|>")
         self._timestamp_begin = None if no_timestamps is None else no_timestamps + 1
 
@@ -38,6 +41,19 @@ class WhisperTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """`text` as a user wrote it (a prompt, hotwords): markup such as "<|en|>" or
+        "<|endoftext|>" is encoded as the characters it is written with, never as the control
+        token (it switched the language or task of a transcription; OpenAI's tokenizer refuses
+        such text)."""
+        from tokenizers import Tokenizer
+
+        if self.digest not in _PARSED_AS_TEXT:  # parsed on first use: most runs have no prompt
+            as_text = Tokenizer.from_str(self._data.decode("utf-8"))
+            as_text.encode_special_tokens = True
+            _PARSED_AS_TEXT[self.digest] = as_text
+        return _PARSED_AS_TEXT[self.digest].encode(text, add_special_tokens=False).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         ids = [int(i) for i in ids]

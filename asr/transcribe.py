@@ -60,8 +60,8 @@ from decoding import DecodeStats, LookaheadPolicy, device_clock
 
 Task = Literal["transcribe", "translate"]
 Windows = Literal["seek", "silence"]
-# A window padded with silence ("silence" chunks, a passage's last window) whose text ends
-# this long before its audio has its tail decoded again.
+# A window whose text ends this long before its audio, louder audio following, has its tail
+# decoded again (`_skipped_tail`).
 MIN_TAIL_SECONDS = 2
 # "seek" windows of this many passages decode as one batch (`asr.passages`).
 PASSAGES_PER_PASS = 8
@@ -337,7 +337,7 @@ class _Session:
     def _tokens(self, text: str | None) -> list[int]:
         if not text or not text.strip():
             return []
-        return self.model.tokenizer.encode(" " + text.strip(), add_special_tokens=False)
+        return self.model.tokenizer.encode_text(" " + text.strip())
 
     def encode(self, windows: list[tuple[int, int]], padded: bool) -> tuple[EncodedAudio, ...]:
         """The target's and the draft's views of frame ranges [start, end) (`view`)."""
@@ -712,12 +712,12 @@ class _Passage:
 @dataclass
 class _SeekState:
     """Where one recording's "seek" decoding stands: its passages, and its decided windows not
-    yet reported (first frame, result, split). level: its loudness per frame, where pauses
-    were cut out of it (a window may stop its text before speech after a seam)."""
+    yet reported (first frame, result, split). level: its loudness per mel frame
+    (`asr.silence.loudness`): a window may stop its text before speech it holds."""
 
     session: _Session
     passages: list[_Passage]
-    level: torch.Tensor | None
+    level: torch.Tensor
     decided: list[tuple[int, WindowResult, WindowSplit]] = field(default_factory=list)
 
 
@@ -743,9 +743,9 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
             )
             for start, end in session.passages
         ]
-        # Where pauses were cut out, a window's audio may hold speech its text never
-        # reached (`_decided`): the loudness tells where that speech starts.
-        level = loudness(session.mel, session.content_frames) if session.has_seams else None
+        # A window's audio may hold speech its text never reached (`_decided`): the loudness
+        # tells where that speech starts.
+        level = loudness(session.mel, session.content_frames)
         recordings.append(_SeekState(session, passages, level))
         if len(sessions) > 1 and passages and not options.multilingual:
             # batches hold one language, known up front
@@ -835,17 +835,17 @@ def _decided(
         passage.segments.extend(kept)
         recording.decided.append((seek, result, split))
         consumed = _consumed(split, seek, passage.end, options.word_timestamps)
-        # A window padded with silence (a passage's last) can close its text seconds
-        # before its audio ends although words follow, as "silence" chunks do, above all
-        # where speech after a pause was packed behind it (in another language, Whisper
-        # often stops at the seam): the passage goes on with those words, from just before
-        # the first loud frame after its text (a window that began in the quiet before
-        # a cut would time its first segment from there, in the audio before the cut).
-        if level is not None and frames < N_FRAMES:
-            tail = _skipped_tail(split, seek, frames) if consumed >= frames else None
-            loud = None if tail is None else first_loud_frame(level, (seek, seek + frames), tail)
-            if loud is not None:
-                consumed = max(loud - ONSET_MARGIN_FRAMES, tail) - seek
+        # A window can close its text seconds before its audio ends although words follow
+        # (OpenAI's rule then skips the rest of the window): a padded one (a passage's last)
+        # as "silence" chunks do, above all where speech after a pause was packed behind it,
+        # and any window where the language changes (Whisper stops at the switch: speech of
+        # a second language was lost whole). The passage goes on with those words, from just
+        # before the first loud frame after its text (a window that began in the quiet
+        # before a cut would time its first segment from there, in the audio before the cut).
+        tail = _skipped_tail(split, seek, frames) if consumed >= frames else None
+        loud = None if tail is None else first_loud_frame(level, (seek, seek + frames), tail)
+        if loud is not None:
+            consumed = max(loud - ONSET_MARGIN_FRAMES, tail) - seek
         passage.seek += max(consumed, 1)
         # Text sampled hot is a poor prompt: OpenAI resets the context after it.
         if options.condition_on_previous_text and result.prompt_temperature <= 0.5:
@@ -974,7 +974,7 @@ def _decode_by_language(
 
 
 def _skipped_tail(split: WindowSplit, start: int, frames: int) -> int | None:
-    """First frame of audio after a padded window's text when that text ends at least
+    """First frame of audio after a window's text when that text ends at least
     MIN_TAIL_SECONDS before the window's audio does, or None. Where the text ends is its last
     timestamp (unfinished text already runs to the window's end), not its last word's end:
     word timing ends a word where its sound fades, often a second before the timestamp, and

@@ -90,6 +90,26 @@ def test_speech_after_a_seam_where_the_text_stopped_is_still_decoded(whisper_bas
 
 
 @pytest.mark.slow
+def test_speech_in_another_language_later_in_a_full_window_is_decoded(whisper_base):
+    # JFK, then a German reading straight after (no pause: one passage, full 30 s windows).
+    # Whisper closed the first window's text at the switch with a single timestamp, and
+    # OpenAI's rule skipped the rest of the window: 19 s of German were lost, and without
+    # a cut-out pause nothing looked for them.
+    english = load_audio(SAMPLES / "jfk.wav")
+    german = load_audio(SHARED_SPEECH / "non_en" / "aeneas_librivox_de.mp3")[: 40 * SAMPLE_RATE]
+    samples = np.concatenate([english, german])
+    switch = len(english) / SAMPLE_RATE
+    transcript = transcribe(whisper_base, samples, MULTILINGUAL)
+    starts = [segment.start for segment in transcript.segments]
+    ends = [*starts, len(samples) / SAMPLE_RATE]
+    gaps = [b - a for a, b in zip([0.0, *starts], ends, strict=True)]
+    assert max(gaps) < 12.0, starts  # no stretch of the German left out (it was 19 s)
+    assert any(switch <= start < switch + 5.0 for start in starts), starts
+    text = " ".join(s.text for s in transcript.segments if s.start >= switch)
+    assert "Grimmelshausen" in text.replace(" ", ""), text  # the reading's first words
+
+
+@pytest.mark.slow
 def test_multilingual_with_the_draft_equals_plain(whisper_base_int8, registry, mixed):
     samples, spans = mixed
     draft = load_draft(whisper_base_int8, registry.resolve("whisper-base-draft"))

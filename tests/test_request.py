@@ -17,6 +17,10 @@ from tests.test_writers import TRANSCRIPT
 def test_languages_are_codes_whatever_the_front_sent():
     for given, code in [("de", "de"), ("German", "de"), ("<|de|>", "de"), (" EN ", "en")]:
         assert ServiceOptions(language=given).language == code
+    for locale, code in [("pt-BR", "pt"), ("zh-CN", "zh"), ("en_US", "en")]:  # were refused
+        assert ServiceOptions(language=locale).language == code
+    with pytest.raises(ValueError, match=r"^language 'xx-YY' is not a Whisper language code"):
+        ServiceOptions(language="xx-YY")
     for detect in (None, "", "auto", "AUTO"):
         assert ServiceOptions(language=detect).language is None
     with pytest.raises(ValueError, match=r"^language 'xx' is not a Whisper language code"):

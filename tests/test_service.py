@@ -42,8 +42,12 @@ def test_prompt_options_reach_the_decoder_and_the_output_record(settings):
     # Batched windows are independent: never prompted with each other's text.
     batched = ServiceOptions(batch_size=4, condition_on_previous_text=True).transcribe_options()
     assert batched.condition_on_previous_text is False
-    with pytest.raises(ValueError, match="initial_prompt: string should have at most 4000"):
+    with pytest.raises(ValueError) as caught:
         ServiceOptions(initial_prompt="x" * (MAX_PROMPT_CHARACTERS + 1))
+    assert str(caught.value) == (  # the value cut, its quote closed, its length said
+        "initial_prompt: string should have at most 4000 characters "
+        f"(got '{'x' * 60}'…, {MAX_PROMPT_CHARACTERS + 1} characters)"
+    )
     service = TranscriptionService(settings)
     # Set, they are part of what made an output; at their defaults, records made before these
     # options existed still match.

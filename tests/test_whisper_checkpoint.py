@@ -95,6 +95,22 @@ def test_a_tokenizer_file_is_parsed_once_and_named_by_its_digest(whisper_base, w
     assert _same_vocabulary(whisper_base, whisper_base)
 
 
+def test_a_users_text_never_becomes_a_control_token(whisper_base):
+    # A prompt "<|en|>" put the real language token in the prompt: German speech came out in
+    # English, labelled German; "<|endoftext|>" or "<|translate|>" in hotwords did the same.
+    from asr.transcribe import TranscribeOptions, _Session
+
+    tokenizer = whisper_base.tokenizer
+    markup = " Hallo <|en|> Welt <|endoftext|><|translate|>"
+    assert 50257 in tokenizer.encode(markup)  # the plain encoder reads control tokens
+    as_text = tokenizer.encode_text(markup)
+    assert max(as_text) < 50257 and tokenizer.decode(as_text) == markup
+    assert tokenizer.encode_text(" ask not") == tokenizer.encode(" ask not")  # text as before
+    options = TranscribeOptions(initial_prompt="<|en|>", hotwords="<|translate|>")
+    session = _Session(whisper_base, np.zeros(16_000, np.float32), options, None, None)
+    assert max(session.initial_prompt + session.hotwords) < 50257
+
+
 @pytest.mark.slow
 def test_the_console_entry_exits_with_the_runs_status_after_writing_everything(tmp_path):
     """`python -m specscribe.cli transcribe` leaves without the interpreter's teardown
