@@ -24,6 +24,9 @@ AUDIO_EXTENSIONS = frozenset(
         ".ac3", ".caf", ".wv",
     }
 )  # fmt: skip
+# Video containers (.mov, .avi, ...) are left to be named one by one: a folder often holds a
+# video beside the audio extracted from it, and both would write the same outputs.
+
 # Containers that can hold pictures and several sound streams: ffprobe (about 50 ms) tells
 # where their sound starts and how many streams it has (`_probe_audio_streams`). Sound-only
 # formats are not probed, nor those soundfile reads.
@@ -33,8 +36,7 @@ _MAY_HOLD_VIDEO = frozenset(
         ".flv", ".wmv", ".asf", ".mpg", ".mpeg", ".vob", ".ogv", ".mxf",
     }
 )  # fmt: skip
-# Video containers (.mov, .avi, ...) are left to be named one by one: a folder often holds a
-# video beside the audio extracted from it, and both would write the same outputs.
+
 # soundfile (libsndfile) decodes these in-process, which skips an ffmpeg start (about 0.1 s a
 # file, most of it CPU) for the common case.
 _SOUNDFILE_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".opus"})
@@ -60,6 +62,7 @@ _STDERR_TAIL = 1500
 # Float samples past _OVER_SCALE are out of full scale (`_in_full_scale`); where more than
 # _WILD_SAMPLES_SHARE of them pass 1.0, the whole recording is at another scale.
 _OVER_SCALE = 2.0
+_WILD_SAMPLES_SHARE = 0.001
 # A stereo mix this many times quieter than its louder channel is two channels cancelling
 # out (`_unless_cancelled`); ffmpeg's mixes are checked where they peak below _QUIET_MIX.
 _CANCELLED_MIX = 0.1
@@ -67,7 +70,6 @@ _QUIET_MIX = 0.01
 # An audio stream's start past the file's start by at most this is taken as none (timestamps
 # rounded to a container's time base).
 _LEAD_TOLERANCE = 0.001
-_WILD_SAMPLES_SHARE = 0.001
 # "[wav @ 0x5624bb0a4980] ": how ffmpeg prefixes a component's messages.
 _FFMPEG_COMPONENT = re.compile(r"^\[[^\]]* @ 0x[0-9a-f]+\]\s*")
 

@@ -307,9 +307,6 @@ class _Session:
         packing = N_FRAMES if options.pack_passages and not options.multilingual else 0
         self.passages = plan_passages(cuts, self.content_frames, packing)
         self.pause_cuts = cuts  # "silence" chunks are cut there too
-        # Whether pauses were cut out (VAD regions, clip ranges laid end to end): speech after
-        # a seam may follow where a window's text stopped (`_decided`).
-        self.has_seams = timeline is not None and len(timeline.spans) > 1
         # where pauses were cut out of the decoded audio (word timing keeps words out of them)
         self.seam_silences = timeline.seam_silences() if timeline is not None else ()
         self.duration = len(samples) / SAMPLE_RATE  # of what is decoded
