@@ -91,7 +91,7 @@ def kept_outputs(plan: OutputPlan, outputs: dict[str, Path]) -> str:
     why = (
         "changed since specscribe wrote them"
         if plan.edited
-        else ("exist without a record that specscribe made them")
+        else "exist without a record that specscribe made them"
     )
     told = f"{', '.join(str(outputs[fmt]) for fmt in plan.kept)} {why}"
     if plan.blocked:

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from asr.source import new_digest
+from asr.source import digest_of
 from asr.types import Transcript
 from asr.writers import RECORD_SOURCE, record_path, write_atomically
 from diarize.passes import SpeakerPasses
@@ -56,12 +56,6 @@ def _transcription_record(record: dict) -> dict:
     return json.loads(json.dumps(kept))
 
 
-def _digest(data: bytes) -> str:
-    digest = new_digest()
-    digest.update(data)
-    return digest.hexdigest()
-
-
 def keep_unlabelled(
     outputs: dict[str, Path],
     record: dict,
@@ -77,7 +71,7 @@ def keep_unlabelled(
         stream = io.BytesIO()
         passes.save(stream)
         write_atomically(passes_path(outputs), stream.getvalue())
-        digest = _digest(stream.getvalue())
+        digest = digest_of(stream.getvalue())
     source = record.get(RECORD_SOURCE)
     content = {
         _RECORD: _transcription_record(record),
@@ -113,7 +107,7 @@ def _kept_passes(path: Path, digest: object) -> SpeakerPasses | None:
         return None
     try:
         data = path.read_bytes()
-        if _digest(data) != digest:
+        if digest_of(data) != digest:
             return None
         return SpeakerPasses.load(io.BytesIO(data))
     except (OSError, ValueError, KeyError):

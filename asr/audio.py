@@ -391,15 +391,13 @@ def _decode_with_ffmpeg(
         probe = Path(path).suffix.lower() in _MAY_HOLD_VIDEO
     probed = _probe_audio_streams(path) if probe else None
     if probed is not None and probed.count == 0:
-        raise AudioLoadError(
-            f"{label}: no audio stream in it (not audio, or a video without sound)"
-        )
+        raise _no_audio_stream(label)
     first_stream = probed is not None  # the first audio stream, as the warnings below name it
     samples, said = _run_ffmpeg(path, label, max_seconds, 1, first_stream)
     warnings = []
     # -loglevel error: whatever ffmpeg says on a run that succeeds is damage it decoded past.
     if said:
-        last = _ffmpeg_said(said[-1].encode(), path, label)
+        last = _ffmpeg_said(said[-1], path, label)
         errors = f"{len(said)} decoding error{'s' if len(said) > 1 else ''}"
         warnings.append(
             f"ffmpeg met {errors} (the last: {last}); the audio may be cut short or damaged"
@@ -447,11 +445,9 @@ def _run_ffmpeg(
         # The decoded samples arrive once, as bytes that frombuffer wraps without a copy.
         out, err = stream.run(cmd="ffmpeg", capture_stdout=True, capture_stderr=True, quiet=True)
     except ffmpeg.Error as error:
-        said = _ffmpeg_said(error.stderr, path, label)
+        said = _ffmpeg_said(error.stderr.decode("utf-8", errors="replace"), path, label)
         if "does not contain any stream" in said:  # ffmpeg's words for "no audio stream"
-            raise AudioLoadError(
-                f"{label}: no audio stream in it (not audio, or a video without sound)"
-            ) from None
+            raise _no_audio_stream(label) from None
         raise AudioLoadError(
             f"{label}: ffmpeg could not decode it: {said[-_STDERR_TAIL:]}"
         ) from None
@@ -490,11 +486,15 @@ def _probe_audio_streams(path: str) -> _AudioStreams | None:
     return _AudioStreams(len(audio), lead if lead > _LEAD_TOLERANCE else 0.0)
 
 
-def _ffmpeg_said(stderr: bytes, path: str, label: str) -> str:
+def _no_audio_stream(label: str) -> AudioLoadError:
+    return AudioLoadError(f"{label}: no audio stream in it (not audio, or a video without sound)")
+
+
+def _ffmpeg_said(stderr: str, path: str, label: str) -> str:
     """ffmpeg's error output as one line of a message: the file named as the user named it,
     its lines joined, and the "[wav @ 0x5624bb0a4980] " that prefixes a component's lines
     left out (a memory address tells a user nothing)."""
-    text = stderr.decode("utf-8", errors="replace").replace(path, label)
+    text = stderr.replace(path, label)
     lines = (_FFMPEG_COMPONENT.sub("", line).strip() for line in text.splitlines())
     return "; ".join(line for line in lines if line)
 

@@ -24,6 +24,13 @@ def new_digest():
     return hashlib.blake2b(digest_size=20)
 
 
+def digest_of(data: bytes) -> str:
+    """`new_digest`'s hex digest of bytes held in memory."""
+    digest = new_digest()
+    digest.update(data)
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class Source:
     """A recording on disk: where it is, its size and modification time; its BLAKE2b

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from asr.source import Source, new_digest
+from asr.source import Source, digest_of
 from asr.types import Segment, Transcript, Word
 
 Writer = Callable[[Transcript, str], str]  # (transcript, input stem) -> file content
@@ -314,7 +314,7 @@ def write_outputs(
             content = WRITERS[fmt](transcript, path.stem)
         data = content.encode("utf-8") if isinstance(content, str) else content
         write_atomically(path, data)
-        digests[fmt] = _digest(data)
+        digests[fmt] = digest_of(data)
     if record is not None and paths:
         source, wanted = _split(record)
         try:
@@ -377,12 +377,6 @@ RECORD_WRITING = "writing"
 RECORD_DIGESTS = "digests"
 
 
-def _digest(data: bytes) -> str:
-    digest = new_digest()
-    digest.update(data)
-    return digest.hexdigest()
-
-
 def _digests(stored: object) -> dict[str, str]:
     """The output digests a stored record holds (`RECORD_DIGESTS`)."""
     digests = stored.get(RECORD_DIGESTS) if isinstance(stored, dict) else None
@@ -399,7 +393,7 @@ def _edited(paths: dict[str, Path], existing: list[str], stored: object) -> list
                 data = paths[fmt].read_bytes()
             except OSError:
                 continue  # reading it again will say why
-            if _digest(data) != recorded[fmt]:
+            if digest_of(data) != recorded[fmt]:
                 edited.append(fmt)
     return edited
 
