@@ -353,6 +353,9 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         max_new_tokens=args.max_new_tokens,
         on_step=on_step,
     )
+    generated = result.tokens[0]
+    if not generated or generated[-1] != target.tokenizer.eos_token_id:
+        scanner.cut_short()  # at --max-new-tokens, perhaps inside a character
     print(scanner.fresh(final=True), flush=True)
     stats = result.stats
     seconds = stats.draft_seconds + stats.verify_seconds
@@ -455,7 +458,9 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
 def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     """The ServiceOptions flags, shared by `transcribe` and `submit`."""
     parser.add_argument(
-        "--language", help="language code or English name: de, German (default: detected)"
+        "--language",
+        help="language code, ISO 639-2/3 code, locale or English name: de, deu, de-AT, German "
+        "(default: detected); speech plainly in another language gets a warning",
     )
     parser.add_argument(
         "--multilingual",

@@ -7,10 +7,12 @@ recording where the caller names it (`asr.writers.RECORD_SOURCE`). Then it is
 skipped, unless the request says to overwrite; outputs made otherwise are made again, and the
 user is told what changed. When every output exists but no record says how they were made
 (written by hand, a reference transcript beside its audio, or a version that kept no records),
-the file is skipped and the user told why, and so it is when other outputs are missing: an
-output that specscribe did not write is never replaced without `overwrite`, nor one it made
-from another recording at another path (a recorder's REC001.WAV of another day), nor one
-edited since specscribe wrote it (its record holds each output's digest).
+they are kept and the file is not done: the transcript asked for was not written, which the
+CLI and the worker count as a failure and the user is told why. An output that specscribe did
+not write is never replaced without `overwrite`, nor one it made from another recording at
+another path (a recorder's REC001.WAV of another day), nor one edited since specscribe wrote
+it (its record holds each output's digest; a file whose outputs are all there, some edited,
+is done).
 """
 
 from __future__ import annotations
@@ -77,7 +79,10 @@ def plan_outputs(outputs: dict[str, Path], record: dict | None, overwrite: bool)
     ours = {fmt: path for fmt, path in outputs.items() if fmt not in kept and path.exists()}
     stale = tuple(ours) if ours and outputs_state(ours, record)[0] != "done" else ()
     missing = tuple(fmt for fmt, path in outputs.items() if not path.exists())
-    blocked = tuple(f for f in outputs if f in stale + missing)
+    blocked = stale + missing
+    if state == "unrecorded":  # theirs stand where specscribe's outputs would go
+        blocked += kept
+    blocked = tuple(f for f in outputs if f in blocked)
     return OutputPlan("skip", kept=kept, blocked=blocked, edited=state == "edited")
 
 
@@ -94,8 +99,8 @@ def kept_outputs(plan: OutputPlan, outputs: dict[str, Path]) -> str:
         else "exist without a record that specscribe made them"
     )
     told = f"{', '.join(str(outputs[fmt]) for fmt in plan.kept)} {why}"
-    if plan.blocked:
-        blocked = [str(outputs[fmt]) for fmt in plan.blocked]
+    if others := [fmt for fmt in plan.blocked if fmt not in plan.kept]:
+        blocked = [str(outputs[fmt]) for fmt in others]
         told += (
             f", so {', '.join(blocked)} {'was' if len(blocked) == 1 else 'were'} not made either"
         )

@@ -60,21 +60,24 @@ SPEAKER_COUNTS = ("num_speakers", "min_speakers", "max_speakers")
 
 
 def language_code(value: str | None) -> str | None:
-    """Whisper's language code for a code ("de"), a locale's tag ("pt-BR", "en_US": its
-    language, as Whisper has no regions), an English name ("German") or a token ("<|de|>");
-    None, "" and "auto" mean: detect it. Unknown values pass through, for ServiceOptions to
-    refuse."""
+    """Whisper's language code for a code ("de", or ISO 639-2/3's "deu" and "ger"), a locale's
+    tag ("pt-BR", "en_US", "deu-DE": its language, as Whisper has no regions), an English name
+    ("German") or a token ("<|de|>"); None, "" and "auto" mean: detect it. Unknown values pass
+    through, for ServiceOptions to refuse."""
     if value is None:
         return None
-    from asr.languages import LANGUAGES, TO_LANGUAGE_CODE
+    from asr.languages import LANGUAGES, OTHER_CODES, TO_LANGUAGE_CODE
 
     text = value.strip().lower().removeprefix("<|").removesuffix("|>")
     if text in ("", "auto"):
         return None
+    if text in LANGUAGES or text in TO_LANGUAGE_CODE:
+        return TO_LANGUAGE_CODE.get(text, text)
     language, _, region = text.replace("_", "-").partition("-")
-    if region and language in LANGUAGES:
+    language = OTHER_CODES.get(language, language)
+    if language in LANGUAGES and (region or language != text):
         return language
-    return TO_LANGUAGE_CODE.get(text, text)
+    return text
 
 
 def check_formats(formats: tuple[str, ...] | list[str], diarize: bool) -> None:

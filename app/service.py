@@ -391,12 +391,13 @@ class TranscriptionService:
                         draft=draft,
                         on_window=on_window,
                         spans=prepared[0].spans,
+                        turn_starts=_turn_starts(prepared[0], options),
                     )
                 ]
             else:
                 transcripts = transcribe_many(
                     self.model,
-                    [Recording(p.samples, p.spans) for p in prepared],
+                    [Recording(p.samples, p.spans, _turn_starts(p, options)) for p in prepared],
                     transcribe_options,
                     progress=progress,
                     draft=draft,
@@ -609,6 +610,16 @@ def _speech_seconds(samples: np.ndarray, spans: tuple[tuple[float, float], ...] 
     if spans is None:
         return len(samples) / SAMPLE_RATE
     return sum(end - start for start, end in spans)
+
+
+def _turn_starts(prepared: _Prepared, options: ServiceOptions) -> tuple[float, ...]:
+    """Where speakers change, for a multilingual request with speakers: each new speaker's
+    language is then detected from their own speech (`diarize.language_turns`)."""
+    if not options.multilingual or prepared.diarization is None:
+        return ()
+    from diarize.language_turns import speaker_change_starts
+
+    return speaker_change_starts(prepared.diarization.exclusive)
 
 
 def _clips_past_the_end(clips, duration: float) -> str | None:

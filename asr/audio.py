@@ -193,7 +193,14 @@ def decode_audio(
             spooled.flush()
             # The formats a path with their extension would have read through soundfile, read
             # the same way (its header checks included); the rest through ffmpeg.
-            decoded = _decode_with_soundfile(Path(spooled.name), label, limit, sniffed=True)
+            unsized = _unsized_audio(Path(spooled.name), sniffed=True)
+            if unsized is not None:
+                decoded = _decode_with_ffmpeg(
+                    spooled.name, label, max_seconds, probe=False, ignore_length=True
+                )
+                decoded = DecodedAudio(decoded.samples, (unsized, *decoded.warnings))
+            else:
+                decoded = _decode_with_soundfile(Path(spooled.name), label, limit, sniffed=True)
             if decoded is None:
                 # An upload's name may not say what it is: probed, as a video would be.
                 decoded = _decode_with_ffmpeg(spooled.name, label, max_seconds, probe=True)
@@ -208,7 +215,11 @@ def decode_audio(
         _check_regular_file(path, label)
         if path.stat().st_size == 0:
             raise AudioLoadError(f"{label}: empty file (0 bytes)")
-        if path.suffix.lower() in _SOUNDFILE_EXTENSIONS:
+        unsized = _unsized_audio(path)
+        if unsized is not None:  # ffmpeg reads past the data chunk's size; soundfile cannot
+            decoded = _decode_with_ffmpeg(str(path), label, max_seconds, ignore_length=True)
+            decoded = DecodedAudio(decoded.samples, (unsized, *decoded.warnings))
+        elif path.suffix.lower() in _SOUNDFILE_EXTENSIONS:
             decoded = _decode_with_soundfile(path, label, limit)
         if decoded is None:
             decoded = _decode_with_ffmpeg(str(path), label, max_seconds)
@@ -339,10 +350,13 @@ def _layout_named(path: Path, info) -> bool:
 class _WavHeader:
     """What a RIFF WAV's header says. seconds: what its data chunk holds by its size (None for
     a streamed header, size 0 or 0xFFFFFFFF); channel_mask: WAVE_FORMAT_EXTENSIBLE's
-    dwChannelMask (None in other formats)."""
+    dwChannelMask (None in other formats); unsized_seconds: how much audio the bytes after the
+    data chunk would hold where they are not a chunk (a header whose sizes a recorder wrote
+    early and never updated), else 0."""
 
     seconds: float | None
     channel_mask: int | None
+    unsized_seconds: float = 0.0
 
 
 def _wav_header(path: Path) -> _WavHeader | None:
@@ -364,9 +378,44 @@ def _wav_header(path: Path) -> _WavHeader | None:
             extensible = int.from_bytes(fmt[0:2], "little") == 0xFFFE and len(fmt) >= 24
             mask = int.from_bytes(fmt[20:24], "little") if extensible else None
             streamed = size in (0, 0xFFFFFFFF) or not rate or not block
-            return _WavHeader(None if streamed else size // block / rate, mask)
+            if streamed:
+                return _WavHeader(None, mask)
+            after = _unsized_bytes(path, at + 8 + size + (size & 1))
+            return _WavHeader(size // block / rate, mask, after // block / rate)
         at += 8 + size + (size & 1)
     return None
+
+
+def _unsized_bytes(path: Path, end: int) -> int:
+    """How many bytes follow a WAV's data chunk (ending at `end`) where no chunk follows it:
+    the next 8 bytes are not a chunk id of printable ASCII with a size that fits the file."""
+    total = path.stat().st_size
+    if total - end < 8:
+        return max(total - end, 0)
+    with path.open("rb") as stream:
+        stream.seek(end)
+        head = stream.read(8)
+    size = int.from_bytes(head[4:8], "little")
+    is_chunk = all(32 <= byte < 127 for byte in head[:4]) and end + 8 + size <= total
+    return 0 if is_chunk else total - end
+
+
+def _unsized_audio(path: Path, sniffed: bool = False) -> str | None:
+    """A warning where a WAV holds at least `_UNSIZED_AUDIO` s more audio than its header
+    gives (its sizes written early and never updated), which decoders would leave out; None
+    for any other file. sniffed: as `_cut_short`'s."""
+    header = _wav_header(path) if sniffed or path.suffix.lower() == ".wav" else None
+    if header is None or header.seconds is None or header.unsized_seconds < _UNSIZED_AUDIO:
+        return None
+    whole = header.seconds + header.unsized_seconds
+    return (
+        f"its header gives {header.seconds:.2f} s of audio, but {whole:.2f} s follow it (a "
+        "recording whose sizes were never updated?): transcribed all of it"
+    )
+
+
+# Less than this after a WAV's data chunk is taken for padding or junk, not audio.
+_UNSIZED_AUDIO = 0.1
 
 
 def _cut_short(path: Path, samples: np.ndarray, sniffed: bool = False) -> tuple[str, ...]:
@@ -383,17 +432,22 @@ def _cut_short(path: Path, samples: np.ndarray, sniffed: bool = False) -> tuple[
 
 
 def _decode_with_ffmpeg(
-    path: str, label: str, max_seconds: float | None = None, probe: bool | None = None
+    path: str,
+    label: str,
+    max_seconds: float | None = None,
+    probe: bool | None = None,
+    ignore_length: bool = False,
 ) -> DecodedAudio:
     """probe: whether to ask ffprobe where the sound starts and how many streams it has
-    (`_probe_audio_streams`); None: where the file's extension is a video container's."""
+    (`_probe_audio_streams`); None: where the file's extension is a video container's.
+    ignore_length: a WAV's samples run to the file's end, whatever its data chunk's size."""
     if probe is None:
         probe = Path(path).suffix.lower() in _MAY_HOLD_VIDEO
     probed = _probe_audio_streams(path) if probe else None
     if probed is not None and probed.count == 0:
         raise _no_audio_stream(label)
     first_stream = probed is not None  # the first audio stream, as the warnings below name it
-    samples, said = _run_ffmpeg(path, label, max_seconds, 1, first_stream)
+    samples, said = _run_ffmpeg(path, label, max_seconds, 1, first_stream, ignore_length)
     warnings = []
     # -loglevel error: whatever ffmpeg says on a run that succeeds is damage it decoded past.
     if said:
@@ -404,7 +458,7 @@ def _decode_with_ffmpeg(
         )
     if samples.size and float(np.abs(samples).max()) < _QUIET_MIX:
         # Nearly silent: perhaps two channels that cancel out, heard again apart.
-        stereo, _ = _run_ffmpeg(path, label, max_seconds, 2, first_stream)
+        stereo, _ = _run_ffmpeg(path, label, max_seconds, 2, first_stream, ignore_length)
         if stereo.size == 2 * samples.size:
             samples, cancelled = _unless_cancelled(samples, stereo.reshape(-1, 2))
             warnings.extend(cancelled)
@@ -417,17 +471,23 @@ def _decode_with_ffmpeg(
 
 
 def _run_ffmpeg(
-    path: str, label: str, max_seconds: float | None, channels: int, first_stream: bool
+    path: str,
+    label: str,
+    max_seconds: float | None,
+    channels: int,
+    first_stream: bool,
+    ignore_length: bool = False,
 ) -> tuple[np.ndarray, list[str]]:
     """The file's samples at 16 kHz as float32, `channels` interleaved (1: mixed as ffmpeg
     mixes), and the error lines ffmpeg wrote on a run that succeeded. first_stream: decode
-    the first audio stream (else ffmpeg's choice). Raises AudioLoadError where it fails."""
+    the first audio stream (else ffmpeg's choice); ignore_length: as `_decode_with_ffmpeg`'s.
+    Raises AudioLoadError where it fails."""
     import ffmpeg
 
     # With a limit, ffmpeg stops a little past it: enough to tell that the audio is longer.
     limit = {} if max_seconds is None else {"t": f"{max_seconds + 1:.3f}"}
     resampler = {"af": f"aresample={SAMPLE_RATE}:resampler=soxr"} if _ffmpeg_has_soxr() else {}
-    source = ffmpeg.input(path, threads=0)
+    source = ffmpeg.input(path, threads=0, **({"ignore_length": 1} if ignore_length else {}))
     stream = (
         (source["a:0"] if first_stream else source)
         .output(

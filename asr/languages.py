@@ -125,3 +125,28 @@ TO_LANGUAGE_CODE: dict[str, str] = {
     "castilian": "es",
     "mandarin": "zh",
 }
+
+# ISO 639-2 (bibliographic and terminological) and ISO 639-3 codes of Whisper's languages, as
+# other tools and files' metadata write them ("deu", "ger"): Whisper's code, then its others.
+# ("haw" and "yue" are Whisper's own codes already.)
+_ISO_639_CODES = """
+en eng; zh zho chi cmn; de deu ger; es spa; ru rus; ko kor; fr fra fre; ja jpn; pt por; tr tur
+pl pol; ca cat; nl nld dut; ar ara arb; sv swe; it ita; id ind; hi hin; fi fin; vi vie; he heb
+uk ukr; el ell gre; ms msa may zsm; cs ces cze; ro ron rum; da dan; hu hun; ta tam; no nor nob
+th tha; ur urd; hr hrv; bg bul; lt lit; la lat; mi mri mao; ml mal; cy cym wel; sk slk slo
+te tel; fa fas per pes; lv lav lvs; bn ben; sr srp; az aze azj; sl slv; kn kan; et est ekk
+mk mkd mac; br bre; eu eus baq; is isl ice; hy hye arm; ne nep npi; mn mon khk; bs bos; kk kaz
+sq sqi alb; sw swa swh; gl glg; mr mar; pa pan; si sin; km khm; sn sna; yo yor; so som; af afr
+oc oci; ka kat geo; be bel; tg tgk; sd snd; gu guj; am amh; yi yid; lo lao; uz uzb uzn; fo fao
+ht hat; ps pus pbt; tk tuk; nn nno; mt mlt; sa san; lb ltz; my mya bur; bo bod tib
+tl tgl fil; mg mlg; as asm; tt tat; ln lin; ha hau; ba bak; jw jav; su sun
+"""
+
+# Other codes users type -> Whisper's: the ISO 639-2/3 codes above, and two-letter codes that
+# were retired (iw, in, ji) or that Whisper spells differently (jv, nb).
+OTHER_CODES: dict[str, str] = {
+    other: codes.split()[0]
+    for codes in _ISO_639_CODES.replace("\n", ";").split(";")
+    if codes.strip()
+    for other in codes.split()[1:]
+} | {"iw": "he", "in": "id", "ji": "yi", "jv": "jw", "nb": "no"}

@@ -225,9 +225,10 @@ def check_model_name(name: str, kind: ModelKind | None = None) -> None:
     if name.count("/") == 1 and not name.startswith((".", "/", "~")):
         return
     known = ", ".join(sorted(EMBEDDED))
+    shipped = ", ".join(sorted(SHIPPED_DRAFTS))
     raise ModelNotFoundError(
         f"unknown model {name!r}: not an embedded model, a local directory or a hub id "
-        f"(organisation/name). Embedded models: {known}"
+        f"(organisation/name). Embedded models: {known}; shipped drafts: {shipped}"
     )
 
 

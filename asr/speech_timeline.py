@@ -92,6 +92,18 @@ class SpeechTimeline:
             previous_last = last
         return offsets
 
+    def compacted_sample(self, sample: int, length: int) -> int:
+        """Where sample `sample` of the recording (len(samples) == length) lies in
+        `compact(samples)`: inside a span, its own place; cut out, where the next span
+        starts (the end of the compacted audio after the last)."""
+        clock = 0
+        for silence, first, last in self._sample_ranges(length):
+            clock += silence
+            if sample < last:
+                return clock + max(sample - first, 0)
+            clock += last - first
+        return clock
+
     def bounded(self, duration: float) -> SpeechTimeline:
         """The spans clipped to [0, duration]; spans wholly past it are dropped."""
         spans = [(start, min(end, duration)) for start, end in self.spans if start < duration]
@@ -221,7 +233,10 @@ def parse_clip_ranges(text: str) -> tuple[Span, ...]:
         for part in text.split(","):
             start, dash, end = part.strip().partition("-")
             if not dash:
-                raise ValueError(f"clip range {part.strip()!r} is not START-END")
+                raise ValueError(
+                    f"clip range {part.strip()!r} is not START-END (ranges are either all "
+                    "START-END or all START,END pairs: '10-20,30-40' or '10,20,30,40')"
+                )
             if not start.strip() and not end.strip():
                 raise ValueError(f"clip range {part.strip()!r} is not START-END")
             opened = _seconds(start) if start.strip() else 0.0  # "-5": from the beginning

@@ -33,6 +33,7 @@ import torch
 
 from asr.audio import SAMPLE_RATE
 from asr.guards import REPEATED_SHARE, RepetitionGuard, drop_isolated_anomalies
+from asr.languages import LANGUAGES
 from asr.logit_rules import LogitRules
 from asr.passages import plan_passages
 from asr.segments import WindowSplit, split_segments
@@ -49,6 +50,7 @@ from asr.speech_timeline import SEAM_PAUSE, Span, SpeechTimeline
 from asr.types import DecidedWindow, ProgressHook, Segment, Transcript, WindowHook, no_progress
 from asr.whisper import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, EncodedAudio, WhisperModel
 from asr.whisper_drafters import DraftSource
+from asr.whisper_target import LanguageOdds
 from asr.window_decoder import (
     WindowBatch,
     WindowDecoder,
@@ -218,6 +220,33 @@ def detect_language(model: WhisperModel, encoded: EncodedAudio) -> str:
     return model.language_code(int(language_ids[logits[language_ids].argmax()]))
 
 
+# A language option the speech plainly is not: Whisper then translates into the named
+# language or spells the speech out in its script, so the user is told. On whisper-base's first
+# windows of 174 real recordings (../shared/speech, 125 of them non-native English read by
+# Mandarin speakers) the language spoken scored 0.0096 at the least (another: 0.90) and
+# another language led in 22; named wrongly, a clean reading's named language scores 1e-6 to
+# 1e-3, a short utterance's about 1e-3 (JFK, English at 0.96, read as German: 0.002).
+MISNAMED_LANGUAGE_PROBABILITY = 0.95  # the language heard, at least
+NAMED_LANGUAGE_PROBABILITY = 0.005  # the language named, at most
+
+
+def misnamed_language(odds: LanguageOdds) -> str | None:
+    """A warning when a window's speech is plainly not in the language it was decoded in (the
+    odds above), else None."""
+    if (
+        odds.heard == odds.named
+        or odds.heard_probability < MISNAMED_LANGUAGE_PROBABILITY
+        or odds.named_probability > NAMED_LANGUAGE_PROBABILITY
+    ):
+        return None
+    heard, named = LANGUAGES[odds.heard].title(), LANGUAGES[odds.named].title()
+    return (
+        f"the speech sounds like {heard} ({odds.heard}, p={odds.heard_probability:.2f}), not "
+        f"{named} ({odds.named}, p={odds.named_probability:.3f}) as the language option says: "
+        "Whisper then translates or transliterates it; leave the language out to detect it"
+    )
+
+
 def _is_silent(result: WindowResult, options: TranscribeOptions) -> bool:
     return (
         options.no_speech_threshold is not None
@@ -314,6 +343,11 @@ class _Session:
         self.recording_seconds = recording_seconds if recording_seconds else self.duration
         self.rules = LogitRules(model.special, model.suppress_tokens, timestamps=options.timestamps)
         self.language = options.language  # the first window's, once detected
+        # A language the options name is checked on the first spoken window's odds.
+        self._check_named_language = bool(
+            options.language and options.task == "transcribe" and not options.multilingual
+        )
+        self.language_warnings: tuple[str, ...] = ()
         self.window_languages: Counter[str] = Counter()  # multilingual: windows per language
         self.initial_prompt = self._tokens(options.initial_prompt)
         self.hotwords = self._tokens(options.hotwords)
@@ -463,6 +497,7 @@ class _Session:
                         (owners[row] if owners is not None else self).reprompted += 1
                 for row, result in decoded.items():
                     result = replace(result, prompted=batch.prompts[row] != bare)
+                    (owners[row] if owners is not None else self).check_language(result)
                     if not _needs_fallback(result, options):
                         results[row] = result
                         continue
@@ -472,6 +507,14 @@ class _Session:
             if all(result is not None for result in results):
                 break
         return results
+
+    def check_language(self, result: WindowResult) -> None:
+        """Checks a named language once, on the first spoken window whose odds are known."""
+        odds = result.language_odds
+        if self._check_named_language and odds is not None and not _is_silent(result, self.options):
+            self._check_named_language = False
+            warning = misnamed_language(odds)
+            self.language_warnings = (warning,) if warning else ()
 
     def _run(
         self,
@@ -997,6 +1040,9 @@ class Recording:
 
     samples: np.ndarray
     spans: tuple[Span, ...] | None = None
+    # Seconds where a new speaker's turn starts (`diarize.language_turns`): with
+    # `multilingual`, each starts a passage, whose language is detected from it.
+    turn_starts: tuple[float, ...] = ()
 
 
 def transcribe(
@@ -1008,11 +1054,13 @@ def transcribe(
     policy: LookaheadPolicy | None = None,
     on_window: WindowHook | None = None,
     spans: tuple[Span, ...] | None = None,
+    turn_starts: tuple[float, ...] = (),
 ) -> Transcript:
     """samples: float32 mono 16 kHz, shape = (n_samples,).
 
     spans: decode only these (start, end) seconds of the recording (speech regions, clip
     ranges); None decodes all of it. No span at all gives an empty transcript with a warning.
+    turn_starts: seconds where a new speaker starts (`Recording.turn_starts`).
 
     draft: a draft paired with `model` (`asr.whisper_drafters.pair_draft`) or prompt lookup
     (`LookupDraft`); policy: its draft-length policy for the whole recording (default: the
@@ -1021,7 +1069,7 @@ def transcribe(
     streams them): in time order for "seek" windows; a "silence" chunk's tail may come after a
     later chunk. The returned Transcript holds the same segments, sorted.
     """
-    recording = Recording(samples, spans)
+    recording = Recording(samples, spans, turn_starts)
     return _transcribe([recording], options, model, progress, draft, policy, on_window)[0]
 
 
@@ -1123,6 +1171,13 @@ def _prepare(
     resumptions = None
     if timeline is not None and options.passage_pause is not None:
         resumptions = timeline.resumptions(len(samples), options.passage_pause)
+    if options.multilingual and recording.turn_starts:
+        # Each speaker's language is detected from their own speech (diarize.language_turns).
+        starts = [round(seconds * SAMPLE_RATE) for seconds in recording.turn_starts]
+        if timeline is not None:
+            starts = [timeline.compacted_sample(sample, len(samples)) for sample in starts]
+        inside = {start for start in starts if 0 < start < len(decoded)}
+        resumptions = sorted(inside.union(resumptions or ()))
     return _Session(
         model, decoded, options, draft, policy, on_window, timeline, resumptions, duration
     )
@@ -1155,7 +1210,7 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
     together = {"decoded_together": session.ledger.recordings}
     languages = {"window_languages": dict(session.window_languages.most_common())}
     return Transcript(
-        warnings=_dropped_warnings(session),
+        warnings=session.language_warnings + _dropped_warnings(session),
         segments=tuple(segments),
         language=session.language or "en",
         duration=round(session.recording_seconds, 3),

@@ -20,12 +20,25 @@ beside other windows whatever their prompts.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from asr.logit_rules import LogitRules, Prefixes
 from asr.traced_step import TracedSteps
 from asr.whisper import EncodedAudio, WhisperModel
 from decoding.verify import best_tokens
+
+
+@dataclass(frozen=True)
+class LanguageOdds:
+    """A window's languages at its <|startoftranscript|> (softmax over the language tokens):
+    the likeliest, its probability, and that of the language it is decoded in (`named`)."""
+
+    heard: str
+    heard_probability: float
+    named: str
+    named_probability: float
 
 
 class WhisperTarget:
@@ -70,6 +83,8 @@ class WhisperTarget:
         self.store_padding = store_padding
         self.encoded = encoded  # every window, in the caller's order; the cache reads its K/V
         self._no_speech: tuple[float, ...] | None = None
+        self._language_odds: tuple[LanguageOdds, ...] | None = None
+        self._prompt_languages: torch.Tensor | None = None  # (batch,): each row's language id
         self._suppressed: torch.Tensor | None = None  # _suppressed_columns, made on first use
         self.reset()
 
@@ -80,6 +95,12 @@ class WhisperTarget:
         if self._no_speech is None:
             raise RuntimeError("no_speech_probs is known after the first score of a window")
         return self._no_speech
+
+    @property
+    def language_odds(self) -> tuple[LanguageOdds, ...] | None:
+        """Each window's `LanguageOdds`, from a generation's first `score` (raw logits, as
+        no-speech's); None for an English-only model, or before the first score."""
+        return self._language_odds
 
     def reset(self) -> None:
         self.cache = None
@@ -258,12 +279,36 @@ class WhisperTarget:
         column = at_sot.int().argmax(dim=1)
         rows = torch.arange(tokens.shape[0], device=self.device)
         self._generated_from = positions[rows, column] + self.sot_length
+        if self.model.special.multilingual:  # a multilingual SOT sequence names its language
+            after = (column + 1).clamp(max=tokens.shape[1] - 1)
+            self._prompt_languages = tokens[rows, after]
         return states[rows, column] if self.measure_no_speech else None
 
     def _record_no_speech(self, sot_logits: torch.Tensor) -> None:
         # OpenAI reads it from the raw logits at the SOT position, before any rule.
         probs = sot_logits.float().softmax(dim=-1)
         self._no_speech = tuple(probs[:, self.model.special.no_speech].tolist())
+        if self._prompt_languages is not None:
+            self._record_languages(sot_logits)
+
+    def _record_languages(self, sot_logits: torch.Tensor) -> None:
+        languages = self.model.special.language_ids
+        codes = sorted(languages, key=languages.__getitem__)
+        ids = torch.tensor([languages[code] for code in codes], device=sot_logits.device)
+        odds = sot_logits.float()[:, ids].softmax(dim=-1)
+        best = odds.argmax(dim=-1)
+        named = torch.searchsorted(ids, self._prompt_languages).clamp(max=len(ids) - 1)
+        rows = zip(
+            best.tolist(),
+            odds.gather(1, best[:, None])[:, 0].tolist(),
+            named.tolist(),
+            odds.gather(1, named[:, None])[:, 0].tolist(),
+            strict=True,
+        )
+        self._language_odds = tuple(
+            LanguageOdds(codes[heard], p_heard, codes[name], p_named)
+            for heard, p_heard, name, p_named in rows
+        )
 
     def _apply_rules(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """logits[r, j] predicts the token after position positions[r, j]; the rules see the

@@ -16,7 +16,7 @@ from asr.graph_rounds import default_draft_tokens, rounds_for
 from asr.logit_rules import DRAFT_GRAMMAR, LogitRules
 from asr.whisper import EncodedAudio, WhisperModel
 from asr.whisper_drafters import DraftSource, WhisperDraft
-from asr.whisper_target import WhisperTarget
+from asr.whisper_target import LanguageOdds, WhisperTarget
 from decoding import DecodeStats, LookaheadPolicy, SamplingOptions, generate
 
 # The most rows a pool of rounds (asr.graph_rounds) has by default: more windows pass
@@ -31,6 +31,9 @@ class WindowResult:
     avg_logprob: float  # over the generated tokens and the end token, of rule-masked logits
     no_speech_prob: float
     temperature: float
+    # Its languages at <|startoftranscript|> (a multilingual model's; None where the decoding
+    # path does not record them: CUDA rounds).
+    language_odds: LanguageOdds | None = None
     # Decoded with earlier text in its prompt, which Whisper may copy (`asr.guards`); set by
     # the transcription session, which knows the prompts.
     prompted: bool = False
@@ -139,7 +142,8 @@ class WindowDecoder:
         # A tree's chains are rows of their own; the first of each window speaks for it.
         no_speech = target.no_speech_probs[::branches]
         rows = zip(generated.tokens, generated.sum_logprobs, no_speech, strict=True)
-        return self._results(rows, temperature), generated.stats
+        odds = target.language_odds
+        return self._results(rows, temperature, odds and odds[::branches]), generated.stats
 
     def _token_budget(self, batch: WindowBatch) -> int:
         """New tokens each row may add: Whisper knows max_context positions, and the rows of a
@@ -181,10 +185,13 @@ class WindowDecoder:
         rows = zip(run.tokens, run.sum_logprobs, run.no_speech_probs, strict=True)
         return self._results(rows, 0.0), run.stats
 
-    def _results(self, rows, temperature: float) -> tuple[WindowResult, ...]:
-        """rows: (tokens, sum of log-probabilities, no-speech probability) per window."""
+    def _results(
+        self, rows, temperature: float, language_odds: tuple[LanguageOdds, ...] | None = None
+    ) -> tuple[WindowResult, ...]:
+        """rows: (tokens, sum of log-probabilities, no-speech probability) per window;
+        language_odds: per window, where recorded."""
         model, results = self.model, []
-        for tokens, sum_logprob, no_speech_prob in rows:
+        for row, (tokens, sum_logprob, no_speech_prob) in enumerate(rows):
             text_tokens = tokens[:-1] if tokens and tokens[-1] == model.special.eot else tokens
             results.append(
                 WindowResult(
@@ -194,6 +201,7 @@ class WindowDecoder:
                     avg_logprob=sum_logprob / (len(text_tokens) + 1),
                     no_speech_prob=no_speech_prob,
                     temperature=temperature,
+                    language_odds=language_odds[row] if language_odds else None,
                 )
             )
         return tuple(results)

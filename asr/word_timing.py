@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import string
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -196,20 +197,20 @@ class WordPiece:
 
 def _characters(model: WhisperModel, tokens: Sequence[int]) -> list[tuple[str, list[int]]]:
     """Runs of tokens that each decode to whole characters (a character's UTF-8 bytes may span
-    tokens). A replacement character that the full text has too is real, not an open byte."""
+    tokens); their texts concatenate to the tokens' text. A run ends where its text is the
+    next stretch of the whole text: a replacement character that the whole text has too is
+    real (invalid bytes), not a character whose bytes continue in the next token."""
     whole = model.tokenizer.decode(list(tokens))
     pieces, current, offset = [], [], 0
     for token in tokens:
         current.append(token)
         text = model.tokenizer.decode(current)
-        if REPLACEMENT in text:
-            at = offset + text.index(REPLACEMENT)
-            if at >= len(whole) or whole[at] != REPLACEMENT:
-                continue  # a character whose bytes continue in the next token
+        if not whole.startswith(text, offset):
+            continue  # a character whose bytes continue in the next token
         pieces.append((text, current))
         current, offset = [], offset + len(text)
     if current:  # bytes that never complete a character: keep them with the last piece
-        text = model.tokenizer.decode(current)
+        text = whole[offset:]  # as the whole text decodes them
         if pieces:
             pieces[-1] = (pieces[-1][0] + text, pieces[-1][1] + current)
         else:
@@ -228,7 +229,17 @@ def split_words(
     """
     pieces = _characters(model, tokens)
     if language in NO_SPACE_LANGUAGES:
-        return [WordPiece(text, tuple(ids)) for text, ids in pieces]
+        # Every character run is a word, but a word in a spaced script inside the text
+        # ("iPhone", "2024") stays one: its pieces join while letters or digits
+        # meet across them.
+        words = []
+        for text, ids in pieces:
+            if words and _joins(words[-1].text, text):
+                last = words[-1]
+                words[-1] = replace(last, text=last.text + text, tokens=last.tokens + tuple(ids))
+            else:
+                words.append(WordPiece(text, tuple(ids)))
+        return words
     words: list[WordPiece] = []
     for text, ids in pieces:
         starts_word = text.startswith(" ") or text.strip() in string.punctuation
@@ -238,6 +249,20 @@ def split_words(
             last = words[-1]
             words[-1] = replace(last, text=last.text + text, tokens=last.tokens + tuple(ids))
     return words
+
+
+def _joins(before: str, after: str) -> bool:
+    """Whether text `after` continues a word of a spaced script that `before` ends with: a
+    letter or digit of Latin, Greek or Cyrillic (or ASCII) on both sides, no space between."""
+    return bool(before and after) and _spaced_letter(before[-1]) and _spaced_letter(after[0])
+
+
+def _spaced_letter(character: str) -> bool:
+    if not character.isalnum():
+        return False
+    if character.isascii():
+        return True
+    return unicodedata.name(character, "").startswith(("LATIN", "GREEK", "CYRILLIC"))
 
 
 def merge_punctuations(

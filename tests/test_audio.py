@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import subprocess
 from pathlib import Path
 
@@ -167,6 +168,31 @@ def test_an_unfinished_wav_is_read_past_its_zero_sizes(tmp_path):
     whole = load_audio(SAMPLES / "jfk.wav")
     for source in (unfinished, bytes(data)):  # a path, and an upload's bytes
         assert np.array_equal(load_audio(source), whole)
+
+
+def test_a_wav_whose_sizes_were_never_updated_is_read_to_its_end(tmp_path):
+    from asr.audio import decode_audio
+
+    # A recorder wrote 2 s into its header early and never updated it: 9 s of JFK were lost
+    # without a word.
+    data = bytearray(JFK.read_bytes())
+    at = data.index(b"data")
+    struct.pack_into("<I", data, at + 4, 2 * SAMPLE_RATE * 2)
+    stale = tmp_path / "stale.wav"
+    stale.write_bytes(data)
+    whole = load_audio(JFK)
+    for source in (stale, bytes(data)):  # a path, and an upload's bytes
+        decoded = decode_audio(source)
+        assert np.array_equal(decoded.samples, whole)
+        assert decoded.warnings == (
+            "its header gives 2.00 s of audio, but 11.00 s follow it (a recording whose sizes "
+            "were never updated?): transcribed all of it",
+        )
+    # A chunk after the data (metadata) is no audio: the header holds.
+    tagged = tmp_path / "tagged.wav"
+    tagged.write_bytes(JFK.read_bytes() + b"LIST" + struct.pack("<I", 4) + b"INFO")
+    assert decode_audio(tagged).warnings == ()
+    assert np.array_equal(load_audio(tagged), whole)
 
 
 def test_float_samples_far_past_full_scale_are_brought_back_with_a_warning(tmp_path):
@@ -389,7 +415,6 @@ def test_channels_of_a_plain_wav_count_the_same_whatever_their_number(tmp_path):
 
 def test_a_header_with_an_impossible_sample_rate_is_refused_not_resampled(tmp_path):
     # 1 Hz would resample 176000 samples to 2.8e9: the process died before this check.
-    import struct
 
     header = bytearray(JFK.read_bytes())
     fmt = header.find(b"fmt ")

@@ -36,6 +36,8 @@ def test_unknown_model_is_a_clear_error(capsys, tmp_path):
     assert main(["transcribe", str(tmp_path), "--model", "whisper-huge"]) == 2
     err = capsys.readouterr().err
     assert "unknown model 'whisper-huge'" in err and "whisper-base" in err
+    assert main(["transcribe", str(tmp_path), "--assistant", "whisper-base-drafts"]) == 2
+    assert "shipped drafts: whisper-base-draft" in capsys.readouterr().err  # was left out
 
 
 def test_a_model_of_the_wrong_kind_is_a_clear_error(capsys, registry):
@@ -149,10 +151,15 @@ def test_a_cut_short_file_is_transcribed_with_a_warning_and_others_outputs_are_k
     shutil.copy(SAMPLES / "jfk.wav", folder / "jfk.wav")
     (folder / "jfk.txt").write_text("a reference transcript someone wrote\n")
     command = ["transcribe", str(folder), "--output-dir", str(folder), "--language", "en"]
-    assert main(command) == 0
+    # jfk.txt is kept, so jfk.wav's transcript was not written: a failure (it was "done").
+    assert main(command) == 1
     err = capsys.readouterr().err
     assert f"warning: {folder / 'cut.wav'}: the file ends after 3.12 s" in err
-    assert f"skipping {folder / 'jfk.wav'}: {folder / 'jfk.txt'} exist without a record" in err
+    assert (
+        f"skipping {folder / 'jfk.wav'}: {folder / 'jfk.txt'} exist without a record that "
+        "specscribe made them (--overwrite replaces them)"
+    ) in err
+    assert "1 transcribed, 0 skipped (outputs exist), 1 failed" in err
     assert (folder / "jfk.txt").read_text() == "a reference transcript someone wrote\n"
     saved = (folder / "cut.txt").read_text()
     assert "fellow Americans" in saved
@@ -161,6 +168,8 @@ def test_a_cut_short_file_is_transcribed_with_a_warning_and_others_outputs_are_k
     err = capsys.readouterr().err
     assert f"so {folder / 'jfk.srt'} was not made either (--overwrite replaces them)" in err
     assert "1 transcribed, 0 skipped (outputs exist), 1 failed" in err  # cut: its srt made
+    assert main(command) == 1  # cut.wav done, jfk.wav still blocked
+    assert "0 transcribed, 1 skipped (outputs exist), 1 failed" in capsys.readouterr().err
     assert (folder / "jfk.txt").read_text() == "a reference transcript someone wrote\n"
     assert not (folder / "jfk.srt").exists()
 

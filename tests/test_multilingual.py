@@ -4,14 +4,25 @@ with other recordings as alone."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from app.request import ServiceOptions
 from asr.audio import SAMPLE_RATE, load_audio
-from asr.transcribe import Recording, TranscribeOptions, transcribe, transcribe_many
+from asr.transcribe import (
+    Recording,
+    TranscribeOptions,
+    misnamed_language,
+    transcribe,
+    transcribe_many,
+)
+from asr.types import SpeakerTurn
 from asr.whisper_drafters import load_draft
+from asr.whisper_target import LanguageOdds
 from asr.word_timing import per_window
+from diarize.language_turns import speaker_change_starts
 from tests.conftest import SAMPLES, SHARED_SPEECH, reference_text, word_error_rate
 from tests.test_transcribe_speculative import assert_same_segments
 
@@ -21,6 +32,7 @@ CLIPS = (
     ("de", SHARED_SPEECH / "non_en" / "leopard_test_de.wav"),
     ("fr", SHARED_SPEECH / "non_en" / "leopard_test_fr.wav"),
 )
+SPANISH = SHARED_SPEECH / "non_en" / "leopard_test_es.wav"
 MULTILINGUAL = TranscribeOptions(multilingual=True, word_timestamps=True)
 
 
@@ -161,3 +173,61 @@ def test_word_timing_takes_one_language_or_one_per_window():
     assert per_window(["en", "ja"], 2) == ["en", "ja"]
     with pytest.raises(ValueError, match="1 languages for 2 windows"):
         per_window(["en"], 2)
+
+
+@pytest.mark.slow
+def test_a_language_the_speech_plainly_is_not_is_warned_of(whisper_base):
+    # JFK read as German: Whisper translates him, and the user was not told why.
+    jfk = load_audio(SAMPLES / "jfk.wav")
+    german = transcribe(whisper_base, jfk, TranscribeOptions(language="de"))
+    assert german.warnings[0].startswith("the speech sounds like English (en, p=")
+    assert "not German (de, p=" in german.warnings[0]
+    for language, path in CLIPS:  # each named rightly: no warning
+        named = transcribe(whisper_base, load_audio(path), TranscribeOptions(language=language))
+        assert not named.warnings, (path, named.warnings)
+    # Translating names the speech's language as the source: nothing to check there.
+    translated = transcribe(whisper_base, jfk, TranscribeOptions(language="de", task="translate"))
+    assert not translated.warnings
+
+
+def test_only_plain_odds_make_a_language_warning():
+    sure = LanguageOdds(heard="en", heard_probability=0.99, named="de", named_probability=0.001)
+    assert misnamed_language(sure).startswith("the speech sounds like English (en, p=0.99)")
+    for unsure in (
+        replace(sure, heard_probability=0.9),  # non-native English once scored Polish 0.90
+        replace(sure, named_probability=0.01),
+        replace(sure, named="en", named_probability=0.99),
+    ):
+        assert misnamed_language(unsure) is None
+
+
+def test_speaker_changes_start_passages_where_stretches_are_long_enough():
+    turns = [
+        SpeakerTurn(0.0, 4.0, "A"),
+        SpeakerTurn(4.2, 4.8, "B"),  # "yes": too short to start a passage
+        SpeakerTurn(5.0, 9.0, "A"),
+        SpeakerTurn(10.0, 13.0, "C"),  # after a pause: the change falls midway through it
+        SpeakerTurn(13.0, 16.0, "A"),  # no pause
+        SpeakerTurn(16.5, 17.0, "A"),  # the same stretch
+    ]
+    assert speaker_change_starts(turns) == (9.5, 13.0)
+    assert speaker_change_starts(turns[:3]) == ()
+    assert speaker_change_starts([]) == ()
+
+
+@pytest.mark.slow
+def test_with_speakers_each_speakers_language_is_detected_from_their_own_turn(settings):
+    # German, French and Spanish speakers a second apart: one window. The French was read as
+    # German ("Solhe Consulat, die von den Konservatoren des OEForens ...").
+    from app.service import TranscriptionService
+
+    clips = [("de", CLIPS[1][1]), ("fr", CLIPS[2][1]), ("es", SPANISH)]
+    gap = np.zeros(SAMPLE_RATE, np.float32)
+    samples = np.concatenate([piece for _, path in clips for piece in (load_audio(path), gap)])
+    service = TranscriptionService(settings)
+    transcript = service.run(samples, ServiceOptions(diarize=True, multilingual=True))
+    assert transcript.stats["window_languages"] == {"de": 1, "fr": 1, "es": 1}
+    spoken = [(s.speaker, s.language) for s in transcript.segments]
+    assert [language for _, language in dict(spoken).items()] == ["de", "fr", "es"]
+    french = " ".join(s.text for s in transcript.segments if s.language == "fr")
+    assert word_error_rate(reference_text(clips[1][1]), french) <= 0.3, french

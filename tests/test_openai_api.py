@@ -204,6 +204,22 @@ def test_stop_scanner_holds_back_an_incomplete_character():
     assert scanner.fresh() == "é"
 
 
+def test_a_completion_cut_inside_a_character_ends_before_it(gemma):
+    """At the token limit the last character may be incomplete: its U+FFFD was printed."""
+    tokenizer = gemma.tokenizer
+    # 𓀀 has no token of its own: its four UTF-8 bytes are four byte tokens.
+    ids = tokenizer.encode("Tea at the café 𓀀 today", add_special_tokens=False)
+    decode = lambda part: tokenizer.decode(part, skip_special_tokens=True)  # noqa: E731
+    cut = next(n for n in range(1, len(ids)) if decode(ids[:n]).endswith("\ufffd"))
+    scanner = StopScanner(decode, [])
+    scanner.feed(ids[:cut])
+    sent = scanner.fresh()
+    scanner.cut_short()
+    sent += scanner.fresh(final=True)
+    assert sent == scanner.text == decode(ids[:cut]).rstrip("\ufffd")
+    assert sent.startswith("Tea at the café") and "\ufffd" not in sent
+
+
 def test_text_assistant_specs_match_generates_options():
     assert draft_options("none").drafts is False
     assert draft_options("prompt-lookup").prompt_lookup == 4

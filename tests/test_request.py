@@ -19,6 +19,11 @@ def test_languages_are_codes_whatever_the_front_sent():
         assert ServiceOptions(language=given).language == code
     for locale, code in [("pt-BR", "pt"), ("zh-CN", "zh"), ("en_US", "en")]:  # were refused
         assert ServiceOptions(language=locale).language == code
+    # ISO 639-2/3 codes, as other tools and files' metadata write them (were refused).
+    for other, code in [("deu", "de"), ("GER", "de"), ("fre", "fr"), ("iw", "he"), ("jv", "jw")]:
+        assert ServiceOptions(language=other).language == code
+    assert ServiceOptions(language="deu-DE").language == "de"
+    assert ServiceOptions(language="haw").language == "haw"  # Whisper's own 3-letter codes
     with pytest.raises(ValueError, match=r"^language 'xx-YY' is not a Whisper language code"):
         ServiceOptions(language="xx-YY")
     for detect in (None, "", "auto", "AUTO"):
@@ -143,13 +148,16 @@ def test_the_plan_makes_missing_outputs_redoes_changed_ones_and_skips_finished_o
     assert plan_outputs(outputs, record, overwrite=False).action == "make"
     outputs["txt"].write_text("hello")
     # Outputs without a record (written by hand or an older version) are kept, and said to be,
-    # even where others are missing; only overwrite replaces them.
+    # even where others are missing; only overwrite replaces them. The file is not done: what
+    # it asked for was not written (it was counted done when all of them were someone else's).
     kept = plan_outputs(outputs, record, overwrite=False)
     assert (kept.action, kept.kept, kept.unrecorded) == ("skip", ("txt",), True)
+    assert kept.blocked == ("txt", "json")
     assert plan_outputs(outputs, record, overwrite=True).decode
     outputs["json"].write_text("{}")
     unrecorded = plan_outputs(outputs, record, overwrite=False)
     assert (unrecorded.action, unrecorded.kept) == ("skip", ("txt", "json"))
+    assert unrecorded.blocked == ("txt", "json")
     record_path(outputs).write_text(json.dumps(record))
     plan = plan_outputs(outputs, record, overwrite=False)
     assert (plan.action, plan.decode) == ("skip", False)
@@ -170,10 +178,12 @@ def test_a_file_kept_beside_outputs_made_otherwise_blocks_them(tmp_path):
     outputs["txt"].write_text("a reference transcript")
     srt_only = {"srt": outputs["srt"]}
     write_outputs(TRANSCRIPT, srt_only, {"max_line_width": None})
+    # The srt is done, but the txt asked for is still someone else's: not done either.
     done = plan_outputs(outputs, {"max_line_width": None}, overwrite=False)
-    assert (done.action, done.kept, done.blocked) == ("skip", ("txt",), ())
+    assert (done.action, done.kept, done.blocked) == ("skip", ("txt",), ("txt",))
+    assert "not made either" not in kept_outputs(done, outputs)
     plan = plan_outputs(outputs, {"max_line_width": 20}, overwrite=False)
-    assert (plan.action, plan.kept, plan.blocked) == ("skip", ("txt",), ("srt",))
+    assert (plan.action, plan.kept, plan.blocked) == ("skip", ("txt",), ("txt", "srt"))
     told = kept_outputs(plan, outputs)
     assert f"so {outputs['srt']} was not made either" in told
 

@@ -169,6 +169,11 @@ def test_bad_clip_ranges_are_refused(text):
         parse_clip_ranges(text)
 
 
+def test_mixed_clip_range_styles_are_refused_with_both_styles_shown():
+    with pytest.raises(ValueError, match=r"'0' is not START-END \(ranges are either all START-END"):
+        parse_clip_ranges("0,10,20-30")
+
+
 # -- the guards' rules ------------------------------------------------------------------------
 
 

@@ -180,6 +180,20 @@ def test_split_words_keeps_characters_whole_and_punctuation_apart(whisper_base):
     assert len(chinese) == 5  # 鑫's three UTF-8 bytes are three tokens
     pieces = split_words(whisper_base, chinese, "zh")
     assert [(w.text, len(w.tokens)) for w in pieces] == [("東", 1), ("京", 1), ("鑫", 3)]
+    # A word of a spaced script inside such text stays whole (a Japanese subtitle line broke
+    # "iPhone" into "iP" and "hone").
+    japanese = whisper_base.tokenizer.encode("新しいiPhone15を買った", add_special_tokens=False)
+    words = [w.text for w in split_words(whisper_base, japanese, "ja")]
+    assert "iPhone15" in words and "".join(words) == "新しいiPhone15を買った"
+    # Bytes that never make a character (a model's garbage) read as the whole text reads them:
+    # "e9 ab" is one U+FFFD there, and was two in the word's text.
+    first, _, last = whisper_base.tokenizer.encode("鑫", add_special_tokens=False)
+    letter = whisper_base.tokenizer.encode("A", add_special_tokens=False)
+    for garbage in ([first, last], [first, *letter, last, *letter, first, last]):
+        text = whisper_base.tokenizer.decode(garbage)
+        for language in ("zh", "en"):
+            assert "".join(w.text for w in split_words(whisper_base, garbage, language)) == text
+    assert [w.text for w in split_words(whisper_base, [first, last], "zh")] == ["\ufffd"]
     spaced_tokens = whisper_base.tokenizer.encode(" 鑫鑫 ok", add_special_tokens=False)
     spaced = split_words(whisper_base, spaced_tokens, "en")
     assert [w.text for w in spaced] == [" 鑫鑫", " ok"]

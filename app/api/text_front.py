@@ -106,6 +106,11 @@ class StopScanner:
         piece, self.sent = self.text[self.sent : end], end
         return piece
 
+    def cut_short(self) -> None:
+        """Generation stopped at its token limit: a character whose bytes the next tokens
+        would have completed (its U+FFFD) is dropped rather than sent as a broken one."""
+        self.text = self.text.rstrip("\ufffd")
+
     def _held_back(self) -> int:
         text = self.text
         pending = len(text) - len(text.rstrip("\ufffd"))
@@ -201,10 +206,12 @@ class TextFront:
                 max_new_tokens=max_tokens,
                 on_step=on_step,
             )
-        if on_text is not None and (piece := scanner.fresh(final=True)):
-            on_text(piece)
         tokens = result.tokens[0]
         ended = scanner.stopped or (bool(tokens) and tokens[-1] == tokenizer.eos_token_id)
+        if not ended:
+            scanner.cut_short()
+        if on_text is not None and (piece := scanner.fresh(final=True)):
+            on_text(piece)
         return Completion(
             text=scanner.text,
             tokens=tokens,
