@@ -387,17 +387,22 @@ def _wav_header(path: Path) -> _WavHeader | None:
 
 
 def _unsized_bytes(path: Path, end: int) -> int:
-    """How many bytes follow a WAV's data chunk (ending at `end`) where no chunk follows it:
-    the next 8 bytes are not a chunk id of printable ASCII with a size that fits the file."""
+    """How many bytes follow a WAV's data chunk (ending at `end`) where they are neither a
+    chunk (8 bytes: an id of printable ASCII, a size that fits the file) nor zeros (a writer's
+    padding to a block's end)."""
     total = path.stat().st_size
     if total - end < 8:
-        return max(total - end, 0)
+        return 0
     with path.open("rb") as stream:
         stream.seek(end)
-        head = stream.read(8)
+        head = stream.read(_PADDING_CHECKED)
     size = int.from_bytes(head[4:8], "little")
     is_chunk = all(32 <= byte < 127 for byte in head[:4]) and end + 8 + size <= total
-    return 0 if is_chunk else total - end
+    return 0 if is_chunk or not any(head) else total - end
+
+
+# How much of what follows a WAV's data chunk is read to tell padding from samples.
+_PADDING_CHECKED = 1 << 16
 
 
 def _unsized_audio(path: Path, sniffed: bool = False) -> str | None:

@@ -193,6 +193,9 @@ def test_a_wav_whose_sizes_were_never_updated_is_read_to_its_end(tmp_path):
     tagged.write_bytes(JFK.read_bytes() + b"LIST" + struct.pack("<I", 4) + b"INFO")
     assert decode_audio(tagged).warnings == ()
     assert np.array_equal(load_audio(tagged), whole)
+    padded = tmp_path / "padded.wav"  # zeros to a block's end: padding, not audio
+    padded.write_bytes(JFK.read_bytes() + bytes(8192))
+    assert decode_audio(padded).warnings == ()
 
 
 def test_float_samples_far_past_full_scale_are_brought_back_with_a_warning(tmp_path):
