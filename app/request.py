@@ -73,6 +73,10 @@ def language_code(value: str | None) -> str | None:
         return None
     if text in LANGUAGES or text in TO_LANGUAGE_CODE:
         return TO_LANGUAGE_CODE.get(text, text)
+    if text.replace("_", "-") == "zh-yue":  # Cantonese, not Chinese
+        return "yue"
+    # A POSIX locale's encoding and modifier ("en_US.UTF-8", "sr_RS@latin") name no language.
+    text = text.partition(".")[0].partition("@")[0] or text
     language, _, region = text.replace("_", "-").partition("-")
     language = OTHER_CODES.get(language, language)
     if language in LANGUAGES and (region or language != text):
@@ -203,6 +207,7 @@ class ServiceOptions(BaseModel):
         if code is not None and code not in LANGUAGES:
             raise ValueError(
                 f"language {value!r} is not a Whisper language code: {', '.join(sorted(LANGUAGES))}"
+                " (or an English name, an ISO 639-2/3 code or a locale of one: German, deu, de-AT)"
             )
         return code
 

@@ -193,7 +193,7 @@ def decode_audio(
             spooled.flush()
             # The formats a path with their extension would have read through soundfile, read
             # the same way (its header checks included); the rest through ffmpeg.
-            unsized = _unsized_audio(Path(spooled.name), sniffed=True)
+            unsized = _unsized_audio(Path(spooled.name))
             if unsized is not None:
                 decoded = _decode_with_ffmpeg(
                     spooled.name, label, max_seconds, probe=False, ignore_length=True
@@ -205,7 +205,7 @@ def decode_audio(
                 # An upload's name may not say what it is: probed, as a video would be.
                 decoded = _decode_with_ffmpeg(spooled.name, label, max_seconds, probe=True)
             if limit is None or decoded.samples.size <= limit:  # else refused as too long
-                cut = _cut_short(Path(spooled.name), decoded.samples, sniffed=True)
+                cut = _cut_short(Path(spooled.name), decoded.samples)
                 decoded = DecodedAudio(decoded.samples, decoded.warnings + cut)
     else:
         path = Path(source)
@@ -405,11 +405,11 @@ def _unsized_bytes(path: Path, end: int) -> int:
 _PADDING_CHECKED = 1 << 16
 
 
-def _unsized_audio(path: Path, sniffed: bool = False) -> str | None:
-    """A warning where a WAV holds at least `_UNSIZED_AUDIO` s more audio than its header
-    gives (its sizes written early and never updated), which decoders would leave out; None
-    for any other file. sniffed: as `_cut_short`'s."""
-    header = _wav_header(path) if sniffed or path.suffix.lower() == ".wav" else None
+def _unsized_audio(path: Path) -> str | None:
+    """A warning where a RIFF WAV (whatever its name: .wave, .bwf, none) holds at least
+    `_UNSIZED_AUDIO` s more audio than its header gives (its sizes written early and never
+    updated), which decoders would leave out; None for any other file."""
+    header = _wav_header(path)
     if header is None or header.seconds is None or header.unsized_seconds < _UNSIZED_AUDIO:
         return None
     whole = header.seconds + header.unsized_seconds
@@ -423,10 +423,10 @@ def _unsized_audio(path: Path, sniffed: bool = False) -> str | None:
 _UNSIZED_AUDIO = 0.1
 
 
-def _cut_short(path: Path, samples: np.ndarray, sniffed: bool = False) -> tuple[str, ...]:
-    """A warning when a WAV holds less audio than its header gives (a recording cut off).
-    sniffed: the file's name says nothing (uploaded bytes): any RIFF WAV is checked."""
-    header = _wav_header(path) if sniffed or path.suffix.lower() == ".wav" else None
+def _cut_short(path: Path, samples: np.ndarray) -> tuple[str, ...]:
+    """A warning when a RIFF WAV (whatever its name) holds less audio than its header gives
+    (a recording cut off)."""
+    header = _wav_header(path)
     decoded = len(samples) / SAMPLE_RATE
     if header is None or header.seconds is None or decoded >= header.seconds - 0.01:
         return ()

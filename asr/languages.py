@@ -143,10 +143,10 @@ tl tgl fil; mg mlg; as asm; tt tat; ln lin; ha hau; ba bak; jw jav; su sun
 """
 
 # Other codes users type -> Whisper's: the ISO 639-2/3 codes above, and two-letter codes that
-# were retired (iw, in, ji) or that Whisper spells differently (jv, nb).
+# were retired (iw, in, ji, mo) or that Whisper spells differently (jv, nb).
 OTHER_CODES: dict[str, str] = {
     other: codes.split()[0]
     for codes in _ISO_639_CODES.replace("\n", ";").split(";")
     if codes.strip()
     for other in codes.split()[1:]
-} | {"iw": "he", "in": "id", "ji": "yi", "jv": "jw", "nb": "no"}
+} | {"iw": "he", "in": "id", "ji": "yi", "jv": "jw", "nb": "no", "mo": "ro"}

@@ -50,7 +50,7 @@ from asr.speech_timeline import SEAM_PAUSE, Span, SpeechTimeline
 from asr.types import DecidedWindow, ProgressHook, Segment, Transcript, WindowHook, no_progress
 from asr.whisper import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, EncodedAudio, WhisperModel
 from asr.whisper_drafters import DraftSource
-from asr.whisper_target import LanguageOdds
+from asr.whisper_target import LanguageOdds, language_odds
 from asr.window_decoder import (
     WindowBatch,
     WindowDecoder,
@@ -210,14 +210,19 @@ def detect_language(model: WhisperModel, encoded: EncodedAudio) -> str:
     special = model.special
     if not special.multilingual:
         return "en"
-    first = encoded.rows(torch.tensor([0], device=encoded.features.device))
-    tokens = torch.tensor([[special.sot]], device=model.device)
-    positions = torch.zeros_like(tokens)
-    cache = model.new_cache(first)
-    logits = model.logits(model.decoder_states(tokens, positions, cache))
-    logits = logits[0, -1]
+    logits = _first_sot_logits(model, encoded)[0]
     language_ids = torch.tensor(list(special.language_ids.values()), device=model.device)
     return model.language_code(int(language_ids[logits[language_ids].argmax()]))
+
+
+def _first_sot_logits(model: WhisperModel, encoded: EncodedAudio) -> torch.Tensor:
+    """The logits after <|startoftranscript|> alone (no prompt before it) in the first window of
+    `encoded`: Tensor, shape = (1, vocab)."""
+    first = encoded.rows(torch.tensor([0], device=encoded.features.device))
+    tokens = torch.tensor([[model.special.sot]], device=model.device)
+    positions = torch.zeros_like(tokens)
+    cache = model.new_cache(first)
+    return model.logits(model.decoder_states(tokens, positions, cache))[:, -1]
 
 
 # A language option the speech plainly is not: Whisper then translates into the named
@@ -397,6 +402,14 @@ class _Session:
         self.encoder_seconds += device_clock(self.model.device) - started
         if self.language is None and not self.options.multilingual:  # else window_language
             self.language = detect_language(self.model, encoded)
+        elif self._check_named_language and (self.initial_prompt or self.hotwords):
+            # A prompt before <|startoftranscript|> sways the odds decoding reads there (a
+            # German "Hallo" made JFK 0.88 English): asked without it, at one more call.
+            named = torch.tensor([self.model.special.language_ids[self.options.language]])
+            (odds,) = language_odds(self.model, _first_sot_logits(self.model, encoded), named)
+            self._check_named_language = False
+            warning = misnamed_language(odds)
+            self.language_warnings = (warning,) if warning else ()
         return encoded
 
     def detect_language(self, window: tuple[int, int], padded: bool) -> str:
@@ -406,11 +419,18 @@ class _Session:
             self._encoded[((window,), padded)] = self.encode_target([window], padded)
         return self.language
 
-    def window_language(self, encoded: EncodedAudio, row: int) -> str | None:
+    def window_language(
+        self, encoded: EncodedAudio, row: int, kept: str | None = None
+    ) -> str | None:
         """The language of window `row` of `encoded`, one of this recording's: with
-        `multilingual`, detected from that window alone (and counted), else the recording's."""
+        `multilingual`, detected from that window alone (and counted), else the recording's.
+        kept: its passage's language so far, which a window too short to tell keeps
+        (TOO_SHORT_TO_TELL)."""
         if not self.options.multilingual:
             return self.language
+        if kept is not None:
+            self.window_languages[kept] += 1
+            return kept
         window = encoded.rows(torch.tensor([row], device=encoded.features.device))
         language = detect_language(self.model, window)
         self.window_languages[language] += 1
@@ -730,6 +750,13 @@ def _consumed(split: WindowSplit, seek: int, total: int, word_timestamps: bool) 
     return split.consumed
 
 
+# A multilingual passage's window after its first with less audio than this (mel frames: 5 s)
+# keeps the passage's language: Whisper tells a language poorly from a few seconds, and a
+# passage's last window is often its speech's last second and the pause after it (detected
+# alone, a Spanish speaker's tail came out as an English "y").
+TOO_SHORT_TO_TELL = 500
+
+
 @dataclass
 class _Passage:
     """Where one passage's sequential decoding stands (`asr.passages`): frames [seek, end) are
@@ -743,6 +770,7 @@ class _Passage:
     last_speech: float  # where its last timed word ended (s)
     guard: RepetitionGuard | None
     segments: list[Segment] = field(default_factory=list)  # decided, in order
+    language: str | None = None  # its last spoken window's (multilingual)
 
     @property
     def done(self) -> bool:
@@ -816,7 +844,14 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
             pieces[-1][1].append(window)
         encoded, draft_encoded = _encode_together(pieces, padded=False)
         owners = [r.session for r, _ in active]
-        languages = [owner.window_language(encoded, row) for row, owner in enumerate(owners)]
+        languages = [
+            owner.window_language(
+                encoded, row, passage.language if end - start < TOO_SHORT_TO_TELL else None
+            )
+            for row, (owner, (_, passage), (start, end)) in enumerate(
+                zip(owners, active, windows, strict=True)
+            )
+        ]
         prompts = [
             r.session.prompt(p.previous, language)
             for (r, p), language in zip(active, languages, strict=True)
@@ -870,9 +905,11 @@ def _decided(
         passages=owners,
         languages=languages,
     )
-    for (result, seek, frames), split, passage in zip(decoded, splits, owners, strict=True):
+    spoken = zip(decoded, splits, owners, languages, strict=True)
+    for (result, seek, frames), split, passage, language in spoken:
         kept = _segments_with_content(split)
         passage.segments.extend(kept)
+        passage.language = language
         recording.decided.append((seek, result, split))
         consumed = _consumed(split, seek, passage.end, options.word_timestamps)
         # A window can close its text seconds before its audio ends although words follow

@@ -41,6 +41,30 @@ class LanguageOdds:
     named_probability: float
 
 
+def language_odds(
+    model: WhisperModel, sot_logits: torch.Tensor, named: torch.Tensor
+) -> tuple[LanguageOdds, ...]:
+    """Each row's `LanguageOdds` from its logits at <|startoftranscript|>. sot_logits: Tensor,
+    shape = (rows, vocab); named: Tensor, shape = (rows,), each row's language token id."""
+    languages = model.special.language_ids
+    codes = sorted(languages, key=languages.__getitem__)
+    ids = torch.tensor([languages[code] for code in codes], device=sot_logits.device)
+    odds = sot_logits.float()[:, ids].softmax(dim=-1)
+    best = odds.argmax(dim=-1)
+    columns = torch.searchsorted(ids, named.to(ids.device)).clamp(max=len(ids) - 1)
+    rows = zip(
+        best.tolist(),
+        odds.gather(1, best[:, None])[:, 0].tolist(),
+        columns.tolist(),
+        odds.gather(1, columns[:, None])[:, 0].tolist(),
+        strict=True,
+    )
+    return tuple(
+        LanguageOdds(codes[heard], p_heard, codes[name], p_named)
+        for heard, p_heard, name, p_named in rows
+    )
+
+
 class WhisperTarget:
     """Scores token blocks for a batch of windows; the cache rolls back per row.
 
@@ -292,23 +316,7 @@ class WhisperTarget:
             self._record_languages(sot_logits)
 
     def _record_languages(self, sot_logits: torch.Tensor) -> None:
-        languages = self.model.special.language_ids
-        codes = sorted(languages, key=languages.__getitem__)
-        ids = torch.tensor([languages[code] for code in codes], device=sot_logits.device)
-        odds = sot_logits.float()[:, ids].softmax(dim=-1)
-        best = odds.argmax(dim=-1)
-        named = torch.searchsorted(ids, self._prompt_languages).clamp(max=len(ids) - 1)
-        rows = zip(
-            best.tolist(),
-            odds.gather(1, best[:, None])[:, 0].tolist(),
-            named.tolist(),
-            odds.gather(1, named[:, None])[:, 0].tolist(),
-            strict=True,
-        )
-        self._language_odds = tuple(
-            LanguageOdds(codes[heard], p_heard, codes[name], p_named)
-            for heard, p_heard, name, p_named in rows
-        )
+        self._language_odds = language_odds(self.model, sot_logits, self._prompt_languages)
 
     def _apply_rules(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """logits[r, j] predicts the token after position positions[r, j]; the rules see the

@@ -178,10 +178,11 @@ def test_a_wav_whose_sizes_were_never_updated_is_read_to_its_end(tmp_path):
     data = bytearray(JFK.read_bytes())
     at = data.index(b"data")
     struct.pack_into("<I", data, at + 4, 2 * SAMPLE_RATE * 2)
-    stale = tmp_path / "stale.wav"
+    stale, unnamed = tmp_path / "stale.wav", tmp_path / "take1"  # a WAV by its header alone
     stale.write_bytes(data)
+    unnamed.write_bytes(data)
     whole = load_audio(JFK)
-    for source in (stale, bytes(data)):  # a path, and an upload's bytes
+    for source in (stale, unnamed, bytes(data)):  # paths, and an upload's bytes
         decoded = decode_audio(source)
         assert np.array_equal(decoded.samples, whole)
         assert decoded.warnings == (
@@ -438,6 +439,9 @@ def test_a_truncated_file_decodes_what_it_holds_and_says_it_was_cut_short(tmp_pa
         "the file ends after 3.12 s of the 11.00 s its header gives (truncated?); "
         "transcribed what is there",
     )
+    unnamed = tmp_path / "take2"  # a WAV by its header alone is checked alike
+    unnamed.write_bytes(wav.read_bytes())
+    assert decode_audio(unnamed).warnings == cut.warnings
     # Uploaded bytes (the API, the endpoint) are checked alike, under a size limit too.
     for limit in (None, 600.0):
         uploaded = decode_audio(wav.read_bytes(), name="file", max_seconds=limit)

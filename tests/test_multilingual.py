@@ -182,6 +182,12 @@ def test_a_language_the_speech_plainly_is_not_is_warned_of(whisper_base):
     german = transcribe(whisper_base, jfk, TranscribeOptions(language="de"))
     assert german.warnings[0].startswith("the speech sounds like English (en, p=")
     assert "not German (de, p=" in german.warnings[0]
+    # A prompt before <|startoftranscript|> sways the odds there: asked without it (a German
+    # "Hallo" hid the warning).
+    prompted = transcribe(
+        whisper_base, jfk, TranscribeOptions(language="de", initial_prompt="Hallo")
+    )
+    assert prompted.warnings[0].startswith("the speech sounds like English (en, p=")
     for language, path in CLIPS:  # each named rightly: no warning
         named = transcribe(whisper_base, load_audio(path), TranscribeOptions(language=language))
         assert not named.warnings, (path, named.warnings)
@@ -231,3 +237,9 @@ def test_with_speakers_each_speakers_language_is_detected_from_their_own_turn(se
     assert [language for _, language in dict(spoken).items()] == ["de", "fr", "es"]
     french = " ".join(s.text for s in transcript.segments if s.language == "fr")
     assert word_error_rate(reference_text(clips[1][1]), french) <= 0.3, french
+    # Without VAD the Spanish passage's last window is its speech's end and the silence after:
+    # too little to tell a language, it keeps the passage's (it was detected as English).
+    tail = np.concatenate([samples, np.zeros(5 * SAMPLE_RATE // 2, np.float32)])
+    unfiltered = service.run(tail, ServiceOptions(diarize=True, multilingual=True, vad=False))
+    assert "en" not in unfiltered.stats["window_languages"], unfiltered.stats
+    assert [s.language for s in unfiltered.segments] == ["de", "fr", "es"]

@@ -23,6 +23,8 @@ def test_languages_are_codes_whatever_the_front_sent():
     for other, code in [("deu", "de"), ("GER", "de"), ("fre", "fr"), ("iw", "he"), ("jv", "jw")]:
         assert ServiceOptions(language=other).language == code
     assert ServiceOptions(language="deu-DE").language == "de"
+    for locale, code in [("en_US.UTF-8", "en"), ("sr_RS@latin", "sr"), ("zh-yue", "yue")]:
+        assert ServiceOptions(language=locale).language == code
     assert ServiceOptions(language="haw").language == "haw"  # Whisper's own 3-letter codes
     with pytest.raises(ValueError, match=r"^language 'xx-YY' is not a Whisper language code"):
         ServiceOptions(language="xx-YY")
