@@ -350,7 +350,10 @@ class _Session:
         self.language = options.language  # the first window's, once detected
         # A language the options name is checked on the first spoken window's odds.
         self._check_named_language = bool(
-            options.language and options.task == "transcribe" and not options.multilingual
+            options.language
+            and options.task == "transcribe"
+            and not options.multilingual
+            and model.special.multilingual
         )
         self.language_warnings: tuple[str, ...] = ()
         self.window_languages: Counter[str] = Counter()  # multilingual: windows per language

@@ -243,3 +243,11 @@ def test_with_speakers_each_speakers_language_is_detected_from_their_own_turn(se
     unfiltered = service.run(tail, ServiceOptions(diarize=True, multilingual=True, vad=False))
     assert "en" not in unfiltered.stats["window_languages"], unfiltered.stats
     assert [s.language for s in unfiltered.segments] == ["de", "fr", "es"]
+
+
+@pytest.mark.slow
+def test_an_english_only_model_with_a_prompt_checks_no_language(whisper_tiny_en):
+    # Its vocabulary has no language tokens to ask (this once failed: KeyError 'en').
+    jfk = load_audio(SAMPLES / "jfk.wav")
+    options = TranscribeOptions(language="en", initial_prompt="Hello")
+    assert not transcribe(whisper_tiny_en, jfk, options).warnings
