@@ -193,7 +193,8 @@ def decode_audio(
             spooled.flush()
             # The formats a path with their extension would have read through soundfile, read
             # the same way (its header checks included); the rest through ffmpeg.
-            unsized = _unsized_audio(Path(spooled.name))
+            header = _wav_header(Path(spooled.name))
+            unsized = _unsized_audio(header)
             if unsized is not None:
                 decoded = _decode_with_ffmpeg(
                     spooled.name, label, max_seconds, probe=False, ignore_length=True
@@ -205,7 +206,7 @@ def decode_audio(
                 # An upload's name may not say what it is: probed, as a video would be.
                 decoded = _decode_with_ffmpeg(spooled.name, label, max_seconds, probe=True)
             if limit is None or decoded.samples.size <= limit:  # else refused as too long
-                cut = _cut_short(Path(spooled.name), decoded.samples)
+                cut = _cut_short(header, decoded.samples)
                 decoded = DecodedAudio(decoded.samples, decoded.warnings + cut)
     else:
         path = Path(source)
@@ -215,7 +216,8 @@ def decode_audio(
         _check_regular_file(path, label)
         if path.stat().st_size == 0:
             raise AudioLoadError(f"{label}: empty file (0 bytes)")
-        unsized = _unsized_audio(path)
+        header = _wav_header(path)
+        unsized = _unsized_audio(header)
         if unsized is not None:  # ffmpeg reads past the data chunk's size; soundfile cannot
             decoded = _decode_with_ffmpeg(str(path), label, max_seconds, ignore_length=True)
             decoded = DecodedAudio(decoded.samples, (unsized, *decoded.warnings))
@@ -224,7 +226,7 @@ def decode_audio(
         if decoded is None:
             decoded = _decode_with_ffmpeg(str(path), label, max_seconds)
         if limit is None or decoded.samples.size <= limit:  # else refused as too long
-            cut = _cut_short(path, decoded.samples)
+            cut = _cut_short(header, decoded.samples)
             decoded = DecodedAudio(decoded.samples, decoded.warnings + cut)
     samples = decoded.samples
     if limit is not None and samples.size > limit:
@@ -405,11 +407,10 @@ def _unsized_bytes(path: Path, end: int) -> int:
 _PADDING_CHECKED = 1 << 16
 
 
-def _unsized_audio(path: Path) -> str | None:
-    """A warning where a RIFF WAV (whatever its name: .wave, .bwf, none) holds at least
-    `_UNSIZED_AUDIO` s more audio than its header gives (its sizes written early and never
-    updated), which decoders would leave out; None for any other file."""
-    header = _wav_header(path)
+def _unsized_audio(header: _WavHeader | None) -> str | None:
+    """A warning where a RIFF WAV (whatever its name: .wave, .bwf, none; `_wav_header`) holds
+    at least `_UNSIZED_AUDIO` s more audio than its header gives (its sizes written early and
+    never updated), which decoders would leave out; None for any other file."""
     if header is None or header.seconds is None or header.unsized_seconds < _UNSIZED_AUDIO:
         return None
     whole = header.seconds + header.unsized_seconds
@@ -423,10 +424,9 @@ def _unsized_audio(path: Path) -> str | None:
 _UNSIZED_AUDIO = 0.1
 
 
-def _cut_short(path: Path, samples: np.ndarray) -> tuple[str, ...]:
-    """A warning when a RIFF WAV (whatever its name) holds less audio than its header gives
-    (a recording cut off)."""
-    header = _wav_header(path)
+def _cut_short(header: _WavHeader | None, samples: np.ndarray) -> tuple[str, ...]:
+    """A warning when a RIFF WAV (whatever its name; `_wav_header`) holds less audio than its
+    header gives (a recording cut off)."""
     decoded = len(samples) / SAMPLE_RATE
     if header is None or header.seconds is None or decoded >= header.seconds - 0.01:
         return ()

@@ -410,9 +410,7 @@ class _Session:
             # German "Hallo" made JFK 0.88 English): asked without it, at one more call.
             named = torch.tensor([self.model.special.language_ids[self.options.language]])
             (odds,) = language_odds(self.model, _first_sot_logits(self.model, encoded), named)
-            self._check_named_language = False
-            warning = misnamed_language(odds)
-            self.language_warnings = (warning,) if warning else ()
+            self._settle_named_language(odds)
         return encoded
 
     def detect_language(self, window: tuple[int, int], padded: bool) -> str:
@@ -535,9 +533,13 @@ class _Session:
         """Checks a named language once, on the first spoken window whose odds are known."""
         odds = result.language_odds
         if self._check_named_language and odds is not None and not _is_silent(result, self.options):
-            self._check_named_language = False
-            warning = misnamed_language(odds)
-            self.language_warnings = (warning,) if warning else ()
+            self._settle_named_language(odds)
+
+    def _settle_named_language(self, odds: LanguageOdds) -> None:
+        """The named language's one check, on these odds: a warning where it is plainly not."""
+        self._check_named_language = False
+        warning = misnamed_language(odds)
+        self.language_warnings = (warning,) if warning else ()
 
     def _run(
         self,

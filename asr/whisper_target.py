@@ -313,10 +313,7 @@ class WhisperTarget:
         probs = sot_logits.float().softmax(dim=-1)
         self._no_speech = tuple(probs[:, self.model.special.no_speech].tolist())
         if self._prompt_languages is not None:
-            self._record_languages(sot_logits)
-
-    def _record_languages(self, sot_logits: torch.Tensor) -> None:
-        self._language_odds = language_odds(self.model, sot_logits, self._prompt_languages)
+            self._language_odds = language_odds(self.model, sot_logits, self._prompt_languages)
 
     def _apply_rules(self, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """logits[r, j] predicts the token after position positions[r, j]; the rules see the

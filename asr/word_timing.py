@@ -228,21 +228,13 @@ def split_words(
     every whole character run is a word.
     """
     pieces = _characters(model, tokens)
-    if language in NO_SPACE_LANGUAGES:
-        # Every character run is a word, but a word in a spaced script inside the text
-        # ("iPhone", "2024") stays one: its pieces join while letters or digits
-        # meet across them.
-        words = []
-        for text, ids in pieces:
-            if words and _joins(words[-1].text, text):
-                last = words[-1]
-                words[-1] = replace(last, text=last.text + text, tokens=last.tokens + tuple(ids))
-            else:
-                words.append(WordPiece(text, tuple(ids)))
-        return words
+    spaced = language not in NO_SPACE_LANGUAGES
     words: list[WordPiece] = []
     for text, ids in pieces:
-        starts_word = text.startswith(" ") or text.strip() in string.punctuation
+        if spaced:
+            starts_word = text.startswith(" ") or text.strip() in string.punctuation
+        else:  # every character run, but a spaced script's word inside ("iPhone") stays one
+            starts_word = not (words and _joins(words[-1].text, text))
         if starts_word or not words:
             words.append(WordPiece(text, tuple(ids)))
         else:
