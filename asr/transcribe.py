@@ -235,6 +235,10 @@ MISNAMED_LANGUAGE_PROBABILITY = 0.95  # the language heard, at least
 NAMED_LANGUAGE_PROBABILITY = 0.005  # the language named, at most
 
 
+# A prompted window's language at most this probable is read again without its prompt.
+SWAYED_NAMED_PROBABILITY = 0.2
+
+
 def misnamed_language(odds: LanguageOdds) -> str | None:
     """A warning when a window's speech is plainly not in the language it was decoded in (the
     odds above), else None."""
@@ -356,6 +360,13 @@ class _Session:
             and model.special.multilingual
         )
         self.language_warnings: tuple[str, ...] = ()
+        # Without `multilingual` every window is decoded in the recording's one language,
+        # whatever it holds: windows plainly in another are counted, to tell the user.
+        self._watch_language_switch = bool(
+            options.task == "transcribe" and not options.multilingual and model.special.multilingual
+        )
+        self.switched_windows: list[tuple[float, LanguageOdds]] = []  # (start s, odds)
+        self.spoken_windows = 0  # reported so far
         self.window_languages: Counter[str] = Counter()  # multilingual: windows per language
         self.initial_prompt = self._tokens(options.initial_prompt)
         self.hotwords = self._tokens(options.hotwords)
@@ -527,7 +538,27 @@ class _Session:
                         results[row] = _most_probable_of_failed(failed[row], options)
             if all(result is not None for result in results):
                 break
-        return results
+        return [self._unswayed(batch, row, result) for row, result in enumerate(results)]
+
+    def _unswayed(self, batch: WindowBatch, row: int, result: WindowResult) -> WindowResult:
+        """A prompted window whose odds lean away from its language, with the odds read again
+        without its prompt: previous text in the recording's language sways them toward it
+        (German read after an English window: English at 0.034 prompted, 0.0011 alone), and
+        `misnamed_language`'s thresholds hold for windows read alone. One decoder call, only
+        for such windows."""
+        odds = result.language_odds
+        if not (
+            self._watch_language_switch
+            and result.prompted
+            and odds is not None
+            and odds.heard != odds.named
+            and odds.named_probability <= SWAYED_NAMED_PROBABILITY
+        ):
+            return result
+        window = batch.encoded.rows(torch.tensor([row], device=batch.encoded.features.device))
+        named = torch.tensor([self.model.special.language_ids[odds.named]])
+        (alone,) = language_odds(self.model, _first_sot_logits(self.model, window), named)
+        return replace(result, language_odds=alone)
 
     def check_language(self, result: WindowResult) -> None:
         """Checks a named language once, on the first spoken window whose odds are known."""
@@ -540,6 +571,42 @@ class _Session:
         self._check_named_language = False
         warning = misnamed_language(odds)
         self.language_warnings = (warning,) if warning else ()
+
+    def _note_language_switch(self, result: WindowResult, seek: int, split: WindowSplit) -> None:
+        """Counts a spoken window whose speech is plainly not the language it was decoded in
+        (`misnamed_language`'s odds), with where its text starts on the recording's
+        timeline (its first segment's start, else the window's)."""
+        self.spoken_windows += 1
+        odds = result.language_odds
+        if (
+            not self._watch_language_switch
+            or self.spoken_windows == 1  # the recording's language: detected, or checked
+            or odds is None
+            or misnamed_language(odds) is None
+        ):
+            return
+        spoken = _segments_with_content(split)
+        start = spoken[0].start if spoken else seek / FRAMES_PER_SECOND
+        if self.timeline is not None:
+            start = self.timeline.original(start)
+        self.switched_windows.append((start, odds))
+
+    def language_switch_warning(self) -> str | None:
+        """A warning where windows after the first were plainly in another language than the
+        recording's (None where none were, or the named language was already found wrong)."""
+        if not self.switched_windows or self.language_warnings:
+            return None
+        start, odds = self.switched_windows[0]
+        minutes, seconds = divmod(int(start), 60)
+        heard, named = LANGUAGES[odds.heard].title(), LANGUAGES[odds.named].title()
+        return (
+            f"from {minutes}:{seconds:02d} the speech sounds like {heard} ({odds.heard}, "
+            f"p={odds.heard_probability:.2f}) in {len(self.switched_windows)} of "
+            f"{self.spoken_windows} windows, "
+            f"but the recording is transcribed in {named} ({odds.named}): Whisper translates "
+            "or drops speech in another language; the multilingual option transcribes each "
+            "passage in its own"
+        )
 
     def _run(
         self,
@@ -662,7 +729,9 @@ class _Session:
         return split
 
     def report(self, result: WindowResult, seek: int, split: WindowSplit) -> None:
-        """Hands a decided window's kept segments to `on_window`, if there is one."""
+        """Hands a decided window's kept segments to `on_window`, if there is one. Called once
+        for each spoken window, in time order."""
+        self._note_language_switch(result, seek, split)
         if self.on_window is None:
             return
         pairs = [
@@ -1252,7 +1321,9 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
     together = {"decoded_together": session.ledger.recordings}
     languages = {"window_languages": dict(session.window_languages.most_common())}
     return Transcript(
-        warnings=session.language_warnings + _dropped_warnings(session),
+        warnings=session.language_warnings
+        + tuple(filter(None, [session.language_switch_warning()]))
+        + _dropped_warnings(session),
         segments=tuple(segments),
         language=session.language or "en",
         duration=round(session.recording_seconds, 3),

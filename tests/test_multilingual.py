@@ -4,6 +4,7 @@ with other recordings as alone."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -194,6 +195,25 @@ def test_a_language_the_speech_plainly_is_not_is_warned_of(whisper_base):
     # Translating names the speech's language as the source: nothing to check there.
     translated = transcribe(whisper_base, jfk, TranscribeOptions(language="de", task="translate"))
     assert not translated.warnings
+
+
+@pytest.mark.slow
+def test_a_language_switch_without_multilingual_is_warned_of(whisper_base):
+    # English, then 20 s later German, then French: without multilingual the German and French
+    # windows were decoded as English (translated), and nothing said so. Their odds, read
+    # after English previous text, lean to English (0.03): they are read again alone.
+    samples, _ = mixed_recording(20.0)
+    english = transcribe(whisper_base, samples, TranscribeOptions())
+    assert english.language == "en"
+    (warning,) = english.warnings
+    # from where the transcript's first segment of that window starts (Whisper times the
+    # German from the end of the English, at 0:11)
+    found = re.match(r"from 0:(\d\d) the speech sounds like German \(de, p=.* in (\d) of", warning)
+    assert found and 11 <= int(found[1]) <= 31 and int(found[2]) >= 2, warning
+    assert "windows, but the recording is transcribed in English (en)" in warning
+    # Named, the same (multilingual decodes each window in its own language: not checked).
+    named = transcribe(whisper_base, samples, TranscribeOptions(language="en"))
+    assert named.warnings == english.warnings
 
 
 def test_only_plain_odds_make_a_language_warning():
