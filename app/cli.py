@@ -678,12 +678,16 @@ def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         from .ray_engine import RayOptions, RayWorker
 
         ray_options = RayOptions(args.ray_address, args.actors, args.cpus_per_actor).validate()
-        finished = RayWorker(store, settings, models, options, ray_options).run()
+        worker = RayWorker(store, settings, models, options, ray_options)
     else:
         service = TranscriptionService(settings, **models, progress=_print_progress)
-        finished = LocalWorker(store, service, options).run()
-    print(f"specscribe worker: stopped after {finished} tasks", file=sys.stderr)
-    return 0
+        worker = LocalWorker(store, service, options)
+    finished = worker.run()
+    failed = store.failed_by(worker.worker)
+    summary = f", {failed} of them failed (`specscribe status JOB` says why)" if failed else ""
+    print(f"specscribe worker: stopped after {finished} tasks{summary}", file=sys.stderr)
+    # Run as a batch (until idle), a failed file fails the run, as `transcribe` does.
+    return 1 if failed and options.until_idle else 0
 
 
 def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:

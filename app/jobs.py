@@ -546,6 +546,19 @@ class JobStore:
 
     # -- status ---------------------------------------------------------------------------------
 
+    def failed_by(self, worker: WorkerId) -> int:
+        """How many tasks are failed by this worker's hand (their failure event is its)."""
+        row = (
+            self._connection()
+            .execute(
+                "SELECT COUNT(DISTINCT e.task_id) FROM events e JOIN tasks t ON t.id = e.task_id"
+                " WHERE e.kind = 'failed' AND e.worker = ? AND t.state = 'failed'",
+                (worker.name,),
+            )
+            .fetchone()
+        )
+        return int(row[0])
+
     def has_work(self, model: str) -> bool:
         """Whether a task this model's workers could run is pending or running anywhere."""
         row = (

@@ -58,15 +58,15 @@ def specscribe(*args: str | Path, log: Path) -> subprocess.Popen:
         )
 
 
-def finish(process: subprocess.Popen, log: Path, timeout: float) -> None:
+def finish(process: subprocess.Popen, log: Path, timeout: float, code: int = 0) -> None:
     try:
-        code = process.wait(timeout=timeout)
+        exited = process.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
         tail = log.read_text()[-3000:]
         raise AssertionError(f"worker still running after {timeout} s:\n{tail}") from None
-    assert code == 0, log.read_text()[-3000:]
+    assert exited == code, log.read_text()[-3000:]
 
 
 def parse_srt(text: str) -> list[tuple[str, str, str]]:
@@ -436,7 +436,11 @@ def test_a_corrupt_file_fails_with_its_reason_and_the_others_complete(tmp_path, 
     service = TranscriptionService(settings, asr_model=MODEL, assistant_model="none")
     messages: list[str] = []
     options = WorkerOptions(until_idle=True, poll=0.1)
-    assert LocalWorker(store, service, options, log=messages.append).run() == 4
+    worker = LocalWorker(store, service, options, log=messages.append)
+    assert worker.run() == 4
+    # what `specscribe worker --until-idle` counts to exit 1 (it exited 0 with every file failed)
+    assert store.failed_by(worker.worker) == 2
+    assert store.failed_by(WorkerId.this_process("ray")) == 0
 
     tasks = {t.path.name: t for t in store.tasks(job)}
     assert {name: t.state for name, t in tasks.items()} == {
@@ -496,7 +500,9 @@ def test_the_ray_engine_processes_a_folder_on_a_local_instance(tmp_path):
     job = submit(store, tmp_path / "in", tmp_path / "out")
     log = tmp_path / "ray-worker.log"
     args = ("worker", "--engine", "ray", "--store", store.path, "--model", MODEL, "--until-idle")
-    finish(specscribe(*args, "--poll", "0.2", log=log), log, timeout=480)
+    # run until idle, a failed file fails the run, as `transcribe` does
+    finish(specscribe(*args, "--poll", "0.2", log=log), log, timeout=480, code=1)
+    assert "stopped after 4 tasks, 1 of them failed" in log.read_text()
 
     tasks = {t.path.name: t for t in store.tasks(job)}
     assert [tasks[f"{stem}{o.suffix}"].state for stem, o in originals.items()] == ["done"] * 3
