@@ -104,7 +104,8 @@ class Transcript:
             segments=segments,
             language=data["language"],
             duration=data["duration"],
-            options=dict(data["options"]),
+            # an option's sequence is a tuple (the options are frozen); JSON made it a list
+            options={k: tuple(v) if isinstance(v, list) else v for k, v in data["options"].items()},
             stats=dict(data["stats"]),
             warnings=tuple(data["warnings"]),
             turns=tuple(SpeakerTurn(**t) for t in data["turns"]),

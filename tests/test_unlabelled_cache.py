@@ -4,6 +4,7 @@ again) when only the speaker counts change."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from app.unlabelled_cache import (
     passes_path,
     unlabelled_path,
 )
+from asr.transcribe import TranscribeOptions
 from asr.types import Transcript
 from asr.writers import output_paths
 from diarize.passes import SpeakerPasses
@@ -28,6 +30,9 @@ RECORD = {"model": "whisper-base", "diarize": True, "num_speakers": None, "langu
 
 def test_a_transcript_reads_back_as_written():
     assert Transcript.from_dict(json.loads(json.dumps(TRANSCRIPT.to_dict()))) == TRANSCRIPT
+    # with the options transcription records (their temperatures a tuple, a list in JSON)
+    recorded = replace(TRANSCRIPT, options=asdict(TranscribeOptions()))
+    assert Transcript.from_dict(json.loads(json.dumps(recorded.to_dict()))) == recorded
 
 
 def test_a_kept_transcript_serves_only_requests_that_differ_in_the_speaker_counts(tmp_path):
