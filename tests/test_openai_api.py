@@ -669,6 +669,34 @@ def test_sdk_json_is_the_transcript(client):
 
 
 @pytest.mark.slow
+def test_every_format_carries_the_transcripts_warnings(client):
+    # JFK named German: only verbose_json said so; json, text, srt and vtt were silent.
+    with JFK.open("rb") as audio:
+        result = client.audio.transcriptions.create(model="whisper-1", file=audio, language="de")
+    (warning,) = result.model_extra["warnings"]
+    assert warning.startswith("the speech sounds like English (en, p=")
+    with JFK.open("rb") as audio:
+        raw = client.audio.transcriptions.with_raw_response.create(
+            model="whisper-1", file=audio, language="de", response_format="srt"
+        )
+    assert json.loads(raw.headers["x-specscribe-warnings"]) == [warning]
+    assert "-->" in raw.parse()
+    with JFK.open("rb") as audio:
+        events = list(
+            client.audio.transcriptions.create(
+                model="whisper-1", file=audio, language="de", stream=True
+            )
+        )
+    assert events[-1].type == "transcript.text.done"
+    assert events[-1].model_extra["warnings"] == [warning]
+    # nothing to say: neither
+    with JFK.open("rb") as audio:
+        raw = client.audio.transcriptions.with_raw_response.create(model="whisper-1", file=audio)
+    assert "x-specscribe-warnings" not in raw.headers
+    assert "warnings" not in (raw.parse().model_extra or {})
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("response_format", ["text", "srt", "vtt"])
 def test_sdk_text_formats(client, response_format):
     with JFK.open("rb") as audio:
@@ -820,6 +848,7 @@ def test_raw_event_stream_is_openai_shaped(open_server):
     events = [json.loads(line.removeprefix("data: ")) for line in lines]
     assert [e["type"] for e in events] == ["transcript.text.delta", "transcript.text.done"]
     assert events[0]["delta"] == events[1]["text"] == JFK_TEXT
+    assert events[1]["warnings"] == []
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ not a slice the decoder made.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -32,17 +33,29 @@ def render(
     task: str,
     windows: list[DecidedWindow],
 ) -> Response:
-    """The response for `request.response_format`."""
+    """The response for `request.response_format`. Whatever the format, the transcript's
+    warnings (a language the speech is not, audio cut short, text left out) also travel in the
+    `X-Specscribe-Warnings` header, a JSON list in ASCII; json carries them as "warnings" too
+    when there are any (verbose_json always)."""
+    headers = (
+        {WARNINGS_HEADER: json.dumps(list(transcript.warnings))} if transcript.warnings else {}
+    )
     match request.response_format:
         case "json":
-            return JSONResponse({"text": transcript.text, "usage": usage(transcript)})
+            body = {"text": transcript.text, "usage": usage(transcript)}
+            if transcript.warnings:
+                body["warnings"] = list(transcript.warnings)
+            return JSONResponse(body, headers=headers)
         case "text":
-            return PlainTextResponse(transcript.text + "\n")
+            return PlainTextResponse(transcript.text + "\n", headers=headers)
         case "srt" | "vtt" as name:
-            return PlainTextResponse(WRITERS[name](transcript, "audio"))
+            return PlainTextResponse(WRITERS[name](transcript, "audio"), headers=headers)
         case "verbose_json":
-            return JSONResponse(verbose_json(transcript, request, task, windows))
+            return JSONResponse(verbose_json(transcript, request, task, windows), headers=headers)
     raise AssertionError(request.response_format)  # AudioRequest admits no other value
+
+
+WARNINGS_HEADER = "X-Specscribe-Warnings"
 
 
 def verbose_json(

@@ -264,6 +264,7 @@ async def _transcript_events(
             "usage": usage(transcript),
             "language": transcript.language,
             "stats": transcript.stats,
+            "warnings": list(transcript.warnings),
         }
     )
 
