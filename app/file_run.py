@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from asr.audio import SAMPLE_RATE, AudioLoadError, decode_audio
+from asr.types import ProgressHook
 from asr.writers import SubtitleLayout, write_outputs
 
 from .output_claim import OutputClaim, claim_outputs
@@ -98,8 +99,10 @@ class FileRun:
 
     def _transcribe(self, group: list) -> None:
         more = f" +{len(group) - 1}" if len(group) > 1 else ""
-        self._bar.set_postfix_str(group[0][0].name + more)
-        results = _transcribe_batch(self.service, group, self.options)
+        name = group[0][0].name + more
+        self._bar.set_postfix_str(name)
+        progress = shown_progress(self._bar, name)
+        results = _transcribe_batch(self.service, group, self.options, progress)
         together = [  # whose decoding costs the stats of these files are (files with speech)
             str(path)
             for (path, *_), result in zip(group, results, strict=True)
@@ -209,18 +212,33 @@ def shown(transcript) -> str:
     return write_txt(transcript, "").rstrip("\n")
 
 
-def _transcribe_batch(service: TranscriptionService, batch: list, options) -> list:
+def shown_progress(bar, name: str) -> ProgressHook:
+    """A progress hook that shows how far the files being decoded are, as the file bar's
+    postfix ("talk.mp3: transcribe 40%"): a long file would otherwise show nothing for minutes.
+    The bar is off where stderr is no terminal, and so is this."""
+
+    def progress(stage: str, completed: int, total: int) -> None:
+        if total > 0:
+            bar.set_postfix_str(f"{name}: {stage} {100 * min(completed, total) // total}%")
+
+    return progress
+
+
+def _transcribe_batch(
+    service: TranscriptionService, batch: list, options, progress: ProgressHook
+) -> list:
     """Each file's app.service.Labelled, or the exception it raised. A batch whose decoding
     fails is decoded again one file at a time, so that only the file at fault fails."""
+    audios = [audio for *_, audio in batch]
     if len(batch) > 1:
         try:
-            return service.run_keeping_unlabelled([audio for *_, audio in batch], options)
+            return service.run_keeping_unlabelled(audios, options, progress)
         except Exception:
             pass
     results: list = []
-    for *_, audio in batch:
+    for audio in audios:
         try:
-            results.append(service.run_keeping_unlabelled([audio], options)[0])
+            results.append(service.run_keeping_unlabelled([audio], options, progress)[0])
         except Exception as error:
             results.append(error)
     return results

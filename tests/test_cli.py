@@ -12,7 +12,7 @@ import torch
 from app.cli import main
 from app.request import ServiceOptions
 from asr.models import EMBEDDED
-from tests.conftest import SAMPLES, reference_text, word_error_rate
+from tests.conftest import REPO, SAMPLES, reference_text, word_error_rate
 
 
 def test_models_list_shows_every_embedded_model(capsys):
@@ -529,3 +529,37 @@ def test_format_lists_are_read_as_users_write_them():
     assert _formats("txt,") == ["txt"]  # it said "unknown format " (an empty name)
     with pytest.raises(argparse.ArgumentTypeError, match="no format given; choose from txt"):
         _formats(" , ")
+
+
+@pytest.mark.slow
+def test_a_terminal_sees_how_far_a_file_has_been_transcribed(tmp_path):
+    # A 16-minute file showed nothing for 84 s: the file bar now says how far its files are.
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 160 columns
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "specscribe.cli", "transcribe", str(SAMPLES / "jfk.wav"),
+         "--language", "en", "-o", str(tmp_path)],
+        cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower,
+    )  # fmt: skip
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the process closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert process.wait(timeout=120) == 0, seen.decode(errors="replace")
+    assert b"jfk.wav: transcribe 100%" in seen, seen.decode(errors="replace")
