@@ -373,6 +373,7 @@ class _Session:
         self.dropped_repeats = 0
         self.reprompted = 0  # windows decoded again without previous text (repeats)
         self.dropped_anomalies = 0
+        self.dropped_in_pauses = 0  # segments timed wholly inside a cut-out pause
         self.ledger = _Ledger()  # shared with the recordings decoded beside this one
         self.encoder_seconds = 0.0
         self.word_seconds = 0.0
@@ -698,10 +699,21 @@ class _Session:
                     self._without_anomalies(split, threshold, last)
                     for split, last in zip(splits, before, strict=True)
                 ]
+        if self.seam_silences:
+            splits = [self._without_text_in_pauses(split) for split in splits]
         return [
             self._without_repeats(split, guard, result.prompted)
             for split, guard, (result, _, _) in zip(splits, guards, decoded, strict=True)
         ]
+
+    def _without_text_in_pauses(self, split: WindowSplit) -> WindowSplit:
+        """The split without segments timed wholly inside the silence of a cut-out pause
+        (`seam_silences`): voice activity found no speech there, so their text is Whisper's
+        own (in overlapped speech a sentence was said again into the pause after it, timed
+        there, then put on the next speaker's turn at zero length)."""
+        keep = [not _inside_pause(segment, self.seam_silences) for segment in split.segments]
+        self.dropped_in_pauses += keep.count(False)
+        return _select(split, keep)
 
     def _without_anomalies(
         self, split: WindowSplit, threshold: float, last_speech: float
@@ -788,6 +800,19 @@ def _select(split: WindowSplit, keep: list[bool]) -> WindowSplit:
         segments=tuple(segment for segment, _, _ in kept),
         tokens=tuple(tokens for _, tokens, _ in kept),
         timestamp_ends=tuple(end for _, _, end in kept),
+    )
+
+
+# Times within this much of a cut-out pause's edges count as inside it (word timing puts a
+# word it finds no sound for at the pause's edge).
+PAUSE_EDGE_SECONDS = 0.02
+
+
+def _inside_pause(segment: Segment, pauses: tuple[tuple[float, float], ...]) -> bool:
+    """Whether a segment with text lies wholly inside one of these (start, end) silences."""
+    return bool(segment.text.strip()) and any(
+        start - PAUSE_EDGE_SECONDS <= segment.start and segment.end <= end + PAUSE_EDGE_SECONDS
+        for start, end in pauses
     )
 
 
@@ -1127,11 +1152,14 @@ def _decode_by_language(
 def _skipped_tail(split: WindowSplit, start: int, frames: int) -> int | None:
     """First frame of audio after a window's text when that text ends at least
     MIN_TAIL_SECONDS before the window's audio does, or None. Where the text ends is its last
-    timestamp (unfinished text already runs to the window's end), not its last word's end:
-    word timing ends a word where its sound fades, often a second before the timestamp, and
-    that gap is no skipped speech (decoded again, it made Whisper say "Thank you.")."""
+    timestamp (unfinished text already runs to the window's end), or its last word's end where
+    that is later. Not the word's end alone: word timing ends a word where its sound fades,
+    often a second before the timestamp, and that gap is no skipped speech (decoded again, it
+    made Whisper say "Thank you."). But words timed past the timestamp are speech transcribed
+    there (in overlapped speech a sentence's timestamps ended 2 s before its words did, and the
+    "tail" decoded again repeated the sentence)."""
     ends = [
-        end
+        max(end, segment.words[-1].end) if segment.words else end
         for segment, end in zip(split.segments, split.timestamp_ends, strict=True)
         if _has_content(segment)
     ]
@@ -1304,6 +1332,11 @@ def _dropped_warnings(session: _Session) -> tuple[str, ...]:
             f"{session.dropped_repeats} segments left out: they repeated earlier text that "
             f"their prompt held (repetition n-gram {ngram}; 0 keeps them)"
         )
+    if session.dropped_in_pauses:
+        warnings.append(
+            f"{session.dropped_in_pauses} segments left out: timed inside a pause where voice "
+            "activity detection found no speech (text Whisper repeated or made up)"
+        )
     if session.dropped_anomalies:
         threshold = session.options.hallucination_silence_threshold
         warnings.append(
@@ -1336,6 +1369,7 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
             "reprompted_windows": session.reprompted,
             "dropped_repeats": session.dropped_repeats,
             "dropped_anomalies": session.dropped_anomalies,
+            "dropped_in_pauses": session.dropped_in_pauses,
             "target_calls": stats.target_calls,
             "draft_calls": stats.draft_calls,
             "generated_tokens": stats.generated_tokens,

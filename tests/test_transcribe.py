@@ -7,7 +7,9 @@ import itertools
 import pytest
 
 from asr.audio import load_audio
-from asr.transcribe import TranscribeOptions, transcribe
+from asr.segments import WindowSplit
+from asr.transcribe import TranscribeOptions, _inside_pause, _skipped_tail, transcribe
+from asr.types import Segment, Word
 from tests.conftest import SAMPLES, SHARED_SPEECH, reference_text, word_error_rate
 
 pytestmark = pytest.mark.slow
@@ -51,3 +53,47 @@ def test_without_timestamps_gives_one_segment_per_window(whisper_base):
     transcript = transcribe(whisper_base, load_audio(SAMPLES / "jfk.wav"), options)
     assert len(transcript.segments) == 1
     assert word_error_rate(reference_text(SAMPLES / "jfk.wav"), transcript.text) == 0.0
+
+
+def _split(segments: list[Segment], timestamp_ends: list[float], frames: int) -> WindowSplit:
+    return WindowSplit(
+        segments=tuple(segments),
+        tokens=tuple(() for _ in segments),
+        consumed=frames,
+        single_timestamp_ending=True,
+        time_offset=segments[0].start,
+        frames=frames,
+        timestamp_ends=tuple(timestamp_ends),
+    )
+
+
+def _timed(start: float, end: float, text: str) -> Segment:
+    words = tuple(
+        Word(start + (end - start) * i / 2, start + (end - start) * (i + 1) / 2, w, 0.9)
+        for i, w in enumerate(text.split()[:2])
+    )
+    return Segment(start, end, text, words)
+
+
+def test_a_tail_starts_after_words_timed_past_their_timestamps():
+    # A window of 10 s from 100 s. Timestamps say the text ends at 103 s, 7 s before the audio
+    # does: that tail is decoded again...
+    early = _split([_timed(100.5, 102.5, " Did you guys")], [103.0], frames=1000)
+    assert _skipped_tail(early, 10000, 1000) == 10300
+    # ...unless the words run on past it (overlapped speech: its words ended 2 s after the
+    # timestamp, and the "tail" decoded again said the sentence a third time).
+    late = _split([_timed(100.5, 108.5, " Did you guys")], [103.0], frames=1000)
+    assert _skipped_tail(late, 10000, 1000) is None
+    # Words that end before the timestamp change nothing (their sound fades first).
+    faded = _split([_timed(100.5, 102.0, " Did you guys")], [103.0], frames=1000)
+    assert _skipped_tail(faded, 10000, 1000) == 10300
+
+
+def test_only_text_wholly_inside_a_cut_out_pause_is_left_out():
+    pauses = ((212.3, 213.3),)
+    assert _inside_pause(Segment(212.62, 213.28, " Did you guys again?"), pauses)
+    assert _inside_pause(Segment(213.28, 213.31, " Okay."), pauses)  # at its edge
+    assert not _inside_pause(Segment(211.0, 212.5, " said before it"), pauses)
+    assert not _inside_pause(Segment(213.2, 214.0, " said after it"), pauses)
+    assert not _inside_pause(Segment(212.5, 212.9, " "), pauses)  # no text: cleared anyway
+    assert not _inside_pause(Segment(212.62, 213.28, " no pause"), ())
