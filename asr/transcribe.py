@@ -699,7 +699,7 @@ class _Session:
                     self._without_anomalies(split, threshold, last)
                     for split, last in zip(splits, before, strict=True)
                 ]
-        if self.seam_silences:
+        if self.options.word_timestamps and self.seam_silences:
             splits = [self._without_text_in_pauses(split) for split in splits]
         return [
             self._without_repeats(split, guard, result.prompted)
@@ -707,9 +707,9 @@ class _Session:
         ]
 
     def _without_text_in_pauses(self, split: WindowSplit) -> WindowSplit:
-        """The split without segments timed wholly inside the silence of a cut-out pause
-        (`seam_silences`): voice activity found no speech there, so their text is Whisper's
-        own (in overlapped speech a sentence was said again into the pause after it, timed
+        """The split without segments whose words are timed wholly inside the silence of a
+        cut-out pause (`seam_silences`): voice activity found no speech there, so their text is
+        Whisper's own (in overlapped speech a sentence was said again into the pause after it, timed
         there, then put on the next speaker's turn at zero length)."""
         keep = [not _inside_pause(segment, self.seam_silences) for segment in split.segments]
         self.dropped_in_pauses += keep.count(False)
@@ -809,8 +809,10 @@ PAUSE_EDGE_SECONDS = 0.02
 
 
 def _inside_pause(segment: Segment, pauses: tuple[tuple[float, float], ...]) -> bool:
-    """Whether a segment with text lies wholly inside one of these (start, end) silences."""
-    return bool(segment.text.strip()) and any(
+    """Whether a segment with timed words lies wholly inside one of these (start, end)
+    silences. Only timed words tell: a segment's own timestamps may fall early into a pause
+    before speech (Whisper's starts do, by a few hundred ms)."""
+    return bool(segment.words) and any(
         start - PAUSE_EDGE_SECONDS <= segment.start and segment.end <= end + PAUSE_EDGE_SECONDS
         for start, end in pauses
     )

@@ -91,9 +91,10 @@ def test_a_tail_starts_after_words_timed_past_their_timestamps():
 
 def test_only_text_wholly_inside_a_cut_out_pause_is_left_out():
     pauses = ((212.3, 213.3),)
-    assert _inside_pause(Segment(212.62, 213.28, " Did you guys again?"), pauses)
-    assert _inside_pause(Segment(213.28, 213.31, " Okay."), pauses)  # at its edge
-    assert not _inside_pause(Segment(211.0, 212.5, " said before it"), pauses)
-    assert not _inside_pause(Segment(213.2, 214.0, " said after it"), pauses)
-    assert not _inside_pause(Segment(212.5, 212.9, " "), pauses)  # no text: cleared anyway
-    assert not _inside_pause(Segment(212.62, 213.28, " no pause"), ())
+    assert _inside_pause(_timed(212.62, 213.28, " Did you guys again?"), pauses)
+    assert _inside_pause(_timed(213.28, 213.31, " Okay."), pauses)  # at its edge
+    assert not _inside_pause(_timed(211.0, 212.5, " said before it"), pauses)
+    assert not _inside_pause(_timed(213.2, 214.0, " said after it"), pauses)
+    assert not _inside_pause(_timed(212.62, 213.28, " no pause"), ())
+    # Timestamps alone do not tell: Whisper's starts fall early into a pause before speech.
+    assert not _inside_pause(Segment(212.62, 213.28, " Okay."), pauses)
