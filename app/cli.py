@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import dataclasses
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Sequence
@@ -684,9 +685,15 @@ def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         worker = LocalWorker(store, service, options)
     finished = worker.run()
     failed = store.failed_by(worker.worker)
-    summary = f", {failed} of them failed (`specscribe status JOB` says why)" if failed else ""
+    summary = ""
+    if failed:
+        jobs = " ".join(map(str, failed))
+        summary = (
+            f", {sum(failed.values())} of them failed (`specscribe status {jobs} --store "
+            f"{shlex.quote(str(store.path))}` says why)"
+        )
     print(f"specscribe worker: stopped after {finished} tasks{summary}", file=sys.stderr)
-    # Run as a batch (until idle), a failed file fails the run, as `transcribe` does.
+    # Run as a batch (until idle), a file it ran that failed fails the run, as in `transcribe`.
     return 1 if failed and options.until_idle else 0
 
 

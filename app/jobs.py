@@ -546,18 +546,20 @@ class JobStore:
 
     # -- status ---------------------------------------------------------------------------------
 
-    def failed_by(self, worker: WorkerId) -> int:
-        """How many tasks are failed by this worker's hand (their failure event is its)."""
-        row = (
+    def failed_by(self, worker: WorkerId) -> dict[int, int]:
+        """Job id -> how many of its tasks are failed by this worker's hand (their failure
+        event is its)."""
+        rows = (
             self._connection()
             .execute(
-                "SELECT COUNT(DISTINCT e.task_id) FROM events e JOIN tasks t ON t.id = e.task_id"
-                " WHERE e.kind = 'failed' AND e.worker = ? AND t.state = 'failed'",
+                "SELECT t.job_id, COUNT(DISTINCT t.id) FROM events e JOIN tasks t"
+                " ON t.id = e.task_id WHERE e.kind = 'failed' AND e.worker = ?"
+                " AND t.state = 'failed' GROUP BY t.job_id ORDER BY t.job_id",
                 (worker.name,),
             )
-            .fetchone()
+            .fetchall()
         )
-        return int(row[0])
+        return {int(job): int(count) for job, count in rows}
 
     def has_work(self, model: str) -> bool:
         """Whether a task this model's workers could run is pending or running anywhere."""

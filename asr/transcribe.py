@@ -235,8 +235,9 @@ MISNAMED_LANGUAGE_PROBABILITY = 0.95  # the language heard, at least
 NAMED_LANGUAGE_PROBABILITY = 0.005  # the language named, at most
 
 
-# A prompted window's language at most this probable is read again without its prompt.
-SWAYED_NAMED_PROBABILITY = 0.2
+# A prompted window's language less probable than this is read again without its prompt (in
+# one language, a prompted window's own scored 0.63 at the least, on AMI meeting speech).
+SWAYED_NAMED_PROBABILITY = 0.9
 
 
 def misnamed_language(odds: LanguageOdds) -> str | None:
@@ -366,7 +367,7 @@ class _Session:
             options.task == "transcribe" and not options.multilingual and model.special.multilingual
         )
         self.switched_windows: list[tuple[float, LanguageOdds]] = []  # (start s, odds)
-        self.spoken_windows = 0  # reported so far
+        self.checked_windows = 0  # decoded windows whose odds were looked at
         self.window_languages: Counter[str] = Counter()  # multilingual: windows per language
         self.initial_prompt = self._tokens(options.initial_prompt)
         self.hotwords = self._tokens(options.hotwords)
@@ -542,18 +543,21 @@ class _Session:
         return [self._unswayed(batch, row, result) for row, result in enumerate(results)]
 
     def _unswayed(self, batch: WindowBatch, row: int, result: WindowResult) -> WindowResult:
-        """A prompted window whose odds lean away from its language, with the odds read again
-        without its prompt: previous text in the recording's language sways them toward it
-        (German read after an English window: English at 0.034 prompted, 0.0011 alone), and
-        `misnamed_language`'s thresholds hold for windows read alone. One decoder call, only
-        for such windows."""
+        """A prompted window whose odds lean away from its language, or that sounded silent in
+        it, with the odds read again without its prompt: previous text in the recording's
+        language sways them toward it (German read after an English window: English at 0.034
+        prompted, 0.0011 alone; English after German: German at 0.44, and a window of English
+        decoded as German came out "silent"), and `misnamed_language`'s thresholds hold for
+        windows read alone. One decoder call, only for such windows."""
         odds = result.language_odds
         if not (
             self._watch_language_switch
             and result.prompted
             and odds is not None
-            and odds.heard != odds.named
-            and odds.named_probability <= SWAYED_NAMED_PROBABILITY
+            and (
+                odds.named_probability < SWAYED_NAMED_PROBABILITY
+                or _is_silent(result, self.options)
+            )
         ):
             return result
         window = batch.encoded.rows(torch.tensor([row], device=batch.encoded.features.device))
@@ -573,21 +577,15 @@ class _Session:
         warning = misnamed_language(odds)
         self.language_warnings = (warning,) if warning else ()
 
-    def _note_language_switch(self, result: WindowResult, seek: int, split: WindowSplit) -> None:
-        """Counts a spoken window whose speech is plainly not the language it was decoded in
-        (`misnamed_language`'s odds), with where its text starts on the recording's
-        timeline (its first segment's start, else the window's)."""
-        self.spoken_windows += 1
+    def note_language_switch(self, result: WindowResult, start: float) -> None:
+        """Counts a decoded window, spoken or silent, and notes it where its speech is plainly
+        not the language it was decoded in (`misnamed_language`'s odds). start: where its
+        speech starts (s, on the decoded audio's timeline). The window the language was
+        detected from never differs from it (the same odds)."""
+        self.checked_windows += 1
         odds = result.language_odds
-        if (
-            not self._watch_language_switch
-            or self.spoken_windows == 1  # the recording's language: detected, or checked
-            or odds is None
-            or misnamed_language(odds) is None
-        ):
+        if not self._watch_language_switch or odds is None or misnamed_language(odds) is None:
             return
-        spoken = _segments_with_content(split)
-        start = spoken[0].start if spoken else seek / FRAMES_PER_SECOND
         if self.timeline is not None:
             start = self.timeline.original(start)
         self.switched_windows.append((start, odds))
@@ -597,16 +595,15 @@ class _Session:
         recording's (None where none were, or the named language was already found wrong)."""
         if not self.switched_windows or self.language_warnings:
             return None
-        start, odds = self.switched_windows[0]
+        start, odds = min(self.switched_windows, key=lambda switched: switched[0])
         minutes, seconds = divmod(int(start), 60)
         heard, named = LANGUAGES[odds.heard].title(), LANGUAGES[odds.named].title()
         return (
             f"from {minutes}:{seconds:02d} the speech sounds like {heard} ({odds.heard}, "
             f"p={odds.heard_probability:.2f}) in {len(self.switched_windows)} of "
-            f"{self.spoken_windows} windows, "
-            f"but the recording is transcribed in {named} ({odds.named}): Whisper translates "
-            "or drops speech in another language; the multilingual option transcribes each "
-            "passage in its own"
+            f"{self.checked_windows} windows, but the recording is transcribed in {named} "
+            f"({odds.named}): Whisper translates such speech or leaves it out; --multilingual "
+            "(the API's multilingual) transcribes each passage in its own language"
         )
 
     def _run(
@@ -630,6 +627,15 @@ class _Session:
         texts = _segment_texts(self.model, result)
         return any(guard.repeated_share(text) >= REPEATED_SHARE for text in texts)
 
+    def words_view(self, encoded: EncodedAudio, rows: list[int]) -> EncodedAudio:
+        """What `split` needs of these rows of `encoded`: the rows themselves where words are
+        timed, else the batch as it is (unread). Selecting rows copies their cross-attention
+        keys and values, 37 MB a window in float32 (290 MB with 8 passages side by side), for
+        nothing."""
+        if not self.options.word_timestamps:
+            return encoded
+        return encoded.rows(torch.tensor(rows, device=encoded.features.device))
+
     def split(
         self,
         encoded: EncodedAudio,
@@ -642,7 +648,8 @@ class _Session:
         """Spoken windows -> their segments, timed word by word when the options ask for it.
 
         decoded: per window, its result, first frame and content frames; `encoded` has one row
-        per window, in the same order. guards: each window's record of what was said (its
+        per window, in the same order, where words are timed (else it is not read:
+        `words_view`). guards: each window's record of what was said (its
         passage's, or its stretch's between long pauses). passages: each window's passage, for
         windows of independent passages side by side: no time of a window runs past its
         passage's end, and each reads (and moves on) where its own passage's speech last ended.
@@ -743,7 +750,8 @@ class _Session:
     def report(self, result: WindowResult, seek: int, split: WindowSplit) -> None:
         """Hands a decided window's kept segments to `on_window`, if there is one. Called once
         for each spoken window, in time order."""
-        self._note_language_switch(result, seek, split)
+        spoken = _segments_with_content(split)
+        self.note_language_switch(result, spoken[0].start if spoken else seek / FRAMES_PER_SECOND)
         if self.on_window is None:
             return
         pairs = [
@@ -967,6 +975,7 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
         spoken = [row for row, result in enumerate(results) if not _is_silent(result, options)]
         for row in set(range(len(active))) - set(spoken):
             active[row][1].seek = windows[row][1]  # skipped: its text does not become context
+            owners[row].note_language_switch(results[row], windows[row][0] / FRAMES_PER_SECOND)
         for recording in {id(r): r for r, _ in active}.values():
             rows = [row for row in spoken if active[row][0] is recording]
             if rows:
@@ -996,10 +1005,9 @@ def _decided(
     languages) split into segments; each passage moves on past what its window used up."""
     session, level = recording.session, recording.level
     options = session.options
-    index = torch.tensor(rows, device=encoded.features.device)
     decoded = [(results[r], windows[r][0], windows[r][1] - windows[r][0]) for r in rows]
     splits = session.split(
-        encoded.rows(index),
+        session.words_view(encoded, rows),
         decoded,
         unfinished=False,
         guards=[passage.guard for passage in owners],
@@ -1088,12 +1096,14 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
             for row, ((start, end), result) in enumerate(zip(group, results, strict=True))
             if not _is_silent(result, options)
         ]
+        for (start, _), result in zip(group, results, strict=True):
+            if _is_silent(result, options):
+                session.note_language_switch(result, start / FRAMES_PER_SECOND)
         if spoken:
-            rows = torch.tensor([row for row, _ in spoken], device=encoded.features.device)
             decoded = [window for _, window in spoken]
             spoken_languages = [languages[row] for row, _ in spoken]
             splits = session.split(
-                encoded.rows(rows),
+                session.words_view(encoded, [row for row, _ in spoken]),
                 decoded,
                 unfinished=True,
                 languages=spoken_languages,

@@ -446,7 +446,10 @@ class WhisperModel:
         # torch.stft(center=True) pads them (the end's reflect silence), in one allocation.
         edge = N_FFT // 2
         padded = torch.zeros(len(samples) + N_SAMPLES + 2 * edge, device=self.device)
-        padded[edge : edge + len(samples)] = torch.as_tensor(samples, dtype=torch.float32)
+        if padded.device.type == "cpu":  # no copy of the samples, read-only arrays too
+            padded.numpy()[edge : edge + len(samples)] = samples
+        else:
+            padded[edge : edge + len(samples)] = torch.tensor(samples, dtype=torch.float32)
         padded[:edge] = padded[edge + 1 : 2 * edge + 1].flip(0)
         return self._log_mel_of(padded)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import subprocess
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -491,3 +492,9 @@ def test_the_log_mel_in_chunks_is_the_one_shot_log_mel_bit_for_bit(whisper_base)
         chunked = whisper_base.log_mel(samples)
         assert chunked.shape == (80, length // 160 + 3000)
         assert torch.equal(chunked, _one_shot_log_mel(whisper_base, samples)), length
+    # a read-only array (as decoded audio may be) is read in place, without a warning
+    frozen = sonnets[:16000].copy()
+    frozen.setflags(write=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(whisper_base.log_mel(frozen), _one_shot_log_mel(whisper_base, frozen))

@@ -439,8 +439,8 @@ def test_a_corrupt_file_fails_with_its_reason_and_the_others_complete(tmp_path, 
     worker = LocalWorker(store, service, options, log=messages.append)
     assert worker.run() == 4
     # what `specscribe worker --until-idle` counts to exit 1 (it exited 0 with every file failed)
-    assert store.failed_by(worker.worker) == 2
-    assert store.failed_by(WorkerId.this_process("ray")) == 0
+    assert store.failed_by(worker.worker) == {job: 2}
+    assert store.failed_by(WorkerId.this_process("ray")) == {}
 
     tasks = {t.path.name: t for t in store.tasks(job)}
     assert {name: t.state for name, t in tasks.items()} == {
@@ -502,7 +502,10 @@ def test_the_ray_engine_processes_a_folder_on_a_local_instance(tmp_path):
     args = ("worker", "--engine", "ray", "--store", store.path, "--model", MODEL, "--until-idle")
     # run until idle, a failed file fails the run, as `transcribe` does
     finish(specscribe(*args, "--poll", "0.2", log=log), log, timeout=480, code=1)
-    assert "stopped after 4 tasks, 1 of them failed" in log.read_text()
+    said = (
+        f"stopped after 4 tasks, 1 of them failed (`specscribe status {job} --store {store.path}`"
+    )
+    assert said in log.read_text()
 
     tasks = {t.path.name: t for t in store.tasks(job)}
     assert [tasks[f"{stem}{o.suffix}"].state for stem, o in originals.items()] == ["done"] * 3
