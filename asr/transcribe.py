@@ -591,8 +591,9 @@ class _Session:
         self.switched_windows.append((start, odds))
 
     def language_switch_warning(self) -> str | None:
-        """A warning where windows after the first were plainly in another language than the
-        recording's (None where none were, or the named language was already found wrong)."""
+        """A warning where windows were plainly in another language than the recording's,
+        from the earliest of them (None where none were, or where the named language was
+        already found wrong: `misnamed_language`)."""
         if not self.switched_windows or self.language_warnings:
             return None
         start, odds = min(self.switched_windows, key=lambda switched: switched[0])
@@ -715,9 +716,9 @@ class _Session:
 
     def _without_text_in_pauses(self, split: WindowSplit) -> WindowSplit:
         """The split without segments whose words are timed wholly inside the silence of a
-        cut-out pause (`seam_silences`): voice activity found no speech there, so their text is
-        Whisper's own (in overlapped speech a sentence was said again into the pause after it, timed
-        there, then put on the next speaker's turn at zero length)."""
+        cut-out pause (`seam_silences`): voice activity found no speech there, so their text
+        is Whisper's own (in overlapped speech a sentence was said again into the pause after
+        it, timed there, then put on the next speaker's turn at zero length)."""
         keep = [not _inside_pause(segment, self.seam_silences) for segment in split.segments]
         self.dropped_in_pauses += keep.count(False)
         return _select(split, keep)
