@@ -215,14 +215,24 @@ def detect_language(model: WhisperModel, encoded: EncodedAudio) -> str:
     return model.language_code(int(language_ids[logits[language_ids].argmax()]))
 
 
-def _first_sot_logits(model: WhisperModel, encoded: EncodedAudio) -> torch.Tensor:
-    """The logits after <|startoftranscript|> alone (no prompt before it) in the first window of
-    `encoded`: Tensor, shape = (1, vocab)."""
-    first = encoded.rows(torch.tensor([0], device=encoded.features.device))
+def _first_sot_logits(model: WhisperModel, encoded: EncodedAudio, row: int = 0) -> torch.Tensor:
+    """The logits after <|startoftranscript|> alone (no prompt before it) in window `row` of
+    `encoded` (default: the first): Tensor, shape = (1, vocab)."""
+    first = encoded.rows(torch.tensor([row], device=encoded.features.device))
     tokens = torch.tensor([[model.special.sot]], device=model.device)
     positions = torch.zeros_like(tokens)
     cache = model.new_cache(first)
     return model.logits(model.decoder_states(tokens, positions, cache))[:, -1]
+
+
+def _odds_alone(
+    model: WhisperModel, encoded: EncodedAudio, language: str, row: int = 0
+) -> LanguageOdds:
+    """Window `row`'s `LanguageOdds` against `language`, read at <|startoftranscript|> with no
+    prompt before it (a prompt sways them toward its own language)."""
+    named = torch.tensor([model.special.language_ids[language]])
+    (odds,) = language_odds(model, _first_sot_logits(model, encoded, row), named)
+    return odds
 
 
 # A language option the speech plainly is not: Whisper then translates into the named
@@ -421,9 +431,7 @@ class _Session:
         elif self._check_named_language and (self.initial_prompt or self.hotwords):
             # A prompt before <|startoftranscript|> sways the odds decoding reads there (a
             # German "Hallo" made JFK 0.88 English): asked without it, at one more call.
-            named = torch.tensor([self.model.special.language_ids[self.options.language]])
-            (odds,) = language_odds(self.model, _first_sot_logits(self.model, encoded), named)
-            self._settle_named_language(odds)
+            self._settle_named_language(_odds_alone(self.model, encoded, self.options.language))
         return encoded
 
     def detect_language(self, window: tuple[int, int], padded: bool) -> str:
@@ -560,10 +568,9 @@ class _Session:
             )
         ):
             return result
-        window = batch.encoded.rows(torch.tensor([row], device=batch.encoded.features.device))
-        named = torch.tensor([self.model.special.language_ids[odds.named]])
-        (alone,) = language_odds(self.model, _first_sot_logits(self.model, window), named)
-        return replace(result, language_odds=alone)
+        return replace(
+            result, language_odds=_odds_alone(self.model, batch.encoded, odds.named, row)
+        )
 
     def check_language(self, result: WindowResult) -> None:
         """Checks a named language once, on the first spoken window whose odds are known."""

@@ -444,6 +444,12 @@ class WhisperModel:
         """
         # The samples, one window of silence, and N_FFT // 2 samples at each end reflected as
         # torch.stft(center=True) pads them (the end's reflect silence), in one allocation.
+        # The STFT's power then runs MEL_CHUNK_FRAMES frames at a time: taken at once, its
+        # complex values and their powers added 443 MB at the peak for 16 minutes of audio
+        # (240 MB now). Each chunk's frames are the ones `torch.stft` with `center=True`
+        # makes, and the powers sit in the layout its transposed result has, so the mel
+        # product, and the features, are bit-identical to the one-shot STFT's
+        # (`tests/test_audio.py`).
         edge = N_FFT // 2
         padded = torch.zeros(len(samples) + N_SAMPLES + 2 * edge, device=self.device)
         if padded.device.type == "cpu":  # no copy of the samples, read-only arrays too
@@ -451,18 +457,8 @@ class WhisperModel:
         else:
             padded[edge : edge + len(samples)] = torch.tensor(samples, dtype=torch.float32)
         padded[:edge] = padded[edge + 1 : 2 * edge + 1].flip(0)
-        return self._log_mel_of(padded)
-
-    def _log_mel_of(self, padded: torch.Tensor) -> torch.Tensor:
-        """`log_mel` of the padded samples. The STFT's power runs MEL_CHUNK_FRAMES frames at a
-        time: taken at once, its complex values and their powers held about 460 MB more per
-        16 minutes of audio at the peak (now about 140 MB in all). Each chunk's frames are
-        the ones `torch.stft` with `center=True` makes, and the powers sit in the layout its
-        transposed result has, so the mel product, and the features, are bit-identical to
-        the one-shot STFT's (`tests/test_audio.py`)."""
         window = torch.hann_window(N_FFT, device=self.device)
-        # the STFT's frames but its last (OpenAI's)
-        frames = (padded.shape[-1] - N_FFT // 2 * 2) // HOP_LENGTH
+        frames = (len(samples) + N_SAMPLES) // HOP_LENGTH  # the STFT's but its last (OpenAI's)
         powers = torch.empty((frames, N_FFT // 2 + 1), device=self.device)
         for first in range(0, frames, MEL_CHUNK_FRAMES):
             last = min(first + MEL_CHUNK_FRAMES, frames)
