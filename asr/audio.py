@@ -72,6 +72,15 @@ _QUIET_MIX = 0.01
 _LEAD_TOLERANCE = 0.001
 # "[wav @ 0x5624bb0a4980] ": how ffmpeg prefixes a component's messages.
 _FFMPEG_COMPONENT = re.compile(r"^\[[^\]]* @ 0x[0-9a-f]+\]\s*")
+# "-loglevel level+warning" tags each line with its level after the component's prefix.
+_FFMPEG_LEVEL = re.compile(r"^((?:\[[^\]]* @ 0x[0-9a-f]+\]\s*)?)\[(\w+)\]\s*")
+_FFMPEG_ERROR_LEVELS = frozenset({"error", "fatal", "panic"})
+# What mp3's demuxer says where the frame count its header (Xing/Info) gives does not match
+# the file's size by more than a tenth: most often a download or copy cut short. It is only
+# a warning, so the decode succeeds with half the audio and nothing else said.
+_HEADER_SIZE_MISMATCH = "filesize and duration do not match"
+# A header's duration past the decoded audio's by more than this is a file cut short.
+_CUT_SHORT_TOLERANCE_SECONDS = 1.0
 
 
 class AudioLoadError(ValueError):
@@ -452,18 +461,20 @@ def _decode_with_ffmpeg(
     if probed is not None and probed.count == 0:
         raise _no_audio_stream(label)
     first_stream = probed is not None  # the first audio stream, as the warnings below name it
-    samples, said = _run_ffmpeg(path, label, max_seconds, 1, first_stream, ignore_length)
+    samples, said, cautions = _run_ffmpeg(path, label, max_seconds, 1, first_stream, ignore_length)
     warnings = []
-    # -loglevel error: whatever ffmpeg says on a run that succeeds is damage it decoded past.
+    # Whatever ffmpeg reports as an error on a run that succeeds is damage it decoded past.
     if said:
         last = _ffmpeg_said(said[-1], path, label)
         errors = f"{len(said)} decoding error{'s' if len(said) > 1 else ''}"
         warnings.append(
             f"ffmpeg met {errors} (the last: {last}); the audio may be cut short or damaged"
         )
+    elif any(_HEADER_SIZE_MISMATCH in line for line in cautions):
+        warnings.extend(_shorter_than_header(path, samples.size / SAMPLE_RATE, max_seconds))
     if samples.size and float(np.abs(samples).max()) < _QUIET_MIX:
         # Nearly silent: perhaps two channels that cancel out, heard again apart.
-        stereo, _ = _run_ffmpeg(path, label, max_seconds, 2, first_stream, ignore_length)
+        stereo, _, _ = _run_ffmpeg(path, label, max_seconds, 2, first_stream, ignore_length)
         if stereo.size == 2 * samples.size:
             samples, cancelled = _unless_cancelled(samples, stereo.reshape(-1, 2))
             warnings.extend(cancelled)
@@ -482,11 +493,12 @@ def _run_ffmpeg(
     channels: int,
     first_stream: bool,
     ignore_length: bool = False,
-) -> tuple[np.ndarray, list[str]]:
+) -> tuple[np.ndarray, list[str], list[str]]:
     """The file's samples at 16 kHz as float32, `channels` interleaved (1: mixed as ffmpeg
-    mixes), and the error lines ffmpeg wrote on a run that succeeded. first_stream: decode
-    the first audio stream (else ffmpeg's choice); ignore_length: as `_decode_with_ffmpeg`'s.
-    Raises AudioLoadError where it fails."""
+    mixes), then the error lines and the warning lines ffmpeg wrote on a run that succeeded
+    (each without its level's tag). first_stream: decode the first audio stream (else
+    ffmpeg's choice); ignore_length: as `_decode_with_ffmpeg`'s. Raises AudioLoadError where
+    it fails."""
     import ffmpeg
 
     # With a limit, ffmpeg stops a little past it: enough to tell that the audio is longer.
@@ -504,13 +516,14 @@ def _run_ffmpeg(
             **resampler,
             **limit,
         )
-        .global_args("-nostdin", "-hide_banner", "-loglevel", "error")
+        .global_args("-nostdin", "-hide_banner", "-loglevel", "level+warning")
     )
     try:
         # The decoded samples arrive once, as bytes that frombuffer wraps without a copy.
         out, err = stream.run(cmd="ffmpeg", capture_stdout=True, capture_stderr=True, quiet=True)
     except ffmpeg.Error as error:
-        said = _ffmpeg_said(error.stderr.decode("utf-8", errors="replace"), path, label)
+        errors, cautions = _by_level(error.stderr.decode("utf-8", errors="replace"))
+        said = _ffmpeg_said("\n".join(errors or cautions), path, label)
         if "does not contain any stream" in said:  # ffmpeg's words for "no audio stream"
             raise _no_audio_stream(label) from None
         raise AudioLoadError(
@@ -520,8 +533,45 @@ def _run_ffmpeg(
         raise AudioLoadError(
             f"{label}: the ffmpeg program is not installed (apt-get install ffmpeg)"
         ) from None
-    said = [line for line in err.decode("utf-8", errors="replace").splitlines() if line.strip()]
-    return np.frombuffer(out, dtype=np.float32), said
+    errors, cautions = _by_level(err.decode("utf-8", errors="replace"))
+    return np.frombuffer(out, dtype=np.float32), errors, cautions
+
+
+def _by_level(stderr: str) -> tuple[list[str], list[str]]:
+    """ffmpeg's lines (written with -loglevel level+warning) as (errors, warnings), each
+    without its level's tag; an untagged line (a message's continuation) counts as an error,
+    as everything did at -loglevel error."""
+    errors, cautions = [], []
+    for line in stderr.splitlines():
+        if not line.strip():
+            continue
+        tagged = _FFMPEG_LEVEL.match(line)
+        if tagged is None:
+            errors.append(line)
+            continue
+        untagged = tagged.group(1) + line[tagged.end() :]
+        (errors if tagged.group(2) in _FFMPEG_ERROR_LEVELS else cautions).append(untagged)
+    return errors, cautions
+
+
+def _shorter_than_header(path: str, decoded: float, max_seconds: float | None) -> tuple[str, ...]:
+    """A warning where the file's header (an mp3's Xing/Info frame count) promises audio past
+    what decoded: a file cut short, worded as `_cut_short` words a WAV's. Nothing where a
+    length limit stopped the decode or ffprobe cannot say."""
+    import ffmpeg
+
+    if max_seconds is not None and decoded >= max_seconds:
+        return ()
+    try:
+        header = float(ffmpeg.probe(path, cmd="ffprobe")["format"]["duration"])
+    except (ffmpeg.Error, FileNotFoundError, KeyError, ValueError):
+        return ()
+    if header <= decoded + _CUT_SHORT_TOLERANCE_SECONDS:
+        return ()
+    return (
+        f"the file ends after {decoded:.2f} s of the {header:.2f} s its header gives "
+        "(truncated?); transcribed what is there",
+    )
 
 
 @dataclass(frozen=True)

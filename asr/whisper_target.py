@@ -11,11 +11,11 @@ distributions plain decoding sees, and the log-probabilities `generate` sums are
 ones OpenAI averages. A draft Whisper applies its own vocabulary's rules the same way.
 
 The decoder keeps position p of a row in cache slot p (`asr.static_decoder`), so rows of
-different lengths need no bookkeeping and rollback costs nothing. A target's first call scores
-the prompts (the same call with and without a draft: `decoding.generate` drafts nothing
-before the prompts are cached); its calls, that one included, run in the decoder's exact mode
-where the kernels allow, so a position scores the same bits alone, in a drafted block and
-beside other windows whatever their prompts.
+different lengths need no bookkeeping and rollback costs nothing. A target's calls run in
+the decoder's exact mode where the kernels allow, so a position scores the same bits alone, in
+a drafted block and beside other windows whatever their prompts; there the first call, which
+scores the prompts, verifies a first draft too (`width_invariant`), and elsewhere it scores
+the prompts alone (`decoding.generate`).
 """
 
 from __future__ import annotations
@@ -111,6 +111,12 @@ class WhisperTarget:
         self._prompt_languages: torch.Tensor | None = None  # (batch,): each row's language id
         self._suppressed: torch.Tensor | None = None  # _suppressed_columns, made on first use
         self.reset()
+
+    @property
+    def width_invariant(self) -> bool:
+        """`decoding.Target`'s: exact mode scores a position with the bits it gets alone, so
+        the prompts' first call may verify a first draft too."""
+        return self.exact
 
     @property
     def no_speech_probs(self) -> tuple[float, ...]:

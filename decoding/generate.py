@@ -376,15 +376,20 @@ def generate(
     if drafter is not None:
         drafter.reset()
 
+    # The first call scores the prompts. A target that scores every position with the same
+    # bits whatever the block holds verifies a first draft in that call too, which saves a
+    # call per generation (one batch of Whisper windows: 222 calls became 219 for 8 short
+    # files); any other scores the prompts alone, so that their cache entries are the same with and without a
+    # draft and drafted output stays the plain output.
+    draft_with_prompt = bool(getattr(target, "width_invariant", False))
     first_step, draft_primed = True, False
     with torch.inference_mode():
         while rows.count:
             # 2. Draft up to k tokens per row (none without a drafter, with one token to go, or
-            # before the prompts are cached: the first call scores them alone, so a prompt's
-            # cache entries come from the same call with and without a draft).
+            # on the first call where the prompts must be scored alone).
             started = device_clock(device)
             call_rows, k = rows.count, 0
-            if policy is not None and not first_step:
+            if policy is not None and (draft_with_prompt or not first_step):
                 k = min(policy.next_k(call_rows), rows.max_budget - 1)
             if k > 0:
                 request = DraftRequest(
@@ -442,7 +447,7 @@ def generate(
                 draft_seconds=drafted - started,
                 verify_seconds=verified - drafted,
             )
-            if policy is not None and not first_step:
+            if policy is not None and not first_step:  # a first call's price is its prompt's
                 policy.update(
                     BlockOutcome(
                         k=k,

@@ -62,7 +62,12 @@ class DraftRequest:
 
 
 class Target(Protocol):
-    """A model that scores blocks of tokens and keeps a cache it can roll back, per row."""
+    """A model that scores blocks of tokens and keeps a cache it can roll back, per row.
+
+    A target may also have `width_invariant = True`: each position of a block scores (and
+    caches) the same bits whatever else the block holds, the prompts' first call included,
+    so `decoding.generate` may verify a draft in the call that scores the prompts.
+    """
 
     device: torch.device
 

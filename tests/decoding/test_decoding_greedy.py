@@ -117,6 +117,27 @@ def test_draft_equal_to_target_accepts_every_token(models, references):
     assert result.stats.tokens_per_target_call == MAX_NEW * rows / 5
 
 
+def test_a_width_invariant_target_verifies_a_draft_in_the_prompts_call(models, references):
+    # A target whose positions score alike in any block (Whisper's exact mode) saves the call
+    # that would score the prompts alone: 4 blocks of 3 accepted drafts + its own token.
+    class WidthInvariant(CausalLM):
+        width_invariant = True
+
+    target = WidthInvariant(models.target)
+    drafter = ModelDrafter(CausalLM(models.target))
+
+    result = generate(target, PROMPTS, drafter, ConstantK(3), max_new_tokens=MAX_NEW)
+
+    assert result.tokens == references
+    assert result.stats.accepted_histogram == (0, 0, 0, 4 * len(PROMPTS))
+    assert result.stats.target_calls == 4
+    unrelated = generate(
+        target, PROMPTS, ModelDrafter(CausalLM(models.unrelated)), ConstantK(3),
+        max_new_tokens=MAX_NEW,
+    )  # fmt: skip
+    assert unrelated.tokens == references
+
+
 def test_unrelated_draft_accepts_almost_nothing_and_changes_nothing(models, references):
     target = CausalLM(models.target)
     drafter = ModelDrafter(CausalLM(models.unrelated))
