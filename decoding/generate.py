@@ -379,8 +379,8 @@ def generate(
     # The first call scores the prompts. A target that scores every position with the same
     # bits whatever the block holds verifies a first draft in that call too, which saves a
     # call per generation (one batch of Whisper windows: 222 calls became 219 for 8 short
-    # files); any other scores the prompts alone, so that their cache entries are the same with and without a
-    # draft and drafted output stays the plain output.
+    # files); any other scores the prompts alone, so that their cache entries are the same
+    # with and without a draft and drafted output stays the plain output.
     draft_with_prompt = bool(getattr(target, "width_invariant", False))
     first_step, draft_primed = True, False
     with torch.inference_mode():
