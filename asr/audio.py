@@ -72,8 +72,8 @@ _QUIET_MIX = 0.01
 _LEAD_TOLERANCE = 0.001
 # "[wav @ 0x5624bb0a4980] ": how ffmpeg prefixes a component's messages.
 _FFMPEG_COMPONENT = re.compile(r"^\[[^\]]* @ 0x[0-9a-f]+\]\s*")
-# "-loglevel level+warning" tags each line with its level after the component's prefix.
-_FFMPEG_LEVEL = re.compile(r"^((?:\[[^\]]* @ 0x[0-9a-f]+\]\s*)?)\[(\w+)\]\s*")
+# "[error] ": how "-loglevel level+warning" tags a line, after the component's prefix.
+_FFMPEG_LEVEL = re.compile(r"^\[(\w+)\]\s*")
 _FFMPEG_ERROR_LEVELS = frozenset({"error", "fatal", "panic"})
 # What mp3's demuxer says where the frame count its header (Xing/Info) gives does not match
 # the file's size by more than a tenth: most often a download or copy cut short. It is only
@@ -439,9 +439,14 @@ def _cut_short(header: _WavHeader | None, samples: np.ndarray) -> tuple[str, ...
     decoded = len(samples) / SAMPLE_RATE
     if header is None or header.seconds is None or decoded >= header.seconds - 0.01:
         return ()
+    return (_ends_early(decoded, header.seconds),)
+
+
+def _ends_early(decoded: float, promised: float) -> str:
+    """The warning for a file whose header promises `promised` seconds and holds `decoded`."""
     return (
-        f"the file ends after {decoded:.2f} s of the {header.seconds:.2f} s its header gives "
-        "(truncated?); transcribed what is there",
+        f"the file ends after {decoded:.2f} s of the {promised:.2f} s its header gives "
+        "(truncated?); transcribed what is there"
     )
 
 
@@ -539,24 +544,26 @@ def _run_ffmpeg(
 
 def _by_level(stderr: str) -> tuple[list[str], list[str]]:
     """ffmpeg's lines (written with -loglevel level+warning) as (errors, warnings), each
-    without its level's tag; an untagged line (a message's continuation) counts as an error,
-    as everything did at -loglevel error."""
+    without its component's prefix and level's tag; an untagged line (a message's
+    continuation) counts as an error, as everything did at -loglevel error."""
     errors, cautions = [], []
     for line in stderr.splitlines():
-        if not line.strip():
-            continue
+        line = _FFMPEG_COMPONENT.sub("", line).strip()
         tagged = _FFMPEG_LEVEL.match(line)
+        if not line:
+            continue
         if tagged is None:
             errors.append(line)
-            continue
-        untagged = tagged.group(1) + line[tagged.end() :]
-        (errors if tagged.group(2) in _FFMPEG_ERROR_LEVELS else cautions).append(untagged)
+        elif tagged.group(1) in _FFMPEG_ERROR_LEVELS:
+            errors.append(line[tagged.end() :])
+        else:
+            cautions.append(line[tagged.end() :])
     return errors, cautions
 
 
 def _shorter_than_header(path: str, decoded: float, max_seconds: float | None) -> tuple[str, ...]:
     """A warning where the file's header (an mp3's Xing/Info frame count) promises audio past
-    what decoded: a file cut short, worded as `_cut_short` words a WAV's. Nothing where a
+    what decoded: a file cut short, worded as a WAV's (`_cut_short`). Nothing where a
     length limit stopped the decode or ffprobe cannot say."""
     import ffmpeg
 
@@ -568,10 +575,7 @@ def _shorter_than_header(path: str, decoded: float, max_seconds: float | None) -
         return ()
     if header <= decoded + _CUT_SHORT_TOLERANCE_SECONDS:
         return ()
-    return (
-        f"the file ends after {decoded:.2f} s of the {header:.2f} s its header gives "
-        "(truncated?); transcribed what is there",
-    )
+    return (_ends_early(decoded, header),)
 
 
 @dataclass(frozen=True)
