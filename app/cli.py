@@ -145,6 +145,9 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         )
     if args.draft_branches is not None:
         settings = dataclasses.replace(settings, draft_branches=draft_branches(args.draft_branches))
+    if args.lookup_branch:
+        settings = dataclasses.replace(settings, draft_lookup_branch=True)
+    settings = settings.checked()
     service = TranscriptionService(  # names, device and precision settled; nothing loaded yet
         settings,
         asr_model=args.model,
@@ -794,6 +797,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="chains the model draft proposes per block, 1 to 8: its N best first tokens, each "
         "drafted on greedily, all verified in one target call (a tree; the output does not "
         "change); default: $SPECSCRIBE_DRAFT_BRANCHES, else 1",
+    )
+    transcribe.add_argument(
+        "--lookup-branch",
+        action="store_true",
+        help="the last of the --draft-branches chains (2 or more) follows prompt lookup where "
+        "the window's text repeats, at no draft cost (default: $SPECSCRIBE_LOOKUP_BRANCH=1)",
     )
     transcribe.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cpu)")
     transcribe.add_argument(

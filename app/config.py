@@ -48,6 +48,9 @@ class Settings:
     # Chains a model draft proposes per block: its best first tokens, each continued greedily,
     # verified in one target call (decoding.generate's branches; CPU decoding; docs/drafts.md).
     draft_branches: int = 1
+    # The last of those chains follows prompt lookup where a window's text repeats (needs
+    # draft_branches >= 2; asr.whisper_drafters.WhisperDraft.lookup_branch).
+    draft_lookup_branch: bool = False
     # Free heap pages handed back to the system at most this often while transcribing
     # (app.malloc; 0: never), so that long recordings do not swell the process.
     heap_trim_seconds: float = TRIM_INTERVAL_SECONDS
@@ -70,10 +73,21 @@ class Settings:
             fused_rounds=_flag("SPECSCRIBE_FUSED_ROUNDS"),
             traced_steps=_flag("SPECSCRIBE_TRACED_STEPS", default=True),
             draft_branches=draft_branches(os.environ.get("SPECSCRIBE_DRAFT_BRANCHES") or 1),
+            draft_lookup_branch=_flag("SPECSCRIBE_LOOKUP_BRANCH"),
             heap_trim_seconds=_seconds_or_zero(
                 "SPECSCRIBE_HEAP_TRIM_SECONDS", TRIM_INTERVAL_SECONDS
             ),
-        )
+        ).checked()
+
+    def checked(self) -> Settings:
+        """These settings, if they fit together; raises ValueError naming the clash."""
+        if self.draft_lookup_branch and self.draft_branches < 2:
+            raise ValueError(
+                "a lookup branch is the last chain of a tree of drafts: it needs at least 2 "
+                f"draft branches (SPECSCRIBE_DRAFT_BRANCHES / --draft-branches), not "
+                f"{self.draft_branches}"
+            )
+        return self
 
 
 MAX_DRAFT_BRANCHES = 8

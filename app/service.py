@@ -227,7 +227,9 @@ class TranscriptionService:
             # the same precision.
             draft_path = self.registry.resolve(self.draft_model_name)
             self._draft = dataclasses.replace(
-                load_draft(self.model, draft_path), branches=self.settings.draft_branches
+                load_draft(self.model, draft_path),
+                branches=self.settings.draft_branches,
+                lookup_branch=self.settings.draft_lookup_branch,
             )
             self._draft.model.trace_steps = self.settings.traced_steps
         return self._draft

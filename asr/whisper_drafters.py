@@ -35,6 +35,7 @@ from decoding import (
     CrossTokenizerDrafter,
     Drafter,
     LookaheadPolicy,
+    LookupBranchDrafter,
     ModelDrafter,
     PromptLookupDrafter,
 )
@@ -42,6 +43,12 @@ from decoding import (
 # Encoder frames of padding a draft attends to after a window's audio (WhisperDraft.encode):
 # 2 s, where Whisper places a segment's closing timestamp.
 DRAFT_PADDING_FRAMES = 100
+
+# The shortest repeated n-gram whose continuation a lookup branch proposes instead of the
+# draft's next-best chain: a single recurring token ("the") predicts worse than the draft's
+# second choice (bench.cli's 59 files, int8, two chains: 2.60 tokens per call at 1, 2.63 at 2
+# and 3, 2.63 with no lookup branch; docs/drafts.md).
+LOOKUP_BRANCH_NGRAM = 2
 
 # Tokens a shared-encoder draft proposes per block (`WhisperDraft.default_policy`).
 SHARED_ENCODER_BLOCK = 3
@@ -62,6 +69,17 @@ class WhisperDraft:
     # Chains per drafted block, from the draft's best first tokens (a tree verified in one
     # target call: `decoding.generate`'s branches). 1: one chain.
     branches: int = 1
+    # The last of those chains follows prompt lookup (`decoding.LookupBranchDrafter`) where the
+    # window's text repeats, and the draft's branches-th best first token elsewhere; needs
+    # branches >= 2.
+    lookup_branch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.lookup_branch and self.branches < 2:
+            raise ValueError(
+                f"a lookup branch is the last chain of a tree: it needs at least 2 draft "
+                f"branches (got {self.branches})"
+            )
 
     @property
     def name(self) -> str:
@@ -148,16 +166,21 @@ class WhisperDraft:
             grammar=DRAFT_GRAMMAR or not same_vocabulary,
         )
         if same_vocabulary:
-            return ModelDrafter(model)
-        target_codec = WhisperTextCodec(self.target, language, task)
-        draft_codec = WhisperTextCodec(draft, _draft_language(draft, language), task)
-        return CrossTokenizerDrafter(
-            ModelDrafter(model),
-            target_codec.encode,
-            target_codec.decode,
-            draft_codec.encode,
-            draft_codec.decode,
-        )
+            drafter = ModelDrafter(model)
+        else:
+            target_codec = WhisperTextCodec(self.target, language, task)
+            draft_codec = WhisperTextCodec(draft, _draft_language(draft, language), task)
+            drafter = CrossTokenizerDrafter(
+                ModelDrafter(model),
+                target_codec.encode,
+                target_codec.decode,
+                draft_codec.encode,
+                draft_codec.decode,
+            )
+        if self.lookup_branch and group > 1:
+            lookup = WhisperLookupDrafter(self.target.special.eot, min_ngram=LOOKUP_BRANCH_NGRAM)
+            return LookupBranchDrafter(drafter, lookup, group)
+        return drafter
 
 
 LOOKUP = "prompt-lookup"  # the --assistant name of LookupDraft

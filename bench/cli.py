@@ -72,6 +72,19 @@ CONFIGS: dict[str, Config] = {
             )
             for n in (2, 3)
         ),
+        Config(  # the second chain from prompt lookup where the window's text repeats
+            "tree2+lookup int8",
+            (
+                "--precision",
+                "int8",
+                "--assistant",
+                DRAFT,
+                "--draft-branches",
+                "2",
+                "--lookup-branch",
+            ),
+            "plain int8",
+        ),
         *(
             Config(f"{name} one file at a time", (*options, "--batch-files", "1"), plain)
             for name, options, plain in (

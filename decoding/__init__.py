@@ -4,6 +4,7 @@ from decoding.causal_lm import CausalLM, EarlyExitLM
 from decoding.drafters import (
     CrossTokenizerDrafter,
     EarlyExitDrafter,
+    LookupBranchDrafter,
     ModelDrafter,
     PromptLookupDrafter,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "GenerationResult",
     "Heuristic",
     "LookaheadPolicy",
+    "LookupBranchDrafter",
     "ModelDrafter",
     "PolicyName",
     "PromptLookupDrafter",

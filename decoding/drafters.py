@@ -219,6 +219,64 @@ class PromptLookupDrafter:
         """Stateless."""
 
 
+class LookupBranchDrafter:
+    """A tree whose last chain follows prompt lookup: `drafter` proposes every chain of a
+    group of `branches` rows (from its best first tokens, `DraftRequest.branches`), and where
+    n-gram lookup over the group's text proposes a chain that the draft's greedy chain does not
+    already hold, the group's last row proposes it instead of the draft's `branches`-th best.
+
+    The lookup chain costs no draft step, and verification keeps only what the target would
+    have chosen, so the output is unchanged. The inner drafter's cache follows what it fed
+    itself, not what was proposed (ModelDrafter compares its fed tokens with the committed
+    ones), so overriding a row's proposals leaves its rollback correct.
+    """
+
+    def __init__(self, drafter: Drafter, lookup: PromptLookupDrafter, branches: int) -> None:
+        if branches < 2:
+            raise ValueError(f"a lookup branch needs a tree of at least 2 chains (got {branches})")
+        self.drafter = drafter
+        self.lookup = lookup
+        self.branches = branches
+        self.lookup_chains = 0  # blocks whose last chain came from lookup, since reset
+
+    def reset(self) -> None:
+        self.drafter.reset()
+        self.lookup_chains = 0
+
+    def propose(self, request: DraftRequest) -> Draft:
+        if request.branches != self.branches or request.sampler is not None:
+            raise ValueError(
+                f"a lookup branch drafts greedy trees of {self.branches} chains "
+                f"(asked for {request.branches}{', sampled' if request.sampler else ''})"
+            )
+        draft = self.drafter.propose(request)
+        firsts = torch.arange(0, len(request.lengths), self.branches, device=request.lengths.device)
+        looked_up = self.lookup.propose(
+            replace(request, committed=request.committed[firsts], lengths=request.lengths[firsts])
+        ).tokens
+        greedy = draft.tokens[firsts]
+        # Lookup adds a chain where it proposes something the greedy chain does not start with.
+        proposes = looked_up[:, 0] != NO_TOKEN
+        width = min(greedy.shape[1], looked_up.shape[1])
+        differs = (looked_up[:, :width] != greedy[:, :width]) & (looked_up[:, :width] != NO_TOKEN)
+        replaced = proposes & differs.any(dim=1)
+        if not bool(replaced.any()):
+            return draft
+        tokens = draft.tokens.clone()
+        last_rows = firsts[replaced] + self.branches - 1
+        chain = torch.full_like(tokens[last_rows], NO_TOKEN)
+        chain[:, :width] = looked_up[replaced, :width]
+        tokens[last_rows] = chain
+        self.lookup_chains += int(replaced.sum())
+        return replace(draft, tokens=tokens)
+
+    def rollback(self, committed: torch.Tensor, lengths: torch.Tensor) -> None:
+        self.drafter.rollback(committed, lengths)
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        self.drafter.keep_rows(rows)
+
+
 Encode = Callable[[str], list[int]]
 Decode = Callable[[Sequence[int]], str]
 

@@ -66,6 +66,7 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
         ("--max-line-width", "3"): "max_line_width must be in 10..1000",
         ("--passage-pause", "inf"): "passage_pause must be 0 (off) or a positive number",
         ("--passage-pause", "-1"): "passage_pause must be 0 (off) or a positive number",
+        ("--lookup-branch",): "lookup branch is the last chain of a tree of drafts",
         ("--multilingual", "--language", "de"): "cannot be combined with language 'de'",
         ("--temperature", "2"): "temperature: input should be less than or equal to 1",
         ("--logprob-threshold", "1"): "logprob_threshold must be a log-probability, at most 0",

@@ -181,10 +181,34 @@ def test_int8_tree_drafts_equal_its_greedy_in_order_and_in_batches(registry, whi
     )
     for options in (seek, batched):
         plain = transcribe(model, sonnet, options)
-        for branches in (2, 3):
-            tree = transcribe(model, sonnet, options, draft=replace(chain, branches=branches))
+        # Three chains: the draft's two best, and prompt lookup's where the text repeats.
+        for branches, lookup_branch in ((2, False), (3, True)):
+            draft = replace(chain, branches=branches, lookup_branch=lookup_branch)
+            tree = transcribe(model, sonnet, options, draft=draft)
             assert tree.segments == plain.segments, (options.windows, branches)
             assert 0 < tree.stats["target_calls"] < plain.stats["target_calls"]
+
+
+@pytest.mark.slow
+def test_a_lookup_branch_commits_what_the_prompt_repeats(registry, whisper_base_int8):
+    """Where the prompt holds the words spoken, the lookup chain proposes them: more tokens per
+    target call than the draft's second-best chain gives, and the same transcript."""
+    model = whisper_base_int8
+    first_window = load_audio(SONNET)[: 30 * 16000]
+    said = transcribe(model, first_window, TranscribeOptions(language="en")).text
+    options = TranscribeOptions(language="en", initial_prompt=said)
+    plain = transcribe(model, first_window, options)
+    tree = replace(load_draft(model, registry.resolve("whisper-base-draft")), branches=2)
+    per_call = {}
+    for lookup_branch in (False, True):
+        drafted = transcribe(
+            model, first_window, options, draft=replace(tree, lookup_branch=lookup_branch)
+        )
+        assert drafted.segments == plain.segments, lookup_branch
+        per_call[lookup_branch] = drafted.stats["generated_tokens"] / drafted.stats["target_calls"]
+    assert per_call[True] > per_call[False] + 0.2, per_call
+    with pytest.raises(ValueError, match="needs at least 2 draft branches"):
+        replace(tree, branches=1, lookup_branch=True)
 
 
 @pytest.mark.slow

@@ -21,13 +21,14 @@ from decoding import (
     ConfidenceStop,
     ConstantK,
     Heuristic,
+    LookupBranchDrafter,
     PromptLookupDrafter,
     greedy_accept,
     make_policy,
 )
 from decoding.drafters import draft_block
 from decoding.projection import OutputProjection
-from decoding.protocols import NO_TOKEN, DraftRequest
+from decoding.protocols import NO_TOKEN, Draft, DraftRequest
 from decoding.verify import best_tokens
 
 DECODING_DIR = pathlib.Path(decoding.__file__).parent
@@ -400,6 +401,65 @@ def test_prompt_lookup_falls_back_to_shorter_ngrams():
     draft = drafter.propose(DraftRequest(committed, torch.tensor([5]), k=2))
 
     assert draft.tokens.tolist() == [[6, 5]]
+
+
+class _FixedDrafter:
+    """Proposes the same block every time and records what it was asked to do."""
+
+    def __init__(self, tokens: list[list[int]]) -> None:
+        self.tokens = torch.tensor(tokens)
+        self.calls: list[str] = []
+
+    def reset(self) -> None:
+        self.calls.append("reset")
+
+    def propose(self, request):
+        self.calls.append("propose")
+        return Draft(tokens=self.tokens.clone(), steps=3)
+
+    def rollback(self, committed, lengths) -> None:
+        self.calls.append("rollback")
+
+    def keep_rows(self, rows) -> None:
+        self.calls.append("keep_rows")
+
+
+def test_a_lookup_branch_takes_the_last_chain_where_lookup_adds_a_chain():
+    # Three groups of two rows (a tree of two chains per prompt); a group's rows share text.
+    texts = [[1, 2, 3, 9, 1, 2], [5, 6, 7, 5, 6, 0], [4, 8, 6, 0, 0, 0]]
+    committed = torch.tensor([row for row in texts for _ in range(2)])
+    lengths = torch.tensor([6, 6, 5, 5, 3, 3])
+    model_chains = [
+        [4, 4, 4],
+        [7, 7, 7],  # lookup proposes 3 9 1, which the greedy chain does not hold
+        [7, 5, 6],
+        [1, 1, 1],  # lookup proposes 7 5 6, the greedy chain already: no chain added
+        [2, 2, 2],
+        [3, 3, 3],  # no n-gram of this row recurs: nothing to add
+    ]
+    inner = _FixedDrafter(model_chains)
+    drafter = LookupBranchDrafter(inner, PromptLookupDrafter(max_ngram=2), branches=2)
+
+    draft = drafter.propose(DraftRequest(committed, lengths, k=3, branches=2))
+
+    assert draft.tokens.tolist() == [[4, 4, 4], [3, 9, 1], *model_chains[2:]]
+    assert draft.steps == 3 and draft.q is None  # the model's steps; lookup costs none
+    assert drafter.lookup_chains == 1
+    drafter.rollback(committed, lengths)
+    drafter.keep_rows(torch.tensor([0, 1]))
+    drafter.reset()
+    assert inner.calls == ["propose", "rollback", "keep_rows", "reset"]
+    assert drafter.lookup_chains == 0
+
+
+def test_a_lookup_branch_needs_a_greedy_tree_of_its_width():
+    inner = _FixedDrafter([[1], [1]])
+    with pytest.raises(ValueError, match="at least 2 chains"):
+        LookupBranchDrafter(inner, PromptLookupDrafter(), branches=1)
+    drafter = LookupBranchDrafter(inner, PromptLookupDrafter(), branches=2)
+    committed, lengths = torch.tensor([[1, 2], [1, 2]]), torch.tensor([2, 2])
+    with pytest.raises(ValueError, match="greedy trees of 2 chains"):
+        drafter.propose(DraftRequest(committed, lengths, k=1, branches=1))
 
 
 def test_early_exit_view_shares_weights_and_leaves_the_model_whole(models):
