@@ -157,6 +157,12 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         precision=args.precision,
         progress=_print_progress,
     )
+    if settings.draft_branches > 1 and service.draft_model_name in ("none", "prompt-lookup"):
+        print(
+            "specscribe: warning: --draft-branches and --lookup-branch shape a model draft's "
+            f"tree; with --assistant {service.draft_model_name} they do nothing",
+            file=sys.stderr,
+        )
     record = service.output_record(options)
     if layout.shaped:
         record.update(max_line_width=layout.max_line_width, max_line_count=layout.max_line_count)
@@ -795,8 +801,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--draft-branches",
         metavar="N",
         help="chains the model draft proposes per block, 1 to 8: its N best first tokens, each "
-        "drafted on greedily, all verified in one target call (a tree; the output does not "
-        "change); default: $SPECSCRIBE_DRAFT_BRANCHES, else 1",
+        "drafted on greedily, all verified in one target call (a tree, for greedy decoding; the "
+        "output does not change); default: $SPECSCRIBE_DRAFT_BRANCHES, else 1",
     )
     transcribe.add_argument(
         "--lookup-branch",

@@ -435,6 +435,12 @@ class TranscriptionService:
         """The decoded transcript with what the request adds before speakers: the VAD's
         statistics, the models and precision, a warning about clip ranges past the end."""
         past_the_end = _clips_past_the_end(options.clip_spans(), transcript.duration)
+        tree = {}  # a tree of drafts (docs/drafts.md): said where one was drafted
+        if drafted and self._draft is not None and self._draft.branches > 1:
+            tree = {
+                "draft_branches": self._draft.branches,
+                "lookup_branch": self._draft.lookup_branch,
+            }
         return dataclasses.replace(
             transcript,
             warnings=(past_the_end, *transcript.warnings) if past_the_end else transcript.warnings,
@@ -443,6 +449,7 @@ class TranscriptionService:
                 **transcript.options,
                 "model": self.asr_model_name,
                 "assistant": self.draft_model_name if drafted else None,
+                **tree,
                 "precision": self.precision,
             },
         )

@@ -142,6 +142,17 @@ def test_transcribe_prints_the_transcript(capsys):
     assert word_error_rate(reference_text(SAMPLES / "jfk.wav"), out.split("\n", 1)[1]) == 0.0
 
 
+def test_a_tree_of_drafts_asked_for_without_a_model_draft_is_warned_of(capsys):
+    jfk = ["transcribe", str(SAMPLES / "jfk.wav"), "--language", "en"]
+    tree = ["--draft-branches", "2", "--lookup-branch"]
+    assert main([*jfk, *tree, "--assistant", "prompt-lookup"]) == 0
+    captured = capsys.readouterr()
+    assert "--lookup-branch shape a model draft's tree; with --assistant prompt-lookup" in (
+        captured.err
+    )
+    assert "ask not what your country can do for you" in captured.out.lower()
+
+
 @pytest.mark.slow
 def test_a_cut_short_file_is_transcribed_with_a_warning_and_others_outputs_are_kept(
     capsys, tmp_path

@@ -197,6 +197,13 @@ def test_draft_branches_are_a_setting_of_the_environment_and_reach_the_loaded_dr
         assistant_model="whisper-base-draft",
     )
     assert service.draft.branches == 2 and service.draft.lookup_branch
+    from asr.audio import load_audio
+    from tests.conftest import SAMPLES
+
+    jfk = load_audio(SAMPLES / "jfk.wav")
+    transcript = service.load().run(jfk, ServiceOptions(language="en"))
+    assert transcript.options["draft_branches"] == 2 and transcript.options["lookup_branch"]
+    assert transcript.stats["draft_calls"] > 0
 
 
 @pytest.mark.slow
