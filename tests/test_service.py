@@ -169,6 +169,7 @@ def test_auto_loads_its_draft_once_the_speech_transcribed_repays_it(settings):
     assert loaded.load().run(jfk, options).stats["draft_calls"] > 0
 
 
+@pytest.mark.slow
 def test_draft_branches_are_a_setting_of_the_environment_and_reach_the_loaded_draft(
     settings, monkeypatch
 ):
