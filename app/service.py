@@ -518,11 +518,13 @@ class TranscriptionService:
         speakers: DiarizeOptions,
         seconds: float,
     ) -> Transcript:
-        from diarize.merge import assign_speakers
+        from diarize.merge import assign_speakers, starts_in_speech
 
         turns = diarization.turns
-        # Words go by the exclusive turns: in overlapped speech, to the speaker most active.
-        segments = assign_speakers(transcript.segments, diarization.exclusive)
+        # Words start where the diarizer hears speech, and go by the exclusive turns: in
+        # overlapped speech, to the speaker most active.
+        timed = starts_in_speech(transcript.segments, turns)
+        segments = assign_speakers(timed, diarization.exclusive)
         found = len({turn.speaker for turn in turns})
         holding = speakers_holding_words(segments)
         warnings = (

@@ -14,6 +14,9 @@ segments at timestamps, not at sentences: "And symbols | that you don't ..."), s
 sentence or a segment that begins one keeps its speaker however short ("Yes."). Every word
 lands in exactly one output segment, in order. Segments without word timestamps are assigned as
 a whole, by the same rule over the segment's span, and end a sentence.
+
+starts_in_speech(segments, turns), applied before: words that start before anyone speaks
+start where the diarizer's turn inside them starts.
 """
 
 from __future__ import annotations
@@ -111,6 +114,40 @@ class _Turns:
         tied_turns = sorted(index for distance, index in candidates if distance == nearest)
         tied = [self.turns[index].speaker for index in tied_turns]
         return _prefer(tied, previous, tied[0])
+
+
+def starts_in_speech(
+    segments: Iterable[Segment], turns: Iterable[SpeakerTurn]
+) -> tuple[Segment, ...]:
+    """segments whose words start where someone speaks: a timed word that starts where no turn
+    is, but has a turn starting before its end, starts where that turn starts, and its
+    segment (when the word is the segment's first) with it.
+
+    Whisper's alignment stretches the first word of a passage over the silence before it, and
+    the passage's audio begins with the voice detector's padding (0.4 s), so a speaker's first
+    "Hello." was timed 0.4 s before the diarizer heard anyone (pyannote's sample: 6.32 s, its
+    turn 6.73 s, the reference 6.69 s). The diarizer's turns say where speech starts; words
+    with no turn anywhere inside them, and words of no duration, keep their times."""
+    index = _Turns(turns)
+    result = []
+    for segment in segments:
+        words = tuple(_start_in_speech(word, index) for word in segment.words)
+        start = segment.start
+        if words and words[0].start != segment.words[0].start:
+            start = max(start, words[0].start)
+        result.append(replace(segment, start=start, words=words))
+    return tuple(result)
+
+
+def _start_in_speech(word: Word, index: _Turns) -> Word:
+    if word.end <= word.start or not index.turns:
+        return word
+    after = bisect.bisect_right(index.starts, word.start)  # turns[:after] start by word.start
+    if after and index.turns[index.latest[after - 1]].end > word.start:
+        return word  # someone speaks where it starts
+    if after < len(index.turns) and index.starts[after] < word.end:
+        return replace(word, start=index.starts[after])
+    return word
 
 
 def _prefer(tied: Sequence[str], previous: str | None, otherwise: str) -> str:

@@ -409,8 +409,13 @@ def test_service_splits_segments_where_the_exclusive_speaker_changes(settings):
     service = TranscriptionService(settings)
     samples = load_audio(AMI)
     transcript = service.run(samples, ServiceOptions(diarize=True, word_timestamps=True))
-    exclusive = service.diarizer.diarization(samples).exclusive
+    diarization = service.diarizer.diarization(samples)
+    exclusive = diarization.exclusive
     fragment = Fragment()
+    # A timed word starts where the diarizer hears someone, or has no turn starting inside it.
+    for word in (w for segment in transcript.segments for w in segment.words):
+        spoken = any(t.start <= word.start < t.end for t in diarization.turns)
+        assert spoken or not any(word.start < t.start < word.end for t in diarization.turns)
     for segment in transcript.segments:
         assert segment.words and {w.speaker for w in segment.words} == {segment.speaker}
         per_word = assign_speakers([segment], exclusive, fragment=None)

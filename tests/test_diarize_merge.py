@@ -9,7 +9,7 @@ from itertools import groupby, pairwise
 import pytest
 
 from asr.types import Segment, SpeakerTurn, Word
-from diarize.merge import Fragment, assign_speakers, ends_sentence
+from diarize.merge import Fragment, assign_speakers, ends_sentence, starts_in_speech
 
 
 def _words(*spans: tuple[float, float, str]) -> tuple[Word, ...]:
@@ -365,3 +365,23 @@ def test_random_transcripts_with_fragments_absorbed():
                 assert len(runs) == 1 or not any(fragment.holds(run) for run in runs)
                 assert {w.speaker for w in labelled[start:end]} <= set(per_word[start:end])
                 start = end
+
+
+def test_a_word_that_starts_before_anyone_speaks_starts_with_the_turn_inside_it():
+    turns = [SpeakerTurn(6.73, 7.17, "A"), SpeakerTurn(7.59, 8.32, "A"), SpeakerTurn(9.0, 9.5, "B")]
+    first = _segment(_words((6.32, 6.92, " Hello."), (7.44, 7.88, " Hello.")), start=6.3)
+    inside = _segment(_words((9.1, 9.3, " Yes."), (9.6, 9.6, " -")))  # in a turn; no duration
+    beyond = _segment(_words((10.0, 10.5, " Hm.")))  # no turn starts inside it
+
+    moved = starts_in_speech([first, inside, beyond], turns)
+
+    assert _all_words(moved) == [
+        (6.73, 6.92, " Hello."),
+        (7.59, 7.88, " Hello."),
+        (9.1, 9.3, " Yes."),
+        (9.6, 9.6, " -"),
+        (10.0, 10.5, " Hm."),
+    ]
+    assert [(s.start, s.end) for s in moved] == [(6.73, 7.88), (9.1, 9.6), (10.0, 10.5)]
+    assert moved[0].text == first.text and first.words[0].start == 6.32  # inputs unchanged
+    assert starts_in_speech([first], []) == (first,)  # no turns: nothing to go by
