@@ -208,7 +208,9 @@ def decode_audio(
                 decoded = _decode_with_ffmpeg(
                     spooled.name, label, max_seconds, probe=False, ignore_length=True
                 )
-                decoded = DecodedAudio(decoded.samples, (unsized, *decoded.warnings))
+                decoded = DecodedAudio(
+                    _audio_only(decoded.samples, header), (unsized, *decoded.warnings)
+                )
             else:
                 decoded = _decode_with_soundfile(Path(spooled.name), label, limit, sniffed=True)
             if decoded is None:
@@ -229,7 +231,9 @@ def decode_audio(
         unsized = _unsized_audio(header)
         if unsized is not None:  # ffmpeg reads past the data chunk's size; soundfile cannot
             decoded = _decode_with_ffmpeg(str(path), label, max_seconds, ignore_length=True)
-            decoded = DecodedAudio(decoded.samples, (unsized, *decoded.warnings))
+            decoded = DecodedAudio(
+                _audio_only(decoded.samples, header), (unsized, *decoded.warnings)
+            )
         elif path.suffix.lower() in _SOUNDFILE_EXTENSIONS:
             decoded = _decode_with_soundfile(path, label, limit)
         if decoded is None:
@@ -400,19 +404,54 @@ def _wav_header(path: Path) -> _WavHeader | None:
 def _unsized_bytes(path: Path, end: int) -> int:
     """How many bytes follow a WAV's data chunk (ending at `end`) where they are neither a
     chunk (8 bytes: an id of printable ASCII, a size that fits the file) nor zeros (a writer's
-    padding to a block's end)."""
+    padding to a block's end): audio up to the chunks that end the file, if any (a recorder
+    that never updated its sizes may still append its LIST chunk when it stops)."""
     total = path.stat().st_size
     if total - end < 8:
         return 0
     with path.open("rb") as stream:
         stream.seek(end)
         head = stream.read(_PADDING_CHECKED)
+        tail_start = max(end, total - _PADDING_CHECKED)
+        stream.seek(tail_start)
+        tail = stream.read()
+    if _is_chunk(head, end, total) or not any(head):
+        return 0
+    offsets = range(len(tail) - 7)
+    trailing = next((at for at in offsets if _chunks_reach_the_end(tail, at)), len(tail))
+    return tail_start + trailing - end
+
+
+def _is_chunk(head: bytes, at: int, total: int) -> bool:
+    """Whether `head`, read at byte `at` of a file of `total` bytes, starts with a chunk."""
     size = int.from_bytes(head[4:8], "little")
-    is_chunk = all(32 <= byte < 127 for byte in head[:4]) and end + 8 + size <= total
-    return 0 if is_chunk or not any(head) else total - end
+    return all(32 <= byte < 127 for byte in head[:4]) and at + 8 + size <= total
 
 
-# How much of what follows a WAV's data chunk is read to tell padding from samples.
+def _chunks_reach_the_end(tail: bytes, offset: int) -> bool:
+    """Whether RIFF chunks (printable ids; word-aligned sizes) run from `offset` exactly to
+    the end of `tail`."""
+    while offset + 8 <= len(tail):
+        if not all(32 <= byte < 127 for byte in tail[offset : offset + 4]):
+            return False
+        size = int.from_bytes(tail[offset + 4 : offset + 8], "little")
+        offset += 8 + size
+        if offset == len(tail) or offset + (size & 1) == len(tail):
+            return True
+        offset += size & 1
+    return False
+
+
+def _audio_only(samples: np.ndarray, header: _WavHeader | None) -> np.ndarray:
+    """A WAV read to its end (`ignore_length`) without what follows its audio: the chunks
+    that end the file, which ffmpeg reads as samples too."""
+    if header is None or header.seconds is None:
+        return samples
+    return samples[: round((header.seconds + header.unsized_seconds) * SAMPLE_RATE)]
+
+
+# How much of what follows a WAV's data chunk is read to tell padding from samples, and how
+# much of the file's end is searched for the chunks that end it.
 _PADDING_CHECKED = 1 << 16
 
 

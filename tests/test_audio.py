@@ -190,6 +190,14 @@ def test_a_wav_whose_sizes_were_never_updated_is_read_to_its_end(tmp_path):
             "its header gives 2.00 s of audio, but 11.00 s follow it (a recording whose sizes "
             "were never updated?): transcribed all of it",
         )
+    # A recorder that never updated its sizes but appended its LIST chunk when it stopped:
+    # the chunk (26 bytes) is no audio.
+    info = b"INFOISFT" + struct.pack("<I", 6) + b"rec 1\0"
+    listed = tmp_path / "listed.wav"
+    listed.write_bytes(bytes(data) + b"LIST" + struct.pack("<I", len(info)) + info)
+    decoded = decode_audio(listed)
+    assert np.array_equal(decoded.samples, whole)
+    assert "but 11.00 s follow it" in decoded.warnings[0]
     # A chunk after the data (metadata) is no audio: the header holds.
     tagged = tmp_path / "tagged.wav"
     tagged.write_bytes(JFK.read_bytes() + b"LIST" + struct.pack("<I", 4) + b"INFO")
