@@ -412,11 +412,11 @@ def _unsized_bytes(path: Path, end: int) -> int:
     with path.open("rb") as stream:
         stream.seek(end)
         head = stream.read(_PADDING_CHECKED)
+        if _is_chunk(head, end, total) or not any(head):  # metadata or padding: a whole file
+            return 0
         tail_start = max(end, total - _PADDING_CHECKED)
         stream.seek(tail_start)
         tail = stream.read()
-    if _is_chunk(head, end, total) or not any(head):
-        return 0
     offsets = range(len(tail) - 7)
     trailing = next((at for at in offsets if _chunks_reach_the_end(tail, at)), len(tail))
     return tail_start + trailing - end
@@ -425,14 +425,19 @@ def _unsized_bytes(path: Path, end: int) -> int:
 def _is_chunk(head: bytes, at: int, total: int) -> bool:
     """Whether `head`, read at byte `at` of a file of `total` bytes, starts with a chunk."""
     size = int.from_bytes(head[4:8], "little")
-    return all(32 <= byte < 127 for byte in head[:4]) and at + 8 + size <= total
+    return _chunk_id(head[:4]) and at + 8 + size <= total
+
+
+def _chunk_id(four: bytes) -> bool:
+    """Whether four bytes can be a RIFF chunk's id (printable ASCII)."""
+    return all(32 <= byte < 127 for byte in four)
 
 
 def _chunks_reach_the_end(tail: bytes, offset: int) -> bool:
     """Whether RIFF chunks (printable ids; word-aligned sizes) run from `offset` exactly to
     the end of `tail`."""
     while offset + 8 <= len(tail):
-        if not all(32 <= byte < 127 for byte in tail[offset : offset + 4]):
+        if not _chunk_id(tail[offset : offset + 4]):
             return False
         size = int.from_bytes(tail[offset + 4 : offset + 8], "little")
         offset += 8 + size
@@ -588,9 +593,9 @@ def _by_level(stderr: str) -> tuple[list[str], list[str]]:
     errors, cautions = [], []
     for line in stderr.splitlines():
         line = _FFMPEG_COMPONENT.sub("", line).strip()
-        tagged = _FFMPEG_LEVEL.match(line)
         if not line:
             continue
+        tagged = _FFMPEG_LEVEL.match(line)
         if tagged is None:
             errors.append(line)
         elif tagged.group(1) in _FFMPEG_ERROR_LEVELS:
