@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from asr.ogg import ends_without_end_of_stream, is_ogg
+
 SAMPLE_RATE = 16_000
 # What a folder search picks up (a file named on the command line is read whatever its name).
 AUDIO_EXTENSIONS = frozenset(
@@ -218,6 +220,7 @@ def decode_audio(
                 decoded = _decode_with_ffmpeg(spooled.name, label, max_seconds, probe=True)
             if limit is None or decoded.samples.size <= limit:  # else refused as too long
                 cut = _cut_short(header, decoded.samples)
+                cut += _ogg_cut_short(Path(spooled.name), decoded.samples)
                 decoded = DecodedAudio(decoded.samples, decoded.warnings + cut)
     else:
         path = Path(source)
@@ -239,7 +242,7 @@ def decode_audio(
         if decoded is None:
             decoded = _decode_with_ffmpeg(str(path), label, max_seconds)
         if limit is None or decoded.samples.size <= limit:  # else refused as too long
-            cut = _cut_short(header, decoded.samples)
+            cut = _cut_short(header, decoded.samples) + _ogg_cut_short(path, decoded.samples)
             decoded = DecodedAudio(decoded.samples, decoded.warnings + cut)
     samples = decoded.samples
     if limit is not None and samples.size > limit:
@@ -484,6 +487,17 @@ def _cut_short(header: _WavHeader | None, samples: np.ndarray) -> tuple[str, ...
     if header is None or header.seconds is None or decoded >= header.seconds - 0.01:
         return ()
     return (_ends_early(decoded, header.seconds),)
+
+
+def _ogg_cut_short(path: Path, samples: np.ndarray) -> tuple[str, ...]:
+    """A warning when an Ogg file (whatever its name) stops before its stream's last page
+    (`asr.ogg`): nothing else tells that such a file lost its end."""
+    if not is_ogg(path) or not ends_without_end_of_stream(path):
+        return ()
+    return (
+        f"the Ogg stream stops after {len(samples) / SAMPLE_RATE:.2f} s without its last page "
+        "(truncated?); transcribed what is there",
+    )
 
 
 def _ends_early(decoded: float, promised: float) -> str:

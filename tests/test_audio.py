@@ -481,6 +481,53 @@ def test_a_truncated_file_decodes_what_it_holds_and_says_it_was_cut_short(tmp_pa
         assert decode_audio(whole).warnings == ()
 
 
+@pytest.mark.parametrize("codec, suffix", [("libopus", ".opus"), ("libvorbis", ".ogg")])
+def test_an_ogg_cut_short_says_so_wherever_it_was_cut(tmp_path, codec, suffix):
+    """An Ogg file holds no length, and neither libsndfile nor ffmpeg says a word about one
+    that lost its end: only its last page tells (asr.ogg)."""
+    from asr.audio import decode_audio
+
+    whole = tmp_path / f"whole{suffix}"
+    _ffmpeg("-i", str(JFK), "-c:a", codec, str(whole))
+    data = whole.read_bytes()
+    assert decode_audio(whole).warnings == ()
+    assert decode_audio(data, name="upload").warnings == ()
+    pages = [at for at in range(len(data)) if data.startswith(b"OggS", at)]
+    for name, end in (("mid-page", len(data) // 2), ("at a page's start", pages[-3])):
+        cut = tmp_path / f"cut{suffix}"
+        cut.write_bytes(data[:end])
+        decoded = decode_audio(cut)
+        seconds = len(decoded.samples) / SAMPLE_RATE
+        assert 1.0 < seconds < 10.5, name
+        assert decoded.warnings == (
+            f"the Ogg stream stops after {seconds:.2f} s without its last page (truncated?); "
+            "transcribed what is there",
+        ), name
+        assert decode_audio(cut.read_bytes(), name="upload").warnings == decoded.warnings
+        unnamed = tmp_path / "take2"  # by its content, not its name
+        unnamed.write_bytes(data[:end])
+        assert decode_audio(unnamed).warnings == decoded.warnings
+
+
+def test_ogg_pages_are_followed_not_searched(tmp_path):
+    """A capture pattern inside a page's data does not pass for a page of its own."""
+    from asr.ogg import ends_without_end_of_stream
+
+    def page(body: bytes, flags: int) -> bytes:
+        header = b"OggS" + bytes([0, flags]) + bytes(20) + bytes([1, len(body)])
+        return header + body
+
+    decoy = b"OggS" + bytes([0, 0]) + bytes(20) + bytes([1, 200])  # claims 200 bytes past the end
+    for pages, cut in (
+        ([page(b"x" * 40, 2), page(decoy + b"y" * 10, 4)], False),
+        ([page(b"x" * 40, 2), page(decoy + b"y" * 10, 0)], True),
+        ([page(b"x" * 40, 2), page(b"y" * 40, 4)[:-1]], True),
+    ):
+        ogg = tmp_path / "t.ogg"
+        ogg.write_bytes(b"".join(pages))
+        assert ends_without_end_of_stream(ogg) is cut
+
+
 def _one_shot_log_mel(model, samples: np.ndarray):
     """OpenAI's log-mel as written (whisper/audio.py): one STFT over all of it."""
     import torch
