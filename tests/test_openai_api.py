@@ -886,7 +886,11 @@ def test_translation_turns_german_speech_into_english(client):
         english = client.audio.translations.create(
             model="whisper-1", file=audio, response_format="verbose_json"
         )
-    assert german.language == english.language == "german"
+    assert german.language == "german" and german.model_extra["language_code"] == "de"
+    # OpenAI's translation gives its text's language, always English; the speech's is kept.
+    assert english.language == "english" and english.model_extra["language_code"] == "en"
+    assert english.model_extra["source_language"] == "german"
+    assert english.model_extra["source_language_code"] == "de"
     assert english.model_extra["task"] == "translate"
     assert "leichenhal" in german.text.lower()  # "... als Leichenhalle genutzt."
     assert english.text != german.text
@@ -1011,6 +1015,16 @@ def test_limits_answer_413(locked_server):
     url = locked_server.url
     large = _error(_post_audio(url, TWO_SPEAKERS, headers=auth), 413, "file_too_large")
     assert str(LOCKED_MAX_BYTES) in large["message"]
+    assert f"the audio file has {TWO_SPEAKERS.stat().st_size} bytes" in large["message"]
+    # Past the limit by more than a form's fields could be: refused by its Content-Length,
+    # which counts the whole request, not the file.
+    huge = httpx.post(
+        url + "/v1/audio/transcriptions",
+        files={"file": ("huge.wav", bytes(LOCKED_MAX_BYTES + 1_500_000))},
+        headers=auth,
+    )
+    message = _error(huge, 413, "file_too_large")["message"]
+    assert message.startswith("the request (its form with the audio file) has "), message
     long = _error(_post_audio(url, JFK, headers=auth), 413, "audio_too_long")
     assert f"{LOCKED_MAX_SECONDS} s" in long["message"]
 

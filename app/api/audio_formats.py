@@ -61,15 +61,29 @@ WARNINGS_HEADER = "X-Specscribe-Warnings"
 def verbose_json(
     transcript: Transcript, request: AudioRequest, task: str, windows: list[DecidedWindow]
 ) -> dict[str, Any]:
-    """OpenAI's verbose_json: task, language (its English name, as OpenAI gives it), duration,
-    text, segments (unless only words were asked for), words (when asked for), usage; and
-    specscribe's: language_code (and each segment's language with `multilingual`), speakers
+    """OpenAI's verbose_json: task, language (its English name, as OpenAI gives it: for a
+    translation, the text's, English), duration, text, segments (unless only words were asked
+    for), words (when asked for), usage; and specscribe's: language_code (and each segment's
+    language with `multilingual`), for a translation the speech's source_language and
+    source_language_code, speakers
     (the diarizer's turns, when diarized), stats (decode statistics: target and draft calls,
     tokens per target call, seconds per stage), warnings."""
-    body: dict[str, Any] = {
-        "task": task,
+    spoken = {
         "language": LANGUAGES.get(transcript.language, transcript.language),
         "language_code": transcript.language,
+    }
+    if task == "translate":
+        # OpenAI's translation gives the language of its text, always English; the speech's
+        # own language stays in source_language(_code).
+        spoken = {
+            "language": LANGUAGES["en"],
+            "language_code": "en",
+            "source_language": spoken["language"],
+            "source_language_code": spoken["language_code"],
+        }
+    body: dict[str, Any] = {
+        "task": task,
+        **spoken,
         "duration": round(transcript.duration, 3),
         "text": transcript.text,
     }

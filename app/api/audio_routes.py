@@ -113,7 +113,7 @@ class AudioApi:
             )
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > self.max_bytes + FORM_OVERHEAD_BYTES:
-            raise self._too_large(int(length))
+            raise self._too_large(int(length), whole_request=True)
         try:
             form = await request.form(max_files=2, max_fields=64)
         except Exception as error:  # starlette's MultiPartException and malformed bodies
@@ -129,11 +129,14 @@ class AudioApi:
             raise self._too_large(len(audio))
         return asked, audio
 
-    def _too_large(self, size: int) -> ApiError:
+    def _too_large(self, size: int, whole_request: bool = False) -> ApiError:
+        """413 for an upload past MAX_AUDIO_BYTES; whole_request: `size` is the request's
+        Content-Length (the form's fields and boundaries with the file), refused before reading."""
+        what = "the request (its form with the audio file)" if whole_request else "the audio file"
         return ApiError(
             413,
-            f"the audio file has {size} bytes, more than the {self.max_bytes} allowed "
-            "(MAX_AUDIO_BYTES)",
+            f"{what} has {size} bytes, more than the {self.max_bytes} allowed for the audio "
+            "file (MAX_AUDIO_BYTES)",
             param="file",
             code="file_too_large",
         )
