@@ -269,6 +269,8 @@ def _summary(
 
 def _check_output_dir(output_dir: Path) -> None:
     """Creates `output_dir` and checks that it takes files, before any audio is decoded."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ValueError(f"--output-dir {output_dir}: not a folder (a file of that name exists)")
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:

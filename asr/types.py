@@ -88,7 +88,11 @@ class Transcript:
         return "".join(segment.text for segment in self.segments).strip()
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON values; a word's text is its "word", as openai-whisper, faster-whisper and
+        whisperX write it, so scripts written for their json read it."""
         result = asdict(self)
+        for segment in result["segments"]:
+            segment["words"] = [{"word": word.pop("text"), **word} for word in segment["words"]]
         result["text"] = self.text
         return result
 
@@ -97,8 +101,7 @@ class Transcript:
         """The Transcript `to_dict` wrote (its "text" is derived, and ignored). Raises
         KeyError or TypeError where `data` is not one."""
         segments = tuple(
-            Segment(**{**s, "words": tuple(Word(**w) for w in s["words"])})
-            for s in data["segments"]
+            Segment(**{**s, "words": tuple(_word(w) for w in s["words"])}) for s in data["segments"]
         )
         return cls(
             segments=segments,
@@ -110,3 +113,12 @@ class Transcript:
             warnings=tuple(data["warnings"]),
             turns=tuple(SpeakerTurn(**t) for t in data["turns"]),
         )
+
+
+def _word(data: dict[str, Any]) -> Word:
+    """A Word from `Transcript.to_dict`'s json ("word"), or from outputs written before it
+    named the text so ("text")."""
+    fields = dict(data)
+    if "word" in fields:
+        fields["text"] = fields.pop("word")
+    return Word(**fields)

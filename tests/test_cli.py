@@ -108,7 +108,9 @@ def test_bad_output_folders_and_devices_are_refused_before_any_work(capsys, tmp_
     occupied.write_text("")
     jfk = ["transcribe", str(SAMPLES / "jfk.wav")]
     assert main([*jfk, "--output-dir", str(occupied)]) == 2
-    assert f"--output-dir {occupied}: " in capsys.readouterr().err
+    assert f"--output-dir {occupied}: not a folder (a file of that name exists)" in (
+        capsys.readouterr().err
+    )
     if not torch.cuda.is_available():
         assert main([*jfk, "--device", "cuda"]) == 2
         assert "device 'cuda': torch sees 0 CUDA device(s)" in capsys.readouterr().err

@@ -33,6 +33,12 @@ def test_a_transcript_reads_back_as_written():
     # with the options transcription records (their temperatures a tuple, a list in JSON)
     recorded = replace(TRANSCRIPT, options=asdict(TranscribeOptions()))
     assert Transcript.from_dict(json.loads(json.dumps(recorded.to_dict()))) == recorded
+    # Outputs written before words' text was keyed "word" (as openai-whisper's) read alike.
+    older = json.loads(json.dumps(TRANSCRIPT.to_dict()))
+    for segment in older["segments"]:
+        segment["words"] = [{**w, "text": w.pop("word")} for w in segment["words"]]
+    assert any(segment["words"] for segment in older["segments"])
+    assert Transcript.from_dict(older) == TRANSCRIPT
 
 
 def test_a_kept_transcript_serves_only_requests_that_differ_in_the_speaker_counts(tmp_path):

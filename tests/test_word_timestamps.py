@@ -333,8 +333,9 @@ def test_writers_json_carries_words_and_the_others_stay_segment_level(timed):
     transcript = timed[JFK.name]
     document = json.loads(WRITERS["json"](transcript, "jfk"))
     words = [w for s in document["segments"] for w in s["words"]]
-    assert [w["text"] for w in words] == [w.text for s in transcript.segments for w in s.words]
-    assert set(words[0]) == {"start", "end", "text", "probability", "speaker"}
+    assert [w["word"] for w in words] == [w.text for s in transcript.segments for w in s.words]
+    # openai-whisper's, faster-whisper's and whisperX's names, and the speaker
+    assert set(words[0]) == {"word", "start", "end", "probability", "speaker"}
     without = replace(transcript, segments=tuple(replace(s, words=()) for s in transcript.segments))
     for fmt in ("txt", "srt", "vtt", "tsv", "rttm"):
         assert WRITERS[fmt](transcript, "jfk") == WRITERS[fmt](without, "jfk")
