@@ -47,6 +47,8 @@ def _last_page_flags(tail: bytes, at: int) -> int | None:
     exactly at the tail's end, 0 when a page runs past it (cut mid-page), None when the chain
     breaks (`at` was not a page's start)."""
     while True:
+        if len(tail) - at < len(CAPTURE) and CAPTURE.startswith(tail[at:]):
+            return 0  # cut inside the next page's capture pattern
         if tail[at : at + len(CAPTURE)] != CAPTURE:
             return None
         if at + _HEADER > len(tail):

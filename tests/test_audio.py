@@ -522,6 +522,7 @@ def test_ogg_pages_are_followed_not_searched(tmp_path):
         ([page(b"x" * 40, 2), page(decoy + b"y" * 10, 4)], False),
         ([page(b"x" * 40, 2), page(decoy + b"y" * 10, 0)], True),
         ([page(b"x" * 40, 2), page(b"y" * 40, 4)[:-1]], True),
+        ([page(b"x" * 40, 2), page(b"y" * 40, 0), b"Og"], True),  # cut in the next page's start
     ):
         ogg = tmp_path / "t.ogg"
         ogg.write_bytes(b"".join(pages))
