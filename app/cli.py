@@ -279,6 +279,23 @@ def _check_output_dir(output_dir: Path) -> None:
         raise ValueError(f"--output-dir {output_dir}: not writable")
 
 
+def _drafter_words(args: argparse.Namespace) -> argparse.Namespace:
+    """`generate --assistant` also takes `serve --text-assistant`'s words for the drafters
+    that are no model: none, prompt-lookup[:N] (--prompt-lookup N) and early-exit:L
+    (--early-exit L); `args` with them moved to their own flags."""
+    spec = args.assistant
+    kind = (spec or "").partition(":")[0]
+    if spec == "none":
+        return argparse.Namespace(**{**vars(args), "assistant": None})
+    if kind not in ("prompt-lookup", "early-exit"):
+        return args
+    from .api.text_front import draft_options
+
+    field = kind.replace("-", "_")  # its own flag is unset: the flags exclude each other
+    value = getattr(draft_options(spec), field)
+    return argparse.Namespace(**{**vars(args), "assistant": None, field: value})
+
+
 def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     from asr.models import ModelRegistry
     from decoding import SamplingOptions
@@ -293,6 +310,7 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         run_generation_ids,
     )
 
+    args = _drafter_words(args)
     drafting = any(d is not None for d in (args.assistant, args.prompt_lookup, args.early_exit))
     # Options that would change nothing are refused, as --seed without --sample is.
     if not drafting and (args.k is not None or args.policy is not None):
@@ -875,7 +893,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="the prompt is a user's message, through the model's chat template (smollm2-135m)",
     )
     drafts = gen.add_mutually_exclusive_group()
-    drafts.add_argument("--assistant", help="draft LM; another tokenizer is re-encoded")
+    drafts.add_argument(
+        "--assistant",
+        help="draft LM (another tokenizer is re-encoded), or none, prompt-lookup[:N], early-exit:L",
+    )
     drafts.add_argument(
         "--prompt-lookup", type=int, metavar="N", help="draft N tokens by n-gram lookup"
     )

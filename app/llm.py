@@ -182,6 +182,16 @@ def draft_policy(options: DraftOptions) -> LookaheadPolicy:
     return make_policy("adaptive", max(options.block, 20), options.confidence)
 
 
+def check_early_exit(target: LanguageModel, early_exit: int | None) -> None:
+    """Raises ValueError where an early-exit draft of `early_exit` layers cannot be made from
+    `target` (it needs at least one layer fewer than the target has)."""
+    layers = target.model.config.num_hidden_layers
+    if early_exit is not None and early_exit >= layers:
+        raise ValueError(
+            f"early_exit must be below {target.name}'s {layers} layers (got {early_exit})"
+        )
+
+
 def make_drafter(
     target: LanguageModel,
     wrapped_target: CausalLM,
@@ -192,12 +202,7 @@ def make_drafter(
     if options.prompt_lookup is not None:
         return PromptLookupDrafter(max_ngram=options.ngram)
     if options.early_exit is not None:
-        layers = target.model.config.num_hidden_layers
-        if options.early_exit >= layers:
-            raise ValueError(
-                f"early_exit must be below {target.name}'s {layers} layers "
-                f"(got {options.early_exit})"
-            )
+        check_early_exit(target, options.early_exit)
         return EarlyExitDrafter(wrapped_target.early_exit(options.early_exit))
     if assistant is None:
         return None

@@ -105,6 +105,30 @@ def test_cli_generate_prints_text_and_stats(capsys, gemma, greedy):
     assert f"{NEW_TOKENS} tokens" in captured.err and "tokens per target call" in captured.err
 
 
+def test_cli_generate_takes_the_servers_drafter_words(capsys, gemma, greedy):
+    """`--assistant none | prompt-lookup:N | early-exit:L`, as `serve --text-assistant` takes
+    them: the same text, drafted as the flags of their own would draft it."""
+    import re
+
+    base = ["generate", "--max-new-tokens", str(NEW_TOKENS), PROMPTS[0]]
+    expected = gemma.tokenizer.decode(greedy[0], skip_special_tokens=True)
+    # The histogram holds a bucket per accepted length, 0..k: its length tells the drafter.
+    for words, buckets in (("none", 1), ("prompt-lookup:3", 4), ("early-exit:6", 5)):
+        assert main([*base, "--assistant", words]) == 0, words
+        captured = capsys.readouterr()
+        assert captured.out.rstrip("\n") == expected, words
+        histogram = re.search(r"accepted-length histogram \[([^\]]*)\]", captured.err).group(1)
+        assert len(histogram.split(",")) == buckets, (words, captured.err)
+    with pytest.raises(SystemExit) as refused:  # one drafter flag at a time (argparse)
+        main([*base, "--assistant", "prompt-lookup", "--prompt-lookup", "3"])
+    assert refused.value.code == 2
+    assert "not allowed with argument --assistant" in capsys.readouterr().err
+    assert main([*base, "--assistant", "early-exit:x"]) == 2
+    assert "'x' is not a whole number" in capsys.readouterr().err
+    assert main([*base, "--assistant", "none", "--k", "3"]) == 2
+    assert "--k only applies with a drafter" in capsys.readouterr().err
+
+
 def test_cli_refuses_sampling_options_without_sample(capsys):
     assert main(["generate", "Once upon a time", "--temperature", "0.5", "--seed", "3"]) == 2
     assert "--temperature, --seed only apply with --sample" in capsys.readouterr().err

@@ -495,6 +495,17 @@ def test_serve_refuses_bad_api_options_before_loading_anything(capsys):
     assert "--api-key must not be empty" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_serve_refuses_an_early_exit_deeper_than_its_text_model_as_it_starts(capsys):
+    """Not as a 422 to every request once it serves: the depth is the server's fault."""
+    from app.cli import main
+
+    command = ["serve", "--text-model", TEXT_MODEL, "--text-assistant", "early-exit:99"]
+    # An address no interface has: were the depth let through, binding would fail instead.
+    assert main([*command, "--host", "192.0.2.1"]) == 2
+    assert "early_exit must be below smollm2-135m's 30 layers (got 99)" in (capsys.readouterr().err)
+
+
 def test_serve_takes_the_model_options_the_other_commands_take(capsys):
     from app.cli import build_parser, main
 
@@ -1178,6 +1189,11 @@ def test_text_request_errors(open_server):
     both = {**said, "max_tokens": 10, "max_completion_tokens": 20}
     assert _error(httpx.post(chat, json=both), 422)["param"] == "max_completion_tokens"
     assert _error(httpx.post(chat, json={**said, "logprobs": True}), 422)["param"] == "logprobs"
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    pictured = {**said, "messages": [{"role": "user", "content": [image]}]}
+    refused = _error(httpx.post(chat, json=pictured), 422)
+    assert "only text content parts are read, not image_url parts" in refused["message"]
+    assert refused["param"] == "messages.0.content"
     json_mode = {**said, "response_format": {"type": "json_object"}}
     assert _error(httpx.post(chat, json=json_mode), 422)["param"].startswith("response_format")
     _error(httpx.post(url, json={"model": TEXT_MODEL}), 400)  # no prompt
@@ -1191,6 +1207,31 @@ def test_text_request_errors(open_server):
     nested = b"[" * 100_000 + b"]" * 100_000  # deeper than the parser's stack
     _error(httpx.post(url, content=nested, headers={"content-type": "application/json"}), 400)
     _error(httpx.post(url, data={"prompt": "Hi"}), 415)
+
+
+def test_chat_on_a_model_without_a_chat_template_is_a_404_not_a_retried_5xx(gemma):
+    """The SDKs retry a 5xx; this request can never succeed, as OpenAI's 404 for a model that
+    is not a chat model says."""
+    from types import SimpleNamespace
+
+    from fastapi.testclient import TestClient
+
+    from app.api.app import build_api
+    from app.api.text_front import TextFront, draft_options
+
+    service = SimpleNamespace(
+        asr_model_name="whisper-base",
+        settings=SimpleNamespace(max_audio_bytes=1_000_000, max_audio_seconds=60.0),
+    )
+    work = WorkQueue(1)
+    try:
+        text = TextFront(gemma, draft_options("none"), None, "none")
+        client = TestClient(build_api(service, work, text=text))
+        said = {"model": gemma.name, "messages": [{"role": "user", "content": "Hi"}]}
+        answer = _error(client.post("/v1/chat/completions", json=said), 404, "chat_not_supported")
+        assert "gemma-3-270m is not a chat model" in answer["message"]
+    finally:
+        work.close()
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from ..llm import (
     LanguageModel,
     PolicyName,
     chat_prompt_ids,
+    check_early_exit,
     load_language_model,
     prompt_ids,
     run_generation_ids,
@@ -146,6 +147,8 @@ class TextFront:
     ) -> TextFront:
         options = draft_options(drafter, policy)  # type: ignore[arg-type]
         target = load_language_model(registry, model)
+        # Refused as the server starts, not as every request's fault once it runs.
+        check_early_exit(target, options.early_exit)
         assistant = (
             load_language_model(registry, options.assistant, loaded=target)
             if options.assistant

@@ -127,6 +127,18 @@ class Message(BaseModel):
     content: str | list[TextPart]
     name: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        """Parts of other types (image_url, input_audio, file) are named as what is refused,
+        not listed as unknown fields of a text part."""
+        if isinstance(value, list):
+            kinds = {part.get("type") for part in value if isinstance(part, dict)}
+            others = sorted(str(kind) for kind in kinds - {"text"})
+            if others:
+                raise ValueError(f"only text content parts are read, not {', '.join(others)} parts")
+        return value
+
     def plain(self) -> dict[str, str]:
         content = self.content
         text = content if isinstance(content, str) else "".join(p.text for p in content)
@@ -192,9 +204,12 @@ class TextApi:
         async def chat(request: Request) -> Response:
             front = self._front()
             if not front.has_chat_template:
+                # 404, as OpenAI answers a model that is not a chat model: the request cannot
+                # succeed here, and a 5xx would have the SDKs retry it.
                 raise ApiError(
-                    503,
-                    f"{front.name} has no chat template: use /v1/completions",
+                    404,
+                    f"{front.name} is not a chat model (it has no chat template): use "
+                    "/v1/completions",
                     code="chat_not_supported",
                 )
             asked = _parse(ChatRequest, await _json(request))
