@@ -134,7 +134,7 @@ class Message(BaseModel):
         not listed as unknown fields of a text part."""
         if isinstance(value, list):
             kinds = {part.get("type") for part in value if isinstance(part, dict)}
-            others = sorted(str(kind) for kind in kinds - {"text"})
+            others = sorted(str(kind) for kind in kinds - {"text", None})  # None: untyped
             if others:
                 raise ValueError(f"only text content parts are read, not {', '.join(others)} parts")
         return value
