@@ -219,9 +219,7 @@ def decode_audio(
                 # An upload's name may not say what it is: probed, as a video would be.
                 decoded = _decode_with_ffmpeg(spooled.name, label, max_seconds, probe=True)
             if limit is None or decoded.samples.size <= limit:  # else refused as too long
-                cut = _cut_short(header, decoded.samples)
-                cut += _ogg_cut_short(Path(spooled.name), decoded.samples)
-                decoded = DecodedAudio(decoded.samples, decoded.warnings + cut)
+                decoded = _with_cut_short(decoded, Path(spooled.name), header)
     else:
         path = Path(source)
         label = name or str(source)
@@ -242,8 +240,7 @@ def decode_audio(
         if decoded is None:
             decoded = _decode_with_ffmpeg(str(path), label, max_seconds)
         if limit is None or decoded.samples.size <= limit:  # else refused as too long
-            cut = _cut_short(header, decoded.samples) + _ogg_cut_short(path, decoded.samples)
-            decoded = DecodedAudio(decoded.samples, decoded.warnings + cut)
+            decoded = _with_cut_short(decoded, path, header)
     samples = decoded.samples
     if limit is not None and samples.size > limit:
         raise AudioTooLongError(f"{label}: the audio lasts more than the {max_seconds:g} s allowed")
@@ -487,6 +484,14 @@ def _cut_short(header: _WavHeader | None, samples: np.ndarray) -> tuple[str, ...
     if header is None or header.seconds is None or decoded >= header.seconds - 0.01:
         return ()
     return (_ends_early(decoded, header.seconds),)
+
+
+def _with_cut_short(decoded: DecodedAudio, path: Path, header: _WavHeader | None) -> DecodedAudio:
+    """`decoded` with a warning where the file at `path` holds less than it should: a WAV
+    whose header promises more (`_cut_short`), an Ogg without its last page
+    (`_ogg_cut_short`)."""
+    cut = _cut_short(header, decoded.samples) + _ogg_cut_short(path, decoded.samples)
+    return DecodedAudio(decoded.samples, decoded.warnings + cut)
 
 
 def _ogg_cut_short(path: Path, samples: np.ndarray) -> tuple[str, ...]:

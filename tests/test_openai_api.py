@@ -377,19 +377,25 @@ def test_a_job_that_ends_within_the_grace_keeps_its_result():
         work.close(timeout=5)
 
 
+def _unloaded_service():
+    """What the API's routes read of a TranscriptionService before any request: a stand-in
+    for tests that never transcribe."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        asr_model_name="whisper-base",
+        settings=SimpleNamespace(max_audio_bytes=1_000_000, max_audio_seconds=60.0),
+    )
+
+
 def test_health_reports_the_queue_and_turns_503_once_a_stop_begins():
     # A load balancer's or container's probe: no key, the models and the queue, and a 503 as
     # soon as a stop begins so that new requests go elsewhere while running ones finish.
-    from types import SimpleNamespace
-
     from fastapi.testclient import TestClient
 
     from app.api.app import build_api
 
-    service = SimpleNamespace(
-        asr_model_name="whisper-base",
-        settings=SimpleNamespace(max_audio_bytes=1_000_000, max_audio_seconds=60.0),
-    )
+    service = _unloaded_service()
     work = WorkQueue(3)
     release = threading.Event()
     try:
@@ -503,7 +509,7 @@ def test_serve_refuses_an_early_exit_deeper_than_its_text_model_as_it_starts(cap
     command = ["serve", "--text-model", TEXT_MODEL, "--text-assistant", "early-exit:99"]
     # An address no interface has: were the depth let through, binding would fail instead.
     assert main([*command, "--host", "192.0.2.1"]) == 2
-    assert "early_exit must be below smollm2-135m's 30 layers (got 99)" in (capsys.readouterr().err)
+    assert "early_exit must be below smollm2-135m's 30 layers (got 99)" in capsys.readouterr().err
 
 
 def test_serve_takes_the_model_options_the_other_commands_take(capsys):
@@ -1212,17 +1218,12 @@ def test_text_request_errors(open_server):
 def test_chat_on_a_model_without_a_chat_template_is_a_404_not_a_retried_5xx(gemma):
     """The SDKs retry a 5xx; this request can never succeed, as OpenAI's 404 for a model that
     is not a chat model says."""
-    from types import SimpleNamespace
-
     from fastapi.testclient import TestClient
 
     from app.api.app import build_api
     from app.api.text_front import TextFront, draft_options
 
-    service = SimpleNamespace(
-        asr_model_name="whisper-base",
-        settings=SimpleNamespace(max_audio_bytes=1_000_000, max_audio_seconds=60.0),
-    )
+    service = _unloaded_service()
     work = WorkQueue(1)
     try:
         text = TextFront(gemma, draft_options("none"), None, "none")
