@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .closed_pipe import ReaderGoneTolerant
 from .config import Settings, draft_branches
 from .stop_signals import raising_on
 
@@ -671,7 +672,7 @@ def _store(args: argparse.Namespace, create: bool = True, read_only: bool = Fals
 def _cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     from asr.models import check_model_name
 
-    from .jobs import JobSpec
+    from .jobs import JobSpec, plan_job
 
     if args.model is not None:
         check_model_name(args.model, kind="whisper")  # a job no worker could run waits forever
@@ -684,8 +685,12 @@ def _cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         model=args.model,
         overwrite=args.overwrite,
     )
+    try:
+        planned = plan_job(args.paths, spec)  # before the store: a refused job makes none
+    except ValueError as error:
+        raise ValueError(f"{error}; nothing was queued") from None
     store = _store(args)
-    job_id = store.submit(args.paths, spec)
+    job_id = store.enqueue(planned)
     (job,) = store.jobs([job_id])
     print(f"job {job_id}: {job.total} files queued in {store.path}")
     return 0
@@ -781,10 +786,14 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         for task in tasks.get(job.id, []):
             detail = task.note or ""
             if task.stalled(now):
-                detail = (
-                    f"stalled: {task.worker} stopped renewing its lease "
-                    f"{now - task.lease_until:.0f} s ago; the next worker started takes it"
-                )
+                if task.worker_exited():
+                    gone = "is no longer running"
+                else:  # a lease of 0: ended by a claim, as its worker was seen gone
+                    lapsed = task.lease_until and now - task.lease_until
+                    gone = "stopped renewing its lease" + (
+                        f", which ran out {lapsed:.0f} s ago" if lapsed else ""
+                    )
+                detail = f"stalled: {task.worker} {gone}; the next worker started takes it"
             elif task.state == "running":
                 step = f"{task.stage} {task.completed}/{task.total}, " if task.stage else ""
                 detail = f"{step}{task.worker}"
@@ -1082,12 +1091,16 @@ def run() -> None:
     thread inside torch (a window the web page asked for), and the teardown under it aborts
     the process (std::terminate, status 134). The standard streams are flushed and the atexit
     handlers (logging, temporary folders' finalizers) still run first.
+
+    Standard output may close before the command ends (`| head`): from then on what it
+    prints is dropped and its work goes on (`app.closed_pipe`).
     """
+    sys.stdout = ReaderGoneTolerant(sys.stdout)
     args = build_parser().parse_args()
     status = _run_command(args)
     if getattr(args, "quick_exit", False):
         for stream in (sys.stdout, sys.stderr):
-            # A closed pipe (`| head`): nothing more can reach it anyway.
+            # A closed stderr: nothing more can reach it anyway.
             with contextlib.suppress(OSError):
                 stream.flush()
         atexit._run_exitfuncs()

@@ -154,6 +154,8 @@ class TaskStatus:
     state: str  # pending | running | done | failed
     attempts: int
     worker: str | None
+    worker_host: str | None
+    worker_pid: int | None
     lease_until: float | None
     started: float | None
     finished: float | None
@@ -165,9 +167,21 @@ class TaskStatus:
     error: str | None
 
     def stalled(self, now: float) -> bool:
-        """Running, but its worker stopped renewing the lease (killed, or its machine gone):
-        nobody is working on it until a worker claims it again."""
-        return self.state == "running" and self.lease_until is not None and self.lease_until < now
+        """Running, but nobody is working on it until a worker claims it again: its worker
+        stopped renewing the lease (killed, or its machine gone), or ran on this machine and
+        has exited, which is known at once (a `kill -9`), before its lease runs out."""
+        if self.state != "running":
+            return False
+        lapsed = self.lease_until is not None and self.lease_until < now
+        return lapsed or self.worker_exited()
+
+    def worker_exited(self) -> bool:
+        """Whether its worker ran on this machine and no longer does (any state)."""
+        return (
+            self.worker_host == socket.gethostname()
+            and self.worker_pid is not None
+            and _process_is_gone(self.worker_pid)
+        )
 
 
 @dataclass(frozen=True)
@@ -218,6 +232,53 @@ def _process_is_gone(pid: int) -> bool:
     except OSError:
         return False  # not Linux, or it just ended: the lease decides
     return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """A job checked and listed, before it touches a store: what `JobStore.enqueue` queues."""
+
+    spec: JobSpec
+    sources: tuple[Path, ...]  # the paths given, resolved
+    output_dir: Path  # resolved
+    files: tuple[tuple[Path, Path], ...]  # (audio file, its outputs' stem under output_dir)
+
+
+def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
+    """The job `paths` make with `spec`: every audio file under them (folders searched
+    recursively). Raises ValueError naming a missing path, a folder without audio, an output
+    folder that cannot be one, or two inputs that would write the same outputs. Reads no store,
+    so a refused job leaves none behind (`specscribe submit` makes its store only after this)."""
+    from asr.audio import check_distinct_outputs, find_audio_files
+
+    spec.validate()
+    sources = [Path(p).expanduser().resolve() for p in paths]
+    if not sources:
+        raise ValueError("nothing to submit: give at least one file or folder")
+    missing = [str(p) for p in sources if not p.exists()]
+    if missing:
+        raise ValueError(f"no such file or folder: {', '.join(missing)}")
+    try:
+        empty = [str(p) for p in sources if p.is_dir() and not find_audio_files([p])]
+        files = find_audio_files(sources)
+    except OSError as error:  # a folder that cannot be listed: nothing under it is skipped
+        raise ValueError(f"cannot list {error.filename}: {error.strerror}") from None
+    if empty:
+        raise ValueError(f"no audio files in {', '.join(empty)}")
+    output_dir = spec.output_dir.expanduser().resolve()
+    # A file where a folder must go can never be written to (the folder itself is made by
+    # the worker, which may run elsewhere): refused now, not after each file is decoded.
+    blocking = next((p for p in (output_dir, *output_dir.parents) if p.is_file()), None)
+    if blocking is not None:
+        raise ValueError(f"--output-dir {output_dir}: {blocking} is a file, not a folder")
+    check_distinct_outputs(files, output_dir)
+    by_stem = {stem: path for path, stem in files}
+    return PlannedJob(
+        spec=spec,
+        sources=tuple(sources),
+        output_dir=output_dir,
+        files=tuple((path, stem) for stem, path in by_stem.items()),
+    )
 
 
 class JobStore:
@@ -333,32 +394,12 @@ class JobStore:
 
     def submit(self, paths: Sequence[Path | str], spec: JobSpec) -> int:
         """Queues one job: every audio file in `paths` (folders searched recursively) becomes a
-        task. Returns the job id. Raises ValueError naming a missing path, a folder without audio,
-        or two inputs that would write the same outputs."""
-        from asr.audio import check_distinct_outputs, find_audio_files
+        task. Returns the job id. Raises ValueError as `plan_job` does, queueing nothing."""
+        return self.enqueue(plan_job(paths, spec))
 
-        spec.validate()
-        sources = [Path(p).expanduser().resolve() for p in paths]
-        if not sources:
-            raise ValueError("nothing to submit: give at least one file or folder")
-        missing = [str(p) for p in sources if not p.exists()]
-        if missing:
-            raise ValueError(f"no such file or folder: {', '.join(missing)}")
-        try:
-            empty = [str(p) for p in sources if p.is_dir() and not find_audio_files([p])]
-            files = find_audio_files(sources)
-        except OSError as error:  # a folder that cannot be listed: nothing under it is skipped
-            raise ValueError(f"cannot list {error.filename}: {error.strerror}") from None
-        if empty:
-            raise ValueError(f"no audio files in {', '.join(empty)}")
-        output_dir = spec.output_dir.expanduser().resolve()
-        # A file where a folder must go can never be written to (the folder itself is made by
-        # the worker, which may run elsewhere): refused now, not after each file is decoded.
-        blocking = next((p for p in (output_dir, *output_dir.parents) if p.is_file()), None)
-        if blocking is not None:
-            raise ValueError(f"--output-dir {output_dir}: {blocking} is a file, not a folder")
-        check_distinct_outputs(files, output_dir)
-        by_stem = {stem: path for path, stem in files}
+    def enqueue(self, job: PlannedJob) -> int:
+        """Queues a job `plan_job` made (each of its files a pending task); returns its id."""
+        spec = job.spec
         with self._write() as db:
             job_id = db.execute(
                 "INSERT INTO jobs"
@@ -366,8 +407,8 @@ class JobStore:
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     time.time(),
-                    json.dumps([str(p) for p in sources]),
-                    str(output_dir),
+                    json.dumps([str(p) for p in job.sources]),
+                    str(job.output_dir),
                     json.dumps(list(spec.formats)),
                     spec.options.to_json(),
                     spec.model,
@@ -377,7 +418,7 @@ class JobStore:
             db.executemany(
                 "INSERT INTO tasks (job_id, path, stem, output_key, state) "
                 "VALUES (?, ?, ?, ?, 'pending')",
-                [(job_id, str(p), str(s), str(output_dir / s)) for s, p in by_stem.items()],
+                [(job_id, str(p), str(s), str(job.output_dir / s)) for p, s in job.files],
             )
         return job_id
 

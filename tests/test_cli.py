@@ -309,6 +309,27 @@ def test_two_runs_on_one_folder_share_its_files(tmp_path):
     assert not list(outputs.glob(".*.lock")) and not list(outputs.glob(".*.tmp"))
 
 
+def test_a_reader_that_stops_reading_ends_nothing_but_the_printing(tmp_path):
+    # `| head`: the write after the reader left raised BrokenPipeError, a traceback, and the
+    # run ended after its first file.
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    outputs = tmp_path / "out"
+    sources = [SAMPLES / "jfk.wav", SAMPLES / "librispeech_61-70968-0000.flac"]
+    command = [sys.executable, "-m", "specscribe.cli", "transcribe", *map(str, sources), "-o"]
+    command += [str(outputs), "-f", "txt", "--assistant", "none", "--batch-files", "1"]
+    run = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert run.stdout.readline().startswith(b"== ")
+    run.stdout.close()  # the reader goes away while the first file's text is still printing
+    said = run.stderr.read().decode()
+    assert run.wait(timeout=600) == 0, said
+    assert "Traceback" not in said and "2 transcribed" in said, said
+    assert sorted(p.name for p in outputs.glob("*.txt")) == [f"{s.stem}.txt" for s in sources]
+
+
 @pytest.mark.slow
 def test_a_pipe_in_a_folder_fails_and_the_rest_go_on(capsys, tmp_path):
     # Reading it (its digest, for the record) blocked for ever, and nothing was transcribed.

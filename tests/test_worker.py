@@ -152,6 +152,28 @@ def test_claims_from_several_processes_never_overlap(tmp_path):
     assert status.state == "done" and status.counts == {"done": 200}
 
 
+def test_status_sees_at_once_that_a_worker_on_this_machine_is_gone(tmp_path, capsys):
+    # It showed the task running until the lease ran out (30 s by default).
+    import socket
+
+    from app.cli import main
+
+    dummy_files(tmp_path / "in", 2)
+    store = JobStore(tmp_path / "jobs.db")
+    job = submit(store, tmp_path / "in", tmp_path / "out")
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    host = socket.gethostname()
+    store.claim(WorkerId(host, os.getpid(), "alive"), MODEL, lease=600)
+    store.claim(WorkerId(host, ended.pid, f"local@{host}:{ended.pid}"), MODEL, lease=600)
+    alive, gone = store.tasks(job)
+    assert gone.stalled(time.time()) and not alive.stalled(time.time())
+    assert main(["status", str(job), "--store", str(store.path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].endswith("alive")
+    assert f"stalled: local@{host}:{ended.pid} is no longer running; the next" in lines[3]
+
+
 def test_expired_lease_is_reclaimed_and_the_stale_claim_cannot_finish(tmp_path):
     dummy_files(tmp_path / "in", 1)
     store = JobStore(tmp_path / "jobs.db")
@@ -317,6 +339,27 @@ def test_submit_names_what_is_wrong(tmp_path):
     with pytest.raises(ValueError, match=r"afile is a file, not a folder"):
         store.submit([tmp_path / "a"], JobSpec(tmp_path / "afile" / "out"))
     assert store.jobs() == []
+
+
+def test_a_refused_submit_makes_no_store_and_says_nothing_was_queued(tmp_path, capsys):
+    # The store was made before the inputs were checked: status then said "no jobs" and a
+    # worker served the empty queue, as if the typo had been a store.
+    from app.cli import main
+
+    for name in ("a", "b"):
+        dummy_files(tmp_path / name, 1)
+    store = tmp_path / "new.db"
+    clash = [str(tmp_path / "a" / "a000.wav"), str(tmp_path / "b" / "a000.wav")]
+    for paths in (clash, [str(tmp_path / "missing")]):
+        command = ["submit", *paths, "--output-dir", str(tmp_path / "out"), "--store", str(store)]
+        assert main(command) == 2
+        assert "; nothing was queued" in capsys.readouterr().err
+        assert not store.exists()
+    assert (
+        main(["submit", clash[0], "--output-dir", str(tmp_path / "out"), "--store", str(store)])
+        == 0
+    )
+    assert [job.total for job in JobStore(store).jobs()] == [1]
 
 
 def test_a_file_that_is_not_a_store_is_refused(tmp_path):
