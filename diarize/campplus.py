@@ -30,6 +30,15 @@ NUM_MEL_BINS = 80
 EMBEDDING_DIM = 192
 CHECKPOINT = "campplus_cn_en_common.pt"
 FRAME_SHIFT = 0.02  # seconds between output frames: 10 ms filterbank shift, time stride 2
+# The level (RMS, full scale 1) every waveform is brought to before its filterbanks. Log-mel
+# energies are floored at float32's epsilon, which digital silence and a band the recording
+# leaves empty (telephone audio above 4 kHz) reach: the floored values stay where they are
+# while the others move with the level, so even after mean normalisation the features, and
+# with them the clustering, changed with a gain. The telephone pyannote_sample found its two
+# speakers at its own level and lost one 3 dB louder (a stereo file of two identical
+# channels). 0.01, about the level of ../shared/speech/multi's recordings: their turns are
+# the same as at their own levels (`python -m bench.diarize`).
+INPUT_RMS = 0.01
 
 
 def num_frames(num_samples: int) -> int:
@@ -218,9 +227,13 @@ class CAMPPlus(nn.Module):
         """waveforms (batch, samples) float in [-1, 1] at 16 kHz -> (batch, frames, 80).
 
         Kaldi-style log-mel filterbanks (25 ms Povey window, 10 ms shift, no dither), centred
-        on their mean over time, as the checkpoint was trained.
+        on their mean over time, as the checkpoint was trained, of each waveform brought to
+        `INPUT_RMS`: the same features whatever the recording's gain.
         """
         from torchaudio.compliance import kaldi
+
+        levels = waveforms.pow(2).mean(dim=1, keepdim=True).sqrt()
+        waveforms = waveforms * (INPUT_RMS / levels.clamp(min=1e-9))  # silence stays 0
 
         features = torch.stack(
             [

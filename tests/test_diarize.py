@@ -179,6 +179,24 @@ def test_embedded_diarizer_on_the_pyannote_sample(diarizer):
 
 
 @pytest.mark.slow
+def test_the_speakers_do_not_hang_on_the_recordings_level(diarizer):
+    # 3 dB louder (what a stereo file of two identical channels mixes to), the sample lost a
+    # speaker: its filterbanks' floored values (digital silence) stayed while the rest moved.
+    import torch
+
+    from diarize.campplus import CAMPPlus
+
+    samples = load_audio(SAMPLE)
+    quiet, loud = (CAMPPlus.fbank(torch.from_numpy(samples * g)[None]) for g in (0.5, 2**0.5))
+    torch.testing.assert_close(quiet, loud, rtol=0, atol=1e-3)
+    reference = read_rttm(SAMPLES / "pyannote_sample.rttm")
+    for gain in (0.5, 2**0.5, 4.0):
+        turns = diarizer.diarize((samples * gain).astype(np.float32))
+        assert {t.speaker for t in turns} == {"SPEAKER_00", "SPEAKER_01"}, gain
+        assert score(reference, turns, 30.0).rate < MAX_SAMPLE_DER, gain
+
+
+@pytest.mark.slow
 def test_oracle_clustering_bound_on_the_pyannote_sample(registry, diarizer):
     from bench.diarize import oracle_diarizer, oracle_turns
 
