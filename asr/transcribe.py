@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -385,6 +386,7 @@ class _Session:
         self.reprompted = 0  # windows decoded again without previous text (repeats)
         self.dropped_anomalies = 0
         self.dropped_in_pauses = 0  # segments timed wholly inside a cut-out pause
+        self.retimed_windows = 0  # windows whose segments took their words' times (late starts)
         self.ledger = _Ledger()  # shared with the recordings decoded beside this one
         self.encoder_seconds = 0.0
         self.word_seconds = 0.0
@@ -635,18 +637,23 @@ class _Session:
         texts = _segment_texts(self.model, result)
         return any(guard.repeated_share(text) >= REPEATED_SHARE for text in texts)
 
-    def words_view(self, encoded: EncodedAudio, rows: list[int]) -> EncodedAudio:
-        """What `split` needs of these rows of `encoded`: the rows themselves where words are
-        timed, else the batch as it is (unread). Selecting rows copies their cross-attention
-        keys and values, 37 MB a window in float32 (290 MB with 8 passages side by side), for
-        nothing."""
-        if not self.options.word_timestamps:
-            return encoded
-        return encoded.rows(torch.tensor(rows, device=encoded.features.device))
+    def words_view(
+        self, encoded: EncodedAudio, rows: list[int]
+    ) -> Callable[[list[int]], EncodedAudio]:
+        """What `split` reads of these rows of `encoded`: given indices into `rows`, those
+        windows' rows, selected only when asked for. Selecting rows copies their
+        cross-attention keys and values, 37 MB a window in float32 (290 MB with 8 passages side
+        by side), which windows whose words are not timed never need."""
+
+        def windows(indices: list[int]) -> EncodedAudio:
+            picked = torch.tensor([rows[i] for i in indices], device=encoded.features.device)
+            return encoded.rows(picked)
+
+        return windows
 
     def split(
         self,
-        encoded: EncodedAudio,
+        encoded: Callable[[list[int]], EncodedAudio],
         decoded: list[tuple[WindowResult, int, int]],
         unfinished: bool,
         guards: list[RepetitionGuard | None],
@@ -655,9 +662,9 @@ class _Session:
     ) -> list[WindowSplit]:
         """Spoken windows -> their segments, timed word by word when the options ask for it.
 
-        decoded: per window, its result, first frame and content frames; `encoded` has one row
-        per window, in the same order, where words are timed (else it is not read:
-        `words_view`). guards: each window's record of what was said (its
+        decoded: per window, its result, first frame and content frames; `encoded`: the
+        target's encoding of the windows at these indices of `decoded` (`words_view`), read
+        where words are timed. guards: each window's record of what was said (its
         passage's, or its stretch's between long pauses). passages: each window's passage, for
         windows of independent passages side by side: no time of a window runs past its
         passage's end, and each reads (and moves on) where its own passage's speech last ended.
@@ -678,8 +685,11 @@ class _Session:
             )
             for (result, start, frames), end, language in zip(decoded, ends, languages, strict=True)
         ]
+        if splits and not self.options.word_timestamps:
+            splits = self._late_starts_retimed(encoded, splits, languages, ends)
         if self.options.word_timestamps and splits:
             started = time.perf_counter()
+            encoded = encoded(list(range(len(splits))))
             if passages is None:
                 before = [self.last_speech] * len(splits)
                 splits, self.last_speech = add_word_timestamps(
@@ -720,6 +730,47 @@ class _Session:
             self._without_repeats(split, guard, result.prompted)
             for split, guard, (result, _, _) in zip(splits, guards, decoded, strict=True)
         ]
+
+    def _late_starts_retimed(
+        self,
+        encoded: Callable[[list[int]], EncodedAudio],
+        splits: list[WindowSplit],
+        languages: list[str | None],
+        ends: list[float],
+    ) -> list[WindowSplit]:
+        """Windows with a segment that lasts far longer than its text could be spoken in get
+        their segments' times from their words (timed, then dropped: not asked for).
+
+        Whisper's first timestamp of a window is at most 1 s (OpenAI's rules), so speech after
+        a long silence at a window's start, as `--no-vad` decodes it, began at 0:00 in every
+        output (20 s of silence then JFK: a subtitle 0:00-0:29 for words spoken from 0:20).
+        Word timing finds where the words are; windows without such a segment cost nothing.
+        """
+        eot = self.model.special.eot
+        late = [index for index, split in enumerate(splits) if _outlasts_its_text(split, eot)]
+        if not late:
+            return splits
+        started = time.perf_counter()
+        timed, _ = add_word_timestamps(
+            self.model,
+            encoded(late),
+            [splits[index] for index in late],
+            [languages[index] for index in late],
+            self.options.task,
+            [ends[index] for index in late],
+            [splits[index].time_offset for index in late],  # no speech before, in the window
+            self.seam_silences,
+        )
+        self.word_seconds += time.perf_counter() - started
+        splits = list(splits)
+        for index, retimed in zip(late, timed, strict=True):
+            segments = tuple(
+                _narrowed(segment, new)
+                for segment, new in zip(splits[index].segments, retimed.segments, strict=True)
+            )
+            splits[index] = replace(splits[index], segments=segments)
+        self.retimed_windows += len(late)
+        return splits
 
     def _without_text_in_pauses(self, split: WindowSplit) -> WindowSplit:
         """The split without segments whose words are timed wholly inside the silence of a
@@ -998,6 +1049,33 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
 
 def _frames_left(recordings: list[_SeekState]) -> int:
     return sum(p.end - min(p.seek, p.end) for r in recordings for p in r.passages)
+
+
+# A segment lasting longer than this plus this much a text token is taken for one whose start
+# Whisper could not place (`TranscribeSession._late_starts_retimed`). Speech runs at 2-5 tokens
+# a second in English (JFK's slow delivery: about 2), a token a syllable or a character where
+# there are no spaces (Japanese, Chinese: 4-8 characters a second), so only a silence of several
+# seconds inside the segment reaches the bound.
+LATE_START_SLACK = 4.0  # seconds
+LATE_START_PER_TOKEN = 1.0  # seconds
+
+
+def _narrowed(segment: Segment, timed: Segment) -> Segment:
+    """`segment` over the part of its span where its words are (`timed`: the same segment timed
+    word by word): a start only later, an end only earlier, so it never runs into its
+    neighbours' times, which stay as they were."""
+    start, end = max(segment.start, timed.start), min(segment.end, timed.end)
+    return replace(segment, start=start, end=end) if start < end else segment
+
+
+def _outlasts_its_text(split: WindowSplit, eot: int) -> bool:
+    """Whether a segment of this window lasts far longer than its text (its tokens below `eot`,
+    the text tokens) could be spoken in."""
+    return any(
+        segment.end - segment.start
+        > LATE_START_SLACK + LATE_START_PER_TOKEN * sum(1 for t in tokens if t < eot)
+        for segment, tokens in zip(split.segments, split.tokens, strict=True)
+    )
 
 
 def _decided(
@@ -1390,6 +1468,7 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
             "dropped_repeats": session.dropped_repeats,
             "dropped_anomalies": session.dropped_anomalies,
             "dropped_in_pauses": session.dropped_in_pauses,
+            "retimed_windows": session.retimed_windows,
             "target_calls": stats.target_calls,
             "draft_calls": stats.draft_calls,
             "generated_tokens": stats.generated_tokens,

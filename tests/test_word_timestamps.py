@@ -309,6 +309,23 @@ def test_without_timestamp_tokens_one_segment_is_timed_by_its_words(whisper_base
 
 
 @pytest.mark.slow
+def test_speech_after_a_long_silence_starts_where_it_is_spoken(whisper_base):
+    # Whisper's first timestamp of a window is at most 1 s: without voice activity detection,
+    # 20 s of silence then JFK made one segment of 0:00-0:29, words spoken from 0:20.
+    silence_then_jfk = np.concatenate([np.zeros(20 * 16000, np.float32), load_audio(JFK)])
+    plain = transcribe(whisper_base, silence_then_jfk, TranscribeOptions(language="en"))
+    assert plain.stats["retimed_windows"] == 1
+    first = plain.segments[0]
+    assert 19.5 <= first.start <= 20.5 and first.end <= 29.0 and not first.words
+    with_words = transcribe(whisper_base, silence_then_jfk, WORDS)
+    assert abs(first.start - with_words.segments[0].start) <= 0.02
+    assert [s.text for s in plain.segments] == [s.text for s in with_words.segments]
+    # speech that fills its segments is left as Whisper timed it
+    alone = transcribe(whisper_base, load_audio(JFK), TranscribeOptions(language="en"))
+    assert alone.stats["retimed_windows"] == 0
+
+
+@pytest.mark.slow
 def test_batched_independent_windows_time_their_words(whisper_base):
     # Two silence-cut chunks of real speech, aligned in one batched decoder pass.
     samples = np.concatenate([load_audio(p) for p in (LIBRISPEECH, JFK, LIBRISPEECH, JFK)])
