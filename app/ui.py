@@ -22,6 +22,7 @@ import html
 import logging
 import re
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from asr.audio import AudioLoadError, AudioTooLongError, decode_audio
 from asr.types import ProgressHook, Transcript
 from asr.writers import output_paths, write_outputs
 
+from .api.work_queue import Abandoned
 from .service import MAX_PROMPT_CHARACTERS, ServiceOptions, TranscriptionService
 
 log = logging.getLogger(__name__)
@@ -96,7 +98,9 @@ def stats_markdown(transcript: Transcript) -> str:
     # calls then say nothing of what the draft saved: plain decoding too makes fewer than one
     # a token.
     side_by_side = stats.get("passages", 1) > 1
-    if options.get("assistant"):
+    if not tokens:
+        pass  # nothing decoded (no speech): no calls to count, nothing saved
+    elif options.get("assistant"):
         per_call = (
             ""
             if side_by_side
@@ -232,10 +236,38 @@ class WebApp:
     def __init__(self, service: TranscriptionService, outputs_dir: Path) -> None:
         self.service = service
         self.outputs_dir = outputs_dir
+        # Each browser session's running transcription (its audio's path, its stop signal),
+        # told to stop when its page asks for another recording, presses Stop or closes.
+        self._running: dict[str, tuple[str, threading.Event]] = {}
+        self._lock = threading.Lock()
 
     @property
     def has_draft(self) -> bool:
         return self.service.draft is not None
+
+    def stop(self, request: gr.Request) -> None:
+        """Stops this browser session's transcription, if one runs: it ends after the window
+        being decoded (or the diarization stage under way) with the message "Stopped.",
+        freeing the service for the requests behind it. Without it a closed tab kept the
+        service busy to the end of its recording (Gradio cannot stop an event's thread)."""
+        self._stop(request.session_hash, unless_audio=None)
+
+    def new_recording(self, audio: str | None, request: gr.Request) -> tuple[str, str, None]:
+        """Another recording in the form (`audio`, None once cleared): the last one's results
+        go as it comes, so that a failure never shows them as its own, and a transcription
+        of another recording still running stops, so that its text never shows under this
+        one. Gradio may report an upload after the click that transcribes it: that
+        transcription, of this very recording, goes on."""
+        self._stop(request.session_hash, unless_audio=audio)
+        return "", "", None
+
+    def _stop(self, session: str, unless_audio: str | None) -> None:
+        with self._lock:
+            audio, running = self._running.get(session, (None, None))
+            if running is None or (unless_audio is not None and audio == unless_audio):
+                return
+            del self._running[session]
+        running.set()
 
     def transcribe(
         self,
@@ -250,9 +282,11 @@ class WebApp:
         max_speakers: float | None,
         vad: bool = True,
         initial_prompt: str | None = None,
+        request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's way to ask for a bar)
     ) -> tuple[str, str, list[str]]:
-        """One click: returns (transcript text, stats Markdown, download file paths)."""
+        """One click: returns (transcript text, stats Markdown, download file paths).
+        request: the browser session's (Gradio's), whose `stop` ends this transcription."""
         # 1. Check the request before any work.
         if not audio:
             raise gr.Error("Upload or record some audio first.", print_exception=False)
@@ -275,11 +309,23 @@ class WebApp:
             ) from None
 
         # 2. Transcribe; errors become messages, never tracebacks.
+        session = request.session_hash if request is not None else None
+        stop = self._started(session, audio)
         try:
             # The operator's duration cap holds here as in the API (MAX_AUDIO_SECONDS).
             limit = self.service.settings.max_audio_seconds
             decoded = decode_audio(Path(audio), max_seconds=limit)
-            transcript = self.service.run(decoded, options, progress=gradio_progress(progress))
+            transcript = self.service.run(
+                decoded,
+                options,
+                progress=_until_stopped(stop, gradio_progress(progress)),
+                on_window=_until_stopped(stop, lambda window: None),
+            )
+            if stop.is_set():  # stopped as its last window was decided: shown as stopped
+                raise Abandoned("stopped by the page")
+        except Abandoned:
+            log.info("transcription of %s stopped by its page", Path(audio).name)
+            raise gr.Error("Stopped.", print_exception=False) from None
         except AudioLoadError as error:
             # The message names the upload's temporary path; the user knows it by its name.
             message = html.escape(str(error).replace(str(audio), Path(audio).name))
@@ -296,6 +342,8 @@ class WebApp:
                 f"Transcription failed ({type(error).__name__}); the server log has the details.",
                 print_exception=False,
             ) from None
+        finally:
+            self._finished(session, stop)
 
         # 3. Warnings for results that are empty or unlabelled, then the files.
         text = transcript_text(transcript)
@@ -305,6 +353,23 @@ class WebApp:
             gr.Warning("No speaker turns were found: the transcript is not labelled.")
         files = self.write_downloads(transcript, safe_stem(audio), diarize)
         return text, stats_markdown(transcript), [str(path) for path in files]
+
+    def _started(self, session: str | None, audio: str) -> threading.Event:
+        """The stop signal of a transcription of `audio` starting for `session` (None: not a
+        browser's). One the same page started before is stopped: a page shows one result."""
+        stop = threading.Event()
+        if session is not None:
+            with self._lock:
+                _, earlier = self._running.get(session, (None, None))
+                self._running[session] = (audio, stop)
+            if earlier is not None:
+                earlier.set()
+        return stop
+
+    def _finished(self, session: str | None, stop: threading.Event) -> None:
+        with self._lock:
+            if session is not None and self._running.get(session, (None, None))[1] is stop:
+                del self._running[session]
 
     def write_downloads(self, transcript: Transcript, stem: str, speakers: bool) -> list[Path]:
         """Writes STEM.txt/.srt/.vtt/.json (+ .rttm) into a fresh folder, atomically."""
@@ -320,6 +385,18 @@ class WebApp:
         for folder in self.outputs_dir.glob("*"):
             if folder.is_dir() and folder.stat().st_mtime < cutoff:
                 shutil.rmtree(folder, ignore_errors=True)
+
+
+def _until_stopped(stop: threading.Event, then):
+    """A hook (progress or decided window) that passes its call on to `then` until `stop` is
+    set, and then ends the transcription by raising Abandoned."""
+
+    def hook(*args):
+        if stop.is_set():
+            raise Abandoned("stopped by the page")
+        then(*args)
+
+    return hook
 
 
 def gradio_progress(progress: gr.Progress) -> ProgressHook:
@@ -404,11 +481,14 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                 with gr.Row(visible=False) as speaker_counts:
                     # Checked by request_options (a message to the user), not by Gradio's
                     # `minimum`, whose refusal also logs a traceback for a value someone typed.
-                    number = {"precision": 0, "value": 0}
+                    # precision None: 1.5 reaches the check as typed (precision 0 rounded it).
+                    number = {"precision": None, "value": 0}
                     num_speakers = gr.Number(label="Speakers (0: detect)", **number)
                     min_speakers = gr.Number(label="At least (0: any)", **number)
                     max_speakers = gr.Number(label="At most (0: any)", **number)
-                button = gr.Button("Transcribe", variant="primary", elem_id="transcribe")
+                with gr.Row():
+                    button = gr.Button("Transcribe", variant="primary", elem_id="transcribe")
+                    stop = gr.Button("Stop", variant="stop", elem_id="stop")
             with gr.Column(scale=3):
                 transcript = gr.Textbox(
                     label="Transcript",
@@ -423,14 +503,6 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                     label="Downloads", file_count="multiple", interactive=False, elem_id="downloads"
                 )
 
-        # Another recording's results go as it comes, so a failure never shows them as its own.
-        audio.change(
-            lambda: ("", "", None),
-            None,
-            [transcript, stats, downloads],
-            queue=False,
-            api_visibility="private",
-        )
         diarize.change(
             lambda on: gr.Row(visible=on),
             diarize,
@@ -458,5 +530,20 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
             show_progress_on=[transcript],
             concurrency_limit=1,  # the service decodes one request at a time anyway
             concurrency_id="service",
+            # A press while the last one runs is taken (Gradio's "once" ignored it, and a
+            # recording replaced meanwhile was never transcribed); the last one then stops.
+            trigger_mode="multiple",
         )
+        # Another recording, Stop, or the page closed: the transcription running for this page
+        # stops (`WebApp.stop`), so that the replaced recording's text never shows under the
+        # new one and nobody waits behind a page that has gone.
+        audio.change(
+            app.new_recording,
+            audio,
+            [transcript, stats, downloads],
+            queue=False,
+            api_visibility="private",
+        )
+        stop.click(app.stop, None, None, queue=False, api_visibility="private")
+        demo.unload(app.stop)
     return demo.queue(max_size=queue_size, default_concurrency_limit=1)

