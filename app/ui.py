@@ -1,8 +1,9 @@
 """The web UI: a Gradio app that talks to the TranscriptionService only.
 
-Upload or record audio, choose the language, task, speakers, draft and word timestamps, then read
-the transcript (times and speaker labels), the decode statistics, and download txt/srt/vtt/json
-(and rttm when speakers were labelled).
+Upload or record audio (or give a video, any file ffmpeg reads), choose the language, task,
+speakers, draft and word timestamps, then read the transcript (times and speaker labels), the
+decode statistics, and download txt/srt/vtt/json (and rttm when speakers were labelled). A page
+stops its transcription when it is closed, when Stop is pressed or another recording chosen.
 
 Concurrency: the service runs one request at a time (its models are not re-entrant, so it holds a
 lock), and the transcribe event has a concurrency limit of 1 to match. What Gradio's queue adds is
@@ -252,13 +253,16 @@ class WebApp:
         service busy to the end of its recording (Gradio cannot stop an event's thread)."""
         self._stop(request.session_hash, unless_audio=None)
 
-    def new_recording(self, audio: str | None, request: gr.Request) -> tuple[str, str, None]:
-        """Another recording in the form (`audio`, None once cleared): the last one's results
+    def new_recording(
+        self, audio: str | None, other_file: str | None, request: gr.Request
+    ) -> tuple[str, str, None]:
+        """Another recording in the form (`audio`, else `other_file`, as `transcribe` reads
+        them; None once both are cleared): the last one's results
         go as it comes, so that a failure never shows them as its own, and a transcription
         of another recording still running stops, so that its text never shows under this
         one. Gradio may report an upload after the click that transcribes it: that
         transcription, of this very recording, goes on."""
-        self._stop(request.session_hash, unless_audio=audio)
+        self._stop(request.session_hash, unless_audio=audio or other_file)
         return "", "", None
 
     def _stop(self, session: str, unless_audio: str | None) -> None:
@@ -282,12 +286,15 @@ class WebApp:
         max_speakers: float | None,
         vad: bool = True,
         initial_prompt: str | None = None,
+        other_file: str | None = None,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's way to ask for a bar)
     ) -> tuple[str, str, list[str]]:
         """One click: returns (transcript text, stats Markdown, download file paths).
+        other_file: the form's file of any format (a video), read where `audio` is empty.
         request: the browser session's (Gradio's), whose `stop` ends this transcription."""
         # 1. Check the request before any work.
+        audio = audio or other_file
         if not audio:
             raise gr.Error("Upload or record some audio first.", print_exception=False)
         try:
@@ -435,6 +442,14 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                     buttons=["download"],  # no "share": that posts to Hugging Face Spaces
                     elem_id="audio",
                 )
+                # The Audio box takes what the browser calls audio; ffmpeg reads far more.
+                with gr.Accordion("Video or another format", open=False):
+                    other_file = gr.File(
+                        label="Any file ffmpeg reads (mp4, mkv, webm, ...): read when the Audio "
+                        "box is empty",
+                        type="filepath",
+                        elem_id="other-file",
+                    )
                 with gr.Row():
                     language = gr.Dropdown(
                         language_choices(codes),
@@ -524,6 +539,7 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                 max_speakers,
                 vad,
                 initial_prompt,
+                other_file,
             ],
             [transcript, stats, downloads],
             api_name="transcribe",
@@ -537,13 +553,14 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
         # Another recording, Stop, or the page closed: the transcription running for this page
         # stops (`WebApp.stop`), so that the replaced recording's text never shows under the
         # new one and nobody waits behind a page that has gone.
-        audio.change(
-            app.new_recording,
-            audio,
-            [transcript, stats, downloads],
-            queue=False,
-            api_visibility="private",
-        )
+        for recording in (audio, other_file):
+            recording.change(
+                app.new_recording,
+                [audio, other_file],
+                [transcript, stats, downloads],
+                queue=False,
+                api_visibility="private",
+            )
         stop.click(app.stop, None, None, queue=False, api_visibility="private")
         demo.unload(app.stop)
     return demo.queue(max_size=queue_size, default_concurrency_limit=1)

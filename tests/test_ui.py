@@ -276,7 +276,7 @@ def test_a_page_that_stops_frees_the_service_after_the_window_it_decodes(tmp_pat
 
     app = WebApp(TranscriptionService(settings, assistant_model="none"), tmp_path)
     page = SimpleNamespace(session_hash="a page")
-    form = ("en", "transcribe", False, False, False, 0, 0, 0, True, None, page)
+    form = ("en", "transcribe", False, False, False, 0, 0, 0, True, None, None, page)
     calls: list[tuple[str, float]] = []
     decoding = threading.Event()
 
@@ -468,6 +468,30 @@ def test_browser_transcribes_with_speakers_and_downloads_the_srt(server, tmp_pat
                 "links => links.map(link => link.getAttribute('download'))"
             )
             assert "jfk.txt" in names and not any("aeneas" in n for n in names), names
+
+            # 6. A video, which the Audio box refuses (the browser's audio types only).
+            video = tmp_path / "jfk talk.mp4"
+            subprocess.run(
+                ["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "testsrc=size=160x120:rate=5",
+                 "-i", str(JFK), "-shortest", "-c:v", "mpeg4", "-c:a", "aac", str(video)],
+                check=True,
+            )  # fmt: skip
+            page.locator("#audio button[aria-label='Clear']").click()
+            page.wait_for_function(
+                "document.querySelector('#transcript textarea').value === ''", timeout=30_000
+            )
+            page.get_by_text("Video or another format").click()
+            page.set_input_files("#other-file input[type=file]", str(video))
+            page.locator("#transcribe").click()
+            page.wait_for_function(
+                "document.querySelector('#transcript textarea').value.length > 0",
+                timeout=240_000,
+            )
+            assert "fellow Americans" in page.locator("#transcript textarea").input_value()
+            names = page.locator("#downloads a[download]").evaluate_all(
+                "links => links.map(link => link.getAttribute('download'))"
+            )
+            assert "jfk_talk.srt" in names, names
         finally:
             browser.close()
 
