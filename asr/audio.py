@@ -675,10 +675,11 @@ def _no_audio_stream(label: str) -> AudioLoadError:
 def _ffmpeg_said(stderr: str, path: str, label: str) -> str:
     """ffmpeg's error output as one line of a message: the file named as the user named it,
     its lines joined, and the "[wav @ 0x5624bb0a4980] " that prefixes a component's lines
-    left out (a memory address tells a user nothing)."""
+    left out (a memory address tells a user nothing), as is the file's name that starts a
+    line (the message that quotes it starts with the name already)."""
     text = stderr.replace(path, label)
     lines = (_FFMPEG_COMPONENT.sub("", line).strip() for line in text.splitlines())
-    return "; ".join(line for line in lines if line)
+    return "; ".join(line.removeprefix(f"{label}: ") for line in lines if line)
 
 
 def find_audio_files(

@@ -1052,7 +1052,7 @@ def _frames_left(recordings: list[_SeekState]) -> int:
 
 
 # A segment lasting longer than this plus this much a text token is taken for one whose start
-# Whisper could not place (`TranscribeSession._late_starts_retimed`). Speech runs at 2-5 tokens
+# Whisper could not place (`_Session._late_starts_retimed`). Speech runs at 2-5 tokens
 # a second in English (JFK's slow delivery: about 2), a token a syllable or a character where
 # there are no spaces (Japanese, Chinese: 4-8 characters a second), so only a silence of several
 # seconds inside the segment reaches the bound.

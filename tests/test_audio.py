@@ -74,8 +74,9 @@ def test_missing_empty_and_non_audio_inputs_name_the_cause(tmp_path):
     text.write_text("this is not audio at all\n" * 20)
     with pytest.raises(
         AudioLoadError, match=r"notes\.wav: ffmpeg could not decode it: .*Invalid data"
-    ):
+    ) as refused:
         load_audio(text)
+    assert str(refused.value).count("notes.wav") == 1  # ffmpeg's own line named it again
     with pytest.raises(AudioLoadError, match=r"a folder, not a file"):
         load_audio(tmp_path)
     with pytest.raises(AudioLoadError, match=r"^https://example\.com/a\.wav: a URL"):
