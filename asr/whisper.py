@@ -244,7 +244,13 @@ class WhisperModel:
         self.mel_filters = mel_filters(self.config.num_mel_bins).to(self.device)
         self.special = _special_tokens(tokenizer, checkpoint.generation)
         self.suppress_tokens = tuple(checkpoint.generation.get("suppress_tokens") or ())
-        self.alignment_heads = tuple(map(tuple, checkpoint.generation.get("alignment_heads") or ()))
+        # Heads the decoder has (a generation config copied from a deeper model names others,
+        # and word timing cannot read a layer that does not exist).
+        self.alignment_heads = tuple(
+            (layer, head)
+            for layer, head in checkpoint.generation.get("alignment_heads") or ()
+            if layer < self.config.decoder_layers and head < self.config.decoder_attention_heads
+        )
         # A distilled draft scores only these token ids (asr.draft_checkpoint); None: all.
         self.output_vocabulary: torch.Tensor | None = None
         self.linear_kind: LinearKind = default_linear_kind(self.device, self.dtype)
