@@ -35,7 +35,7 @@ from asr.audio import AudioLoadError, AudioTooLongError, decode_audio
 from asr.types import ProgressHook, Transcript
 from asr.writers import output_paths, write_outputs
 
-from .api.work_queue import Abandoned
+from .api.work_queue import Abandoned, until_stopped
 from .service import MAX_PROMPT_CHARACTERS, ServiceOptions, TranscriptionService
 
 log = logging.getLogger(__name__)
@@ -325,8 +325,8 @@ class WebApp:
             transcript = self.service.run(
                 decoded,
                 options,
-                progress=_until_stopped(stop, gradio_progress(progress)),
-                on_window=_until_stopped(stop, lambda window: None),
+                progress=until_stopped(stop, gradio_progress(progress)),
+                on_window=until_stopped(stop, lambda window: None),
             )
             if stop.is_set():  # stopped as its last window was decided: shown as stopped
                 raise Abandoned("stopped by the page")
@@ -392,18 +392,6 @@ class WebApp:
         for folder in self.outputs_dir.glob("*"):
             if folder.is_dir() and folder.stat().st_mtime < cutoff:
                 shutil.rmtree(folder, ignore_errors=True)
-
-
-def _until_stopped(stop: threading.Event, then):
-    """A hook (progress or decided window) that passes its call on to `then` until `stop` is
-    set, and then ends the transcription by raising Abandoned."""
-
-    def hook(*args):
-        if stop.is_set():
-            raise Abandoned("stopped by the page")
-        then(*args)
-
-    return hook
 
 
 def gradio_progress(progress: gr.Progress) -> ProgressHook:

@@ -28,7 +28,7 @@ from .audio_formats import render, usage
 from .audio_request import WHISPER_ALIAS, AudioRequest, parse_form
 from .errors import ApiError, error_body
 from .events import sse
-from .work_queue import Abandoned, ClosingStream, Place, QueueFull, WorkQueue
+from .work_queue import Abandoned, ClosingStream, Place, QueueFull, WorkQueue, until_stopped
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class AudioApi:
                 return self._stream(samples, options, place)
             windows: list[DecidedWindow] = []
             stop = threading.Event()
-            on_window = _until_stopped(stop, windows.append)
+            on_window = until_stopped(stop, windows.append)
             try:
                 transcript = await self._queued(request, samples, options, on_window, place, stop)
             except Abandoned:
@@ -206,7 +206,7 @@ class AudioApi:
         stop = threading.Event()
 
         def job(emit: Callable[[DecidedWindow], None]) -> Transcript:
-            return self.service.run(samples, options, on_window=_until_stopped(stop, emit))
+            return self.service.run(samples, options, on_window=until_stopped(stop, emit))
 
         done, windows = self.work.submit_streaming(job, place)
         done.add_done_callback(lambda d: stop.set() if d.cancelled() else None)
@@ -216,20 +216,6 @@ class AudioApi:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-
-
-def _until_stopped(
-    stop: threading.Event, then: Callable[[DecidedWindow], None]
-) -> Callable[[DecidedWindow], None]:
-    """A window hook that hands each decided window to `then` until `stop` is set (the client
-    went away), and then ends the transcription by raising Abandoned."""
-
-    def on_window(window: DecidedWindow) -> None:
-        if stop.is_set():
-            raise Abandoned("the client went away")
-        then(window)
-
-    return on_window
 
 
 async def _transcript_events(

@@ -37,6 +37,19 @@ class Abandoned(Exception):
     """The client that asked for a job went away (`WorkQueue.run`)."""
 
 
+def until_stopped(stop: threading.Event, then: Callable[..., None]) -> Callable[..., None]:
+    """A transcription's hook (a decided window, progress) that passes each call on to `then`
+    until `stop` is set (its client went away, its page was closed), and then ends the
+    transcription by raising Abandoned."""
+
+    def hook(*args) -> None:
+        if stop.is_set():
+            raise Abandoned("the client went away")
+        then(*args)
+
+    return hook
+
+
 class ShuttingDown(Exception):
     """The server is stopping (`WorkQueue.shut_down`): the job was not run, or not to its end."""
 
