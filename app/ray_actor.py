@@ -45,7 +45,10 @@ class ActorSpec:
             "device": settings.device,
             "precision": settings.precision,
         }
-        chosen = {name: models.get(name) or default for name, default in defaults.items()}
+        chosen = {
+            name: default if models.get(name) is None else models[name]
+            for name, default in defaults.items()
+        }
         return cls(**chosen, threads=threads)
 
     def service_arguments(self) -> dict[str, str]:

@@ -7,6 +7,7 @@ Gradio queue, the worker); the models are not re-entrant, so one request runs at
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -100,6 +101,32 @@ def _choose_draft(requested: str, asr_model: str) -> str:
 DRAFT_PAYS_AFTER_SECONDS = 20.0
 
 
+def _given(value: str | None, default: str, what: str) -> str:
+    """`value` unless it was left out (None); an empty or blank value is an error, not the
+    default (`--model ""` from a script whose variable is unset must not run another model)."""
+    if value is None:
+        return default
+    if not value.strip():
+        raise ValueError(f"the {what} must not be empty")
+    return value
+
+
+@contextlib.contextmanager
+def _repair_hint(name: str):
+    """An embedded model that fails to load (a cached file damaged or cut short): its error
+    says how to fetch it again."""
+    from asr.models import EMBEDDED
+
+    try:
+        yield
+    except ValueError as error:
+        if name not in EMBEDDED:
+            raise
+        raise ValueError(
+            f"{error}; `specscribe models pull --force {name}` fetches it again"
+        ) from None
+
+
 def _file_name(path: str) -> str:
     """A file name that stands for a model path or hub id (its quantized layers' store)."""
     import hashlib
@@ -134,16 +161,20 @@ class TranscriptionService:
         from asr.models import check_model_name
 
         self.settings = settings or Settings.from_env()
-        self.asr_model_name = asr_model or self.settings.asr_model
+        self.asr_model_name = _given(asr_model, self.settings.asr_model, "model")
         check_model_name(self.asr_model_name, kind="whisper")
-        self.diarization_model_name = diarization_model or self.settings.diarization_model
+        self.diarization_model_name = _given(
+            diarization_model, self.settings.diarization_model, "diarization pipeline"
+        )
         from asr.precision import check_device, resolve_precision
 
         # Settled once, before any model loads: a device this machine lacks, or a bad
         # (device, precision) pair, fails here.
-        self.device = check_device(device or self.settings.device)
-        self.dtypes = resolve_precision(self.device, precision or self.settings.precision)
-        requested_draft = assistant_model or self.settings.assistant_model
+        self.device = check_device(_given(device, self.settings.device, "device"))
+        self.dtypes = resolve_precision(
+            self.device, _given(precision, self.settings.precision, "precision")
+        )
+        requested_draft = _given(assistant_model, self.settings.assistant_model, "assistant")
         self.draft_model_name = _choose_draft(requested_draft, self.asr_model_name)
         # "auto" loads its model draft once the speech transcribed reaches
         # DRAFT_PAYS_AFTER_SECONDS (`_draft_for`); a draft the caller named is always used.
@@ -200,14 +231,15 @@ class TranscriptionService:
             from asr.whisper import WhisperModel
 
             path = self.registry.resolve(self.asr_model_name)
-            self._model = WhisperModel.load(
-                path,
-                self.device,
-                self.dtypes.decoder,
-                encoder_dtype=self.dtypes.encoder,
-                int8_decoder=self.dtypes.int8_decoder,
-                int8_store=self.settings.cache_dir / "int8" / f"{_file_name(path)}.safetensors",
-            )
+            with _repair_hint(self.asr_model_name):
+                self._model = WhisperModel.load(
+                    path,
+                    self.device,
+                    self.dtypes.decoder,
+                    encoder_dtype=self.dtypes.encoder,
+                    int8_decoder=self.dtypes.int8_decoder,
+                    int8_store=self.settings.cache_dir / "int8" / f"{_file_name(path)}.safetensors",
+                )
             self._model.fused_rounds = self.settings.fused_rounds
             self._model.trace_steps = self.settings.traced_steps
         return self._model

@@ -17,7 +17,7 @@ from asr.ct2_reader import read_ct2_model
 
 TIME_PRECISION = 0.02
 MAX_INITIAL_TIMESTAMP_INDEX = 50  # OpenAI's max_initial_timestamp = 1.0 s
-MULTILINGUAL_VOCAB_SIZE = 51865
+MULTILINGUAL_VOCAB_SIZE = 51865  # OpenAI tells English-only vocabularies (51864) apart by size
 
 
 def _linear(state: dict, prefix: str, ct2: dict, name: str) -> None:
@@ -182,6 +182,12 @@ def convert_whisper(ct2_dir: Path, out_dir: Path) -> None:
     spec, ct2 = read_ct2_model(ct2_dir / "model.bin")
     if spec != "WhisperSpec":
         raise ValueError(f"{ct2_dir}/model.bin holds a {spec}, not a Whisper model")
+    if any(name.endswith("/weight_scale") for name in ct2):
+        raise ValueError(
+            f"{ct2_dir}/model.bin holds quantized (int8) weights; specscribe reads float16 and "
+            f"float32 CTranslate2 models (ct2-transformers-converter --quantization float16) "
+            f"and quantizes by itself (--precision int8)"
+        )
     ct2_config = json.loads((ct2_dir / "config.json").read_text())
     tokenizer_json = json.loads((ct2_dir / "tokenizer.json").read_text(encoding="utf-8"))
     specials = _special_tokens(tokenizer_json)

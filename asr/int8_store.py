@@ -23,10 +23,14 @@ from asr.int8 import Int8Linear
 FORMAT = "int8-rows-2"
 
 
-def fingerprint(weights: Path) -> str:
-    """Names the checkpoint file a store was made from (size and modification time)."""
-    status = weights.stat()
-    return f"{FORMAT}:{weights.name}:{status.st_size}:{status.st_mtime_ns}"
+def fingerprint(*weights: Path) -> str:
+    """Names the checkpoint files a store was made from (each one's size and modification
+    time), so that weights replaced in place are quantized again, whatever their format."""
+    parts = []
+    for path in weights:
+        status = path.stat()
+        parts.append(f"{path.name}:{status.st_size}:{status.st_mtime_ns}")
+    return f"{FORMAT}:{';'.join(parts)}"
 
 
 class Int8Store:

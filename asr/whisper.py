@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from asr.audio import SAMPLE_RATE
+from asr.convert_whisper import MULTILINGUAL_VOCAB_SIZE
 from asr.cuda_graphs import StepGraphs, pool_size
 from asr.int8 import Int8Linear, dynamic_int8_linear, smoothing_divisor
 from asr.int8_store import Int8Store, fingerprint
@@ -30,6 +31,7 @@ from asr.whisper_checkpoint import (
     local_directory,
     mel_filters,
     read_checkpoint,
+    weight_files,
 )
 from decoding.projection import OutputProjection
 from decoding.verify import best_tokens
@@ -63,8 +65,10 @@ class SpecialTokens:
         return self.transcribe is not None
 
 
-def _special_tokens(tokenizer, generation: dict) -> SpecialTokens:
-    """generation: the checkpoint's generation_config.json."""
+def _special_tokens(tokenizer, generation: dict, vocab_size: int) -> SpecialTokens:
+    """generation: the checkpoint's generation_config.json; where it leaves out whether the
+    model is multilingual (or has no such file), the vocabulary's size says, and the language
+    tokens are those between <|startoftranscript|> and <|translate|>."""
 
     def token_id(content: str) -> int:
         found = tokenizer.convert_tokens_to_ids(content)
@@ -73,8 +77,10 @@ def _special_tokens(tokenizer, generation: dict) -> SpecialTokens:
         return found
 
     no_timestamps = token_id("<|notimestamps|>")
-    lang_to_id = generation.get("lang_to_id") or {}
-    multilingual = bool(generation.get("is_multilingual", False))
+    multilingual = bool(generation.get("is_multilingual", vocab_size >= MULTILINGUAL_VOCAB_SIZE))
+    lang_to_id = generation.get("lang_to_id") or (
+        _language_tokens(tokenizer) if multilingual else {}
+    )
     return SpecialTokens(
         eot=token_id("<|endoftext|>"),
         sot=token_id("<|startoftranscript|>"),
@@ -89,6 +95,20 @@ def _special_tokens(tokenizer, generation: dict) -> SpecialTokens:
         if multilingual
         else {},
     )
+
+
+def _language_tokens(tokenizer) -> dict[str, int]:
+    """The language tokens ("<|de|>": id) of a multilingual Whisper vocabulary: every token
+    after <|startoftranscript|> and before <|translate|>."""
+    sot = tokenizer.convert_tokens_to_ids("<|startoftranscript|>")
+    translate = tokenizer.convert_tokens_to_ids("<|translate|>")
+    if sot is None or translate is None:
+        return {}
+    return {
+        token: token_id
+        for token, token_id in tokenizer.get_vocab().items()
+        if sot < token_id < translate
+    }
 
 
 @dataclass(frozen=True)
@@ -195,7 +215,19 @@ def linear_factory(kind: LinearKind) -> LinearFactory:
 
 def _model_type(directory: Path) -> str | None:
     config = directory / "config.json"
-    return json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    if not config.is_file():
+        return None
+    try:
+        fields = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{config} cannot be read: {error}") from None
+    return fields.get("model_type") if isinstance(fields, dict) else None
+
+
+def _decoder_only(directory: Path) -> bool:
+    """Whether a Whisper checkpoint is a decoder alone (a distilled draft's WhisperForCausalLM)."""
+    fields = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    return fields.get("architectures") == ["WhisperForCausalLM"]
 
 
 def _transformers_module(checkpoint: Checkpoint):
@@ -242,7 +274,7 @@ class WhisperModel:
         # The decoder's: a "mixed" model (asr.precision) has a half-precision encoder.
         self.dtype = embeddings.dtype
         self.mel_filters = mel_filters(self.config.num_mel_bins).to(self.device)
-        self.special = _special_tokens(tokenizer, checkpoint.generation)
+        self.special = _special_tokens(tokenizer, checkpoint.generation, self.config.vocab_size)
         self.suppress_tokens = tuple(checkpoint.generation.get("suppress_tokens") or ())
         # Heads the decoder has (a generation config copied from a deeper model names others,
         # and word timing cannot read a layer that does not exist).
@@ -296,18 +328,21 @@ class WhisperModel:
         directory = local_directory(path)
         model_type = _model_type(directory)
         if model_type is None:
-            raise ValueError(f"{path} holds no config.json: not a model checkpoint")
+            raise ValueError(f"{path} holds no transformers config.json: not a model checkpoint")
         if model_type != "whisper":
             raise ValueError(f"{path} holds a {model_type} model, not a Whisper model")
+        if _decoder_only(directory):
+            raise ValueError(
+                f"{path} is a draft (a Whisper decoder without an encoder): it serves as "
+                f"--assistant beside a Whisper model, not as the model"
+            )
         if int8_decoder and torch.device(device).type != "cpu":
             raise ValueError(f"an int8 decoder runs on CPU only, not on {device}")
         checkpoint = read_checkpoint(directory, device, dtype, encoder_dtype)
         whisper = cls(checkpoint, WhisperTokenizer(directory), name=str(path))
         if int8_decoder:
             whisper.linear_kind = "int8"
-            weights = directory / "model.safetensors"
-            source = fingerprint(weights) if weights.is_file() else str(directory)
-            whisper._int8_store = Int8Store(int8_store, source)
+            whisper._int8_store = Int8Store(int8_store, fingerprint(*weight_files(directory)))
         return whisper
 
     @classmethod

@@ -77,7 +77,10 @@ def local_directory(path: str | Path) -> Path:
 
     patterns = ["*.json", "*.safetensors", "*.txt", "*.model"]
     try:
-        return Path(snapshot_download(str(path), allow_patterns=patterns))
+        directory = Path(snapshot_download(str(path), allow_patterns=patterns))
+        if not weight_files(directory):  # an older checkpoint: PyTorch pickles only
+            directory = Path(snapshot_download(str(path), allow_patterns=["pytorch_model*.bin"]))
+        return directory
     except (OSError, ValueError) as error:  # the hub's errors are both kinds
         from huggingface_hub import constants
 
@@ -89,25 +92,54 @@ def local_directory(path: str | Path) -> Path:
         raise ValueError(f"{path} is neither a folder nor a model to be had: {hint}") from error
 
 
+# A checkpoint's weights, in the order they are looked for: one safetensors file, safetensors
+# shards, then PyTorch's pickles (older fine-tunes), whole or sharded.
+_WEIGHT_PATTERNS = (
+    "model.safetensors",
+    "model-*-of-*.safetensors",
+    "pytorch_model.bin",
+    "pytorch_model-*-of-*.bin",
+)
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The files that hold a checkpoint directory's weights (the first format found); empty
+    when it holds none."""
+    for pattern in _WEIGHT_PATTERNS:
+        if found := sorted(directory.glob(pattern)):
+            return found
+    return []
+
+
 def read_checkpoint(
     path: str | Path,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     encoder_dtype: torch.dtype | None = None,
 ) -> Checkpoint:
-    """A checkpoint's tensors on `device` in `dtype` (the encoder's in encoder_dtype)."""
+    """A checkpoint's tensors on `device` in `dtype` (the encoder's in encoder_dtype).
+    Raises ValueError, naming the file, where a file is missing or cannot be read."""
     directory = local_directory(path)
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{path} holds no config.json: not a transformers checkpoint")
-    config = json.loads(config_file.read_text())
+    config = _read_json(config_file)
     generation_file = directory / "generation_config.json"
-    generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
-    weights = directory / "model.safetensors"
-    if weights.is_file():
+    generation = _read_json(generation_file) if generation_file.is_file() else {}
+    weights = weight_files(directory)
+    if not weights:
+        raise ValueError(
+            f"{path} holds no weights: neither model.safetensors nor pytorch_model.bin"
+        )
+    if weights == [directory / "model.safetensors"]:
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        stored = load_file(str(weights))
+        try:
+            stored = load_file(str(weights[0]))
+        except (SafetensorError, OSError) as error:
+            damaged = f"{weights[0]} cannot be read ({error}): damaged or cut short"
+            raise ValueError(damaged) from None
     else:
         stored = _tensors_through_transformers(directory)
     encoder_dtype = encoder_dtype or dtype
@@ -120,10 +152,23 @@ def read_checkpoint(
     return Checkpoint(directory, config_namespace(config), generation, tensors)
 
 
+def _read_json(path: Path) -> dict:
+    try:
+        read = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} cannot be read: {error}") from None
+    if not isinstance(read, dict):
+        raise ValueError(f"{path} holds no JSON object")
+    return read
+
+
 def _tensors_through_transformers(directory: Path) -> dict[str, torch.Tensor]:
     from transformers import AutoModelForSpeechSeq2Seq
 
-    model = AutoModelForSpeechSeq2Seq.from_pretrained(str(directory))
+    try:
+        model = AutoModelForSpeechSeq2Seq.from_pretrained(str(directory))
+    except (OSError, RuntimeError, ValueError) as error:  # a pickle or shard that fails to load
+        raise ValueError(f"{directory}: its weights cannot be read: {error}") from None
     return dict(model.state_dict())
 
 
