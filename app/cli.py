@@ -517,7 +517,7 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--condition-on-previous-text",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,  # on; None tells "not given" from an explicit flag (_request_options)
         help="prompt each window with the text before it (default); --no-condition-on-previous-"
         "text keeps one window's mistake from repeating in the next",
     )
@@ -641,6 +641,13 @@ def _request_options(args: argparse.Namespace):
     """The request's ServiceOptions (app.request: checked as every front's are)."""
     from .request import ServiceOptions, decoding_choices
 
+    if args.condition_on_previous_text and (args.batch_size or 1) > 1:
+        print(
+            "specscribe: warning: --condition-on-previous-text does nothing with --batch-size "
+            "above 1: windows decoded side by side have no text before them to be prompted with",
+            file=sys.stderr,
+        )
+
     return ServiceOptions(
         language=args.language,
         task=args.task,
@@ -651,7 +658,7 @@ def _request_options(args: argparse.Namespace):
         max_speakers=args.max_speakers,
         batch_size=args.batch_size,
         initial_prompt=args.initial_prompt,
-        condition_on_previous_text=args.condition_on_previous_text,
+        condition_on_previous_text=args.condition_on_previous_text is not False,
         temperature=args.temperature,
         **decoding_choices(args),
     )

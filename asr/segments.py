@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from asr.types import Segment
 from asr.whisper import FRAMES_PER_SECOND, INPUT_STRIDE, TIME_PRECISION, WhisperModel
@@ -103,3 +103,38 @@ def split_segments(
     has_text = any(t < begin for t in tokens)
     pieces = [segment(tokens, time_offset, time_offset + length)] if has_text else []
     return done(pieces, window_frames)
+
+
+def without_overlaps(segments: list[Segment]) -> list[Segment]:
+    """`segments` (in time order) with no segment starting before the one before it ends.
+
+    Windows decoded apart (cut at silences, `--batch-size`) are timed apart, and word timing
+    can end a window's last word a few frames past its cut, so the next window's first
+    segment began 20 ms before it ended: overlapping cues, which subtitle players and
+    validators refuse. The later segment then starts where the earlier one ends, its words
+    with it; where that would leave it nothing, the earlier one ends where the later starts.
+    """
+    kept: list[Segment] = []
+    for segment in segments:
+        if kept and segment.start < kept[-1].end:
+            if kept[-1].end < segment.end:
+                segment = _from(segment, kept[-1].end)
+            else:
+                kept[-1] = _until(kept[-1], max(segment.start, kept[-1].start))
+        kept.append(segment)
+    return kept
+
+
+def _from(segment: Segment, start: float) -> Segment:
+    words = tuple(
+        replace(word, start=max(word.start, start), end=max(word.end, start))
+        for word in segment.words
+    )
+    return replace(segment, start=start, words=words)
+
+
+def _until(segment: Segment, end: float) -> Segment:
+    words = tuple(
+        replace(word, start=min(word.start, end), end=min(word.end, end)) for word in segment.words
+    )
+    return replace(segment, end=end, words=words)

@@ -37,7 +37,7 @@ from asr.guards import REPEATED_SHARE, RepetitionGuard, drop_isolated_anomalies
 from asr.languages import LANGUAGES
 from asr.logit_rules import LogitRules
 from asr.passages import plan_passages
-from asr.segments import WindowSplit, split_segments
+from asr.segments import WindowSplit, split_segments, without_overlaps
 from asr.silence import (
     ONSET_MARGIN_FRAMES,
     chunk_window,
@@ -1218,7 +1218,7 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
         progress("transcribe", reached, total)
     if reached < total:  # the last chunks were digital silence
         progress("transcribe", total, total)
-    return sorted(segments, key=lambda s: (s.start, s.end))
+    return without_overlaps(sorted(segments, key=lambda s: (s.start, s.end)))
 
 
 def _decode_by_language(

@@ -606,3 +606,24 @@ def test_a_terminal_sees_how_far_a_file_has_been_transcribed(tmp_path):
         process.kill()
     assert process.wait(timeout=10) == 0, seen.decode(errors="replace")
     assert b"jfk.wav: transcribe 100%" in seen, seen.decode(errors="replace")
+
+
+@pytest.mark.parametrize(
+    ("flags", "prompted", "warned"),
+    [
+        ((), True, False),
+        (("--batch-size", "4"), False, False),
+        (("--batch-size", "4", "--condition-on-previous-text"), False, True),
+        (("--condition-on-previous-text",), True, False),
+        (("--no-condition-on-previous-text",), False, False),
+    ],
+)
+def test_an_explicit_previous_text_prompt_that_batching_ignores_is_warned_about(
+    capsys, flags, prompted, warned
+):
+    from app.cli import _request_options, build_parser
+
+    args = build_parser().parse_args(["transcribe", "a.wav", *flags])
+    options = _request_options(args)
+    assert options.transcribe_options().condition_on_previous_text is prompted
+    assert ("--condition-on-previous-text does nothing" in capsys.readouterr().err) is warned

