@@ -22,6 +22,7 @@ timeline. The hallucination guards (`asr.guards`) act on decided text only.
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -66,6 +67,9 @@ Windows = Literal["seek", "silence"]
 # A window whose text ends this long before its audio, louder audio following, has its tail
 # decoded again (`_skipped_tail`).
 MIN_TAIL_SECONDS = 2
+# A window whose text jumps over this much loud audio between two segments is cut at the
+# jump, the next window starting there (`_Session._before_skipped_speech`).
+MIN_SKIPPED_SECONDS = 5
 # "seek" windows of this many passages decode as one batch (`asr.passages`).
 PASSAGES_PER_PASS = 8
 
@@ -387,6 +391,8 @@ class _Session:
         self.dropped_anomalies = 0
         self.dropped_in_pauses = 0  # segments timed wholly inside a cut-out pause
         self.retimed_windows = 0  # windows whose segments took their words' times (late starts)
+        self.resumed_windows = 0  # windows cut short at speech their text skipped
+        self._level: torch.Tensor | None = None  # `level`, computed on first use
         self.ledger = _Ledger()  # shared with the recordings decoded beside this one
         self.encoder_seconds = 0.0
         self.word_seconds = 0.0
@@ -651,6 +657,13 @@ class _Session:
 
         return windows
 
+    @property
+    def level(self) -> torch.Tensor:
+        """The recording's loudness per mel frame (`asr.silence.loudness`)."""
+        if self._level is None:
+            self._level = loudness(self.mel, self.content_frames)
+        return self._level
+
     def split(
         self,
         encoded: Callable[[list[int]], EncodedAudio],
@@ -726,10 +739,51 @@ class _Session:
                 ]
         if self.options.word_timestamps and self.seam_silences:
             splits = [self._without_text_in_pauses(split) for split in splits]
+        if not unfinished:  # sequential windows: the next one can start at skipped speech
+            splits = [
+                self._before_skipped_speech(split, start, frames)
+                for split, (_, start, frames) in zip(splits, decoded, strict=True)
+            ]
         return [
             self._without_repeats(split, guard, result.prompted)
             for split, guard, (result, _, _) in zip(splits, guards, decoded, strict=True)
         ]
+
+    def _before_skipped_speech(self, split: WindowSplit, start: int, frames: int) -> WindowSplit:
+        """`split` up to the first gap of MIN_SKIPPED_SECONDS or more between its segments
+        where the audio is loud, the next window starting there; else `split` itself.
+
+        Whisper can jump over speech inside a window: its timestamps go from one segment to a
+        later one, and OpenAI's seek moves past both, so the words between are lost for good.
+        A window of German, English and French speech decoded with --language en gave the
+        German and the French, and the 11 s of English between them vanished without a
+        warning. Decoded from where that speech begins, the window after it hears it first.
+        A gap counts only where its audio reaches the window's median level
+        (`first_loud_frame`) MIN_TAIL_SECONDS or more before the next segment starts. Shorter
+        gaps are left as Whisper timed them: in an AMI meeting's overlapped speech a segment
+        began 2 s after the one before it ended, crosstalk filling the gap, and decoding from
+        there only changed the words around it."""
+        content = [i for i, segment in enumerate(split.segments) if _has_content(segment)]
+        for before, after in itertools.pairwise(content):
+            earlier, later = split.segments[before], split.segments[after]
+            gap_start = max(split.timestamp_ends[before], earlier.end)
+            if later.start - gap_start < MIN_SKIPPED_SECONDS:
+                continue
+            gap = (round(gap_start * FRAMES_PER_SECOND), round(later.start * FRAMES_PER_SECOND))
+            loud = first_loud_frame(self.level, (start, start + frames), gap[0])
+            if loud is None or loud + MIN_TAIL_SECONDS * FRAMES_PER_SECOND > gap[1]:
+                continue
+            resume = max(loud - ONSET_MARGIN_FRAMES, gap[0])
+            self.resumed_windows += 1
+            return replace(
+                split,
+                segments=split.segments[: before + 1],
+                tokens=split.tokens[: before + 1],
+                timestamp_ends=split.timestamp_ends[: before + 1],
+                consumed=resume - start,
+                single_timestamp_ending=True,  # nothing unfinished: go on from `resume`
+            )
+        return split
 
     def _late_starts_retimed(
         self,
@@ -981,7 +1035,7 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
         ]
         # A window's audio may hold speech its text never reached (`_decided`): the loudness
         # tells where that speech starts.
-        level = loudness(session.mel, session.content_frames)
+        level = session.level
         recordings.append(_SeekState(session, passages, level))
         if len(sessions) > 1 and passages and not options.multilingual:
             # batches hold one language, known up front
@@ -1469,6 +1523,7 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
             "dropped_anomalies": session.dropped_anomalies,
             "dropped_in_pauses": session.dropped_in_pauses,
             "retimed_windows": session.retimed_windows,
+            "resumed_windows": session.resumed_windows,
             "target_calls": stats.target_calls,
             "draft_calls": stats.draft_calls,
             "generated_tokens": stats.generated_tokens,

@@ -282,3 +282,28 @@ def test_an_english_only_model_with_a_prompt_checks_no_language(whisper_tiny_en)
     jfk = load_audio(SAMPLES / "jfk.wav")
     options = TranscribeOptions(language="en", initial_prompt="Hello")
     assert not transcribe(whisper_tiny_en, jfk, options).warnings
+
+
+@pytest.mark.slow
+def test_speech_the_text_jumps_over_inside_a_window_is_decoded_from_where_it_starts(
+    whisper_base,
+):
+    """German, English and French with 5 s pauses (one passage, one window) decoded as
+    English: Whisper gave the German and the French and jumped over the 11 s of English
+    between them, which were lost without a warning. The next window now starts where that
+    speech does."""
+    pieces, spans, clock = [], [], 0.0
+    for path in (CLIPS[1][1], CLIPS[0][1], CLIPS[2][1]):
+        samples = load_audio(path)
+        spans.append((clock, clock + len(samples) / SAMPLE_RATE))
+        pieces += [samples, np.zeros(5 * SAMPLE_RATE, np.float32)]
+        clock = spans[-1][1] + 5.0
+    transcript = transcribe(
+        whisper_base, np.concatenate(pieces), TranscribeOptions(language="en"), spans=spans
+    )
+    assert transcript.stats["passages"] == 1
+    assert transcript.stats["resumed_windows"] >= 1
+    english = passage_texts(transcript, spans)[1]
+    assert word_error_rate(reference_text(CLIPS[0][1]), english) <= 0.1, english
+    for previous, current in zip(transcript.segments, transcript.segments[1:], strict=False):
+        assert previous.end <= current.start
