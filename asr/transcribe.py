@@ -178,7 +178,11 @@ class TranscribeOptions:
         special = model.special
         if special.multilingual and self.language not in (None, *special.language_ids):
             known = ", ".join(sorted(special.language_ids))
-            raise ValueError(f"language {self.language!r} is not one of: {known}")
+            named = Path(model.name).name
+            raise ValueError(
+                f"language {self.language!r} is not among the "
+                f"{len(special.language_ids)} languages of model {named}: {known}"
+            )
         if not special.multilingual:
             named = Path(model.name).name  # the model's directory, not the cache's path to it
             if self.language not in (None, "en"):
