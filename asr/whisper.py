@@ -328,7 +328,10 @@ class WhisperModel:
         directory = local_directory(path)
         model_type = _model_type(directory)
         if model_type is None:
-            raise ValueError(f"{path} holds no transformers config.json: not a model checkpoint")
+            raise ValueError(
+                f"{path} holds no transformers config.json (one naming its model_type): not a "
+                f"model checkpoint. A faster-whisper (CTranslate2) model works as a local folder"
+            )
         if model_type != "whisper":
             raise ValueError(f"{path} holds a {model_type} model, not a Whisper model")
         if _decoder_only(directory):
