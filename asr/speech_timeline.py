@@ -237,8 +237,11 @@ def parse_clip_ranges(text: str) -> tuple[Span, ...]:
                     f"clip range {part.strip()!r} is not START-END (ranges are either all "
                     "START-END or all START,END pairs: '10-20,30-40' or '10,20,30,40')"
                 )
-            if not start.strip() and not end.strip():
-                raise ValueError(f"clip range {part.strip()!r} is not START-END")
+            if (not start.strip() and not end.strip()) or "-" in end:
+                raise ValueError(
+                    f"clip range {part.strip()!r} is not START-END (one dash a range; times "
+                    "are never negative)"
+                )
             opened = _seconds(start) if start.strip() else 0.0  # "-5": from the beginning
             bounds += [opened, _seconds(end) if end.strip() else float("inf")]
     else:
@@ -267,6 +270,8 @@ def _seconds(value: str) -> float:
         numbers = [float(p) for p in parts]
     except ValueError:
         raise ValueError(f"{value.strip()!r} is not a time (seconds or [h:]m:s)") from None
+    if any(not 0 <= number < 60 for number in numbers[1:]):  # "0:70" is no clock time
+        raise ValueError(f"{value.strip()!r} is not a time: minutes and seconds run to 59")
     seconds = 0.0
     for number in numbers:
         seconds = seconds * 60 + number

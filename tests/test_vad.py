@@ -169,6 +169,20 @@ def test_bad_clip_ranges_are_refused(text):
         parse_clip_ranges(text)
 
 
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("-5-3", "one dash a range; times are never negative"),
+        ("10-20-30", "one dash a range"),
+        ("0:70-", "minutes and seconds run to 59"),
+        ("1:60:00-", "minutes and seconds run to 59"),
+    ],
+)
+def test_clip_ranges_with_two_dashes_or_no_clock_time_say_why(text, said):
+    with pytest.raises(ValueError, match=said):
+        parse_clip_ranges(text)
+
+
 def test_mixed_clip_range_styles_are_refused_with_both_styles_shown():
     with pytest.raises(ValueError, match=r"'0' is not START-END \(ranges are either all START-END"):
         parse_clip_ranges("0,10,20-30")
