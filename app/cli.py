@@ -72,6 +72,8 @@ def _cmd_models(args: argparse.Namespace, settings: Settings) -> int:
             if not args.names or name in args.names:  # in the package: nothing to fetch
                 shipped = "shipped" if (SHIPPED_DRAFTS_DIR / name).is_dir() else "missing"
                 print(f"{name:28} {'whisper draft':18} {shipped:12} {description}")
+        if not args.names:
+            _print_derived_caches(settings.cache_dir)
         return 0
     names = args.names or list(EMBEDDED)
     failed = []
@@ -87,6 +89,22 @@ def _cmd_models(args: argparse.Namespace, settings: Settings) -> int:
         else:
             print(f"{name}: ready at {path}")
     return 1 if failed else 0
+
+
+# What the cache holds besides the embedded models: made from them or from a user's folders,
+# and safe to delete (made again on next use).
+_DERIVED_CACHES = {
+    "int8": "int8 layers quantized once per model",
+    "converted": "faster-whisper folders converted for --model",
+}
+
+
+def _print_derived_caches(cache_dir: Path) -> None:
+    for folder, what in _DERIVED_CACHES.items():
+        files = [f for f in (cache_dir / folder).rglob("*") if f.is_file()]
+        if files:
+            size = sum(f.stat().st_size for f in files) / 1e6
+            print(f"{what}: {size:.0f} MB in {cache_dir / folder} (safe to delete)")
 
 
 def _formats(value: str) -> list[str]:

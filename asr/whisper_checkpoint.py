@@ -87,7 +87,7 @@ def local_directory(path: str | Path) -> Path:
         hint = (
             "it is not in the hub cache and the hub is off (HF_HUB_OFFLINE=0 allows downloads)"
             if constants.HF_HUB_OFFLINE
-            else f"the hub did not give it ({type(error).__name__})"
+            else f"the hub could not be reached or has no such model ({type(error).__name__})"
         )
         raise ValueError(f"{path} is neither a folder nor a model to be had: {hint}") from error
 

@@ -31,6 +31,18 @@ def test_models_list_shows_every_embedded_model(capsys):
     assert "unknown model 'whisper-huge'" in capsys.readouterr().err
 
 
+def test_models_list_shows_what_else_the_cache_holds(capsys, tmp_path, monkeypatch):
+    """int8 layers and converted faster-whisper folders grow with every model folder used:
+    the list shows their size and that they can go."""
+    monkeypatch.setenv("SPECSCRIBE_CACHE_DIR", str(tmp_path))
+    (tmp_path / "models" / "int8").mkdir(parents=True)
+    (tmp_path / "models" / "int8" / "mine-0123.safetensors").write_bytes(b"\0" * 3_000_000)
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    assert f"int8 layers quantized once per model: 3 MB in {tmp_path / 'models' / 'int8'}" in out
+    assert "converted" not in out  # nothing there
+
+
 def test_unknown_model_is_a_clear_error(capsys, tmp_path):
     shutil.copy(SAMPLES / "jfk.wav", tmp_path)
     assert main(["transcribe", str(tmp_path), "--model", "whisper-huge"]) == 2
