@@ -499,8 +499,18 @@ def _cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
+    """bench/ stays out of the installed package (pyproject.toml): it runs from the checkout
+    that an editable install (`make setup`) points at, put on the import path here."""
     import importlib
 
+    checkout = Path(__file__).resolve().parent.parent
+    if not (checkout / "bench" / "__init__.py").is_file():
+        raise ValueError(
+            "specscribe bench runs from a checkout of specscribe (bench/ is not installed): "
+            "install it with `make setup` there, or run `python -m bench.SUITE` in it"
+        )
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
     return importlib.import_module(f"bench.{args.suite}").main(args.bench_args)
 
 
@@ -1001,7 +1011,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="serve the web UI (Gradio) and the OpenAI-compatible API (/v1)"
     )
     web.add_argument("--host", default="127.0.0.1", help="interface (0.0.0.0: every one)")
-    web.add_argument("--port", type=int, default=7860)
+    web.add_argument("--port", type=int, default=7860, help="(default: %(default)s)")
     web.add_argument("--model", help="embedded name, local directory or hub id")
     web.add_argument(
         "--assistant",
@@ -1018,7 +1028,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--queue-size",
         type=int,
         default=16,
-        help="requests that may wait, in the page's queue and in the API's (then: queue full, 429)",
+        help="requests that may wait, in the page's queue and in the API's (then: queue full, "
+        "429; default: %(default)s)",
     )
     web.add_argument(
         "--api-key",

@@ -99,7 +99,13 @@ class RayWorker:
                 configure_logging=False,
             )
         else:
-            ray.init(address=self.ray_options.address, configure_logging=False)
+            try:
+                ray.init(address=self.ray_options.address, configure_logging=False)
+            except ConnectionError as error:  # no cluster at that address
+                raise ValueError(
+                    f"--ray-address {self.ray_options.address}: {error} (start one with "
+                    f"`ray start --head`, or leave --ray-address out for a private one)"
+                ) from None
         try:
             with stop_on_signals():
                 return self._loop(ray)

@@ -40,6 +40,7 @@ E2E_TESTS = {
         "test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback",
         "test_two_runs_on_one_folder_share_its_files",
         "test_a_reader_that_stops_reading_ends_nothing_but_the_printing",
+        "test_the_bench_command_runs_from_anywhere",
     },
     "test_bench_cli.py": {"test_a_one_file_run_times_real_processes"},
     "test_worker.py": {

@@ -639,3 +639,16 @@ def test_an_explicit_previous_text_prompt_that_batching_ignores_is_warned_about(
     options = _request_options(args)
     assert options.transcribe_options().condition_on_previous_text is prompted
     assert ("--condition-on-previous-text does nothing" in capsys.readouterr().err) is warned
+
+
+def test_the_bench_command_runs_from_anywhere(tmp_path):
+    """`specscribe bench` imports bench/ from the checkout the install points at: run from
+    another folder it failed with ModuleNotFoundError: No module named 'bench'."""
+    import subprocess
+    import sys
+
+    entry = Path(sys.executable).parent / "specscribe"
+    command = [str(entry), "bench", "text", "--help"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "usage: bench.text" in done.stdout
