@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -82,6 +83,7 @@ def converted_ct2_whisper(
 def _remove_older_conversions(converted_dir: Path, name: str, keep: Path) -> None:
     """Drops the conversions of a folder of this name made from other files (its weights
     replaced since), so the cache keeps one conversion per folder name."""
-    for older in converted_dir.glob(f"{name}-*"):
-        if older != keep and older.is_dir() and len(older.name) == len(keep.name):
+    ours = re.compile(re.escape(name) + r"-[0-9a-f]{16}")  # not another name's ("base-v2-...")
+    for older in converted_dir.iterdir():
+        if older != keep and older.is_dir() and ours.fullmatch(older.name):
             shutil.rmtree(older, ignore_errors=True)

@@ -663,7 +663,9 @@ class _Session:
 
     @property
     def level(self) -> torch.Tensor:
-        """The recording's loudness per mel frame (`asr.silence.loudness`)."""
+        """The recording's loudness per mel frame (`asr.silence.loudness`): where a window
+        holds speech its text never reached (a skipped tail, a jump), it tells where that
+        speech starts."""
         if self._level is None:
             self._level = loudness(self.mel, self.content_frames)
         return self._level
@@ -1006,12 +1008,10 @@ class _Passage:
 @dataclass
 class _SeekState:
     """Where one recording's "seek" decoding stands: its passages, and its decided windows not
-    yet reported (first frame, result, split). level: its loudness per mel frame
-    (`asr.silence.loudness`): a window may stop its text before speech it holds."""
+    yet reported (first frame, result, split)."""
 
     session: _Session
     passages: list[_Passage]
-    level: torch.Tensor
     decided: list[tuple[int, WindowResult, WindowSplit]] = field(default_factory=list)
 
 
@@ -1037,10 +1037,7 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
             )
             for start, end in session.passages
         ]
-        # A window's audio may hold speech its text never reached (`_decided`): the loudness
-        # tells where that speech starts.
-        level = session.level
-        recordings.append(_SeekState(session, passages, level))
+        recordings.append(_SeekState(session, passages))
         if len(sessions) > 1 and passages and not options.multilingual:
             # batches hold one language, known up front
             first = passages[0]
@@ -1147,7 +1144,7 @@ def _decided(
 ) -> None:
     """Spoken windows of one recording (these rows of the batch, of these passages, in these
     languages) split into segments; each passage moves on past what its window used up."""
-    session, level = recording.session, recording.level
+    session, level = recording.session, recording.session.level
     options = session.options
     decoded = [(results[r], windows[r][0], windows[r][1] - windows[r][0]) for r in rows]
     splits = session.split(
@@ -1205,7 +1202,7 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
     decoded first.
     """
     options, total = session.options, session.content_frames
-    level = loudness(session.mel, total)
+    level = session.level
     chunks = split_at_silence(session.mel, total, session.pause_cuts)
     # A chunk of digital silence is skipped, as a silent one is, without decoding it.
     queue = deque(chunk for chunk in chunks if not has_no_signal(session.mel, chunk))

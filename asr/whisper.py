@@ -7,7 +7,6 @@ timestamp grid) and on the transformers model classes; the long-form loop in
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from asr.whisper_checkpoint import (
     local_directory,
     mel_filters,
     read_checkpoint,
+    read_json,
     weight_files,
 )
 from decoding.projection import OutputProjection
@@ -213,23 +213,6 @@ def linear_factory(kind: LinearKind) -> LinearFactory:
     raise ValueError(f"unknown linear kind {kind!r}")
 
 
-def _model_type(directory: Path) -> str | None:
-    config = directory / "config.json"
-    if not config.is_file():
-        return None
-    try:
-        fields = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{config} cannot be read: {error}") from None
-    return fields.get("model_type") if isinstance(fields, dict) else None
-
-
-def _decoder_only(directory: Path) -> bool:
-    """Whether a Whisper checkpoint is a decoder alone (a distilled draft's WhisperForCausalLM)."""
-    fields = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-    return fields.get("architectures") == ["WhisperForCausalLM"]
-
-
 def _transformers_module(checkpoint: Checkpoint):
     """transformers' model class for a checkpoint, built on its tensors (assigned, not
     copied): WhisperForCausalLM for a decoder-only draft, else WhisperForConditionalGeneration."""
@@ -326,7 +309,9 @@ class WhisperModel:
         from asr.tokenizer import WhisperTokenizer
 
         directory = local_directory(path)
-        model_type = _model_type(directory)
+        config_file = directory / "config.json"
+        config = read_json(config_file) if config_file.is_file() else {}
+        model_type = config.get("model_type")
         if model_type is None:
             raise ValueError(
                 f"{path} holds no transformers config.json (one naming its model_type): not a "
@@ -334,7 +319,7 @@ class WhisperModel:
             )
         if model_type != "whisper":
             raise ValueError(f"{path} holds a {model_type} model, not a Whisper model")
-        if _decoder_only(directory):
+        if config.get("architectures") == ["WhisperForCausalLM"]:  # a distilled draft
             raise ValueError(
                 f"{path} is a draft (a Whisper decoder without an encoder): it serves as "
                 f"--assistant beside a Whisper model, not as the model"

@@ -123,9 +123,9 @@ def read_checkpoint(
     config_file = directory / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{path} holds no config.json: not a transformers checkpoint")
-    config = _read_json(config_file)
+    config = read_json(config_file)
     generation_file = directory / "generation_config.json"
-    generation = _read_json(generation_file) if generation_file.is_file() else {}
+    generation = read_json(generation_file) if generation_file.is_file() else {}
     weights = weight_files(directory)
     if not weights:
         raise ValueError(
@@ -152,7 +152,8 @@ def read_checkpoint(
     return Checkpoint(directory, config_namespace(config), generation, tensors)
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
+    """A checkpoint's JSON file as a dict; ValueError, naming the file, if it is no JSON object."""
     try:
         read = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
