@@ -13,6 +13,7 @@ import torch
 
 from asr.audio import load_audio
 from asr.int8_store import Int8Store
+from asr.static_encoder import StaticEncoder
 from asr.whisper import N_FRAMES
 from asr.whisper_checkpoint import mel_filters
 from tests.conftest import SAMPLES
@@ -34,6 +35,30 @@ def test_the_encoder_computes_what_transformers_computes(whisper_base):
         theirs = whisper_base.model.model.encoder(mel).last_hidden_state
     assert ours.shape == theirs.shape == (1, 1500, 512)
     torch.testing.assert_close(ours, theirs, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_fused_cpu_encoder_computes_what_the_plain_one_does(whisper_base, dtype):
+    tensors = whisper_base.checkpoint.with_prefix("model.encoder.")
+    heads = whisper_base.config.encoder_attention_heads
+    encoder = StaticEncoder({name: t.to(dtype) for name, t in tensors.items()}, heads)
+    if not encoder.fused:
+        pytest.skip(f"oneDNN's fused {dtype} products do not apply on this CPU")
+    reference = StaticEncoder(tensors, heads)
+    reference.fused = False
+    mel = whisper_base.log_mel(load_audio(SAMPLES / "jfk.wav"))[None, :, :N_FRAMES]
+    expected = reference(mel)
+    fused = encoder(mel).float()
+    encoder.fused = False
+    plain = encoder(mel).float()
+    assert fused.shape == plain.shape == (1, 1500, 512)
+    if dtype == torch.float32:
+        torch.testing.assert_close(fused, expected, atol=1e-3, rtol=1e-3)
+    else:  # rounded to bfloat16 at other points: no further from float32 than before
+        fused_error = (fused - expected).abs().mean()
+        assert fused_error <= 1.05 * (plain - expected).abs().mean()
+        assert fused_error < 0.02 * expected.abs().mean()
 
 
 def test_an_int8_store_hands_back_the_layers_it_saved(tmp_path):
