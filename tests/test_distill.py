@@ -97,9 +97,9 @@ def test_unknown_speech_engines_are_refused():
 
 @pytest.mark.slow
 def test_the_language_model_writes_sentences_for_synthetic_speech(registry):
-    from app.llm import load_language_model
+    from app.llm import load_language_model, prompt_continuer
 
-    writer = load_language_model(registry, "smollm2-135m")
+    writer = prompt_continuer(load_language_model(registry, "smollm2-135m"))
     sentences = generate_sentences(writer, 5, seed=3)
     assert len(sentences) == 5
     assert all(4 <= len(s.split()) <= 40 for s in sentences)
