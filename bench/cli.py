@@ -39,7 +39,8 @@ from statistics import median
 from bench import positive_int
 from bench.asr_data import SPEECH, Utterance, user_files
 
-RESULTS = Path(__file__).resolve().parent / "results"
+CHECKOUT = Path(__file__).resolve().parents[1]  # the folder that holds bench/
+RESULTS = CHECKOUT / "bench" / "results"
 BASELINE = "faster-whisper int8"
 DRAFT = "whisper-base-draft"  # the draft `--assistant auto` picks for whisper-base
 EAGER_STEPS = (("SPECSCRIBE_TRACED_STEPS", "0"),)
@@ -166,7 +167,10 @@ class Pass:
 
 
 def _run(command: list[str], threads: int, environment: tuple[tuple[str, str], ...] = ()) -> Pass:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), **dict(environment)}
+    # The baseline runs as `python -m bench.faster_whisper_folder`: the checkout holding bench/
+    # goes first on its path, as `specscribe bench` runs from any folder.
+    path = os.pathsep.join(filter(None, [str(CHECKOUT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path, **dict(environment)}
     with tempfile.TemporaryFile("w+") as stderr:
         started = time.perf_counter()
         process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)

@@ -118,3 +118,14 @@ def test_saving_never_overwrites_an_earlier_run(tmp_path):
     assert second.name == "cli-2026-11-27-cpu2-2.json"
     second.write_text("{}")
     assert bench_cli.unused_path(first).name == "cli-2026-11-27-cpu2-3.json"
+
+
+def test_the_baseline_process_finds_bench_from_any_folder(tmp_path, monkeypatch):
+    """`specscribe bench cli` from another folder failed at faster-whisper's first pass: its
+    `python -m bench.faster_whisper_folder` child could not import bench."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    command = [sys.executable, "-m", "bench.faster_whisper_folder", "--help"]
+    assert bench_cli._run(command, threads=1).seconds > 0

@@ -25,6 +25,8 @@ def test_models_list_shows_every_embedded_model(capsys):
     assert main(["models", "list", "whisper-base-draft"]) == 0  # only the names asked for
     (line,) = capsys.readouterr().out.splitlines()[1:]
     assert line.startswith("whisper-base-draft") and "shipped" in line
+    assert main(["models", "whisper-base-draft"]) == 0  # `models [list] [NAME...]`
+    assert capsys.readouterr().out.splitlines()[1:] == [line]
     assert main(["models", "pull", "whisper-base-draft"]) == 0  # nothing to fetch
     assert "shipped in the package" in capsys.readouterr().out
     assert main(["models", "list", "whisper-huge"]) == 2

@@ -66,6 +66,24 @@ def _form(**fields):
     return FormData(items)
 
 
+def test_a_segment_keeps_its_tokens_when_merging_speakers_moved_its_start():
+    """verbose_json's tokens: merging speakers moves a segment's start to its speaker's turn,
+    which had left every diarized segment with `tokens: []`; only a piece split out of a
+    decoded segment has none."""
+    from dataclasses import replace
+
+    from app.api.audio_formats import _Origins
+    from asr.types import DecidedWindow, Segment
+
+    decoded = Segment(1.0, 4.0, " Hello there. Hi.")
+    window = DecidedWindow(0, 0.0, 1.2, (decoded,), ((50414, 2425, 456, 13, 2421, 13, 50564),))
+    origins = _Origins([window])
+    moved = replace(decoded, start=1.4, speaker="SPEAKER_00")
+    assert origins.tokens_of(moved) == window.tokens[0]
+    assert origins.tokens_of(replace(decoded, end=3.0, text=" Hello there.")) == ()
+    assert origins.tokens_of(replace(decoded, start=3.1, text=" Hi.")) == ()
+
+
 def test_form_fields_become_service_options():
     asked, upload = parse_form(
         _form(

@@ -118,14 +118,19 @@ def verbose_json(
 
 
 class _Origins:
-    """Finds the decoded window (and the tokens) a transcript segment came from."""
+    """Finds the decoded window (and the tokens) a transcript segment came from.
+
+    A decoded segment is known by its text and either of its times: merging speakers may move
+    its start to where the speaker's turn starts (`diarize.merge.starts_in_speech`), and a
+    segment split between speakers has another text, and no tokens of its own."""
 
     def __init__(self, windows: list[DecidedWindow]) -> None:
         self.windows = sorted(windows, key=lambda w: w.seek)
         self.tokens = {
-            _key(segment): tokens
+            key: tokens
             for window in windows
             for segment, tokens in zip(window.segments, window.tokens, strict=True)
+            for key in _keys(segment)
         }
 
     def window(self, segment: Segment) -> DecidedWindow | None:
@@ -137,11 +142,12 @@ class _Origins:
         return found
 
     def tokens_of(self, segment: Segment) -> tuple[int, ...]:
-        return self.tokens.get(_key(segment), ())
+        found = (self.tokens.get(key) for key in _keys(segment))
+        return next((tokens for tokens in found if tokens is not None), ())
 
 
-def _key(segment: Segment) -> tuple[float, float, str]:
-    return (segment.start, segment.end, segment.text)
+def _keys(segment: Segment) -> tuple[tuple[str, str, float], ...]:
+    return (("start", segment.text, segment.start), ("end", segment.text, segment.end))
 
 
 def _segment(
