@@ -11,6 +11,7 @@ import atexit
 import contextlib
 import dataclasses
 import os
+import re
 import shlex
 import signal
 import sys
@@ -779,7 +780,8 @@ def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             f", {sum(failed.values())} of them failed (`specscribe status {jobs} --store "
             f"{shlex.quote(str(store.path))}` says why)"
         )
-    print(f"specscribe worker: stopped after {finished} tasks{summary}", file=sys.stderr)
+    tasks = "task" if finished == 1 else "tasks"
+    print(f"specscribe worker: stopped after {finished} {tasks}{summary}", file=sys.stderr)
     # Run as a batch (until idle), a file it ran that failed fails the run, as in `transcribe`.
     return 1 if failed and options.until_idle else 0
 
@@ -1146,7 +1148,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs one command; returns its exit status (what tests and other Python callers use)."""
-    return _run_command(build_parser().parse_args(argv))
+    parser = build_parser()
+    return _run_command(parser.parse_args(argv), parser)
 
 
 def run() -> None:
@@ -1163,8 +1166,9 @@ def run() -> None:
     prints is dropped and its work goes on (`app.closed_pipe`).
     """
     sys.stdout = ReaderGoneTolerant(sys.stdout)
-    args = build_parser().parse_args()
-    status = _run_command(args)
+    parser = build_parser()
+    args = parser.parse_args()
+    status = _run_command(args, parser)
     if getattr(args, "quick_exit", False):
         for stream in (sys.stdout, sys.stderr):
             # A closed stderr: nothing more can reach it anyway.
@@ -1175,7 +1179,7 @@ def run() -> None:
     sys.exit(status)
 
 
-def _run_command(args: argparse.Namespace) -> int:
+def _run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from asr.models import ModelFetchError
 
     from .jobs import JobStoreError
@@ -1189,7 +1193,7 @@ def _run_command(args: argparse.Namespace) -> int:
                 return args.run(args, settings)
         return args.run(args, settings)
     except (ValueError, ModelFetchError, JobStoreError) as error:
-        print(f"specscribe: error: {error}", file=sys.stderr)
+        print(f"specscribe: error: {in_flag_terms(str(error), parser)}", file=sys.stderr)
         return 2
     except Stopped as stop:  # SIGTERM, SIGHUP: unwound as Ctrl-C is (temporaries removed)
         print(f"\nspecscribe: stopped ({stop.signal.name})", file=sys.stderr)
@@ -1198,6 +1202,33 @@ def _run_command(args: argparse.Namespace) -> int:
         # Outputs are written atomically and a worker hands its task back, so nothing is lost.
         print("\nspecscribe: interrupted", file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports it
+
+
+def in_flag_terms(message: str, parser: argparse.ArgumentParser) -> str:
+    """`message` with the option fields it names (`word_timestamps`: the service's and the
+    API's names, which checks shared by every front report) as the command line's flags
+    (`--word-timestamps`). Only names with an underscore that are a flag's are replaced, and
+    never inside a path or a quoted value."""
+    flags = {
+        flag[2:].replace("-", "_"): flag
+        for action in _every_action(parser)
+        for flag in action.option_strings
+        if flag.startswith("--") and "-" in flag[2:]
+    }
+    # Not inside a path, a file name or a quoted value ('/tmp/word_timestamps.wav').
+    field = r"(?<![\w/.'\"-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w/'\"-]|\.\w)"
+    return re.sub(field, lambda m: flags.get(m[0], m[0]), message)
+
+
+def _every_action(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The parser's actions and its subcommands', recursively."""
+    found = []
+    for action in parser._actions:
+        found.append(action)
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in dict.fromkeys(action.choices.values()):
+                found += _every_action(subparser)
+    return found
 
 
 class Stopped(KeyboardInterrupt):

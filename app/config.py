@@ -20,6 +20,9 @@ _OFFLINE_DEFAULTS = {
     "GRADIO_ANALYTICS_ENABLED": "False",
     "HF_HUB_OFFLINE": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1",
+    # transformers' "Loading weights" bar on stderr at every `generate` and `serve` start (it
+    # follows the hub's switch); specscribe reports its own progress.
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
 }
 for _name, _value in _OFFLINE_DEFAULTS.items():
     os.environ.setdefault(_name, _value)

@@ -344,7 +344,9 @@ def describe(error: ValidationError) -> str:
         elif problem["type"] == "extra_forbidden":
             clauses.append(f"{name}: unknown option")
         else:
-            clauses.append(f"{name}: {message[:1].lower()}{message[1:]} (got {_got(problem)})")
+            off = " or off" if name in FALLBACK_SETTINGS else ""  # what turns them off
+            described = f"{message[:1].lower()}{message[1:]}{off}"
+            clauses.append(f"{name}: {described} (got {_got(problem)})")
     return "; ".join(clauses)
 
 

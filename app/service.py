@@ -101,6 +101,31 @@ def _choose_draft(requested: str, asr_model: str) -> str:
 DRAFT_PAYS_AFTER_SECONDS = 20.0
 
 
+# Assistants that are no model (`TranscriptionService`).
+MODEL_FREE_ASSISTANTS = ("none", "prompt-lookup")
+
+
+def _check_assistant(name: str) -> None:
+    """Raises ModelNotFoundError unless `name` can name a transcription assistant: a shipped
+    draft, a Whisper model (embedded, a folder or a hub id), or one of MODEL_FREE_ASSISTANTS.
+    Its error lists those, not the text and speaker models a Whisper cannot draft with."""
+    from asr.models import EMBEDDED, SHIPPED_DRAFTS, ModelNotFoundError, check_model_name
+
+    if name in MODEL_FREE_ASSISTANTS or name in SHIPPED_DRAFTS:
+        return
+    try:
+        check_model_name(name, kind="whisper")
+    except ModelNotFoundError as error:
+        if name in EMBEDDED:  # a model of another kind
+            raise ModelNotFoundError(f"assistant {error}: it cannot draft for Whisper") from None
+        whispers = sorted(n for n, model in EMBEDDED.items() if model.kind == "whisper")
+        known = ", ".join(["auto", *MODEL_FREE_ASSISTANTS, *sorted(SHIPPED_DRAFTS), *whispers])
+        raise ModelNotFoundError(
+            f"unknown assistant {name!r}: not a draft, a Whisper model, a local directory or a "
+            f"hub id (organisation/name). Assistants: {known}"
+        ) from None
+
+
 def _given(value: str | None, default: str, what: str) -> str:
     """`value` unless it was left out (None); an empty or blank value is an error, not the
     default (`--model ""` from a script whose variable is unset must not run another model)."""
@@ -176,6 +201,7 @@ class TranscriptionService:
         )
         requested_draft = _given(assistant_model, self.settings.assistant_model, "assistant")
         self.draft_model_name = _choose_draft(requested_draft, self.asr_model_name)
+        _check_assistant(self.draft_model_name)
         # "auto" loads its model draft once the speech transcribed reaches
         # DRAFT_PAYS_AFTER_SECONDS (`_draft_for`); a draft the caller named is always used.
         self._draft_when_it_pays = requested_draft == "auto"

@@ -71,20 +71,29 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
     out.mkdir()
     (out / "jfk.txt").write_text("finished earlier")
     refused = {
-        ("--diarize", "--min-speakers", "3", "--max-speakers", "1"): "exceeds max_speakers",
+        (
+            "--diarize",
+            "--min-speakers",
+            "3",
+            "--max-speakers",
+            "1",
+        ): "--min-speakers (3) exceeds --max-speakers (1)",
         ("--language", "xx"): "'xx' is not a Whisper language code",
         ("--format", "rttm"): "format rttm needs diarize",
         ("--vad-threshold", "2"): "vad threshold must be in (0, 1)",
         ("--clip-timestamps", "20-10"): "start must be >= 0 and before its end",
-        ("--hallucination-silence-threshold", "2"): "needs word_timestamps",
-        ("--max-line-width", "3"): "max_line_width must be in 10..1000",
-        ("--passage-pause", "inf"): "passage_pause must be 0 (off) or a positive number",
-        ("--passage-pause", "-1"): "passage_pause must be 0 (off) or a positive number",
+        ("--hallucination-silence-threshold", "2"): "needs --word-timestamps",
+        ("--max-line-width", "3"): "--max-line-width must be in 10..1000",
+        ("--passage-pause", "inf"): "--passage-pause must be 0 (off) or a positive number",
+        ("--passage-pause", "-1"): "--passage-pause must be 0 (off) or a positive number",
         ("--lookup-branch",): "lookup branch is the last chain of a tree of drafts",
+        ("--assistant", "foo"): "Assistants: auto, none, prompt-lookup, whisper-base-draft,",
+        ("--assistant", "gemma-3-270m"): "causal-lm model, not a whisper one: it cannot draft",
         ("--multilingual", "--language", "de"): "cannot be combined with language 'de'",
         ("--temperature", "2"): "temperature: input should be less than or equal to 1",
-        ("--logprob-threshold", "1"): "logprob_threshold must be a log-probability, at most 0",
-        ("--no-speech-threshold", "often"): "no_speech_threshold: input should be a valid number",
+        ("--logprob-threshold", "1"): "--logprob-threshold must be a log-probability, at most 0",
+        ("--no-speech-threshold", "often"): "--no-speech-threshold: input should be a valid number",
+        ("--no-speech-threshold", "of"): "as a number or off (got 'of')",
     }
     for flags, reason in refused.items():
         assert main([*jfk, "--output-dir", str(out), *flags]) == 2, flags
@@ -654,3 +663,20 @@ def test_the_bench_command_runs_from_anywhere(tmp_path):
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "usage: bench.text" in done.stdout
+
+
+def test_errors_name_options_as_the_command_line_spells_them():
+    from app.cli import build_parser, in_flag_terms
+
+    parser = build_parser()
+    said = in_flag_terms(
+        "hallucination_silence_threshold needs word_timestamps; min_speakers (3) exceeds "
+        "max_speakers (2); cannot read /tmp/word_timestamps.wav or 'max_speakers' or "
+        "word_timestamps.txt; speech_ratio stays",
+        parser,
+    )
+    assert said == (
+        "--hallucination-silence-threshold needs --word-timestamps; --min-speakers (3) exceeds "
+        "--max-speakers (2); cannot read /tmp/word_timestamps.wav or 'max_speakers' or "
+        "word_timestamps.txt; speech_ratio stays"
+    )

@@ -1081,11 +1081,14 @@ PROMPT = "The three primary colours are"
 def generated() -> str:
     """`specscribe generate`'s greedy output for PROMPT (the text line of its stdout)."""
     env = _child_env(Path(os.environ.get("TMPDIR", "/tmp")))
+    env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)  # as a user's shell has it: specscribe's own
     command = [sys.executable, "-m", "specscribe.cli", "generate", PROMPT]
     command += ["--model", TEXT_MODEL, "--max-new-tokens", "24"]
     run = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert run.stdout.endswith("\n")
+    # stderr is the statistics line alone, without transformers' "Loading weights" bar.
+    assert run.stderr.startswith("specscribe: ") and run.stderr.count("\n") == 1, run.stderr
     return run.stdout[:-1]
 
 
