@@ -17,7 +17,7 @@ import tomllib
 
 import pytest
 
-from app.cli import build_parser
+from app.cli import _cmd_models, _models_action, build_parser
 from asr.models import EMBEDDED
 from tests.conftest import REPO
 
@@ -118,7 +118,7 @@ def test_models_pulled_at_build_time_are_embedded_models():
     assert {"whisper-base", "pyannote-segmentation-3.0", "campplus-sv-zh-en"} <= set(names)
     assert set(names) <= set(EMBEDDED), f"unknown: {set(names) - set(EMBEDDED)}"
     args = build_parser().parse_args(["models", "pull", *names])
-    assert args.action == "pull" and args.names == names
+    assert args.run is _cmd_models and _models_action(args.names) == ("pull", names)
 
 
 def test_default_command_serves_the_ui_on_the_exposed_port():
