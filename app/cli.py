@@ -206,7 +206,16 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         unlisted.append((folder, f"{folder}: cannot list this folder: {error.strerror}"))
         print(f"specscribe: skipped {unlisted[-1][1]}", file=sys.stderr)
 
-    files = find_audio_files([Path(p) for p in args.paths], unreadable)
+    videos: list[Path] = []
+    files = find_audio_files([Path(p) for p in args.paths], unreadable, videos.append)
+    if videos:
+        kinds = ", ".join(sorted({video.suffix.lower() for video in videos}))
+        print(
+            f"specscribe: note: {len(videos)} video file{'s' if len(videos) > 1 else ''} "
+            f"({kinds}) in the folders left out: a folder often holds a video beside its "
+            "extracted sound; name a video to transcribe it",
+            file=sys.stderr,
+        )
     if not files:
         print("specscribe: no audio files found", file=sys.stderr)
         return 2
@@ -220,8 +229,15 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             undone.append((path, reason))
         files = [(path, stem) for path, stem in files if path not in colliding]
     jobs, relabels, skipped = [], [], 0
+    recordings = {path.resolve() for path, _ in files}
     for path, stem in files:
         outputs = output_paths(args.output_dir, stem, formats) if args.output_dir else {}
+        if over := [out for out in outputs.values() if out.resolve() in recordings]:
+            # `rec.txt` given as a recording: its txt output would replace it (--overwrite).
+            reason = f"{path}: its output {over[0]} is a recording given to transcribe"
+            print(f"specscribe: skipping {reason}; choose another --output-dir", file=sys.stderr)
+            undone.append((path, reason))
+            continue
         file_record = made_from(path, record)
         plan = plan_outputs(outputs, file_record, args.overwrite)
         if not plan.decode:
@@ -280,23 +296,31 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         skipped=skipped,
     )
     run.run(jobs, relabels)
-    return _summary(len(run.finished), run.skipped, run.failures, len(run.left_to_others))
+    return _summary(
+        len(run.finished), run.skipped, run.failures, len(run.left_to_others), run.not_done
+    )
 
 
 def _summary(
-    done: int, skipped: int, failures: list[tuple[Path, str]], left_to_others: int = 0
+    done: int,
+    skipped: int,
+    failures: list[tuple[Path, str]],
+    left_to_others: int = 0,
+    not_done: int = 0,
 ) -> int:
     """Step 5 of `transcribe`: the counts and every failure's reason; the exit status (1 when
-    anything failed). left_to_others: files another run was transcribing (it reports them)."""
+    anything failed or was not done). left_to_others: files another run was transcribing (it
+    reports them); not_done: files left when the run stopped (its outputs' disk full)."""
     others = f", {left_to_others} left to another run" if left_to_others else ""
+    left = f", {not_done} not done" if not_done else ""
     print(
         f"specscribe: {done} transcribed, {skipped} skipped (outputs exist), "
-        f"{len(failures)} failed{others}",
+        f"{len(failures)} failed{others}{left}",
         file=sys.stderr,
     )
     for _, reason in failures:
         print(f"  failed: {reason}", file=sys.stderr)
-    return 1 if failures else 0
+    return 1 if failures or not_done else 0
 
 
 def _check_output_dir(output_dir: Path) -> None:

@@ -10,6 +10,7 @@ unwinds: outputs are written atomically, so a rerun does the rest.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,11 +24,20 @@ from .output_plan import fingerprinted, plan_outputs
 from .service import Labelled, TranscriptionService
 from .unlabelled_cache import Kept, keep_unlabelled
 
+# Write errors that every later file's outputs would meet too: a full disk or quota, a
+# file system mounted read-only.
+_DISK_UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
 # The most audio one batch of files holds: a batch's outputs are written when all of it is
 # decoded, so a short file waits at most for 10 min of audio beside it.
 BATCH_AUDIO_SECONDS = 600.0
 
 Job = tuple[Path, dict[str, Path], dict]  # (file, its outputs by format, their record)
+
+
+class OutputsUnwritable(RuntimeError):
+    """A file's outputs cannot be written (or their lock file made); says why in a user's
+    terms (`_unwritten`)."""
 
 
 class FileRun:
@@ -54,6 +64,9 @@ class FileRun:
         self._claims: dict[Path, OutputClaim] = {}  # held until a file's outputs are written
         self._settled = 0  # files done with, whatever the outcome
         self._bar = None
+        # Why outputs can no longer be written anywhere (a full disk): the run stops there.
+        self.unwritable: str | None = None
+        self.not_done = 0  # files left when it stopped
 
     def run(self, jobs: list[Job], relabels: list[tuple[Path, dict[str, Path], dict, Kept]]):
         """Transcribes `jobs` and labels the kept transcripts of `relabels` again (only the
@@ -66,8 +79,12 @@ class FileRun:
         try:
             for path, outputs, record, kept in relabels:
                 self._relabel(path, outputs, record, kept)
-            for group in self._batches(jobs):
+                if self.unwritable:
+                    break
+            for group in self._batches(jobs) if not self.unwritable else ():
                 self._transcribe(group)
+                if self.unwritable:
+                    break
         except KeyboardInterrupt:
             self._bar.close()
             for path in list(self._claims):
@@ -80,6 +97,16 @@ class FileRun:
             )
             raise
         self._bar.close()
+        if self.unwritable:
+            for path in list(self._claims):
+                self._release(path)
+            self.not_done = total - self._settled
+            files = "file" if self.not_done == 1 else "files"
+            print(
+                f"specscribe: stopped: {self.unwritable}; {self.not_done} {files} not done (a "
+                "rerun does them once there is room)",
+                file=sys.stderr,
+            )
 
     # -- one file's steps ---------------------------------------------------------------------
 
@@ -147,11 +174,14 @@ class FileRun:
 
     def _claimed(self, path: Path, outputs: dict[str, Path], record: dict) -> bool:
         """Claims a file's outputs before it is decoded; False (the file counted) where another
-        run holds them, or made them since the plan was made. Raises OSError where the lock
-        file cannot be made."""
+        run holds them, or made them since the plan was made. Raises OutputsUnwritable where
+        the lock file cannot be made."""
         if not outputs:
             return True  # printed only
-        claim = claim_outputs(outputs)
+        try:
+            claim = claim_outputs(outputs)  # a lock file beside them: a first write
+        except OSError as error:
+            raise OutputsUnwritable(_unwritten(error)) from error
         if claim is None:
             self._say(f"specscribe: skipping {path}: another specscribe run is transcribing it")
             self.left_to_others.append(path)
@@ -172,6 +202,8 @@ class FileRun:
         self._release(path)
         if isinstance(error, AudioLoadError):
             reason = str(error)  # names the file
+        elif isinstance(error, OutputsUnwritable):
+            reason = f"{path}: {error}"
         else:  # one file's failure must not end the run
             reason = f"{path}: {type(error).__name__}: {error}"
         self.failures.append((path, reason))
@@ -179,11 +211,22 @@ class FileRun:
         self._settle()
 
     def _written(self, path: Path, outputs: dict[str, Path], record: dict, result) -> None:
+        """Writes a decoded file's outputs. Where they cannot be written, its transcript is
+        printed all the same (decoding it may have taken long), the file fails, and a disk
+        that is full or read-only stops the run: every later file would fail the same way,
+        after its decoding."""
         transcript, unlabelled = result.transcript, result.unlabelled
         try:
             if unlabelled is not None and outputs:  # printed: nothing to keep it beside
                 keep_unlabelled(outputs, record, unlabelled, result.passes)
             write_outputs(transcript, outputs, record, self.layout)
+        except OSError as error:
+            self._bar.write(f"== {path} (its outputs could not be written)\n{shown(transcript)}")
+            self._failed(path, OutputsUnwritable(_unwritten(error)))
+            if error.errno in _DISK_UNWRITABLE:
+                folder = Path(error.filename).parent if error.filename else "the output folder"
+                self.unwritable = f"{folder}: {error.strerror}"
+            return
         except Exception as error:
             self._failed(path, error)
             return
@@ -200,6 +243,21 @@ class FileRun:
 
     def _say(self, line: str) -> None:
         self._bar.write(line, file=sys.stderr)
+
+
+def _unwritten(error: OSError) -> str:
+    """Why a file's outputs could not be written, in a user's terms: the folder for a
+    temporary file's error (outputs are written beside their final names first), a file that
+    stands where a folder must be, else the path and the system's words."""
+    reason = error.strerror or str(error)
+    if not error.filename:
+        return f"cannot write its outputs: {reason}"
+    path = Path(error.filename)
+    if path.name.startswith(".") and path.name.endswith(".tmp"):
+        return f"cannot write its outputs in {path.parent}: {reason}"
+    if error.errno in (errno.EEXIST, errno.ENOTDIR) and path.exists() and not path.is_dir():
+        return f"cannot write its outputs: {path} is a file where a folder must be"
+    return f"cannot write {path}: {reason}"
 
 
 def shown(transcript) -> str:

@@ -44,7 +44,11 @@ class OutputPlan:
     @property
     def why(self) -> str:
         """Why a redo, as the user is told."""
-        return self.changes if self.replaced else f"options changed ({self.changes})"
+        from asr.writers import UNFINISHED
+
+        if self.replaced or self.changes == UNFINISHED:
+            return self.changes
+        return f"options changed ({self.changes})"
 
     @property
     def unrecorded(self) -> bool:
@@ -89,14 +93,17 @@ def plan_outputs(outputs: dict[str, Path], record: dict | None, overwrite: bool)
 def kept_outputs(plan: OutputPlan, outputs: dict[str, Path]) -> str:
     """What a skip that keeps unrecorded outputs, edited ones, or another recording's, tells the
     user: those files, and the outputs not made because of them."""
+    one = len(plan.kept) == 1
     if plan.elsewhere:
         kept = ", ".join(str(outputs[fmt]) for fmt in plan.kept)
         made = plan.changes.removeprefix("its outputs were made from ")
-        return f"{kept} hold the transcript of {made}: kept (--overwrite replaces them)"
+        hold, them = ("holds", "it") if one else ("hold", "them")
+        return f"{kept} {hold} the transcript of {made}: kept (--overwrite replaces {them})"
     why = (
-        "changed since specscribe wrote them"
+        f"{'has' if one else 'have'} changed since specscribe wrote {'it' if one else 'them'}"
         if plan.edited
-        else "exist without a record that specscribe made them"
+        else f"{'exists' if one else 'exist'} without a record that specscribe made "
+        f"{'it' if one else 'them'}"
     )
     told = f"{', '.join(str(outputs[fmt]) for fmt in plan.kept)} {why}"
     if others := [fmt for fmt in plan.blocked if fmt not in plan.kept]:
@@ -104,7 +111,7 @@ def kept_outputs(plan: OutputPlan, outputs: dict[str, Path]) -> str:
         told += (
             f", so {', '.join(blocked)} {'was' if len(blocked) == 1 else 'were'} not made either"
         )
-    return told + " (--overwrite replaces them)"
+    return told + f" (--overwrite replaces {'it' if one and not others else 'them'})"
 
 
 def made_from(path: Path, record: dict) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -9,7 +10,7 @@ import re
 import stat
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ AUDIO_EXTENSIONS = frozenset(
     {
         ".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".m4b", ".mp4", ".webm",
         ".aac", ".wma", ".mkv", ".mka", ".aiff", ".aif", ".aifc", ".amr", ".mpga", ".mp2",
-        ".ac3", ".caf", ".wv",
+        ".ac3", ".caf", ".wv", ".au", ".snd",
     }
 )  # fmt: skip
 # Video containers (.mov, .avi, ...) are left to be named one by one: a folder often holds a
@@ -230,15 +231,16 @@ def decode_audio(
             raise AudioLoadError(f"{label}: empty file (0 bytes)")
         header = _wav_header(path)
         unsized = _unsized_audio(header)
-        if unsized is not None:  # ffmpeg reads past the data chunk's size; soundfile cannot
-            decoded = _decode_with_ffmpeg(str(path), label, max_seconds, ignore_length=True)
-            decoded = DecodedAudio(
-                _audio_only(decoded.samples, header), (unsized, *decoded.warnings)
-            )
-        elif path.suffix.lower() in _SOUNDFILE_EXTENSIONS:
-            decoded = _decode_with_soundfile(path, label, limit)
-        if decoded is None:
-            decoded = _decode_with_ffmpeg(str(path), label, max_seconds)
+        with _utf8_named(path) as readable:
+            if unsized is not None:  # ffmpeg reads past the data chunk's size; soundfile cannot
+                decoded = _decode_with_ffmpeg(str(readable), label, max_seconds, ignore_length=True)
+                decoded = DecodedAudio(
+                    _audio_only(decoded.samples, header), (unsized, *decoded.warnings)
+                )
+            elif path.suffix.lower() in _SOUNDFILE_EXTENSIONS:
+                decoded = _decode_with_soundfile(readable, label, limit)
+            if decoded is None:
+                decoded = _decode_with_ffmpeg(str(readable), label, max_seconds)
         if limit is None or decoded.samples.size <= limit:  # else refused as too long
             decoded = _with_cut_short(decoded, path, header)
     samples = decoded.samples
@@ -249,6 +251,26 @@ def decode_audio(
     if not np.isfinite(samples).all():  # float files can hold them; every later stage would fail
         raise AudioLoadError(f"{label}: contains NaN or infinite samples")
     return _in_full_scale(decoded)
+
+
+@contextlib.contextmanager
+def _utf8_named(path: Path) -> Iterator[Path]:
+    """`path`, or, where its name is not UTF-8 (a Latin-1 name from an old archive or a
+    Samba share, which Python holds as surrogate escapes), a symbolic link to it with a UTF-8
+    name for as long as the context lasts: soundfile and ffmpeg-python encode names strictly
+    and failed on such files."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    else:
+        yield path
+        return
+    suffix = path.suffix if path.suffix.isascii() else ""
+    with tempfile.TemporaryDirectory(prefix="specscribe-") as folder:
+        link = Path(folder) / f"audio{suffix}"
+        link.symlink_to(path.absolute())
+        yield link
 
 
 def _check_regular_file(path: Path, label: str) -> None:
@@ -683,7 +705,9 @@ def _ffmpeg_said(stderr: str, path: str, label: str) -> str:
 
 
 def find_audio_files(
-    paths: list[Path], unreadable: Callable[[Path, OSError], None] | None = None
+    paths: list[Path],
+    unreadable: Callable[[Path, OSError], None] | None = None,
+    passed_over: Callable[[Path], None] | None = None,
 ) -> list[tuple[Path, Path]]:
     """(file, name for its outputs): files as given, and the audio files under each folder.
 
@@ -693,13 +717,15 @@ def find_audio_files(
     folder, so `a/x.wav` and `b/x.wav` get distinct outputs. A file given or found twice is
     listed once. unreadable: called with each folder that cannot be listed (permissions) and
     its error; without it such a folder raises the error, so none is ever skipped unsaid.
+    passed_over: called with each video file a folder holds (not searched for: module top).
     """
     found: list[tuple[Path, Path]] = []
     listed: set[Path] = set()
     for path in paths:
         if path.is_dir():
             files = [
-                (f, f.relative_to(path).with_suffix("")) for f in _audio_under(path, unreadable)
+                (f, f.relative_to(path).with_suffix(""))
+                for f in _audio_under(path, unreadable, passed_over)
             ]
         else:
             files = [(path, Path(path.stem))]
@@ -711,9 +737,13 @@ def find_audio_files(
     return found
 
 
-def _audio_under(folder: Path, unreadable: Callable[[Path, OSError], None] | None) -> list[Path]:
-    """The files with an audio extension under `folder`, sorted.
-    A link to a file that is gone is kept: reading it reports it."""
+def _audio_under(
+    folder: Path,
+    unreadable: Callable[[Path, OSError], None] | None,
+    passed_over: Callable[[Path], None] | None = None,
+) -> list[Path]:
+    """The files with an audio extension under `folder`, sorted; video files go to
+    `passed_over`. A link to a file that is gone is kept: reading it reports it."""
 
     def failed(error: OSError) -> None:
         if unreadable is None:
@@ -731,11 +761,12 @@ def _audio_under(folder: Path, unreadable: Callable[[Path, OSError], None] | Non
         # Hidden entries are left out, as `ls` leaves them: macOS's ._NAME.wav resource files
         # (not audio: every run failed on them), .Trash, .git, and specscribe's own records.
         folders[:] = [name for name in folders if not name.startswith(".")]
-        audio.extend(
-            Path(root, n)
-            for n in names
-            if Path(n).suffix.lower() in AUDIO_EXTENSIONS and not n.startswith(".")
-        )
+        for name in sorted(n for n in names if not n.startswith(".")):
+            suffix = Path(name).suffix.lower()
+            if suffix in AUDIO_EXTENSIONS:
+                audio.append(Path(root, name))
+            elif suffix in _MAY_HOLD_VIDEO and passed_over is not None:
+                passed_over(Path(root, name))
     return sorted(audio)
 
 

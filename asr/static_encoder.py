@@ -6,24 +6,22 @@ transformers' WhisperEncoder compute it. Each layer's query, key and value proje
 product; attention is PyTorch's fused scaled_dot_product_attention. The encoder runs once per
 window, in the dtype its tensors were read in ("mixed" and "int8" precisions: bfloat16).
 
-On a CPU with oneDNN the products run on weights packed once, with the residual additions
-fused into them, and the two convolutions as products over their three taps with their GELU
-fused (`_OneDnnProducts`): on the AMX Xeon a bfloat16 window took 90 ms instead of 125 ms on
-two threads (docs/decoder-runtime.md). The sums are the same, rounded to the dtype at other
-points, so the features differ from the unfused ones in their last bits, as between thread
-counts, and lie a little closer to float32's; a window's features never depend on the windows
-encoded beside it.
+On a CPU with native bfloat16 the products run on weights packed once into oneDNN's layout
+(`_packed_layer`): PyTorch's own product reorders a weight and copies its output at every
+call. The same kernel computes the same sums, so the features are the same bits (checked in
+`tests/test_whisper_checkpoint.py`), and on the AMX Xeon a window took 109 ms instead of 125 ms
+on two threads, 202 instead of 251 on one (docs/decoder-runtime.md). Fusing the residual
+additions and GELU into the products, and the convolutions as products, was faster still
+(90 ms) but rounds at other points, and a near-tie in the shipped sample's text came out
+differently with one thread than with two.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
-
-# The convolutions' kernel width (Whisper's encoder: 3, padding 1; the second strides by 2).
-_TAPS = 3
 
 
 @dataclass(frozen=True)
@@ -51,9 +49,9 @@ class StaticEncoder:
         self.final_norm = (tensors["layer_norm.weight"], tensors["layer_norm.bias"])
         count = 1 + max(int(k.split(".")[1]) for k in tensors if k.startswith("layers."))
         self.layers = [self._layer(tensors, f"layers.{i}.") for i in range(count)]
-        # oneDNN's fused products (a CPU's), or PyTorch's operations one by one.
-        self.fused = _onednn_applies(self.conv1[0].device, self.dtype)
-        self._onednn: _OneDnnProducts | None = None  # made on first use
+        # Products on prepacked weights (`_packed_layer`), or PyTorch's F.linear.
+        self.packed = _packing_applies(self.conv1[0].device, self.dtype)
+        self._packed_layers: list[_EncoderLayer] | None = None  # made on first use
 
     @staticmethod
     def _layer(tensors: dict[str, torch.Tensor], prefix: str) -> _EncoderLayer:
@@ -87,103 +85,57 @@ class StaticEncoder:
     def __call__(self, mel: torch.Tensor) -> torch.Tensor:
         """mel: Tensor, shape = (batch, n_mels, 3000) -> Tensor, shape = (batch, 1500,
         d_model), in the encoder's dtype."""
-        if self.fused:
-            if self._onednn is None:
-                self._onednn = _OneDnnProducts(self, frames=mel.shape[-1])
-            return self._onednn(mel.to(self.dtype))
+        layers, linear = self.layers, F.linear
+        if self.packed:
+            if self._packed_layers is None:
+                rows = mel.shape[-1] // 2  # the positions a window's layers compute
+                self._packed_layers = [_packed_layer(layer, rows) for layer in self.layers]
+            layers, linear = self._packed_layers, _packed_linear
         x = F.gelu(F.conv1d(mel.to(self.dtype), *self.conv1, padding=1))
         x = F.gelu(F.conv1d(x, *self.conv2, stride=2, padding=1))
         x = x.transpose(1, 2) + self.positions[: x.shape[2]]
         batch, length, width = x.shape
-        for layer in self.layers:
+        for layer in layers:
             normed = F.layer_norm(x, (width,), *layer.self_norm, self.eps)
-            qkv = F.linear(normed, layer.qkv_weight, layer.qkv_bias)
+            qkv = linear(normed, layer.qkv_weight, layer.qkv_bias)
             query, key, value = qkv.view(batch, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
             attended = F.scaled_dot_product_attention(query, key, value)
             attended = attended.transpose(1, 2).reshape(batch, length, width)
-            x = x + F.linear(attended, layer.out_weight, layer.out_bias)
+            x = x + linear(attended, layer.out_weight, layer.out_bias)
             normed = F.layer_norm(x, (width,), *layer.ffn_norm, self.eps)
-            x = x + F.linear(F.gelu(F.linear(normed, *layer.fc1)), *layer.fc2)
+            x = x + linear(F.gelu(linear(normed, *layer.fc1)), *layer.fc2)
         return F.layer_norm(x, (width,), *self.final_norm, self.eps)
 
 
-def _onednn_applies(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether oneDNN's fused products serve this encoder: a CPU with oneDNN, float32, or
-    bfloat16 where the CPU computes it natively (emulated bfloat16 keeps PyTorch's kernels)."""
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if dtype == torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return dtype == torch.float32
+def _packing_applies(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `_packed_layer`'s products serve this encoder: bfloat16 on a CPU that computes
+    it natively through oneDNN, whose product on a prepacked weight gives F.linear's bits
+    there. (Float32's F.linear is another library's kernel, whose sums differ in their last
+    bits.)"""
+    return (
+        device.type == "cpu"
+        and dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+        and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    )
 
 
-class _OneDnnProducts:
-    """The encoder's products on a CPU through oneDNN: weights packed once for a window's row
-    count, GELU fused into the convolutions, the residual additions into the attention's output
-    product and the second feed-forward product.
+def _packed_layer(layer: _EncoderLayer, rows: int) -> _EncoderLayer:
+    """`layer` with its product weights reordered once into oneDNN's blocked layout for
+    products of about `rows` rows (`_packed_linear` reads them)."""
 
-    Each convolution is a product of its input's three taps side by side (im2col: a row holds
-    frames t-1, t and t+1 of every channel) with the kernel laid out to match, which gives the
-    (frames, d_model) layout the layers read instead of a transposed copy."""
+    def pack(weight: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows)
 
-    def __init__(self, encoder: StaticEncoder, frames: int) -> None:
-        """frames: the mel frames of the windows it will mostly read (packing's row count;
-        any other count is computed too)."""
-        self.encoder = encoder
-        positions = frames // 2
-        self.conv1 = (self._taps_weight(encoder.conv1[0], frames), encoder.conv1[1])
-        self.conv2 = (self._taps_weight(encoder.conv2[0], positions), encoder.conv2[1])
-        self.layers = [
-            tuple(
-                (_pack(weight, positions), bias)
-                for weight, bias in (
-                    (layer.qkv_weight, layer.qkv_bias),
-                    (layer.out_weight, layer.out_bias),
-                    layer.fc1,
-                    layer.fc2,
-                )
-            )
-            for layer in encoder.layers
-        ]
-
-    @staticmethod
-    def _taps_weight(kernel: torch.Tensor, rows: int) -> torch.Tensor:
-        """A conv1d kernel (out, in, taps) as a packed (out, taps * in) product weight."""
-        out_channels = kernel.shape[0]
-        return _pack(kernel.permute(0, 2, 1).reshape(out_channels, -1), rows)
-
-    def __call__(self, mel: torch.Tensor) -> torch.Tensor:
-        encoder, product = self.encoder, torch.ops.mkldnn._linear_pointwise
-        x = _taps(mel.transpose(1, 2), stride=1)
-        x = product(x, *self.conv1, "gelu", [], "none")  # "none": GELU's exact (erf) form
-        x = product(_taps(x, stride=2), *self.conv2, "gelu", [], "none")
-        x = x + encoder.positions[: x.shape[1]]
-        batch, length, width = x.shape
-        for layer, (qkv, out, fc1, fc2) in zip(encoder.layers, self.layers, strict=True):
-            normed = F.layer_norm(x, (width,), *layer.self_norm, encoder.eps)
-            projected = product(normed, *qkv, "none", [], "")
-            query, key, value = projected.view(batch, length, 3, encoder.heads, -1).permute(
-                2, 0, 3, 1, 4
-            )
-            attended = F.scaled_dot_product_attention(query, key, value)
-            attended = attended.transpose(1, 2).reshape(batch, length, width)
-            x = product.binary(attended, x, *out, "add")
-            normed = F.layer_norm(x, (width,), *layer.ffn_norm, encoder.eps)
-            # GELU apart, on the product rounded to the dtype: fused, it was as fast and as
-            # close to float32 (module docstring), and flipped the shipped sample's comma.
-            hidden = F.gelu(product(normed, *fc1, "none", [], ""))
-            x = product.binary(hidden, x, *fc2, "add")
-        return F.layer_norm(x, (width,), *encoder.final_norm, encoder.eps)
+    return replace(
+        layer,
+        qkv_weight=pack(layer.qkv_weight),
+        out_weight=pack(layer.out_weight),
+        fc1=(pack(layer.fc1[0]), layer.fc1[1]),
+        fc2=(pack(layer.fc2[0]), layer.fc2[1]),
+    )
 
 
-def _taps(x: torch.Tensor, stride: int) -> torch.Tensor:
-    """(batch, frames, channels) -> (batch, frames // stride, taps * channels): each output
-    frame's taps side by side, tap-major, with one zero frame padded at either end."""
-    padded = F.pad(x, (0, 0, 1, 1))
-    windows = padded.unfold(1, _TAPS, stride)  # (batch, out frames, channels, taps)
-    return windows.transpose(2, 3).reshape(x.shape[0], windows.shape[1], -1)
-
-
-def _pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
-    """A (out, in) weight in oneDNN's blocked layout for products of about `rows` rows."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows)
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """F.linear on a weight `_packed_layer` reordered."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")

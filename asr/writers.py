@@ -522,6 +522,10 @@ def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[s
     return state
 
 
+# Why outputs whose record says they were being written are redone (not their options).
+UNFINISHED = "a run stopped or failed while it wrote them"
+
+
 def _own_outputs_state(
     paths: dict[str, Path], record: dict, stored: object, complete: bool
 ) -> tuple[str, str]:
@@ -537,7 +541,7 @@ def _own_outputs_state(
     if not isinstance(stored, dict):
         return "changed", "its record is unreadable"
     if stored.get(RECORD_WRITING):
-        return "changed", "a run was stopped while it wrote them"
+        return "changed", UNFINISHED
     options = _options(stored)
     if options != wanted:
         differences = [

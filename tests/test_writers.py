@@ -181,7 +181,7 @@ def test_a_run_stopped_among_its_outputs_leaves_them_its_own_to_make_again(tmp_p
     with pytest.raises(KeyboardInterrupt):
         write_outputs(TRANSCRIPT, both, german)
     monkeypatch.setattr(writers, "write_atomically", written)
-    assert outputs_state(both, english) == ("changed", "a run was stopped while it wrote them")
+    assert outputs_state(both, english) == ("changed", writers.UNFINISHED)
     write_outputs(TRANSCRIPT, both, german)
     assert outputs_state(both, german) == ("done", "")
 
@@ -202,7 +202,7 @@ def test_an_output_edited_since_it_was_written_is_kept_not_made_again(tmp_path):
     plan = plan_outputs(with_json, english, overwrite=False)
     assert (plan.action, plan.kept, plan.blocked) == ("skip", ("srt",), ("json",))
     assert kept_outputs(plan, with_json) == (
-        f"{both['srt']} changed since specscribe wrote them, so {with_json['json']} was not "
+        f"{both['srt']} has changed since specscribe wrote it, so {with_json['json']} was not "
         "made either (--overwrite replaces them)"
     )
     assert plan_outputs(with_json, english, overwrite=True).action == "overwrite"
