@@ -52,7 +52,9 @@ def test_unknown_model_is_a_clear_error(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "unknown model 'whisper-huge'" in err and "whisper-base" in err
     assert main(["transcribe", str(tmp_path), "--assistant", "whisper-base-drafts"]) == 2
-    assert "shipped drafts: whisper-base-draft" in capsys.readouterr().err  # was left out
+    said = capsys.readouterr().err  # the drafts among the assistants (they were left out)
+    assert "unknown assistant 'whisper-base-drafts'" in said
+    assert "Assistants: auto, none, prompt-lookup, whisper-base-draft, whisper-base" in said
 
 
 def test_a_model_of_the_wrong_kind_is_a_clear_error(capsys, registry):
@@ -492,7 +494,7 @@ def test_prompt_and_fallback_flags_reach_the_transcription_and_its_record(tmp_pa
 def test_unknown_assistant_is_a_clear_error(capsys):
     code = main(["transcribe", str(SAMPLES / "jfk.wav"), "--assistant", "whisper-huge"])
     assert code == 2
-    assert "unknown model 'whisper-huge'" in capsys.readouterr().err
+    assert "unknown assistant 'whisper-huge'" in capsys.readouterr().err
 
 
 @pytest.mark.slow
