@@ -17,7 +17,7 @@ from pathlib import Path
 
 from asr.audio import SAMPLE_RATE, AudioLoadError, decode_audio
 from asr.types import ProgressHook
-from asr.writers import SubtitleLayout, write_outputs
+from asr.writers import SubtitleLayout, why_unwritten, write_outputs
 
 from .output_claim import OutputClaim, claim_outputs
 from .output_plan import fingerprinted, plan_outputs
@@ -37,7 +37,7 @@ Job = tuple[Path, dict[str, Path], dict]  # (file, its outputs by format, their 
 
 class OutputsUnwritable(RuntimeError):
     """A file's outputs cannot be written (or their lock file made); says why in a user's
-    terms (`_unwritten`)."""
+    terms (`asr.writers.why_unwritten`)."""
 
 
 class FileRun:
@@ -97,7 +97,7 @@ class FileRun:
             )
             raise
         self._bar.close()
-        if self.unwritable:
+        if self.unwritable and total > self._settled:
             for path in list(self._claims):
                 self._release(path)
             self.not_done = total - self._settled
@@ -152,6 +152,8 @@ class FileRun:
         outputs, record, asr.audio.DecodedAudio)."""
         batch: list = []
         for path, outputs, record in jobs:
+            if self.unwritable:
+                return  # what is decoded could not be kept
             try:
                 if not self._claimed(path, outputs, record):
                     continue
@@ -181,7 +183,8 @@ class FileRun:
         try:
             claim = claim_outputs(outputs)  # a lock file beside them: a first write
         except OSError as error:
-            raise OutputsUnwritable(_unwritten(error)) from error
+            self._stop_if_disk_unwritable(error, outputs)
+            raise OutputsUnwritable(why_unwritten(error, outputs)) from error
         if claim is None:
             self._say(f"specscribe: skipping {path}: another specscribe run is transcribing it")
             self.left_to_others.append(path)
@@ -193,6 +196,12 @@ class FileRun:
             self.skipped += 1
         self._settle()
         return False
+
+    def _stop_if_disk_unwritable(self, error: OSError, outputs: dict[str, Path]) -> None:
+        """Stops the run (`unwritable`) where `error` says no output can be written there."""
+        if error.errno in _DISK_UNWRITABLE:
+            folder = next(iter(outputs.values())).parent
+            self.unwritable = f"{folder}: {error.strerror}"
 
     def _release(self, path: Path) -> None:
         if (claim := self._claims.pop(path, None)) is not None:
@@ -222,10 +231,8 @@ class FileRun:
             write_outputs(transcript, outputs, record, self.layout)
         except OSError as error:
             self._bar.write(f"== {path} (its outputs could not be written)\n{shown(transcript)}")
-            self._failed(path, OutputsUnwritable(_unwritten(error)))
-            if error.errno in _DISK_UNWRITABLE:
-                folder = Path(error.filename).parent if error.filename else "the output folder"
-                self.unwritable = f"{folder}: {error.strerror}"
+            self._failed(path, OutputsUnwritable(why_unwritten(error, outputs)))
+            self._stop_if_disk_unwritable(error, outputs)
             return
         except Exception as error:
             self._failed(path, error)
@@ -243,21 +250,6 @@ class FileRun:
 
     def _say(self, line: str) -> None:
         self._bar.write(line, file=sys.stderr)
-
-
-def _unwritten(error: OSError) -> str:
-    """Why a file's outputs could not be written, in a user's terms: the folder for a
-    temporary file's error (outputs are written beside their final names first), a file that
-    stands where a folder must be, else the path and the system's words."""
-    reason = error.strerror or str(error)
-    if not error.filename:
-        return f"cannot write its outputs: {reason}"
-    path = Path(error.filename)
-    if path.name.startswith(".") and path.name.endswith(".tmp"):
-        return f"cannot write its outputs in {path.parent}: {reason}"
-    if error.errno in (errno.EEXIST, errno.ENOTDIR) and path.exists() and not path.is_dir():
-        return f"cannot write its outputs: {path} is a file where a folder must be"
-    return f"cannot write {path}: {reason}"
 
 
 def shown(transcript) -> str:

@@ -82,6 +82,13 @@ CREATE INDEX IF NOT EXISTS events_by_task ON events(task_id);
 """
 
 
+def _unwritable(error: sqlite3.OperationalError) -> bool:
+    """Whether SQLite's error says the store cannot be written at all: a read-only file or file
+    system, an immutable file, a full disk."""
+    said = str(error)
+    return "readonly" in said or "disk is full" in said or "disk I/O error" in said
+
+
 class JobStoreError(RuntimeError):
     """The store file cannot be used (made by a newer specscribe, not a database, ...)."""
 
@@ -247,9 +254,11 @@ class PlannedJob:
 def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     """The job `paths` make with `spec`: every audio file under them (folders searched
     recursively). Raises ValueError naming a missing path, a folder without audio, an output
-    folder that cannot be one, or two inputs that would write the same outputs. Reads no store,
+    folder that cannot be one or is not writable, two inputs that would write the same outputs,
+    an output that is one of the inputs, or a name the store cannot keep. Reads no store,
     so a refused job leaves none behind (`specscribe submit` makes its store only after this)."""
     from asr.audio import check_distinct_outputs, find_audio_files
+    from asr.writers import output_paths
 
     spec.validate()
     sources = [Path(p).expanduser().resolve() for p in paths]
@@ -271,7 +280,22 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     blocking = next((p for p in (output_dir, *output_dir.parents) if p.is_file()), None)
     if blocking is not None:
         raise ValueError(f"--output-dir {output_dir}: {blocking} is a file, not a folder")
+    if output_dir.is_dir() and not os.access(output_dir, os.W_OK | os.X_OK):
+        raise ValueError(f"--output-dir {output_dir}: not writable")  # read-only, immutable
     check_distinct_outputs(files, output_dir)
+    recordings = {path.resolve() for path, _ in files}
+    for path, stem in files:
+        try:  # the store keeps paths as SQLite text, which is UTF-8
+            str(path).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"{path}: its name is not UTF-8 (a Latin-1 name?), which the job store cannot "
+                "keep; rename it, or transcribe it with `specscribe transcribe`"
+            ) from None
+        outputs = output_paths(output_dir, stem, list(spec.formats)).values()
+        if over := [out for out in outputs if out.resolve() in recordings]:
+            # `rec.txt` holding audio, its output folder its own: --overwrite replaced it.
+            raise ValueError(f"{path}: its output {over[0]} is a recording given to transcribe")
     by_stem = {stem: path for path, stem in files}
     return PlannedJob(
         spec=spec,
@@ -361,10 +385,9 @@ class JobStore:
             yield connection
         except sqlite3.OperationalError as error:
             connection.execute("ROLLBACK")
-            if "readonly" in str(error):  # read-only file or file system, immutable file
-                raise JobStoreError(
-                    f"{self.path}: the job store cannot be written ({error})"
-                ) from None
+            if _unwritable(error):
+                unwritten = f"{self.path}: the job store cannot be written ({error})"
+                raise JobStoreError(unwritten) from None
             raise
         except BaseException:
             connection.execute("ROLLBACK")
@@ -372,9 +395,10 @@ class JobStore:
         try:
             connection.execute("COMMIT")
         except sqlite3.OperationalError as error:
-            if "readonly" not in str(error):
+            if not _unwritable(error):
                 raise
-            connection.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
+                connection.execute("ROLLBACK")
             raise JobStoreError(f"{self.path}: the job store cannot be written ({error})") from None
 
     def close(self) -> None:

@@ -17,7 +17,9 @@ store to use more cores.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from asr.types import ProgressHook, Transcript, no_progress
 
-from .jobs import ClaimedTask, JobStore, WorkerId
+from .jobs import ClaimedTask, JobStore, JobStoreError, WorkerId
 from .output_plan import made_from
 from .service import ServiceOptions, TranscriptionService
 from .stop_signals import raising_on
@@ -183,7 +185,7 @@ def finish(
 
     record: the option record the outputs carry (see `prepare`); place: where the file was
     decoded, when not in this process (a Ray node), named in the task's note."""
-    from asr.writers import write_outputs
+    from asr.writers import why_unwritten, write_outputs
 
     if outcome.transcript is None:
         if store.fail(task, worker, outcome.error or "unknown error", outcome.seconds):
@@ -199,7 +201,7 @@ def finish(
             keep_unlabelled(task.outputs, record, outcome.unlabelled, outcome.passes)
         write_outputs(outcome.transcript, task.outputs, record)
     except OSError as error:  # a full disk, a file where a folder must go: this task's failure
-        reason = f"writing outputs: {describe_error(error)}"
+        reason = why_unwritten(error, task.outputs)
         if store.fail(task, worker, reason, outcome.seconds):
             log(f"task {task.id} (job {task.job_id}) failed: {reason}")
         return
@@ -264,14 +266,17 @@ class LeaseKeeper:
 
 def progress_recorder(store: JobStore, task: ClaimedTask, every: float = 1.0) -> ProgressHook:
     """A progress hook that records the stage in the store, at most once per `every` seconds
-    (and always at a stage's end), so `specscribe status` can show it."""
+    (and always at a stage's end), so `specscribe status` can show it. Progress is for show:
+    a store that cannot take it (its disk full) must not end the file's decoding, whose
+    outcome is recorded, or fails to be, once it is done."""
     last = [0.0]
 
     def record(stage: str, completed: int, total: int) -> None:
         now = time.monotonic()
         if completed >= total or now - last[0] >= every:
             last[0] = now
-            store.progress(task, stage, completed, total)
+            with contextlib.suppress(JobStoreError, sqlite3.Error):
+                store.progress(task, stage, completed, total)
 
     return record
 

@@ -9,6 +9,7 @@ so that a rerun skips a file only when its outputs exist *and* were made the way
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -264,6 +265,22 @@ def output_paths(output_dir: Path, relative_stem: Path, formats: list[str]) -> d
     return {
         fmt: output_dir / relative_stem.with_name(f"{relative_stem.name}.{fmt}") for fmt in formats
     }
+
+
+def why_unwritten(error: OSError, outputs: dict[str, Path]) -> str:
+    """Why a file's outputs could not be written, in a user's terms: the folder for a
+    temporary file's error (outputs are written beside their final names first) or one that
+    names no file, a file that stands where a folder must be, else the path and the system's
+    words."""
+    reason = error.strerror or str(error)
+    if not error.filename:
+        return f"cannot write its outputs in {next(iter(outputs.values())).parent}: {reason}"
+    path = Path(error.filename)
+    if path.name.startswith(".") and path.name.endswith(".tmp"):
+        return f"cannot write its outputs in {path.parent}: {reason}"
+    if error.errno in (errno.EEXIST, errno.ENOTDIR) and path.exists() and not path.is_dir():
+        return f"cannot write its outputs: {path} is a file where a folder must be"
+    return f"cannot write {path}: {reason}"
 
 
 def write_atomically(path: Path, content: str | bytes) -> None:

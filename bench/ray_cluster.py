@@ -38,9 +38,20 @@ FAST_FAILURE_DETECTION = {
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: each probe stays bound until all are chosen (ports taken
+    one after another, each probe closed first, can repeat: a node's two agent ports were the
+    same once, and `ray start` refused them)."""
+    with contextlib.ExitStack() as probes:
+        ports = []
+        for _ in range(count):
+            probe = probes.enter_context(socket.socket())
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+        return ports
 
 
 @dataclass(frozen=True)
@@ -85,16 +96,17 @@ class LocalCluster:
 
     def start_node(self, name: str, cache_dir: Path, head: bool = False, cpus: int = 1) -> RayNode:
         temp_dir = self.root / f"{name}-{len(self.nodes)}"
+        client, dashboard, agent_http, agent_grpc, metrics, runtime_env = map(str, free_ports(6))
         head_only = [
             *("--head", f"--port={self.port}", "--include-dashboard=false"),
-            *("--ray-client-server-port", str(free_port()), "--dashboard-port", str(free_port())),
+            *("--ray-client-server-port", client, "--dashboard-port", dashboard),
         ]
         where = head_only if head else [f"--address={self.address}"]
         ports = [
-            *("--dashboard-agent-listen-port", str(free_port())),
-            *("--dashboard-agent-grpc-port", str(free_port())),
-            *("--metrics-export-port", str(free_port())),
-            *("--runtime-env-agent-port", str(free_port())),
+            *("--dashboard-agent-listen-port", agent_http),
+            *("--dashboard-agent-grpc-port", agent_grpc),
+            *("--metrics-export-port", metrics),
+            *("--runtime-env-agent-port", runtime_env),
         ]
         command = [
             str(RAY), "start", *where, *ports, "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}",

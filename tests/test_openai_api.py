@@ -527,7 +527,7 @@ def test_serve_refuses_an_early_exit_deeper_than_its_text_model_as_it_starts(cap
     command = ["serve", "--text-model", TEXT_MODEL, "--text-assistant", "early-exit:99"]
     # An address no interface has: were the depth let through, binding would fail instead.
     assert main([*command, "--host", "192.0.2.1"]) == 2
-    assert "early_exit must be below smollm2-135m's 30 layers (got 99)" in capsys.readouterr().err
+    assert "--early-exit must be below smollm2-135m's 30 layers (got 99)" in capsys.readouterr().err
 
 
 def test_serve_takes_the_model_options_the_other_commands_take(capsys):

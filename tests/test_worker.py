@@ -319,7 +319,7 @@ def test_a_store_path_that_is_a_folder_or_missing_is_a_clear_error(tmp_path, cap
     assert "no jobs in" in capsys.readouterr().out
 
 
-def test_submit_names_what_is_wrong(tmp_path):
+def test_submit_names_what_is_wrong(tmp_path, monkeypatch):
     store = JobStore(tmp_path / "jobs.db")
     out = tmp_path / "out"
     with pytest.raises(ValueError, match=r"no such file or folder: .*missing"):
@@ -338,6 +338,20 @@ def test_submit_names_what_is_wrong(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(ValueError, match=r"afile is a file, not a folder"):
         store.submit([tmp_path / "a"], JobSpec(tmp_path / "afile" / "out"))
+    # A recording named like its own output: --overwrite replaced the audio with its text.
+    (tmp_path / "a" / "talk.txt").write_bytes(b"RIFF audio")
+    with pytest.raises(ValueError, match=r"its output .*talk.txt is a recording given"):
+        store.submit([tmp_path / "a" / "talk.txt"], JobSpec(tmp_path / "a", overwrite=True))
+    readonly = tmp_path / "readonly"  # read-only or immutable (root writes anywhere else)
+    readonly.mkdir()
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "access", lambda path, mode: Path(path) != readonly)
+        with pytest.raises(ValueError, match=r"readonly: not writable"):
+            store.submit([tmp_path / "a"], JobSpec(readonly))
+    latin = tmp_path / os.fsdecode(b"caf\xe9")
+    dummy_files(latin, 1)
+    with pytest.raises(ValueError, match="its name is not UTF-8"):
+        store.submit([latin], JobSpec(out))
     assert store.jobs() == []
 
 
