@@ -640,3 +640,24 @@ def test_a_job_asking_other_speaker_counts_labels_the_kept_transcript(
     assert task.state == "done", task.error
     assert re.match(r"speakers labelled again on the kept transcript on Ray node", task.note)
     assert (tmp_path / "out" / "call.txt").read_text() == one_speaker
+
+
+def test_a_store_that_cannot_take_progress_does_not_end_the_decoding():
+    """A full disk under the store made the progress write fail, which ended a long decode
+    (its work lost) and then the worker, with a traceback."""
+    import sqlite3
+
+    from app.jobs import JobStoreError, _unwritable
+    from app.worker import progress_recorder
+
+    class FullStore:
+        path = Path("/full/jobs.db")
+
+        def progress(self, task, stage, completed, total):
+            raise JobStoreError(f"{self.path}: the job store cannot be written (disk is full)")
+
+    record = progress_recorder(FullStore(), task=None, every=0.0)
+    record("transcribe", 1, 2)  # no error: progress is for show
+    for said in ("database or disk is full", "disk I/O error", "attempt to write a readonly db"):
+        assert _unwritable(sqlite3.OperationalError(said))
+    assert not _unwritable(sqlite3.OperationalError("database is locked"))
