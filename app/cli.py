@@ -846,7 +846,7 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             for job in jobs
         ]
         print(json.dumps({"store": str(store.path), "jobs": payload}, indent=2))
-        return 0
+        return _status_code(args.jobs, jobs)
     if not jobs:
         print(f"no jobs in {store.path}")
         return 0
@@ -883,7 +883,14 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 f"      task {task.id:>5} {task.state:8} tries {task.attempts} {seconds:>7}  "
                 f"{task.path}  {detail}"
             )
-    return 0
+    return _status_code(args.jobs, jobs)
+
+
+def _status_code(asked: list[int], jobs: list) -> int:
+    """`status JOB...`'s exit status: 1 when a file of the jobs asked for failed (a script's
+    `specscribe status 3 && publish` must not publish half a job), else 0; listing every job
+    reports, whatever failed before."""
+    return 1 if asked and any(job.counts.get("failed", 0) for job in jobs) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -517,7 +517,8 @@ def test_a_corrupt_file_fails_with_its_reason_and_the_others_complete(tmp_path, 
     # What `specscribe status` shows of it, as text and as JSON.
     assert main(["status", "--store", str(store.path)]) == 0
     assert re.search(rf"{job}\s+failed\s+4\s+2\s+2\s+0\s+0", capsys.readouterr().out)
-    assert main(["status", str(job), "--store", str(store.path), "--json"]) == 0
+    # Asked for by number, a job with failed files is exit status 1 (scripts check it).
+    assert main(["status", str(job), "--store", str(store.path), "--json"]) == 1
     (shown,) = json.loads(capsys.readouterr().out)["jobs"]
     assert shown["state"] == "failed"
     assert sorted(t["error"] is None for t in shown["tasks"]) == [False, False, True, True]
