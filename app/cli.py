@@ -153,7 +153,7 @@ def _output_formats(asked: list[str] | None, diarize: bool) -> list[str]:
 
 def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from asr.audio import colliding_outputs, find_audio_files
-    from asr.writers import SubtitleLayout, output_paths
+    from asr.writers import SubtitleLayout, output_paths, outputs_over_recordings
 
     from .file_run import FileRun
     from .output_plan import kept_outputs, made_from, plan_outputs
@@ -220,7 +220,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         print("specscribe: no audio files found", file=sys.stderr)
         return 2
     undone: list[tuple[Path, str]] = []  # files left undone: outputs specscribe did not make,
-    # or outputs another input would write too (each reported, the others go on)
+    # outputs another input would write too, or an input itself (each reported, the rest go on)
     if args.output_dir:
         _check_output_dir(args.output_dir)
         colliding = colliding_outputs(files, args.output_dir)
@@ -228,16 +228,14 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             print(f"specscribe: skipping {reason}", file=sys.stderr)
             undone.append((path, reason))
         files = [(path, stem) for path, stem in files if path not in colliding]
-    jobs, relabels, skipped = [], [], 0
-    recordings = {path.resolve() for path, _ in files}
-    for path, stem in files:
-        outputs = output_paths(args.output_dir, stem, formats) if args.output_dir else {}
-        if over := [out for out in outputs.values() if out.resolve() in recordings]:
-            # `rec.txt` given as a recording: its txt output would replace it (--overwrite).
-            reason = f"{path}: its output {over[0]} is a recording given to transcribe"
+        over = outputs_over_recordings(files, args.output_dir, formats)
+        for path, reason in over.items():
             print(f"specscribe: skipping {reason}; choose another --output-dir", file=sys.stderr)
             undone.append((path, reason))
-            continue
+        files = [(path, stem) for path, stem in files if path not in over]
+    jobs, relabels, skipped = [], [], 0
+    for path, stem in files:
+        outputs = output_paths(args.output_dir, stem, formats) if args.output_dir else {}
         file_record = made_from(path, record)
         plan = plan_outputs(outputs, file_record, args.overwrite)
         if not plan.decode:

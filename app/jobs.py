@@ -258,7 +258,7 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     an output that is one of the inputs, or a name the store cannot keep. Reads no store,
     so a refused job leaves none behind (`specscribe submit` makes its store only after this)."""
     from asr.audio import check_distinct_outputs, find_audio_files
-    from asr.writers import output_paths
+    from asr.writers import outputs_over_recordings
 
     spec.validate()
     sources = [Path(p).expanduser().resolve() for p in paths]
@@ -283,8 +283,7 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     if output_dir.is_dir() and not os.access(output_dir, os.W_OK | os.X_OK):
         raise ValueError(f"--output-dir {output_dir}: not writable")  # read-only, immutable
     check_distinct_outputs(files, output_dir)
-    recordings = {path.resolve() for path, _ in files}
-    for path, stem in files:
+    for path, _ in files:
         try:  # the store keeps paths as SQLite text, which is UTF-8
             str(path).encode("utf-8")
         except UnicodeEncodeError:
@@ -292,10 +291,8 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
                 f"{path}: its name is not UTF-8 (a Latin-1 name?), which the job store cannot "
                 "keep; rename it, or transcribe it with `specscribe transcribe`"
             ) from None
-        outputs = output_paths(output_dir, stem, list(spec.formats)).values()
-        if over := [out for out in outputs if out.resolve() in recordings]:
-            # `rec.txt` holding audio, its output folder its own: --overwrite replaced it.
-            raise ValueError(f"{path}: its output {over[0]} is a recording given to transcribe")
+    if over := outputs_over_recordings(files, output_dir, list(spec.formats)):
+        raise ValueError(next(iter(over.values())))
     by_stem = {stem: path for path, stem in files}
     return PlannedJob(
         spec=spec,

@@ -267,6 +267,21 @@ def output_paths(output_dir: Path, relative_stem: Path, formats: list[str]) -> d
     }
 
 
+def outputs_over_recordings(
+    files: list[tuple[Path, Path]], output_dir: Path, formats: list[str]
+) -> dict[Path, str]:
+    """The files among `asr.audio.find_audio_files`' (file, stem) whose outputs in `output_dir`
+    would be one of those files, each with the reason: `rec.txt` holding audio, transcribed
+    into its own folder, was replaced by its transcript under --overwrite."""
+    recordings = {path.resolve() for path, _ in files}
+    reasons = {}
+    for path, stem in files:
+        outputs = output_paths(output_dir, stem, formats).values()
+        if over := [output for output in outputs if output.resolve() in recordings]:
+            reasons[path] = f"{path}: its output {over[0]} is a recording given to transcribe"
+    return reasons
+
+
 def why_unwritten(error: OSError, outputs: dict[str, Path]) -> str:
     """Why a file's outputs could not be written, in a user's terms: the folder for a
     temporary file's error (outputs are written beside their final names first) or one that
