@@ -158,6 +158,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from .file_run import FileRun
     from .output_plan import kept_outputs, made_from, plan_outputs
     from .service import TranscriptionService
+    from .status_lines import one_line
     from .unlabelled_cache import kept_unlabelled
 
     # 1. The request, checked before anything is read or loaded.
@@ -204,7 +205,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
 
     def unreadable(folder: Path, error: OSError) -> None:
         unlisted.append((folder, f"{folder}: cannot list this folder: {error.strerror}"))
-        print(f"specscribe: skipped {unlisted[-1][1]}", file=sys.stderr)
+        print(one_line(f"specscribe: skipped {unlisted[-1][1]}"), file=sys.stderr)
 
     videos: list[Path] = []
     files = find_audio_files([Path(p) for p in args.paths], unreadable, videos.append)
@@ -225,12 +226,15 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         _check_output_dir(args.output_dir)
         colliding = colliding_outputs(files, args.output_dir)
         for path, reason in colliding.items():
-            print(f"specscribe: skipping {reason}", file=sys.stderr)
+            print(one_line(f"specscribe: skipping {reason}"), file=sys.stderr)
             undone.append((path, reason))
         files = [(path, stem) for path, stem in files if path not in colliding]
         over = outputs_over_recordings(files, args.output_dir, formats)
         for path, reason in over.items():
-            print(f"specscribe: skipping {reason}; choose another --output-dir", file=sys.stderr)
+            print(
+                one_line(f"specscribe: skipping {reason}; choose another --output-dir"),
+                file=sys.stderr,
+            )
             undone.append((path, reason))
         files = [(path, stem) for path, stem in files if path not in over]
     jobs, relabels, skipped = [], [], 0
@@ -241,7 +245,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         if not plan.decode:
             if plan.unrecorded:
                 told = kept_outputs(plan, outputs)
-                print(f"specscribe: skipping {path}: {told}", file=sys.stderr)
+                print(one_line(f"specscribe: skipping {path}: {told}"), file=sys.stderr)
             if plan.blocked:
                 undone.append((path, f"{path}: {told}"))  # outputs asked for and not made
             else:
@@ -253,7 +257,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             kept_transcript = kept_unlabelled(outputs, file_record)
         if plan.action == "redo":
             again = "labelling its kept transcript again" if kept_transcript else "redoing"
-            print(f"specscribe: {again} {path}: {plan.why}", file=sys.stderr)
+            print(one_line(f"specscribe: {again} {path}: {plan.why}"), file=sys.stderr)
         if kept_transcript is not None:
             relabels.append((path, outputs, file_record, kept_transcript))
         else:
@@ -316,8 +320,10 @@ def _summary(
         f"{len(failures)} failed{others}{left}",
         file=sys.stderr,
     )
+    from .status_lines import one_line
+
     for _, reason in failures:
-        print(f"  failed: {reason}", file=sys.stderr)
+        print(one_line(f"  failed: {reason}"), file=sys.stderr)
     return 1 if failures or not_done else 0
 
 
@@ -812,6 +818,8 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     import json
     import time
 
+    from .status_lines import one_line
+
     store = _store(args, create=False, read_only=True)
     jobs = store.jobs(args.jobs)
     missing = sorted(set(args.jobs) - {job.id for job in jobs})
@@ -878,8 +886,10 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 detail = (task.error or "").replace("\n", " / ")
             seconds = f"{task.seconds:.1f}s" if task.seconds else ""
             print(
-                f"      task {task.id:>5} {task.state:8} tries {task.attempts} {seconds:>7}  "
-                f"{task.path}  {detail}"
+                one_line(
+                    f"      task {task.id:>5} {task.state:8} tries {task.attempts} {seconds:>7}  "
+                    f"{task.path}  {detail}"
+                )
             )
     return _status_code(args.jobs, jobs)
 

@@ -22,6 +22,7 @@ from asr.writers import SubtitleLayout, why_unwritten, write_outputs
 from .output_claim import OutputClaim, claim_outputs
 from .output_plan import fingerprinted, plan_outputs
 from .service import Labelled, TranscriptionService
+from .status_lines import one_line
 from .unlabelled_cache import Kept, keep_unlabelled
 
 # Write errors that every later file's outputs would meet too: a full disk or quota, a
@@ -230,7 +231,8 @@ class FileRun:
                 keep_unlabelled(outputs, record, unlabelled, result.passes)
             write_outputs(transcript, outputs, record, self.layout)
         except OSError as error:
-            self._bar.write(f"== {path} (its outputs could not be written)\n{shown(transcript)}")
+            header = one_line(f"== {path} (its outputs could not be written)")
+            self._bar.write(f"{header}\n{shown(transcript)}")
             self._failed(path, OutputsUnwritable(why_unwritten(error, outputs)))
             self._stop_if_disk_unwritable(error, outputs)
             return
@@ -240,7 +242,7 @@ class FileRun:
         self._release(path)
         for warning in transcript.warnings:
             self._say(f"specscribe: warning: {path}: {warning}")
-        self._bar.write(f"== {path}\n{shown(transcript)}")
+        self._bar.write(f"{one_line(f'== {path}')}\n{shown(transcript)}")
         self.finished.append(path)
         self._settle()
 
@@ -249,7 +251,7 @@ class FileRun:
         self._bar.update()
 
     def _say(self, line: str) -> None:
-        self._bar.write(line, file=sys.stderr)
+        self._bar.write(one_line(line), file=sys.stderr)
 
 
 def shown(transcript) -> str:

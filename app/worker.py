@@ -34,6 +34,7 @@ from asr.types import ProgressHook, Transcript, no_progress
 from .jobs import ClaimedTask, JobStore, JobStoreError, WorkerId
 from .output_plan import made_from
 from .service import ServiceOptions, TranscriptionService
+from .status_lines import one_line
 from .stop_signals import raising_on
 from .unlabelled_cache import Kept, keep_unlabelled, kept_unlabelled
 
@@ -44,7 +45,7 @@ Log = Callable[[str], None]
 
 
 def log_to_stderr(message: str) -> None:
-    print(f"specscribe worker: {message}", file=sys.stderr, flush=True)
+    print(one_line(f"specscribe worker: {message}"), file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)

@@ -292,6 +292,24 @@ def test_folder_run_skips_a_corrupt_file_and_finished_work(capsys, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_file_named_with_a_newline_keeps_every_status_line_one_line(capsys, tmp_path):
+    # Scripts split the output at "== FILE" headers and the summary at "failed:" lines.
+    shutil.copy(SAMPLES / "jfk.wav", tmp_path / "two\nlines.wav")
+    (tmp_path / "bad\tname.mp3").write_bytes(b"\xff\xfb" + b"\x00garbage" * 100)
+
+    command = ["transcribe", str(tmp_path), "--output-dir", str(tmp_path), "--format", "txt"]
+    assert main(command) == 1
+
+    captured = capsys.readouterr()
+    headers = [line for line in captured.out.splitlines() if line.startswith("== ")]
+    assert headers == [f"== {tmp_path}/two\\nlines.wav"]
+    failed = [line for line in captured.err.splitlines() if "failed" in line]
+    assert failed[-1].startswith(f"  failed: {tmp_path}/bad\\tname.mp3: ")
+    text = (tmp_path / "two\nlines.txt").read_text()
+    assert word_error_rate(reference_text(SAMPLES / "jfk.wav"), text) == 0.0
+
+
+@pytest.mark.slow
 def test_inputs_that_would_write_the_same_outputs_fail_and_the_rest_go_on(capsys, tmp_path):
     # talk.wav beside talk.mp3 (a recorder's file and its export) stopped the whole folder.
     inputs, outputs = tmp_path / "in", tmp_path / "out"
