@@ -328,7 +328,8 @@ def _summary(
 
 
 def _check_output_dir(output_dir: Path) -> None:
-    """Creates `output_dir` and checks that it takes files, before any audio is decoded."""
+    """Creates `output_dir` and checks that it takes files and has room for them, before any
+    audio is decoded."""
     if output_dir.exists() and not output_dir.is_dir():
         raise ValueError(f"--output-dir {output_dir}: not a folder (a file of that name exists)")
     try:
@@ -337,6 +338,10 @@ def _check_output_dir(output_dir: Path) -> None:
         raise ValueError(f"--output-dir {output_dir}: {error.strerror or error}") from error
     if not os.access(output_dir, os.W_OK | os.X_OK):
         raise ValueError(f"--output-dir {output_dir}: not writable")
+    from asr.writers import short_of_room
+
+    if full := short_of_room(output_dir):
+        raise ValueError(f"--output-dir {output_dir}: {full}")
 
 
 def _drafter_words(args: argparse.Namespace) -> argparse.Namespace:

@@ -254,11 +254,12 @@ class PlannedJob:
 def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     """The job `paths` make with `spec`: every audio file under them (folders searched
     recursively). Raises ValueError naming a missing path, a folder without audio, an output
-    folder that cannot be one or is not writable, two inputs that would write the same outputs,
-    an output that is one of the inputs, or a name the store cannot keep. Reads no store,
-    so a refused job leaves none behind (`specscribe submit` makes its store only after this)."""
+    folder that cannot be one, is not writable or whose disk is full, two inputs that would
+    write the same outputs, an output that is one of the inputs, or a name the store cannot
+    keep. Reads no store, so a refused job leaves none behind (`specscribe submit` makes its
+    store only after this)."""
     from asr.audio import check_distinct_outputs, find_audio_files
-    from asr.writers import outputs_over_recordings
+    from asr.writers import outputs_over_recordings, short_of_room
 
     spec.validate()
     sources = [Path(p).expanduser().resolve() for p in paths]
@@ -282,6 +283,8 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
         raise ValueError(f"--output-dir {output_dir}: {blocking} is a file, not a folder")
     if output_dir.is_dir() and not os.access(output_dir, os.W_OK | os.X_OK):
         raise ValueError(f"--output-dir {output_dir}: not writable")  # read-only, immutable
+    if full := short_of_room(output_dir):
+        raise ValueError(f"--output-dir {output_dir}: {full}")
     check_distinct_outputs(files, output_dir)
     for path, _ in files:
         try:  # the store keeps paths as SQLite text, which is UTF-8

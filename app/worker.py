@@ -124,17 +124,25 @@ def execute(
 
 
 def _output_folders_ready(store: JobStore, task: ClaimedTask, worker: WorkerId, log: Log) -> bool:
-    """Makes the folders the task's outputs go to; a folder that cannot be made fails the
-    task before its audio is decoded, rather than after (False)."""
+    """Makes the folders the task's outputs go to; a folder that cannot be made, or whose disk
+    is full (`asr.writers.short_of_room`), fails the task before its audio is decoded rather
+    than after (False)."""
+    from asr.writers import short_of_room
+
+    reason = None
     try:
         for folder in {path.parent for path in task.outputs.values()}:
             folder.mkdir(parents=True, exist_ok=True)
+            if full := short_of_room(folder):
+                reason = f"cannot write its outputs in {folder}: {full}"
+                break
     except OSError as error:
         reason = f"cannot make the output folder: {describe_error(error)}"
-        if store.fail(task, worker, reason):
-            log(f"task {task.id} (job {task.job_id}) failed: {reason}")
-        return False
-    return True
+    if reason is None:
+        return True
+    if store.fail(task, worker, reason):
+        log(f"task {task.id} (job {task.job_id}) failed: {reason}")
+    return False
 
 
 def prepare(
@@ -205,6 +213,8 @@ def finish(
         reason = why_unwritten(error, task.outputs)
         if store.fail(task, worker, reason, outcome.seconds):
             log(f"task {task.id} (job {task.job_id}) failed: {reason}")
+        # Its decoding may have taken long: the log keeps what it made.
+        log(f"task {task.id} (job {task.job_id}) transcript: {outcome.transcript.text}")
         return
     done = "speakers labelled again on the kept transcript" if outcome.relabelled else "transcribed"
     done = f"{done} on {place}" if place else done

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import tempfile
 import textwrap
 from collections.abc import Callable
@@ -280,6 +281,28 @@ def outputs_over_recordings(
         if over := [output for output in outputs if output.resolve() in recordings]:
             reasons[path] = f"{path}: its output {over[0]} is a recording given to transcribe"
     return reasons
+
+
+# Free space below which a folder is taken as full: outputs are small (an hour's json with
+# word times is about 1 MB), so a disk with less is full in practice, and decoding a file whose
+# outputs cannot then be written wastes its whole decoding.
+MIN_FREE_BYTES = 1 << 20
+
+
+def short_of_room(folder: Path) -> str | None:
+    """Why outputs cannot go to `folder` (or, where it does not exist yet, the folder it would
+    be made in) for want of space: "only N kB free (the disk is full)", or None where there is
+    room or it cannot be told."""
+    existing = next((p for p in (folder, *folder.parents) if p.is_dir()), None)
+    if existing is None:
+        return None
+    try:
+        free = shutil.disk_usage(existing).free
+    except OSError:
+        return None
+    if free >= MIN_FREE_BYTES:
+        return None
+    return f"only {free // 1024} kB free (the disk is full)"
 
 
 def why_unwritten(error: OSError, outputs: dict[str, Path]) -> str:

@@ -128,7 +128,7 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
     assert options.diarize and options.num_speakers == 2
 
 
-def test_bad_output_folders_and_devices_are_refused_before_any_work(capsys, tmp_path):
+def test_bad_output_folders_and_devices_are_refused_before_any_work(capsys, tmp_path, monkeypatch):
     # An output folder that is a file.
     occupied = tmp_path / "occupied"
     occupied.write_text("")
@@ -137,6 +137,13 @@ def test_bad_output_folders_and_devices_are_refused_before_any_work(capsys, tmp_
     assert f"--output-dir {occupied}: not a folder (a file of that name exists)" in (
         capsys.readouterr().err
     )
+    # One on a full disk (outputs would fail after each file's decoding).
+    usage = shutil.disk_usage(tmp_path)._replace(free=200_000)
+    with monkeypatch.context() as patched:
+        patched.setattr(shutil, "disk_usage", lambda path: usage)
+        assert main([*jfk, "--output-dir", str(tmp_path / "out")]) == 2
+    said = capsys.readouterr().err
+    assert f"--output-dir {tmp_path / 'out'}: only 195 kB free (the disk is full)" in said
     if not torch.cuda.is_available():
         assert main([*jfk, "--device", "cuda"]) == 2
         assert "device 'cuda': torch sees 0 CUDA device(s)" in capsys.readouterr().err

@@ -3,6 +3,7 @@ and Ray) decoding real recordings with whisper-tiny.en, killed mid-job and resta
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
 import os
@@ -348,6 +349,11 @@ def test_submit_names_what_is_wrong(tmp_path, monkeypatch):
         patched.setattr(os, "access", lambda path, mode: Path(path) != readonly)
         with pytest.raises(ValueError, match=r"readonly: not writable"):
             store.submit([tmp_path / "a"], JobSpec(readonly))
+    with monkeypatch.context() as patched:  # a full disk: each file would fail once decoded
+        usage = shutil.disk_usage(tmp_path)._replace(free=1000)
+        patched.setattr(shutil, "disk_usage", lambda path: usage)
+        with pytest.raises(ValueError, match=r"out/new: only 0 kB free \(the disk is full\)"):
+            store.submit([tmp_path / "a"], JobSpec(out / "new"))
     latin = tmp_path / os.fsdecode(b"caf\xe9")
     dummy_files(latin, 1)
     with pytest.raises(ValueError, match="its name is not UTF-8"):
@@ -525,28 +531,64 @@ def test_a_corrupt_file_fails_with_its_reason_and_the_others_complete(tmp_path, 
 
 
 @pytest.mark.slow
-def test_outputs_that_cannot_be_written_fail_their_task_and_the_worker_goes_on(tmp_path, settings):
+def test_outputs_that_cannot_be_written_fail_their_task_and_the_worker_goes_on(
+    tmp_path, settings, monkeypatch
+):
+    import shutil
+
+    import asr.writers
     from app.service import TranscriptionService
     from app.worker import LocalWorker, WorkerOptions
 
     originals = copy_clips(tmp_path / "in", 1)
-    copy_clips(tmp_path / "in" / "sub", 1)
+    for folder in ("sub", "full", "late"):
+        copy_clips(tmp_path / "in" / folder, 1)
     job = submit(JobStore(tmp_path / "jobs.db"), tmp_path / "in", tmp_path / "out")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "sub").write_text("")  # a file where sub/f00.* must go
+    # out/full's disk has 4 kB left; out/late's fills up while its file is decoded.
+    real_usage, real_write = shutil.disk_usage, asr.writers.write_outputs
+
+    def disk_usage(path):
+        usage = real_usage(path)
+        return usage._replace(free=4096) if Path(path).name == "full" else usage
+
+    def write_outputs(transcript, outputs, *args, **kwargs):
+        if next(iter(outputs.values())).parent.name == "late":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(transcript, outputs, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    monkeypatch.setattr(asr.writers, "write_outputs", write_outputs)
     store = JobStore(tmp_path / "jobs.db")
     service = TranscriptionService(settings, asr_model=MODEL, assistant_model="none")
     options = WorkerOptions(until_idle=True, poll=0.1)
-    assert LocalWorker(store, service, options, log=lambda _: None).run() == 2
+    said: list[str] = []
+    assert LocalWorker(store, service, options, log=said.append).run() == 4
 
     tasks = {t.path.relative_to(tmp_path / "in").as_posix(): t for t in store.tasks(job)}
     assert {name: t.state for name, t in tasks.items()} == {
         "f00.wav": "done",
         "sub/f00.wav": "failed",
+        "full/f00.wav": "failed",
+        "late/f00.wav": "failed",
     }
-    # refused before its audio was decoded
+    # refused before their audio was decoded
     assert tasks["sub/f00.wav"].error.startswith("cannot make the output folder: ")
-    assert tasks["sub/f00.wav"].seconds == 0.0
+    assert tasks["full/f00.wav"].error == (
+        f"cannot write its outputs in {tmp_path / 'out' / 'full'}: "
+        "only 4 kB free (the disk is full)"
+    )
+    assert tasks["sub/f00.wav"].seconds == tasks["full/f00.wav"].seconds == 0.0
+    # decoded, then not written: the worker's log keeps the transcript
+    assert tasks["late/f00.wav"].error.endswith("No space left on device")
+    (transcript,) = [
+        line
+        for line in said
+        if line.startswith(f"task {tasks['late/f00.wav'].id}") and " transcript: " in line
+    ]
+    spoken = reference_text(CLIPS[0])  # each folder's f00 is jfk.wav
+    assert word_error_rate(spoken, transcript.partition(" transcript: ")[2]) < 0.1
     check_outputs(tmp_path / "out", originals)
 
 
