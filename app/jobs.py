@@ -320,7 +320,7 @@ class JobStore:
         not make an empty store and report no jobs). Unless read_only, a store that cannot be
         written raises JobStoreError now, before a worker loads its models or claims work."""
         self.path = Path(path).expanduser()
-        self.busy_timeout = busy_timeout
+        self.busy_timeout, self.read_only = busy_timeout, read_only
         self._local = threading.local()
         if self.path.is_dir():
             raise JobStoreError(f"{self.path} is a folder; the job store is an SQLite file")
@@ -354,8 +354,33 @@ class JobStore:
                 self._prepare(connection)
             except sqlite3.DatabaseError as error:
                 connection.close()
-                raise JobStoreError(f"{self.path}: not a usable job store ({error})") from None
+                if isinstance(error, sqlite3.OperationalError) and (
+                    _unwritable(error) or "unable to open" in str(error)
+                ):
+                    connection = self._snapshot(error)
+                else:
+                    raise JobStoreError(f"{self.path}: not a usable job store ({error})") from None
             self._local.connection = connection
+        return connection
+
+    def _snapshot(self, error: sqlite3.OperationalError) -> sqlite3.Connection:
+        """A reader's connection to a store whose disk is full or read-only, or in a folder the
+        reader may not write to: SQLite cannot make the shared-memory file a WAL store's readers
+        need, so `status` could not show the jobs.
+        Where no write-ahead log holds changes the store file lacks, the file alone is the
+        store, read as immutable. Anything else raises JobStoreError saying why."""
+        log = self.path.with_name(f"{self.path.name}-wal")
+        unlogged = not log.exists() or log.stat().st_size == 0
+        if not (self.read_only and unlogged):
+            why = "is its disk full or read-only, or its folder not writable?"
+            raise JobStoreError(f"{self.path}: cannot open the job store ({error}: {why})")
+        uri = f"{self.path.resolve().as_uri()}?immutable=1"
+        connection = sqlite3.connect(uri, uri=True, isolation_level=None)
+        connection.row_factory = sqlite3.Row
+        version = connection.execute("PRAGMA user_version").fetchone()[0]
+        if version != SCHEMA_VERSION:  # too old to read (a reader cannot upgrade it) or too new
+            connection.close()
+            raise JobStoreError(f"{self.path}: a job store of schema {version}, cannot be read")
         return connection
 
     def _prepare(self, connection: sqlite3.Connection) -> None:

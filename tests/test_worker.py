@@ -212,6 +212,41 @@ def test_a_store_that_cannot_be_written_is_refused_before_any_work(tmp_path):
         subprocess.run(["chattr", "-i", str(store.path)], check=True)
 
 
+def test_status_reads_a_store_in_a_folder_it_cannot_write(tmp_path, capsys):
+    # A store on a full or read-only disk, or in a folder the reader may not write to: SQLite
+    # cannot make the shared-memory file a WAL store's readers need ("disk I/O error",
+    # "unable to open database file"), and `status` showed no jobs.
+    import subprocess
+
+    from app.cli import main
+
+    dummy_files(tmp_path / "in", 2)
+    folder = tmp_path / "store"
+    store = JobStore(folder / "jobs.db")
+    job = submit(store, tmp_path / "in", tmp_path / "out")
+    store.close()
+    # An immutable folder (tests run as root, to whom permission bits mean nothing).
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode:
+        pytest.skip("this file system cannot make a folder immutable")
+    try:
+        assert main(["status", str(job), "--store", str(store.path)]) == 0
+        shown = capsys.readouterr().out
+        assert re.search(rf"{job}\s+queued\s+2\s+0\s+0\s+0\s+2", shown)
+        assert len(re.findall(r"task\s+\d+ pending", shown)) == 2
+        with pytest.raises(JobStoreError, match=r"cannot open the job store \(unable to open"):
+            JobStore(store.path, create=False)  # a worker or submit: said why, not "unusable"
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    # A write-ahead log holding changes the file lacks: the file alone would show old jobs.
+    (folder / "jobs.db-wal").write_bytes(b"\0" * 32)
+    subprocess.run(["chattr", "+i", str(folder)], check=True)
+    try:
+        with pytest.raises(JobStoreError, match="cannot open the job store"):
+            JobStore(store.path, create=False, read_only=True)
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
 def test_a_dead_worker_on_this_host_is_reclaimed_without_waiting_for_its_lease(tmp_path):
     dummy_files(tmp_path / "in", 1)
     store = JobStore(tmp_path / "jobs.db")
