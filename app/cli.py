@@ -783,6 +783,17 @@ def _cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _cmd_retry(args: argparse.Namespace, settings: Settings) -> int:
+    store = _store(args, create=False)
+    retried = store.retry(args.jobs)
+    for job, count in retried.items():
+        if count:
+            print(f"job {job}: {count} failed file{'s' if count > 1 else ''} queued again")
+        else:
+            print(f"job {job}: no failed files")
+    return 0
+
+
 def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from .service import TranscriptionService
     from .worker import LocalWorker, WorkerOptions
@@ -1163,6 +1174,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--store", type=Path, help=store_help)
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(run=_cmd_status)
+
+    retry = commands.add_parser("retry", help="queue the failed files of jobs again")
+    retry.add_argument("jobs", nargs="+", type=int, metavar="JOB")
+    retry.add_argument("--store", type=Path, help=store_help)
+    retry.set_defaults(run=_cmd_retry)
 
     bench = commands.add_parser("bench", help="run a benchmark (bench/SUITE.py)")
     bench.add_argument("suite", choices=("text", "diarize", "asr", "cli", "api_load"))

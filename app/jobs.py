@@ -74,7 +74,7 @@ CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY,
     at REAL NOT NULL,
     task_id INTEGER NOT NULL REFERENCES tasks(id),
-    kind TEXT NOT NULL,         -- claimed | reclaimed | done | failed | released | lost
+    kind TEXT NOT NULL,         -- claimed | reclaimed | done | failed | released | lost | retried
     worker TEXT,
     detail TEXT
 );
@@ -471,6 +471,40 @@ class JobStore:
             )
         return job_id
 
+    def retry(self, job_ids: Sequence[int]) -> dict[int, int]:
+        """Queues the failed files of the jobs `job_ids` again, as new: pending, their attempts
+        (which count towards a worker's max_attempts) and errors cleared, a "retried" event
+        each. Job id -> files queued again. Raises ValueError naming ids that are no job."""
+        with self._write() as db:
+            known = {
+                row[0]
+                for row in db.execute(
+                    f"SELECT id FROM jobs WHERE id IN ({','.join('?' * len(job_ids))})",
+                    list(job_ids),
+                )
+            }
+            missing = [str(job) for job in job_ids if job not in known]
+            if missing:
+                raise ValueError(f"no job {', '.join(missing)} in {self.path}")
+            retried = {}
+            for job in dict.fromkeys(job_ids):
+                ids = [
+                    row[0]
+                    for row in db.execute(
+                        "SELECT id FROM tasks WHERE job_id = ? AND state = 'failed'", (job,)
+                    )
+                ]
+                db.executemany(
+                    "UPDATE tasks SET state = 'pending', attempts = 0, error = NULL,"
+                    " first_started = NULL, finished = NULL, seconds = NULL, stage = NULL,"
+                    " completed = NULL, total = NULL, note = 'retried' WHERE id = ?",
+                    [(task,) for task in ids],
+                )
+                for task in ids:
+                    self._event(db, task, "retried", None)
+                retried[job] = len(ids)
+        return retried
+
     # -- claiming and holding -------------------------------------------------------------------
 
     def claim(
@@ -617,7 +651,7 @@ class JobStore:
         return self._finish(task, "done", "done", worker.name, {**fields, "error": None})
 
     def fail(self, task: ClaimedTask, worker: WorkerId, error: str, seconds: float = 0.0) -> bool:
-        """Marks the task failed with its reason; it is not retried (resubmit to try again)."""
+        """Marks the task failed with its reason; it is not tried again by itself (`retry`)."""
         fields = {"finished": time.time(), "seconds": round(seconds, 3), "error": error}
         return self._finish(task, "failed", "failed", worker.name, fields)
 

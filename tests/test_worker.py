@@ -564,6 +564,24 @@ def test_a_corrupt_file_fails_with_its_reason_and_the_others_complete(tmp_path, 
     assert shown["state"] == "failed"
     assert sorted(t["error"] is None for t in shown["tasks"]) == [False, False, True, True]
 
+    # The noise replaced by speech, `retry` queues the failed files again; a worker runs them.
+    shutil.copyfile(CLIPS[0], tmp_path / "in" / "noise.wav")
+    assert main(["retry", str(job), "--store", str(store.path)]) == 0
+    assert capsys.readouterr().out == f"job {job}: 2 failed files queued again\n"
+    assert store.jobs([job])[0].counts == {"done": 2, "pending": 2}
+    assert LocalWorker(store, service, options, log=messages.append).run() == 2
+    tasks = {t.path.name: t for t in store.tasks(job)}
+    assert tasks["noise.wav"].state == "done" and tasks["noise.wav"].error is None
+    assert tasks["empty.mp3"].state == "failed" and tasks["empty.mp3"].attempts == 1
+    assert "ask not what your country" in (tmp_path / "out" / "noise.srt").read_text()
+    assert [e.kind for e in store.events(tasks["noise.wav"].id)][-3:] == [
+        "retried",
+        "claimed",
+        "done",
+    ]
+    assert main(["retry", str(job), "99", "--store", str(store.path)]) == 2
+    assert f"no job 99 in {store.path}" in capsys.readouterr().err
+
 
 @pytest.mark.slow
 def test_outputs_that_cannot_be_written_fail_their_task_and_the_worker_goes_on(
