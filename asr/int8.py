@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from dataclasses import dataclass
 from typing import List, Optional  # noqa: UP035 (TorchScript reads these names)
 
 import torch
@@ -35,6 +36,31 @@ def _quantize_rows(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # abs().amax(): for a few rows several times faster than vector_norm(ord=inf)
     scales = values.abs().amax(dim=1, keepdim=True).clamp_(min=_TINY).div_(_LEVELS)
     return (values / scales).round_(), scales
+
+
+@dataclass(frozen=True)
+class QuantizedRows:
+    """Rows quantized once for several `Int8Linear` layers that read the same input (the
+    decoder layers' cross-attention keys all read the encoder's output): `quantize_rows`."""
+
+    operand: torch.Tensor  # the levels in the product kernel's type (`_operand`)
+    scales: torch.Tensor  # (rows, 1), float32
+
+
+def quantize_rows(x: torch.Tensor) -> QuantizedRows:
+    """x: Tensor, shape = (..., in_features) -> its rows, quantized as `Int8Linear` quantizes
+    them (input_passes 1), for `Int8Linear.on_rows`."""
+    levels, scales = _quantize_rows(x.reshape(-1, x.shape[-1]).float())
+    return QuantizedRows(_operand(levels), scales)
+
+
+def _operand(levels: torch.Tensor) -> torch.Tensor:
+    """int8 levels (float32, -127..127) as the product kernel reads them: oneDNN multiplies
+    unsigned by signed int8 (VNNI), so the levels shifted by 128 (zero point 128 takes it off
+    again); `torch._int_mm` reads int8. Overwrites `levels`."""
+    if onednn_int8_available(levels.device):
+        return levels.add_(128).to(torch.uint8)
+    return levels.to(torch.int8)
 
 
 def onednn_int8_available(device: torch.device | str = "cpu") -> bool:
@@ -112,23 +138,32 @@ class Int8Linear(torch.nn.Module):
             out.add_(self.bias)
         return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
+    def on_rows(self, rows: QuantizedRows) -> torch.Tensor:
+        """This layer's output for input rows quantized once for several layers: the bits
+        `forward` gives those rows (input_passes 1). Float32, Tensor, shape = (rows,
+        out_features)."""
+        out = self._operand_products(rows.operand).mul_(rows.scales)
+        return out if self.bias is None else out.add_(self.bias)
+
     def _products(self, levels: torch.Tensor) -> torch.Tensor:
         """Integer products of rows of int8 levels (float32, -127..127) with the weight, times
         the weight's scales: float32, Tensor, shape = (rows, out_features). The sums are exact
-        integers, so a row gets the same bits in any call, whatever the kernel."""
-        if not onednn_int8_available(levels.device):
-            products = torch._int_mm(levels.to(torch.int8), self.weight_int8.T)
+        integers, so a row gets the same bits in any call, whatever the kernel. Overwrites
+        `levels`."""
+        return self._operand_products(_operand(levels))
+
+    def _operand_products(self, operand: torch.Tensor) -> torch.Tensor:
+        """`_products` of levels already in the kernel's operand type (`_operand`)."""
+        if not onednn_int8_available(operand.device):
+            products = torch._int_mm(operand, self.weight_int8.T)
             return products.float().mul_(self.weight_scale)
-        self.prepack()
-        # oneDNN multiplies unsigned by signed int8 (VNNI): the levels shifted by 128, with
-        # zero point 128 to take it off again; the weight's scales scale its output columns.
-        shifted = levels.add_(128).to(torch.uint8)
+        self.prepack()  # the weight's scales scale the output columns
         if torch.jit.is_tracing():
             return _scripted_onednn_product()(
-                shifted, self._packed, self.weight_scale, self._zero_points
+                operand, self._packed, self.weight_scale, self._zero_points
             )
         return torch.ops.onednn.qlinear_pointwise(
-            shifted, 1.0, 128, self._packed, self.weight_scale, self._zero_points, None,
+            operand, 1.0, 128, self._packed, self.weight_scale, self._zero_points, None,
             1.0, 0, torch.float32, "none", [], "",
         )  # fmt: skip
 

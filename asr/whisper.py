@@ -18,7 +18,13 @@ import torch.nn.functional as F
 from asr.audio import SAMPLE_RATE
 from asr.convert_whisper import MULTILINGUAL_VOCAB_SIZE
 from asr.cuda_graphs import StepGraphs, pool_size
-from asr.int8 import Int8Linear, dynamic_int8_linear, smoothing_divisor
+from asr.int8 import (
+    Int8Linear,
+    QuantizedRows,
+    dynamic_int8_linear,
+    quantize_rows,
+    smoothing_divisor,
+)
 from asr.int8_store import Int8Store, fingerprint
 from asr.linears import DenseLinear, PackedLinear, packed_linear_available
 from asr.static_decoder import LinearFactory, SlotCache, StaticDecoder
@@ -529,14 +535,18 @@ class WhisperModel:
         # A draft of another dtype reads the target's encoder output in its own dtype.
         features = features.to(self.dtype)
         tensors, heads = self.checkpoint.tensors, self.config.decoder_attention_heads
+        width = self.config.d_model
         if self.int8_decoder and self._cross_int8 is None:
             _ = self.runtime  # makes them in asr.int8_store's order
+        # int8 keys: the features quantized once for every layer (the same bits as each
+        # layer's own product: tests/test_int8_decoder.py).
+        quantized = self._cross_int8.quantize(features) if self._cross_int8 is not None else None
         cross = []
         for index in range(self.config.decoder_layers):
             prefix = f"model.decoder.layers.{index}.encoder_attn."
-            shape = (features.shape[0], -1, heads, self.config.d_model // heads)
-            if self._cross_int8 is not None:
-                keys = self._cross_int8(features, index)
+            shape = (features.shape[0], -1, heads, width // heads)
+            if quantized is not None:
+                keys = self._cross_int8.keys(quantized, index, features.shape)
             else:
                 keys = F.linear(features, tensors[f"{prefix}k_proj.weight"])
             values = F.linear(
@@ -719,7 +729,12 @@ class _Int8CrossProjections:
     divisor: torch.Tensor  # (d_model,)
     products: tuple[Int8Linear, ...]  # per layer: d_model -> d_model
 
-    def __call__(self, features: torch.Tensor, layer: int) -> torch.Tensor:
-        """features: Tensor, shape = (batch, frames, d_model) -> that layer's keys, Tensor,
-        shape = (batch, frames, d_model), float32."""
-        return self.products[layer](features / self.divisor)
+    def quantize(self, features: torch.Tensor) -> QuantizedRows:
+        """features: Tensor, shape = (batch, frames, d_model), quantized once for every layer's
+        keys (each layer quantized them again: 11 of a window's 70 ms on one thread)."""
+        return quantize_rows(features / self.divisor)
+
+    def keys(self, features: QuantizedRows, layer: int, shape: torch.Size) -> torch.Tensor:
+        """That layer's keys of `quantize`'s features (batch, frames, d_model): Tensor, float32,
+        in the features' shape."""
+        return self.products[layer].on_rows(features).view(shape)

@@ -255,3 +255,34 @@ def test_int8_cross_attention_keys_are_per_window_close_to_float_and_stored(
         made.cross, read.cross, strict=True
     ):
         assert torch.equal(made_keys, read_keys) and torch.equal(made_values, read_values)
+
+
+@pytest.mark.slow
+def test_cross_attention_gives_each_layers_own_product_bits(
+    whisper_base, whisper_base_int8, encoded_pair
+):
+    """cross_attention quantizes the features once for every layer's int8 keys
+    (`asr.int8.quantize_rows`): each layer's keys and values must be the bits of that layer's
+    own product on the features, or transcripts would change with it."""
+    import torch.nn.functional as F
+
+    from asr.int8 import Int8Linear
+
+    features = encoded_pair.features
+    for model in (whisper_base, whisper_base_int8):
+        tensors, width = model.checkpoint.tensors, model.config.d_model
+        shape = (len(features), -1, 8, width // 8)  # whisper-base: 8 heads
+        for index, (keys, values) in enumerate(model.cross_attention(features).cross):
+            prefix = f"model.decoder.layers.{index}.encoder_attn."
+            weight = tensors[f"{prefix}k_proj.weight"]
+            if model.int8_decoder:
+                divisor = model._cross_int8.divisor
+                own = Int8Linear(weight * divisor)(features.float() / divisor)
+            else:
+                own = F.linear(features.float(), weight)
+            own_values = F.linear(
+                features.float(), tensors[f"{prefix}v_proj.weight"], tensors[f"{prefix}v_proj.bias"]
+            )
+            assert keys.shape == values.shape == (len(features), 8, 1500, width // 8)
+            assert torch.equal(keys, own.view(shape).transpose(1, 2))
+            assert torch.equal(values, own_values.view(shape).transpose(1, 2))
