@@ -214,6 +214,10 @@ class FileRun:
             reason = str(error)  # names the file
         elif isinstance(error, OutputsUnwritable):
             reason = f"{path}: {error}"
+        elif isinstance(error, FileNotFoundError):  # listed, then moved or deleted
+            reason = f"{path}: no such file (it was moved or deleted during the run)"
+        elif isinstance(error, OSError) and error.strerror:
+            reason = f"{path}: {error.strerror}"
         else:  # one file's failure must not end the run
             reason = f"{path}: {type(error).__name__}: {error}"
         self.failures.append((path, reason))

@@ -251,6 +251,15 @@ class PlannedJob:
     files: tuple[tuple[Path, Path], ...]  # (audio file, its outputs' stem under output_dir)
 
 
+def _resolved(path: Path) -> Path:
+    """`path` resolved; a loop of symbolic links is a ValueError naming it (pathlib raises
+    RuntimeError on Python 3.11, OSError on later ones)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        raise ValueError(f"{path}: a loop of symbolic links") from None
+
+
 def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     """The job `paths` make with `spec`: every audio file under them (folders searched
     recursively). Raises ValueError naming a missing path, a folder without audio, an output
@@ -262,7 +271,7 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     from asr.writers import outputs_over_recordings, short_of_room
 
     spec.validate()
-    sources = [Path(p).expanduser().resolve() for p in paths]
+    sources = [_resolved(Path(p).expanduser()) for p in paths]
     if not sources:
         raise ValueError("nothing to submit: give at least one file or folder")
     missing = [str(p) for p in sources if not p.exists()]

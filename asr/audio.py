@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asr.ogg import ends_without_end_of_stream, is_ogg
+from asr.ogg import ends_without_end_of_stream, is_chained, is_ogg
 
 SAMPLE_RATE = 16_000
 # What a folder search picks up (a file named on the command line is read whatever its name).
@@ -78,6 +78,9 @@ _FFMPEG_COMPONENT = re.compile(r"^\[[^\]]* @ 0x[0-9a-f]+\]\s*")
 # "[error] ": how "-loglevel level+warning" tags a line, after the component's prefix.
 _FFMPEG_LEVEL = re.compile(r"^\[(\w+)\]\s*")
 _FFMPEG_ERROR_LEVELS = frozenset({"error", "fatal", "panic"})
+# What ffmpeg says as "errors" where one stream of a chained Ogg file ends and the next begins
+# (a new stream's header, a timestamp going back to 0): every sample is still decoded.
+_OGG_CHAIN_SEAMS = ("failed to create or replace stream", "non monotonically increasing dts")
 # What mp3's demuxer says where the frame count its header (Xing/Info) gives does not match
 # the file's size by more than a tenth: most often a download or copy cut short. It is only
 # a warning, so the decode succeeds with half the audio and nothing else said.
@@ -170,7 +173,10 @@ def _in_full_scale(audio: DecodedAudio) -> DecodedAudio:
         samples, done = samples / np.float32(peak), f"divided by {peak:.5g}"
     else:
         samples, done = np.clip(samples, -1.0, 1.0), "the samples past it clipped"
-    warning = f"its samples reach {peak:.5g}, past full scale (float audio lies in [-1, 1]): {done}"
+    # Past it: float samples written too loud, or surround channels that ffmpeg's matrix
+    # adds up (a 16-bit 5.1 file with speech in every channel reaches 2.7).
+    why = "float samples past [-1, 1], or many channels mixed into one"
+    warning = f"its samples reach {peak:.5g}, past full scale ({why}): {done}"
     return DecodedAudio(samples.astype(np.float32, copy=False), (*audio.warnings, warning))
 
 
@@ -316,6 +322,10 @@ def _decode_with_soundfile(
     if info.frames == 0:
         # An unfinished WAV (a recorder that stopped before writing its sizes) says 0 frames
         # and libsndfile reads none; ffmpeg reads the samples that follow its header.
+        return None
+    if info.format == "OGG" and is_chained(path):
+        # libsndfile reads a chained Ogg's first stream only (or takes its length for
+        # millions of hours); ffmpeg reads every stream in turn.
         return None
     rate = info.samplerate
     if rate < MIN_SAMPLE_RATE:
@@ -516,6 +526,13 @@ def _with_cut_short(decoded: DecodedAudio, path: Path, header: _WavHeader | None
     return DecodedAudio(decoded.samples, decoded.warnings + cut)
 
 
+def _chained_ogg(path: str) -> bool:
+    try:
+        return is_ogg(Path(path)) and is_chained(Path(path))
+    except OSError:
+        return False
+
+
 def _ogg_cut_short(path: Path, samples: np.ndarray) -> tuple[str, ...]:
     """A warning when an Ogg file (whatever its name) stops before its stream's last page
     (`asr.ogg`): nothing else tells that such a file lost its end."""
@@ -552,6 +569,8 @@ def _decode_with_ffmpeg(
         raise _no_audio_stream(label)
     first_stream = probed is not None  # the first audio stream, as the warnings below name it
     samples, said, cautions = _run_ffmpeg(path, label, max_seconds, 1, first_stream, ignore_length)
+    if said and _chained_ogg(path):
+        said = [line for line in said if not any(seam in line for seam in _OGG_CHAIN_SEAMS)]
     warnings = []
     # Whatever ffmpeg reports as an error on a run that succeeds is damage it decoded past.
     if said:

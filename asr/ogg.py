@@ -1,4 +1,4 @@
-"""Whether an Ogg file (Vorbis, Opus, FLAC in Ogg) was cut short.
+"""Whether an Ogg file (Vorbis, Opus, FLAC in Ogg) was cut short, or is chained.
 
 An Ogg file holds no total length: its pages follow one another to the end, and the last one
 of each stream carries the end-of-stream flag. A file cut off (a recorder killed, a download
@@ -12,6 +12,7 @@ from pathlib import Path
 
 CAPTURE = b"OggS"
 _HEADER = 27  # bytes before a page's segment table (RFC 3533, section 6)
+_BEGINNING_OF_STREAM = 0x02  # header_type flag of a stream's first page
 _END_OF_STREAM = 0x04  # header_type flag of a stream's last page
 # The largest page: its header, a full segment table and 255 segments of 255 bytes. The last
 # page starts within this many bytes of the file's end.
@@ -65,3 +66,27 @@ def _last_page_flags(tail: bytes, at: int) -> int | None:
         if end == len(tail):
             return tail[at + 5] & _END_OF_STREAM
         at = end
+
+
+def is_chained(path: Path) -> bool:
+    """Whether the Ogg file at `path` is a chain: streams one after another (files joined
+    with `cat`, stream rips, some recorders), which libsndfile reads only the first of, or
+    gives a length of millions of hours. A stream starting after another's pages is the
+    sign; the streams a file multiplexes (audio beside video) all start on its first pages.
+    Reads the pages' headers only, as far as they chain (False if none)."""
+    size = path.stat().st_size
+    at, seen_data = 0, False
+    with path.open("rb") as stream:
+        while at + _HEADER <= size:
+            stream.seek(at)
+            header = stream.read(_HEADER)
+            if header[: len(CAPTURE)] != CAPTURE or header[4] != 0:
+                return False  # not (or no longer) a chain of pages: nothing to say
+            if header[5] & _BEGINNING_OF_STREAM:
+                if seen_data:
+                    return True
+            else:
+                seen_data = True
+            table = stream.read(header[26])
+            at += _HEADER + len(table) + sum(table)
+    return False

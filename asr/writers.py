@@ -273,12 +273,14 @@ def outputs_over_recordings(
 ) -> dict[Path, str]:
     """The files among `asr.audio.find_audio_files`' (file, stem) whose outputs in `output_dir`
     would be one of those files, each with the reason: `rec.txt` holding audio, transcribed
-    into its own folder, was replaced by its transcript under --overwrite."""
-    recordings = {path.resolve() for path, _ in files}
+    into its own folder, was replaced by its transcript under --overwrite. (os.path.realpath,
+    not Path.resolve: a symbolic link loop among the files is that file's failure, when it is
+    read, not an exception here.)"""
+    recordings = {os.path.realpath(path) for path, _ in files}
     reasons = {}
     for path, stem in files:
         outputs = output_paths(output_dir, stem, formats).values()
-        if over := [output for output in outputs if output.resolve() in recordings]:
+        if over := [output for output in outputs if os.path.realpath(output) in recordings]:
             reasons[path] = f"{path}: its output {over[0]} is a recording given to transcribe"
     return reasons
 

@@ -524,6 +524,32 @@ def test_an_ogg_cut_short_says_so_wherever_it_was_cut(tmp_path, codec, suffix):
         assert decode_audio(unnamed).warnings == decoded.warnings
 
 
+@pytest.mark.parametrize(
+    "codec, suffix, second_rate",
+    [("libvorbis", ".ogg", 16000), ("libopus", ".opus", 48000), ("libvorbis", ".oga", 44100)],
+)
+def test_a_chained_ogg_is_read_to_its_end(tmp_path, codec, suffix, second_rate):
+    """Ogg streams one after another (files joined with cat, stream rips): libsndfile read
+    the first alone without a word, or, for Opus, took the file for 160 billion hours."""
+    from asr.audio import decode_audio
+    from asr.ogg import is_chained
+
+    parts = []
+    for index, (source, rate) in enumerate(
+        ((JFK, 16000), (SAMPLES / "librispeech_1089-134686-0002.wav", second_rate))
+    ):
+        part = tmp_path / f"part{index}{suffix}"
+        _ffmpeg("-i", str(source), "-ar", str(rate), "-c:a", codec, "-f", "ogg", str(part))
+        parts.append(part.read_bytes())
+    chained = tmp_path / f"chained{suffix}"
+    chained.write_bytes(b"".join(parts))
+    assert is_chained(chained) and not is_chained(tmp_path / f"part0{suffix}")
+    seconds = 11.0 + 6.625  # jfk.wav, then the LibriSpeech clip
+    for decoded in (decode_audio(chained), decode_audio(b"".join(parts), name="upload")):
+        assert abs(len(decoded.samples) / SAMPLE_RATE - seconds) < 0.1
+        assert decoded.warnings == ()
+
+
 def test_ogg_pages_are_followed_not_searched(tmp_path):
     """A capture pattern inside a page's data does not pass for a page of its own."""
     from asr.ogg import ends_without_end_of_stream

@@ -317,6 +317,46 @@ def test_a_file_named_with_a_newline_keeps_every_status_line_one_line(capsys, tm
 
 
 @pytest.mark.slow
+def test_a_loop_of_symbolic_links_in_a_folder_fails_alone(capsys, tmp_path):
+    # With --output-dir, resolving the files' paths raised RuntimeError and nothing was done.
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    shutil.copy(SAMPLES / "jfk.wav", inputs / "good.wav")
+    (inputs / "l1.wav").symlink_to("l2.wav")
+    (inputs / "l2.wav").symlink_to("l1.wav")
+
+    assert main(["transcribe", str(inputs), "--output-dir", str(tmp_path / "out")]) == 1
+
+    said = capsys.readouterr().err
+    assert "1 transcribed, 0 skipped (outputs exist), 2 failed" in said
+    assert f"failed: {inputs / 'l1.wav'}: Too many levels of symbolic links" in said
+    assert (tmp_path / "out" / "good.txt").is_file()
+
+
+@pytest.mark.slow
+def test_a_file_deleted_during_the_run_fails_in_a_users_words(capsys, tmp_path, monkeypatch):
+    import app.file_run
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for name in ("a.wav", "b.wav"):
+        shutil.copy(SAMPLES / "jfk.wav", inputs / name)
+    real = app.file_run.fingerprinted
+
+    def deleted_first(path, record):  # b.wav goes after the run listed it, before it is read
+        if path.name == "b.wav":
+            path.unlink()
+        return real(path, record)
+
+    monkeypatch.setattr(app.file_run, "fingerprinted", deleted_first)
+    assert main(["transcribe", str(inputs), "--output-dir", str(tmp_path / "out")]) == 1
+    said = capsys.readouterr().err
+    assert "1 transcribed, 0 skipped (outputs exist), 1 failed" in said
+    gone = f"failed: {inputs / 'b.wav'}: no such file (it was moved or deleted during the run)"
+    assert gone in said and "FileNotFoundError" not in said
+
+
+@pytest.mark.slow
 def test_inputs_that_would_write_the_same_outputs_fail_and_the_rest_go_on(capsys, tmp_path):
     # talk.wav beside talk.mp3 (a recorder's file and its export) stopped the whole folder.
     inputs, outputs = tmp_path / "in", tmp_path / "out"

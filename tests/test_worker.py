@@ -389,6 +389,10 @@ def test_submit_names_what_is_wrong(tmp_path, monkeypatch):
         patched.setattr(shutil, "disk_usage", lambda path: usage)
         with pytest.raises(ValueError, match=r"out/new: only 0 kB free \(the disk is full\)"):
             store.submit([tmp_path / "a"], JobSpec(out / "new"))
+    (tmp_path / "l1.wav").symlink_to("l2.wav")
+    (tmp_path / "l2.wav").symlink_to("l1.wav")
+    with pytest.raises(ValueError, match=r"l1.wav: a loop of symbolic links"):
+        store.submit([tmp_path / "l1.wav"], JobSpec(out))
     latin = tmp_path / os.fsdecode(b"caf\xe9")
     dummy_files(latin, 1)
     with pytest.raises(ValueError, match="its name is not UTF-8"):
