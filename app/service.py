@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import threading
 import time
 from collections.abc import Mapping
@@ -630,9 +631,15 @@ def _decoded(audio: AudioInput) -> DecodedAudio:
     if isinstance(audio, np.ndarray):
         return samples_audio(audio)
     if hasattr(audio, "read"):  # an open binary file, as faster-whisper takes one
-        data = audio.read()
-        if not isinstance(data, bytes):
-            raise TypeError("a file object must be opened in binary mode ('rb')")
+        binary_only = "a file object must be opened in binary mode ('rb')"
+        if isinstance(audio, io.TextIOBase):  # reading audio as text fails to decode it
+            raise TypeError(binary_only)
+        try:
+            data = audio.read()
+        except UnicodeDecodeError:  # another text reader
+            raise TypeError(binary_only) from None
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(binary_only)
         return decode_audio(data, name=str(getattr(audio, "name", "<file object>")))
     if not isinstance(audio, str | Path | bytes | bytearray | memoryview):
         raise TypeError(

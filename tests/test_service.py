@@ -231,6 +231,8 @@ def test_the_python_api_takes_audio_as_users_hold_it(settings, tmp_path):
     assert service.run(stereo, options).text == service.run(tmp_path / "stereo.wav", options).text
     with jfk.open("rb") as opened:
         assert service.run(opened, options).text == expected
+    with jfk.open() as opened, pytest.raises(TypeError, match=r"binary mode \('rb'\)"):
+        service.run(opened, options)  # text mode: reading it failed with UnicodeDecodeError
     with pytest.raises(AudioLoadError, match="contains no audio samples"):
         service.run(np.zeros(0, np.float32), options)
     with pytest.raises(TypeError, match="not int"):
