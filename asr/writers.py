@@ -10,6 +10,7 @@ so that a rerun skips a file only when its outputs exist *and* were made the way
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import shutil
@@ -135,32 +136,49 @@ MIN_CUE_SECONDS = 0.5
 def _word_cues(
     words: list[Word], layout: SubtitleLayout, speaker: str | None, label_width: int = 0
 ) -> list[_Cue]:
-    """Cues of whole words; a cue's first line leaves `label_width` characters for its label."""
+    """Cues of whole words; a cue's first line leaves `label_width` characters for its label.
+    A cue that the line count would leave with one word is given the word before it too
+    (`_without_lone_words`)."""
     width = layout.max_line_width or 10**9
     count = layout.max_line_count or 10**9
-    cues: list[_Cue] = []
-    lines: list[list[Word]] = []
-
-    def close() -> None:
-        if lines:
-            text = tuple("".join(w.text for w in line).strip() for line in lines)
-            cues.append(_Cue(lines[0][0].start, lines[-1][-1].end, text, speaker))
-            lines.clear()
-
+    cues: list[list[list[list[Word]]]] = []  # cue -> lines -> whole words -> their pieces
     previous_end = None
     for whole in _whole_words(words):
-        if previous_end is not None and whole[0].start - previous_end > layout.MAX_CUE_GAP:
-            close()
-        length = len("".join(w.text for w in lines[-1]).strip()) if lines else 0
-        room = width - label_width if len(lines) == 1 else width
-        if not lines or length + sum(len(w.text) for w in whole) > room:
-            if len(lines) == count:
-                close()
-            lines.append([])
-        lines[-1].extend(whole)
+        paused = previous_end is not None and whole[0].start - previous_end > layout.MAX_CUE_GAP
+        lines = cues[-1] if cues and not paused else None
+        length = len(_line_text(lines[-1])) if lines else 0
+        room = width - label_width if lines is not None and len(lines) == 1 else width
+        if lines is None or length + sum(len(w.text) for w in whole) > room:
+            if lines is None or len(lines) == count:
+                cues.append([])
+            cues[-1].append([])
+        cues[-1][-1].append(whole)
         previous_end = whole[-1].end
-    close()
-    return cues
+    _without_lone_words(cues, width - label_width, layout.MAX_CUE_GAP)
+    return [
+        _Cue(lines[0][0][0].start, lines[-1][-1][-1].end, tuple(map(_line_text, lines)), speaker)
+        for lines in cues
+    ]
+
+
+def _line_text(line: list[list[Word]]) -> str:
+    return "".join(w.text for whole in line for w in whole).strip()
+
+
+def _without_lone_words(cues: list[list[list[list[Word]]]], room: int, max_gap: float) -> None:
+    """Where the line count leaves a cue with a single word ("though." for 0.2 s, too short to
+    read), the word before it moves into that cue, as long as the line it joins stays within
+    `room` characters and the cue it leaves keeps a word on its last line. A word alone after
+    a pause stays alone: it is a cue of its own."""
+    for before, cue in itertools.pairwise(cues):
+        if len(cue) != 1 or len(cue[0]) != 1 or len(before[-1]) < 2:
+            continue
+        if cue[0][0][0].start - before[-1][-1][-1].end > max_gap:
+            continue
+        moved = before[-1][-1]
+        if len(_line_text([moved, *cue[0]])) <= room:
+            before[-1].pop()
+            cue[0].insert(0, moved)
 
 
 def _whole_words(words: list[Word]) -> list[list[Word]]:
