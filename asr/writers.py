@@ -168,16 +168,18 @@ def _line_text(line: list[list[Word]]) -> str:
 def _without_lone_words(cues: list[list[list[list[Word]]]], room: int, max_gap: float) -> None:
     """Where the line count leaves a cue with a single word ("though." for 0.2 s, too short to
     read), the word before it moves into that cue, as long as the line it joins stays within
-    `room` characters and the cue it leaves keeps a word on its last line. A word alone after
-    a pause stays alone: it is a cue of its own."""
+    `room` characters and the cue it leaves keeps two words. A word alone after a pause stays
+    alone: it is a cue of its own."""
     for before, cue in itertools.pairwise(cues):
-        if len(cue) != 1 or len(cue[0]) != 1 or len(before[-1]) < 2:
+        if len(cue) != 1 or len(cue[0]) != 1 or sum(map(len, before)) < 3:
             continue
         if cue[0][0][0].start - before[-1][-1][-1].end > max_gap:
             continue
         moved = before[-1][-1]
         if len(_line_text([moved, *cue[0]])) <= room:
             before[-1].pop()
+            if not before[-1]:
+                before.pop()
             cue[0].insert(0, moved)
 
 

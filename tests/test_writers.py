@@ -268,14 +268,14 @@ def test_subtitle_lines_are_shaped_by_width_and_count_and_timed_by_their_words()
 
 
 def test_a_cue_is_never_left_with_one_word_by_the_line_count():
-    # "one two / three four" then "five" alone, shown for 0.4 s: it takes "four" along.
+    # "one two / three four", then "five" alone for 0.4 s: it takes "four" along.
     words = _spoken("one two three four five")
     transcript = Transcript(
         segments=(Segment(0.0, 2.5, "".join(w.text for w in words), words),),
         language="en",
         duration=2.5,
     )
-    srt = write_srt(transcript, "x", SubtitleLayout(max_line_width=9, max_line_count=2))
+    srt = write_srt(transcript, "x", SubtitleLayout(max_line_width=10, max_line_count=2))
     assert srt == (
         "1\n00:00:00,000 --> 00:00:01,400\none two\nthree\n\n"
         "2\n00:00:01,500 --> 00:00:02,400\nfour five\n"
@@ -287,7 +287,7 @@ def test_a_cue_is_never_left_with_one_word_by_the_line_count():
     assert narrow.endswith("\nabcd efgh\n\n2\n00:00:01,000 --> 00:00:01,400\nijklmn\n")
     paused = _spoken("one two three four") + _spoken("five", 10.0)
     apart = Transcript((Segment(0.0, 10.4, " x", paused),), "en", 11.0)
-    srt = write_srt(apart, "x", SubtitleLayout(max_line_width=9, max_line_count=2))
+    srt = write_srt(apart, "x", SubtitleLayout(max_line_width=10, max_line_count=2))
     assert srt.endswith("00:00:10,000 --> 00:00:10,400\nfive\n")
 
 
