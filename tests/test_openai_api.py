@@ -378,6 +378,29 @@ def test_a_stop_answers_every_request_waiting_and_gives_a_running_one_its_grace(
         work.close(timeout=5)
 
 
+def test_a_streamed_request_stopped_by_a_shutdown_gets_a_shutting_down_event():
+    # Its 200 went out when it was queued: the event must say to retry, as the 503 does.
+    import asyncio
+    import json
+
+    from app.api.audio_routes import _transcript_events
+    from app.api.work_queue import ShuttingDown
+
+    async def events() -> list[str]:
+        done = asyncio.get_running_loop().create_future()
+        done.set_exception(ShuttingDown("the server is stopping"))
+
+        async def no_windows():
+            return
+            yield
+
+        return [event async for event in _transcript_events(done, no_windows())]
+
+    (event,) = asyncio.run(events())
+    error = json.loads(event.removeprefix("data: "))["error"]
+    assert (error["code"], error["type"]) == ("shutting_down", "server_error")
+
+
 def test_a_job_that_ends_within_the_grace_keeps_its_result():
     import asyncio
 
@@ -1060,6 +1083,20 @@ def test_limits_answer_413(locked_server):
     )
     message = _error(huge, 413, "file_too_large")["message"]
     assert message.startswith("the request (its form with the audio file) has "), message
+    # Sent without Content-Length (chunked): counted as it comes, not spooled whole first.
+    sent = []
+
+    def chunked():
+        yield b'--B\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+        for _ in range(64):
+            sent.append(1)
+            yield bytes(1 << 20)
+        yield b"\r\n--B--\r\n"
+
+    form = {"content-type": "multipart/form-data; boundary=B", **auth}
+    streamed = httpx.post(url + "/v1/audio/transcriptions", content=chunked(), headers=form)
+    message = _error(streamed, 413, "file_too_large")["message"]
+    assert message.startswith("the request (its form with the audio file) went past "), message
     long = _error(_post_audio(url, JFK, headers=auth), 413, "audio_too_long")
     assert f"{LOCKED_MAX_SECONDS} s" in long["message"]
 

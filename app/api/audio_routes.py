@@ -28,7 +28,15 @@ from .audio_formats import render, usage
 from .audio_request import WHISPER_ALIAS, AudioRequest, parse_form
 from .errors import ApiError, error_body
 from .events import sse
-from .work_queue import Abandoned, ClosingStream, Place, QueueFull, WorkQueue, until_stopped
+from .work_queue import (
+    Abandoned,
+    ClosingStream,
+    Place,
+    QueueFull,
+    ShuttingDown,
+    WorkQueue,
+    until_stopped,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +119,14 @@ class AudioApi:
                 f"send multipart/form-data with the audio in 'file' (got {content_type or 'none'})",
                 code="unsupported_media_type",
             )
+        limit = self.max_bytes + FORM_OVERHEAD_BYTES
         length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > self.max_bytes + FORM_OVERHEAD_BYTES:
+        if length and length.isdigit() and int(length) > limit:
             raise self._too_large(int(length), whole_request=True)
         try:
-            form = await request.form(max_files=2, max_fields=64)
+            form = await _capped(request, limit, self._too_large).form(max_files=2, max_fields=64)
+        except ApiError:
+            raise
         except Exception as error:  # starlette's MultiPartException and malformed bodies
             raise ApiError(400, f"the multipart form cannot be read: {error}") from None
         try:
@@ -129,13 +140,17 @@ class AudioApi:
             raise self._too_large(len(audio))
         return asked, audio
 
-    def _too_large(self, size: int, whole_request: bool = False) -> ApiError:
+    def _too_large(
+        self, size: int, whole_request: bool = False, at_least: bool = False
+    ) -> ApiError:
         """413 for an upload past MAX_AUDIO_BYTES; whole_request: `size` is the request's
-        Content-Length (the form's fields and boundaries with the file), refused before reading."""
+        Content-Length (the form's fields and boundaries with the file), refused before reading;
+        at_least: `size` is what a request without one had sent when it passed the limit."""
         what = "the request (its form with the audio file)" if whole_request else "the audio file"
+        has = "went past" if at_least else "has"  # at_least: no Content-Length
         return ApiError(
             413,
-            f"{what} has {size} bytes, more than the {self.max_bytes} allowed for the audio "
+            f"{what} {has} {size} bytes, more than the {self.max_bytes} allowed for the audio "
             "file (MAX_AUDIO_BYTES)",
             param="file",
             code="file_too_large",
@@ -218,6 +233,25 @@ class AudioApi:
         )
 
 
+def _capped(request: Request, limit: int, too_large: Callable[..., ApiError]) -> Request:
+    """`request` reading its body through a count that raises `too_large`'s 413 once more than
+    `limit` bytes have come: a body sent without Content-Length (chunked) was spooled whole,
+    then read into memory, before its size was checked (a few such uploads of some GB could
+    fill the disk or end the server)."""
+    received = 0
+
+    async def receive():
+        nonlocal received
+        message = await request.receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise too_large(limit, whole_request=True, at_least=True)
+        return message
+
+    return Request(request.scope, receive)
+
+
 async def _transcript_events(
     done: asyncio.Future[Transcript], windows: AsyncIterator[DecidedWindow]
 ) -> AsyncIterator[str]:
@@ -239,6 +273,9 @@ async def _transcript_events(
         return
     except ValueError as error:
         yield sse(error_body(422, str(error)))
+        return
+    except ShuttingDown as error:  # waiting or running when the server began to stop
+        yield sse(error_body(503, str(error), code="shutting_down"))
         return
     except Exception as error:
         log.exception("streamed transcription failed")
