@@ -313,6 +313,8 @@ def _summary(
     """Step 5 of `transcribe`: the counts and every failure's reason; the exit status (1 when
     anything failed or was not done). left_to_others: files another run was transcribing (it
     reports them); not_done: files left when the run stopped (its outputs' disk full)."""
+    from .status_lines import one_line
+
     others = f", {left_to_others} left to another run" if left_to_others else ""
     left = f", {not_done} not done" if not_done else ""
     print(
@@ -320,8 +322,6 @@ def _summary(
         f"{len(failures)} failed{others}{left}",
         file=sys.stderr,
     )
-    from .status_lines import one_line
-
     for _, reason in failures:
         print(one_line(f"  failed: {reason}"), file=sys.stderr)
     return 1 if failures or not_done else 0

@@ -375,9 +375,9 @@ class JobStore:
     def _snapshot(self, error: sqlite3.OperationalError) -> sqlite3.Connection:
         """A reader's connection to a store whose disk is full or read-only, or in a folder the
         reader may not write to: SQLite cannot make the shared-memory file a WAL store's readers
-        need, so `status` could not show the jobs.
-        Where no write-ahead log holds changes the store file lacks, the file alone is the
-        store, read as immutable. Anything else raises JobStoreError saying why."""
+        need, so `status` could not show the jobs. Where no write-ahead log holds changes the
+        store file lacks, the file alone is the store, read as immutable. Anything else raises
+        JobStoreError saying why."""
         log = self.path.with_name(f"{self.path.name}-wal")
         unlogged = not log.exists() or log.stat().st_size == 0
         if not (self.read_only and unlogged):
