@@ -1223,8 +1223,13 @@ def run() -> None:
     handlers (logging, temporary folders' finalizers) still run first.
 
     Standard output may close before the command ends (`| head`): from then on what it
-    prints is dropped and its work goes on (`app.closed_pipe`).
+    prints is dropped and its work goes on (`app.closed_pipe`). A terminal that cannot show a
+    character (an ASCII or Latin-1 locale, a transcript in French or a file named in
+    Japanese) gets it escaped (\\xea) rather than ending the run at the first one.
     """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):  # not a TextIOWrapper, closed
+            stream.reconfigure(errors="backslashreplace")
     sys.stdout = ReaderGoneTolerant(sys.stdout)
     parser = build_parser()
     args = parser.parse_args()

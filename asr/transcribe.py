@@ -1475,6 +1475,10 @@ def _prepare(
     )
 
 
+def _segments(count: int) -> str:
+    return f"{count} segment{'s' if count != 1 else ''}"
+
+
 def _dropped_warnings(session: _Session) -> tuple[str, ...]:
     """What the hallucination guards left out, said where the user reads warnings: a dropped
     segment may be speech that really repeats itself (a chorus, a reading said twice)."""
@@ -1482,18 +1486,18 @@ def _dropped_warnings(session: _Session) -> tuple[str, ...]:
     if session.dropped_repeats:
         ngram = session.options.repetition_ngram
         warnings.append(
-            f"{session.dropped_repeats} segments left out: they repeated earlier text that "
+            f"{_segments(session.dropped_repeats)} left out: they repeated earlier text that "
             f"their prompt held (repetition n-gram {ngram}; 0 keeps them)"
         )
     if session.dropped_in_pauses:
         warnings.append(
-            f"{session.dropped_in_pauses} segments left out: timed inside a pause where voice "
+            f"{_segments(session.dropped_in_pauses)} left out: timed inside a pause where voice "
             "activity detection found no speech (text Whisper repeated or made up)"
         )
     if session.dropped_anomalies:
         threshold = session.options.hallucination_silence_threshold
         warnings.append(
-            f"{session.dropped_anomalies} segments left out as text hallucinated in a pause "
+            f"{_segments(session.dropped_anomalies)} left out as text hallucinated in a pause "
             f"(hallucination silence threshold {threshold:g} s)"
         )
     return tuple(warnings)

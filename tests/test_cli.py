@@ -459,6 +459,27 @@ def test_a_reader_that_stops_reading_ends_nothing_but_the_printing(tmp_path):
     assert sorted(p.name for p in outputs.glob("*.txt")) == [f"{s.stem}.txt" for s in sources]
 
 
+def test_a_terminal_that_cannot_show_a_name_gets_it_escaped(tmp_path):
+    # An ASCII locale: the "== FILE" header of a file named in Japanese raised
+    # UnicodeEncodeError, and the run ended there, its other files never transcribed.
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    for name in ("音声.wav", "zz.wav"):
+        shutil.copy(SAMPLES / "jfk.wav", tmp_path / name)
+    command = [sys.executable, "-m", "specscribe.cli", "transcribe", str(tmp_path)]
+    command += ["-o", str(tmp_path / "out"), "--assistant", "none", "--batch-files", "1"]
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, timeout=600)
+    said = run.stderr.decode()
+    assert run.returncode == 0, said
+    assert f"== {tmp_path}/\\u97f3\\u58f0.wav" in run.stdout.decode()
+    assert "2 transcribed" in said
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.txt")) == ["zz.txt", "音声.txt"]
+
+
 @pytest.mark.slow
 def test_a_pipe_in_a_folder_fails_and_the_rest_go_on(capsys, tmp_path):
     # Reading it (its digest, for the record) blocked for ever, and nothing was transcribed.

@@ -472,8 +472,8 @@ def test_the_repetition_guard_removes_repeated_segments(
     said_so = [w for w in guarded.warnings if "repeated earlier text" in w]
     assert said_so == (
         [
-            f"{dropped} segments left out: they repeated earlier text that their "
-            "prompt held (repetition n-gram 6; 0 keeps them)"
+            f"{dropped} segment{'s' if dropped != 1 else ''} left out: they repeated earlier "
+            "text that their prompt held (repetition n-gram 6; 0 keeps them)"
         ]
         if dropped
         else []
