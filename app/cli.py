@@ -158,7 +158,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from .file_run import FileRun
     from .output_plan import kept_outputs, made_from, plan_outputs
     from .service import TranscriptionService
-    from .status_lines import one_line
+    from .status_lines import tell
     from .unlabelled_cache import kept_unlabelled
 
     # 1. The request, checked before anything is read or loaded.
@@ -205,7 +205,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
 
     def unreadable(folder: Path, error: OSError) -> None:
         unlisted.append((folder, f"{folder}: cannot list this folder: {error.strerror}"))
-        print(one_line(f"specscribe: skipped {unlisted[-1][1]}"), file=sys.stderr)
+        tell(f"specscribe: skipped {unlisted[-1][1]}")
 
     videos: list[Path] = []
     files = find_audio_files([Path(p) for p in args.paths], unreadable, videos.append)
@@ -226,15 +226,12 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         _check_output_dir(args.output_dir)
         colliding = colliding_outputs(files, args.output_dir)
         for path, reason in colliding.items():
-            print(one_line(f"specscribe: skipping {reason}"), file=sys.stderr)
+            tell(f"specscribe: skipping {reason}")
             undone.append((path, reason))
         files = [(path, stem) for path, stem in files if path not in colliding]
         over = outputs_over_recordings(files, args.output_dir, formats)
         for path, reason in over.items():
-            print(
-                one_line(f"specscribe: skipping {reason}; choose another --output-dir"),
-                file=sys.stderr,
-            )
+            tell(f"specscribe: skipping {reason}; choose another --output-dir")
             undone.append((path, reason))
         files = [(path, stem) for path, stem in files if path not in over]
     jobs, relabels, skipped = [], [], 0
@@ -245,7 +242,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         if not plan.decode:
             if plan.unrecorded:
                 told = kept_outputs(plan, outputs)
-                print(one_line(f"specscribe: skipping {path}: {told}"), file=sys.stderr)
+                tell(f"specscribe: skipping {path}: {told}")
             if plan.blocked:
                 undone.append((path, f"{path}: {told}"))  # outputs asked for and not made
             else:
@@ -257,7 +254,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             kept_transcript = kept_unlabelled(outputs, file_record)
         if plan.action == "redo":
             again = "labelling its kept transcript again" if kept_transcript else "redoing"
-            print(one_line(f"specscribe: {again} {path}: {plan.why}"), file=sys.stderr)
+            tell(f"specscribe: {again} {path}: {plan.why}")
         if kept_transcript is not None:
             relabels.append((path, outputs, file_record, kept_transcript))
         else:
@@ -313,7 +310,7 @@ def _summary(
     """Step 5 of `transcribe`: the counts and every failure's reason; the exit status (1 when
     anything failed or was not done). left_to_others: files another run was transcribing (it
     reports them); not_done: files left when the run stopped (its outputs' disk full)."""
-    from .status_lines import one_line
+    from .status_lines import tell
 
     others = f", {left_to_others} left to another run" if left_to_others else ""
     left = f", {not_done} not done" if not_done else ""
@@ -323,7 +320,7 @@ def _summary(
         file=sys.stderr,
     )
     for _, reason in failures:
-        print(one_line(f"  failed: {reason}"), file=sys.stderr)
+        tell(f"  failed: {reason}")
     return 1 if failures or not_done else 0
 
 

@@ -528,7 +528,7 @@ def _with_cut_short(decoded: DecodedAudio, path: Path, header: _WavHeader | None
 
 def _chained_ogg(path: str) -> bool:
     try:
-        return is_ogg(Path(path)) and is_chained(Path(path))
+        return is_chained(Path(path))  # False for a file that is not Ogg pages
     except OSError:
         return False
 
