@@ -1,5 +1,8 @@
 VENV ?= .venv
 PYTEST_ARGS ?=
+# Two pytest workers, each test file whole on one (its module fixtures load once); `-n 0` in
+# PYTEST_ARGS runs serially.
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup test lint format transcribe-samples
 
@@ -9,7 +12,7 @@ setup:
 test:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint:
 	$(VENV)/bin/ruff check .

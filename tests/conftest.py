@@ -10,6 +10,7 @@ Every test gets exactly one tier marker, selectable with `-m` (CI runs all three
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 from pathlib import Path
@@ -17,6 +18,14 @@ from pathlib import Path
 import pytest
 
 from app.config import Settings
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two pytest workers on a 2-core machine: one thread each, inherited by the
+    # processes the tests start, so neither worker's thread pool spins against the other's.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    # The few tests that need two threads' numerics (tests/test_vad.py) then share a core with
+    # the other worker: their idle thread sleeps instead of spinning (it was ten times slower).
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples"
