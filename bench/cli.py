@@ -28,10 +28,10 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -40,6 +40,7 @@ from bench import positive_int
 from bench.asr_data import SPEECH, Utterance, user_files
 
 CHECKOUT = Path(__file__).resolve().parents[1]  # the folder that holds bench/
+LAUNCHER = Path(__file__).resolve().with_name("launcher.py")
 RESULTS = CHECKOUT / "bench" / "results"
 BASELINE = "faster-whisper int8"
 DRAFT = "whisper-base-draft"  # the draft `--assistant auto` picks for whisper-base
@@ -163,31 +164,35 @@ class Pass:
     """One process's wall-clock seconds and peak memory."""
 
     seconds: float
-    peak_rss_mb: float  # the process's largest resident set (getrusage's ru_maxrss)
+    peak_rss_mb: float  # its largest resident set, children included (wait4's ru_maxrss)
 
 
 def _run(command: list[str], threads: int, environment: tuple[tuple[str, str], ...] = ()) -> Pass:
+    """Runs the command through `bench/launcher.py`, which times it and reads its peak memory
+    (this process's own memory would otherwise count as the command's: see there)."""
     # The baseline runs as `python -m bench.faster_whisper_folder`: the checkout holding bench/
     # goes first on its path, as `specscribe bench` runs from any folder.
     path = os.pathsep.join(filter(None, [str(CHECKOUT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path, **dict(environment)}
+    launched = [sys.executable, "-I", "-S", str(LAUNCHER), *command]
     with tempfile.TemporaryFile("w+") as stderr:
-        started = time.perf_counter()
-        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        # A session of its own: an interrupted benchmark ends the launcher and its command.
+        process = subprocess.Popen(
+            launched, env=env, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True
+        )
         try:
-            _, status, usage = os.wait4(process.pid, 0)  # this child's own resource usage
-        except BaseException:  # interrupted: the child goes too, as with subprocess.run
-            process.kill()
+            out, _ = process.communicate()
+        except BaseException:
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait()
             raise
-        seconds = time.perf_counter() - started
-        process.returncode = os.waitstatus_to_exitcode(status)
         if process.returncode != 0:
             stderr.seek(0)
             raise RuntimeError(
                 f"{' '.join(command)} failed ({process.returncode}):\n{stderr.read()[-2000:]}"
             )
-    return Pass(seconds, usage.ru_maxrss / 1024)  # kilobytes on Linux
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    return Pass(report["seconds"], report["peak_rss_kb"] / 1024)  # kilobytes on Linux
 
 
 def _outputs(out: Path, files: list[Utterance]) -> dict[str, dict]:

@@ -129,3 +129,19 @@ def test_the_baseline_process_finds_bench_from_any_folder(tmp_path, monkeypatch)
     monkeypatch.delenv("PYTHONPATH", raising=False)
     command = [sys.executable, "-m", "bench.faster_whisper_folder", "--help"]
     assert bench_cli._run(command, threads=1).seconds > 0
+
+
+def test_a_commands_peak_memory_is_its_own_not_the_benchmarks():
+    """Linux carries a process's resident peak into a child it starts (at exec): the benchmark,
+    run inside a test worker holding gigabytes of models, reported that as the command's."""
+    import sys
+
+    import numpy as np
+
+    held = np.ones(1_000_000_000 // 8)  # 1 GB resident in this process
+    small = bench_cli._run([sys.executable, "-c", "pass"], threads=1)
+    assert held.sum() > 0 and 1 < small.peak_rss_mb < 100
+    large = bench_cli._run(
+        [sys.executable, "-c", "import numpy; numpy.ones(300_000_000 // 8).sum()"], threads=1
+    )
+    assert 300 < large.peak_rss_mb < 500
