@@ -159,6 +159,7 @@ class Models:
     _timers: dict = field(default_factory=dict)
     _faster: dict = field(default_factory=dict)
     _vad: list = field(default_factory=list)
+    _tokenizers: dict = field(default_factory=dict)
 
     def target(self, precision: str = "fp32"):
         """The target in a precision of `asr.precision` ("fp32", "bf16", "fp16", "mixed",
@@ -194,6 +195,15 @@ class Models:
             path = self.registry.resolve(name)
             self._pairs[(name, precision)] = load_draft(self.target(precision), path)
         return self._pairs[(name, precision)]
+
+    def transformers_tokenizer(self, path: str):
+        """transformers' own tokenizer of a checkpoint folder: what its universal assisted
+        decoding is given (ours lacks its batch `decode`)."""
+        from transformers import AutoTokenizer
+
+        if path not in self._tokenizers:
+            self._tokenizers[path] = AutoTokenizer.from_pretrained(path)
+        return self._tokenizers[path]
 
     def timers(self, name: str | None) -> tuple[ModuleTimer | None, ModuleTimer]:
         """(encoder, decoder) timers of the fp32 target (None) or draft `name`; the transformers
@@ -332,8 +342,8 @@ def transformers_generate(models: Models, timestamps: bool, draft: str | None):
             paired = models.draft(draft)
             extras["assistant_model"] = paired.model.model
             if paired.pairing == "cross-tokenizer":
-                extras["tokenizer"] = target.tokenizer
-                extras["assistant_tokenizer"] = paired.model.tokenizer
+                extras["tokenizer"] = models.transformers_tokenizer(target.name)
+                extras["assistant_tokenizer"] = models.transformers_tokenizer(paired.model.name)
             draft_timers = models.timers(draft)
         encoder, decoder = models.timers(None)
         for timer in (encoder, decoder, *draft_timers):

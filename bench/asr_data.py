@@ -54,6 +54,10 @@ class Utterance:
     def reference(self) -> str:
         return self.audio.with_suffix(".txt").read_text(encoding="utf-8").strip()
 
+    @property
+    def has_reference(self) -> bool:
+        return self.audio.with_suffix(".txt").is_file()
+
 
 def benchmark_files(speech: Path = SPEECH) -> list[Utterance]:
     """The evaluation set, utterances first; raises FileNotFoundError naming a missing file."""

@@ -42,7 +42,7 @@ from bench.asr_data import SPEECH, Utterance, user_files
 CHECKOUT = Path(__file__).resolve().parents[1]  # the folder that holds bench/
 LAUNCHER = Path(__file__).resolve().with_name("launcher.py")
 RESULTS = CHECKOUT / "bench" / "results"
-BASELINE = "faster-whisper int8"
+BASELINE = "faster-whisper int8"  # the baseline every row's `vs_faster_whisper_int8` is against
 DRAFT = "whisper-base-draft"  # the draft `--assistant auto` picks for whisper-base
 EAGER_STEPS = (("SPECSCRIBE_TRACED_STEPS", "0"),)
 
@@ -50,7 +50,7 @@ EAGER_STEPS = (("SPECSCRIBE_TRACED_STEPS", "0"),)
 @dataclass(frozen=True)
 class Config:
     name: str
-    options: tuple[str, ...]  # `specscribe transcribe` options; () for the baseline
+    options: tuple[str, ...]  # `specscribe transcribe` options (bench.faster_whisper_folder's)
     plain: str | None = None  # the configuration whose output this one must equal
     environment: tuple[tuple[str, str], ...] = ()  # variables set for its process
 
@@ -58,7 +58,8 @@ class Config:
 CONFIGS: dict[str, Config] = {
     c.name: c
     for c in (
-        Config("default", ()),
+        Config("default", (), "default, no draft"),
+        Config("default, no draft", ("--assistant", "none")),
         Config("default --no-vad", ("--no-vad",)),
         # Free heap pages kept by the process instead of handed back (app.malloc)
         Config("default (no heap trim)", (), None, (("SPECSCRIBE_HEAP_TRIM_SECONDS", "0"),)),
@@ -118,11 +119,20 @@ CONFIGS: dict[str, Config] = {
             )
         ),
         Config(BASELINE, ()),
+        # As faster-whisper's users may run it: with its own Silero VAD, and batched (its
+        # BatchedInferencePipeline, which cuts each file at the VAD's pauses and decodes the
+        # pieces side by side, without timestamps, as its transcribe defaults to).
+        Config(f"{BASELINE} vad", ("--vad",)),
+        Config(f"{BASELINE} batched", ("--batch-size", "8")),
     )
 }
 DEFAULT_CONFIGS = tuple(
     name for name in CONFIGS if not name.startswith("tree") and "eager" not in name
 )
+
+
+def is_baseline(config: Config) -> bool:
+    return config.name.startswith(BASELINE)
 
 
 def _specscribe() -> list[str]:
@@ -134,7 +144,7 @@ def _specscribe() -> list[str]:
 def _command(
     config: Config, folder: Path, out: Path, ct2_dir: Path | None, threads: int
 ) -> list[str]:
-    if config.name == BASELINE:
+    if is_baseline(config):
         return [
             sys.executable,
             "-m",
@@ -144,6 +154,7 @@ def _command(
             str(out),
             "--threads",
             str(threads),
+            *config.options,
         ]
     return [
         *_specscribe(),
@@ -251,7 +262,7 @@ def summarise(
                 100 * word_error_rate(references, [passes[-1][u.name]["text"] for u in files]), 2
             ),
         }
-        if config.name != BASELINE:
+        if not is_baseline(config):
             totals = [_totals([output[u.name]["stats"] for u in files]) for output in passes]
             row["tokens_per_target_call"] = _ratio(
                 median([t["generated_tokens"] for t in totals]),
@@ -289,9 +300,10 @@ def summarise(
             row["decoder_speedup_vs_plain"] = _ratio(
                 decoder_seconds[plain], decoder_seconds[config.name]
             )
-    if BASELINE in rows:
+    for baseline in (c.name for c in configs if is_baseline(c)):
+        key = "vs_" + baseline.replace("-", "_").replace(" ", "_")  # vs_faster_whisper_int8...
         for row in rows.values():
-            row["vs_faster_whisper_int8"] = _ratio(rows[BASELINE]["seconds"], row["seconds"])
+            row[key] = _ratio(rows[baseline]["seconds"], row["seconds"])
     return rows
 
 
@@ -304,11 +316,21 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(DEFAULT_CONFIGS),
         help=f"comma-separated, of: {', '.join(CONFIGS)}",
     )
-    parser.add_argument("--speech", type=Path, default=SPEECH)
-    parser.add_argument("--max-files", type=positive_int, help="the first N files only")
+    parser.add_argument(
+        "--speech",
+        type=Path,
+        default=SPEECH,
+        help="a folder laid out as ../shared/speech: en_single/ and en_longform/, each audio "
+        "file with its reference text beside it (NAME.txt)",
+    )
+    parser.add_argument(
+        "--max-files", type=positive_int, help="the first N files only, in path order"
+    )
     parser.add_argument("--save", action="store_true", help="also write bench/results/cli-*.json")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    if not names:
+        parser.error(f"--configs names no configuration; known: {', '.join(CONFIGS)}")
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         parser.error(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
@@ -322,15 +344,32 @@ def main(argv: list[str] | None = None) -> int:
     from app.config import Settings
     from asr.models import ModelRegistry
 
-    files = user_files(args.speech)[: args.max_files]
+    try:
+        files = user_files(args.speech)[: args.max_files]
+        missing = [u.audio.with_suffix(".txt") for u in files if not u.has_reference]
+    except OSError as error:
+        parser.error(str(error))
+    if missing:  # found now, not after every pass has run
+        parser.error(f"no reference text for {len(missing)} files, e.g. {missing[0]}")
     # faster-whisper's files are fetched (a download, where pip has not cached them) only for
     # a run that has faster-whisper in it.
     ct2_dir = None
-    if any(config.name == BASELINE for config in configs):
+    if any(is_baseline(config) for config in configs):
+        import importlib.util
+
+        if importlib.util.find_spec("faster_whisper") is None:
+            parser.error(
+                "faster-whisper is not installed: pip install -e '.[bench]' "
+                "(or leave its configurations out of --configs)"
+            )
         ct2_dir = ModelRegistry(Settings.from_env().cache_dir).pull_ct2("whisper-base")
     seconds: dict[str, list[float]] = {c.name: [] for c in configs}
     peaks: dict[str, list[float]] = {c.name: [] for c in configs}
     outputs: dict[str, list[dict]] = {c.name: [] for c in configs}  # per pass
+    # A benchmark ended by SIGTERM or SIGHUP ends as Ctrl-C does: its running command (in a
+    # session of its own, so the terminal's signals never reach it) is killed, its folder removed.
+    for ending in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(ending, _interrupted)
     with tempfile.TemporaryDirectory(prefix="specscribe-bench-cli-") as work:
         folder = Path(work) / "speech"
         folder.mkdir()
@@ -348,9 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"pass {index + 1}: {config.name}: {seconds[config.name][-1]:.2f} s",
                       file=sys.stderr)  # fmt: skip
     rows = summarise(configs, files, seconds, outputs, peaks)
-    audio_seconds = sum(
-        outputs[configs[0].name][-1][u.name].get("duration", 0.0) for u in files
-    )  # fmt: skip
+    audio_seconds = sum(audio_duration(u.audio) for u in files)
     for name, row in rows.items():
         shown = (k for k in row if k not in ("passes", "decoder_passes"))
         print(f"{name:22} " + "  ".join(f"{k}={row[k]}" for k in shown))
@@ -365,6 +402,21 @@ def main(argv: list[str] | None = None) -> int:
     }
     publish(report, f"cli-{report['date']}-cpu{args.threads}.json", args.save)
     return 0
+
+
+def _interrupted(number: int, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(number).name)
+
+
+def audio_duration(path: Path) -> float:
+    """Seconds of audio, from the container (ffprobe), whichever configurations ran."""
+    probed = subprocess.run(
+        ["ffprobe", "-v", "error", "-show_entries", "format=duration", "-of", "csv=p=0", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(probed.stdout.strip())
 
 
 def publish(report: dict, file_name: str, save: bool) -> None:

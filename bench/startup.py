@@ -1,17 +1,21 @@
 """One-file start-up: whole `specscribe transcribe FILE` processes against faster-whisper loading
 the same whisper-base weights (int8, beam 1) in a fresh Python process and transcribing FILE.
 
-    python -m bench.startup [FILE] [--repeats 5] [--language en] [--baseline-tree DIR]
+    python -m bench.startup [FILE] [--repeats 5] [--threads 2] [--language en]
+        [--baseline-tree DIR] [--save]
 
 Each round runs every command once, in turn (alternating, so a busy shared machine slows them
-alike); the report gives each command's median wall-clock seconds and its ratio to
-faster-whisper's. --baseline-tree DIR adds the same `specscribe transcribe` run from another
+alike); the report gives each command's median wall-clock seconds and its time as a multiple
+of faster-whisper's (above 1: slower), and its last line is one JSON object (`--save` also
+writes it to bench/results/startup-DATE-cpuN.json). Both sides get `--threads` threads.
+--baseline-tree DIR adds the same `specscribe transcribe` run from another
 checkout (an earlier commit: `git worktree add DIR COMMIT`), for before/after figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import statistics
 import subprocess
@@ -20,7 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import positive_int
+
 ROOT = Path(__file__).resolve().parents[1]
+BASELINE = "faster-whisper int8"
 
 
 def _specscribe(tree: Path, audio: Path, out: Path, language: str | None) -> list[str]:
@@ -35,18 +42,21 @@ def _specscribe(tree: Path, audio: Path, out: Path, language: str | None) -> lis
     return command + (["--language", language] if language else [])
 
 
-def _faster_whisper(model_dir: Path, audio: Path, out: Path, language: str) -> list[str]:
+def _faster_whisper(
+    model_dir: Path, audio: Path, out: Path, language: str, threads: int
+) -> list[str]:
     folder = out / "input"
     folder.mkdir(parents=True, exist_ok=True)
     link = folder / audio.name
     if not link.exists():
         link.symlink_to(audio.resolve())
     script = [sys.executable, "-m", "bench.faster_whisper_folder"]
-    return [*script, str(model_dir), str(folder), str(out / "fw"), "--language", language]
+    options = ["--language", language, "--threads", str(threads)]
+    return [*script, str(model_dir), str(folder), str(out / "fw"), *options]
 
 
-def _seconds(command: list[str], tree: Path) -> float:
-    environment = {**os.environ, "PYTHONPATH": str(tree)}
+def _seconds(command: list[str], tree: Path, threads: int) -> float:
+    environment = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)}
     started = time.perf_counter()
     subprocess.run(command, cwd=tree, env=environment, check=True, capture_output=True)
     return time.perf_counter() - started
@@ -55,31 +65,55 @@ def _seconds(command: list[str], tree: Path) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.startup", description=__doc__.split("\n\n")[0])
     parser.add_argument("audio", nargs="?", type=Path, default=ROOT / "samples" / "jfk.wav")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=positive_int, default=5)
+    parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--language", help="given to specscribe (faster-whisper: en)")
     parser.add_argument("--baseline-tree", type=Path, help="another checkout to time as well")
+    parser.add_argument("--save", action="store_true", help="also write bench/results/")
     args = parser.parse_args(argv)
+    if not args.audio.is_file():
+        parser.error(f"no such file: {args.audio}")
 
     from app.config import Settings
+    from asr.models import ModelRegistry
+    from bench.cli import publish
 
-    model_dir = Settings.from_env().cache_dir / "whisper-base.ct2"
-    work = Path(tempfile.mkdtemp(prefix="bench-startup-"))
-    commands = {"specscribe": (_specscribe(ROOT, args.audio, work / "new", args.language), ROOT)}
-    if args.baseline_tree:
-        tree = args.baseline_tree.resolve()
-        command = _specscribe(tree, args.audio, work / "baseline", args.language)
-        commands["specscribe (baseline tree)"] = (command, tree)
-    fw_command = _faster_whisper(model_dir, args.audio, work, args.language or "en")
-    commands["faster-whisper int8"] = (fw_command, ROOT)
-    times: dict[str, list[float]] = {name: [] for name in commands}
-    for _ in range(args.repeats):
-        for name, (command, tree) in commands.items():
-            times[name].append(_seconds(command, tree))
-    reference = statistics.median(times["faster-whisper int8"])
+    model_dir = ModelRegistry(Settings.from_env().cache_dir).pull_ct2("whisper-base")
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as folder:
+        work = Path(folder)
+        new = _specscribe(ROOT, args.audio, work / "new", args.language)
+        commands = {"specscribe": (new, ROOT)}
+        if args.baseline_tree:
+            tree = args.baseline_tree.resolve()
+            command = _specscribe(tree, args.audio, work / "baseline", args.language)
+            commands["specscribe (baseline tree)"] = (command, tree)
+        language = args.language or "en"
+        fw_command = _faster_whisper(model_dir, args.audio, work, language, args.threads)
+        commands[BASELINE] = (fw_command, ROOT)
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        for _ in range(args.repeats):
+            for name, (command, tree) in commands.items():
+                times[name].append(_seconds(command, tree, args.threads))
+    reference = statistics.median(times[BASELINE])
+    rows = {}
     for name, seconds in times.items():
         median = statistics.median(seconds)
+        rows[name] = {
+            "seconds": round(median, 3),
+            "runs": [round(s, 3) for s in seconds],
+            "time_vs_faster_whisper_int8": round(median / reference, 3),  # above 1: slower
+        }
         runs = ", ".join(f"{s:.2f}" for s in seconds)
-        print(f"{name:28} median {median:.2f} s  {median / reference:.2f}x  [{runs}]")
+        print(f"{name:28} median {median:.2f} s  {median / reference:.2f}x its time  [{runs}]")
+    report = {
+        "benchmark": "bench.startup",
+        "date": datetime.date.today().isoformat(),
+        "audio": args.audio.name,
+        "repeats": args.repeats,
+        "threads": args.threads,
+        "configs": rows,
+    }
+    publish(report, f"startup-{report['date']}-cpu{args.threads}.json", args.save)
     return 0
 
 

@@ -25,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench import positive_int
 from bench.asr_data import SPEECH, user_files
 from bench.cli import Config, _command, _run, publish
 from bench.hallucination_set import AdversarialFile, build
@@ -94,15 +95,20 @@ def speech_row(outputs: dict[str, dict]) -> dict:
     return {"wer": wer(files), "wer_long_form": wer(long_form), "files": len(files)}
 
 
+SETS = ("speech", "hallucination", "half_silence")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.vad", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--sets", default="speech,hallucination,half_silence")
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--threads", type=positive_int, default=2)
+    parser.add_argument("--sets", default=",".join(SETS), help=f"of: {', '.join(SETS)}")
     parser.add_argument("--configs", default="vad,no vad", help=f"of: {', '.join(CONFIGS)}")
     parser.add_argument("--save", action="store_true", help="also write bench/results/vad-*.json")
     args = parser.parse_args(argv)
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    if not sets or any(s not in SETS for s in sets):
+        parser.error(f"--sets: one or more of {', '.join(SETS)} (got {args.sets!r})")
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or "no vad" not in configs:

@@ -51,7 +51,10 @@ E2E_TESTS = {
         "test_a_reader_that_stops_reading_ends_nothing_but_the_printing",
         "test_the_bench_command_runs_from_anywhere",
     },
-    "test_bench_cli.py": {"test_a_one_file_run_times_real_processes"},
+    "test_bench_cli.py": {
+        "test_a_one_file_run_times_real_processes",
+        "test_a_terminated_benchmark_ends_its_running_command_and_removes_its_folder",
+    },
     "test_worker.py": {
         "test_claims_from_several_processes_never_overlap",
         "test_a_worker_killed_mid_job_loses_nothing_and_finishes_each_file_once",

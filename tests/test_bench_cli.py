@@ -3,7 +3,9 @@ processes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 
 import pytest
 
@@ -70,6 +72,14 @@ def test_the_summary_prices_steps_against_the_plain_twin(tmp_path):
     assert row["identical_to_plain"] == "1 of 1"
     assert row["decoder_speedup_vs_plain"] == 1.429  # 0.12 s against 0.084 s
     assert row["vs_faster_whisper_int8"] == 2.0
+    # Every faster-whisper configuration run is a baseline with a ratio of its own.
+    vad = bench_cli.CONFIGS[f"{bench_cli.BASELINE} vad"]
+    seconds[vad.name], peaks[vad.name] = [3.0], [500.0]
+    outputs[vad.name] = [{"a": {"text": "hello world", "segments": []}}]
+    rows = bench_cli.summarise([*configs, vad], files, seconds, outputs, peaks)
+    assert rows[drafted.name]["vs_faster_whisper_int8_vad"] == 1.5
+    assert rows[vad.name]["vs_faster_whisper_int8"] == 1.333
+    assert "tokens_per_target_call" not in rows[vad.name]
 
     # Different from plain in one pass: not identical.
     outputs[drafted.name][1] = {"a": _output("Hello, world.", 4, 8, 0.05, 0.024)}
@@ -81,6 +91,27 @@ def test_unknown_configurations_are_refused(capsys):
     with pytest.raises(SystemExit):
         bench_cli.main(["--configs", "plain int8,fastest"])
     assert "unknown configurations ['fastest']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_cli.main(["--configs", ","])  # was a ZeroDivisionError
+    assert "names no configuration" in capsys.readouterr().err
+
+
+def test_the_default_is_checked_against_itself_without_the_draft():
+    default = bench_cli.CONFIGS["default"]
+    assert default.plain == "default, no draft"
+    assert bench_cli.CONFIGS[default.plain].options == ("--assistant", "none")
+
+
+def test_a_speech_folder_without_references_is_refused_before_any_pass(tmp_path, capsys):
+    """It failed in the summary, once every pass had run."""
+    (tmp_path / "en_single").mkdir()
+    (tmp_path / "en_single" / "a.wav").write_bytes(b"RIFF")
+    with pytest.raises(SystemExit):
+        bench_cli.main(["--configs", "plain int8", "--speech", str(tmp_path)])
+    assert "no reference text for 1 files" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_cli.main(["--configs", "plain int8", "--speech", str(tmp_path / "missing")])
+    assert "no benchmark speech under" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -90,6 +121,7 @@ def test_a_one_file_run_times_real_processes(capsys):
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     row = report["configs"]["plain int8"]
     assert report["files"] == 1 and row["seconds"] > 0 and row["tokens_per_target_call"] == 1.0
+    assert report["audio_seconds"] > 1
     assert 200 < row["peak_rss_mb"] < 8000  # the child's own peak, not this process's
     assert row["wer"] < 20
     assert report["machine"]["cpus"] >= 1 and report["machine"]["cpu"]
@@ -145,3 +177,52 @@ def test_a_commands_peak_memory_is_its_own_not_the_benchmarks():
         [sys.executable, "-c", "import numpy; numpy.ones(300_000_000 // 8).sum()"], threads=1
     )
     assert 300 < large.peak_rss_mb < 500
+
+
+@pytest.mark.slow
+@needs_speech
+def test_a_terminated_benchmark_ends_its_running_command_and_removes_its_folder(tmp_path):
+    """SIGTERM (or SIGHUP) ended bench.cli alone: its command, in a session of its own, ran on
+    without a parent, and its folder of outputs stayed behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.conftest import REPO, wait_for
+
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "bench.cli", "--configs", "plain int8", "--max-files", "1"],
+        cwd=REPO,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def running_commands() -> list[psutil.Process]:
+        found = []
+        for process in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if any(str(tmp_path) in part for part in process.info["cmdline"] or ()):
+                    found.append(process)
+        return found
+
+    try:
+
+        def transcribing() -> bool:
+            return any("transcribe" in (p.info["cmdline"] or ()) for p in running_commands())
+
+        wait_for(transcribing, 60, "a transcription", process=bench)
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=30) != 0
+        deadline = time.monotonic() + 10
+        while running_commands() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert running_commands() == []
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        bench.kill()
+        for process in running_commands():
+            process.kill()

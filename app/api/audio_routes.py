@@ -151,7 +151,8 @@ class AudioApi:
         return ApiError(
             413,
             f"{what} {has} {size} bytes, more than the {self.max_bytes} allowed for the audio "
-            "file (MAX_AUDIO_BYTES)",
+            "file (the server's MAX_AUDIO_BYTES environment variable; a compressed file, "
+            "mp3, ogg or opus, is about a tenth of its WAV)",
             param="file",
             code="file_too_large",
         )
