@@ -9,11 +9,12 @@ process of its own that loads the model once and transcribes every file
 order, then again); each configuration's seconds, and the timings from its decode
 statistics, are medians over passes.
 
-Per configuration: seconds, the process's peak resident memory, speed against faster-whisper
-int8, WER (whisper-normalizer's English normaliser, jiwer, over every file), files whose
-transcript (segment times and text) equals the plain configuration of the same precision,
-tokens per target call, and two cost ratios from the decode statistics every output records:
-a verification call against a plain decoder step (verify seconds per target call, drafted over
+Per configuration: seconds, the process's peak resident memory, speed against each
+faster-whisper configuration run, WER (whisper-normalizer's English normaliser, jiwer, over
+every file), files whose transcript (segment times and text) equals the plain configuration of
+the same precision, tokens per target call (every row of a call counted: files side by side
+raise it), and two cost ratios from the decode statistics every output records: a
+verification call against a plain decoder step (verify seconds per target call, drafted over
 plain) and a draft step against a plain step. A plain step's price includes each window's first
 call, which scores its prompt. The last line printed is one JSON object; `--save` also writes
 it to bench/results.
