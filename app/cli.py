@@ -1178,7 +1178,10 @@ def build_parser() -> argparse.ArgumentParser:
     retry.set_defaults(run=_cmd_retry)
 
     bench = commands.add_parser("bench", help="run a benchmark (bench/SUITE.py)")
-    bench.add_argument("suite", choices=("text", "diarize", "asr", "cli", "api_load"))
+    bench.add_argument(
+        "suite",
+        choices=("cli", "asr", "startup", "vad", "diarize", "speaker_wer", "text", "api_load"),
+    )
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the suite")
     bench.set_defaults(run=_cmd_bench)
 

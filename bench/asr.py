@@ -796,6 +796,11 @@ def main(argv: list[str] | None = None) -> int:
         runs, failures = measure(configs, files, audio, args.repeats, warm_up)
         rows = summarise(configs, files, audio, runs, failures)
         best = fastest_speculative(configs, rows)
+        if best is None and drafts and args.policies:
+            # --only left out every drafted fp32 row: the other precisions get the first draft
+            # and policy (they were left without a drafted row).
+            name = f"ours {_label(drafts[0])} {args.policies[0]}"
+            best = Config(name, "ours", None, assistant=drafts[0], policy=args.policies[0])
         for precision in args.precision:
             extra = precision_configs(models, args, best, precision)
             extra_runs, extra_failures = measure(extra, files, audio, args.repeats, warm_up)
