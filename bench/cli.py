@@ -26,6 +26,7 @@ it to bench/results.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -46,6 +47,7 @@ RESULTS = CHECKOUT / "bench" / "results"
 BASELINE = "faster-whisper int8"  # the baseline every row's `vs_faster_whisper_int8` is against
 DRAFT = "whisper-base-draft"  # the draft `--assistant auto` picks for whisper-base
 EAGER_STEPS = (("SPECSCRIBE_TRACED_STEPS", "0"),)
+ENDINGS = (signal.SIGTERM, signal.SIGHUP)  # besides Ctrl-C, what ends a benchmark
 
 
 @dataclass(frozen=True)
@@ -367,11 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds: dict[str, list[float]] = {c.name: [] for c in configs}
     peaks: dict[str, list[float]] = {c.name: [] for c in configs}
     outputs: dict[str, list[dict]] = {c.name: [] for c in configs}  # per pass
-    # A benchmark ended by SIGTERM or SIGHUP ends as Ctrl-C does: its running command (in a
-    # session of its own, so the terminal's signals never reach it) is killed, its folder removed.
-    for ending in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(ending, _interrupted)
-    with tempfile.TemporaryDirectory(prefix="specscribe-bench-cli-") as work:
+    with ended_as_by_ctrl_c(), tempfile.TemporaryDirectory(prefix="specscribe-bench-cli-") as work:
         folder = Path(work) / "speech"
         folder.mkdir()
         for utterance in files:
@@ -405,8 +403,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _interrupted(number: int, frame) -> None:
-    raise KeyboardInterrupt(signal.Signals(number).name)
+@contextlib.contextmanager
+def ended_as_by_ctrl_c():
+    """SIGTERM and SIGHUP raise KeyboardInterrupt inside, as Ctrl-C does: the running command
+    (in a session of its own, which the terminal's signals never reach) is killed and the
+    benchmark's folder removed. The handlers before are restored after."""
+
+    def interrupted(number: int, frame) -> None:
+        raise KeyboardInterrupt(signal.Signals(number).name)
+
+    before = {ending: signal.signal(ending, interrupted) for ending in ENDINGS}
+    try:
+        yield
+    finally:
+        for ending, handler in before.items():
+            signal.signal(ending, handler)
 
 
 def audio_duration(path: Path) -> float:

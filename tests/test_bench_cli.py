@@ -117,7 +117,11 @@ def test_a_speech_folder_without_references_is_refused_before_any_pass(tmp_path,
 @pytest.mark.slow
 @needs_speech
 def test_a_one_file_run_times_real_processes(capsys):
+    import signal
+
+    handler = signal.getsignal(signal.SIGTERM)
     assert bench_cli.main(["--configs", "plain int8", "--max-files", "1", "--repeats", "1"]) == 0
+    assert signal.getsignal(signal.SIGTERM) is handler  # its own only while it ran
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     row = report["configs"]["plain int8"]
     assert report["files"] == 1 and row["seconds"] > 0 and row["tokens_per_target_call"] == 1.0
