@@ -1083,6 +1083,7 @@ def test_limits_answer_413(locked_server):
     )
     message = _error(huge, 413, "file_too_large")["message"]
     assert message.startswith("the request (its form with the audio file) has "), message
+    assert "MAX_AUDIO_BYTES environment variable; a compressed file" in message  # what to do
     # Sent without Content-Length (chunked): counted as it comes, not spooled whole first.
     sent = []
 
