@@ -235,6 +235,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             undone.append((path, reason))
         files = [(path, stem) for path, stem in files if path not in over]
     jobs, relabels, skipped = [], [], 0
+    skipped_path = None  # the last file skipped, named where it is the only one
     for path, stem in files:
         outputs = output_paths(args.output_dir, stem, formats) if args.output_dir else {}
         file_record = made_from(path, record)
@@ -247,6 +248,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
                 undone.append((path, f"{path}: {told}"))  # outputs asked for and not made
             else:
                 skipped += 1
+                skipped_path = path
             continue
         # Asked for other speaker counts (or an output lost): its transcript is kept.
         kept_transcript = None
@@ -261,11 +263,9 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             jobs.append((path, outputs, file_record))
 
     if not jobs and not relabels and not undone:
-        have = "the file has its" if skipped == 1 else f"all {skipped} files have their"
-        print(
-            f"specscribe: {have} outputs (--overwrite redoes them)",
-            file=sys.stderr,
-        )
+        where = f" in {args.output_dir}" if args.output_dir else ""
+        have = f"{skipped_path} has its" if skipped == 1 else f"all {skipped} files have their"
+        tell(f"specscribe: {have} outputs{where} (--overwrite redoes them)")
         return 1 if unlisted else 0
     if not jobs and not relabels:
         return _summary(0, skipped, [*unlisted, *undone])

@@ -698,7 +698,7 @@ def test_outputs_of_another_recording_of_the_same_name_are_not_taken_for_its_own
     reference = reference_text(SAMPLES / "librispeech_1089-134686-0002.wav")
     assert word_error_rate(reference, (out / "REC001.txt").read_text()) < 0.2
     assert main(command(tuesday)) == 0
-    assert "the file has its outputs" in capsys.readouterr().err
+    assert f"{tuesday} has its outputs in {out} (--overwrite" in capsys.readouterr().err
 
 
 def test_format_lists_are_read_as_users_write_them():

@@ -126,6 +126,6 @@ def test_other_speaker_counts_label_the_kept_transcript_as_a_new_run_would(
     assert relabelled == new
     # Without other counts nothing is left to do; --overwrite transcribes again.
     assert main(command(again, "--num-speakers", "2")) == 0
-    assert "the file has its outputs" in capsys.readouterr().err
+    assert "pyannote_sample.wav has its outputs in" in capsys.readouterr().err
     assert main([*command(again, "--num-speakers", "2"), "--overwrite"]) == 1
     assert "transcribed again" in capsys.readouterr().err

@@ -152,4 +152,4 @@ def test_the_console_entry_exits_with_the_runs_status_after_writing_everything(t
         timeout=300,
         check=False,
     )
-    assert again.returncode == 0 and "the file has its outputs" in again.stderr
+    assert again.returncode == 0 and "jfk.wav has its outputs in" in again.stderr
