@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from asr.writers import SubtitleLayout, why_unwritten, write_outputs
 from .output_claim import OutputClaim, claim_outputs
 from .output_plan import fingerprinted, plan_outputs
 from .service import Labelled, TranscriptionService
-from .status_lines import one_line
+from .status_lines import one_line, tell
 from .unlabelled_cache import Kept, keep_unlabelled
 
 # Write errors that every later file's outputs would meet too: a full disk or quota, a
@@ -268,14 +269,31 @@ def shown(transcript) -> str:
     return write_txt(transcript, "").rstrip("\n")
 
 
-def shown_progress(bar, name: str) -> ProgressHook:
-    """A progress hook that shows how far the files being decoded are, as the file bar's
-    postfix ("talk.mp3: transcribe 40%"): a long file would otherwise show nothing for minutes.
-    The bar is off where stderr is no terminal, and so is this."""
+# Where stderr is no terminal (a log: nohup, cron, a service), seconds between the lines that
+# say how far a file is: a long recording showed no sign of life until it was done.
+LOGGED_PROGRESS_EVERY = 60.0
+
+
+def shown_progress(
+    bar, name: str, every: float = LOGGED_PROGRESS_EVERY, clock=time.monotonic
+) -> ProgressHook:
+    """A progress hook that shows how far the files being decoded are: on a terminal as the
+    file bar's postfix ("talk.mp3: transcribe 40%"), a long file would otherwise show nothing
+    for minutes; elsewhere, where the bar is off, as a line on stderr at most once every
+    `every` seconds ("specscribe: talk.mp3: transcribe 40% after 60 s"), so a file done
+    within a minute adds none."""
+    started = clock()
+    last = [started]
 
     def progress(stage: str, completed: int, total: int) -> None:
-        if total > 0:
-            bar.set_postfix_str(f"{name}: {stage} {100 * min(completed, total) // total}%")
+        if total <= 0:
+            return
+        shown = f"{name}: {stage} {100 * min(completed, total) // total}%"
+        if not bar.disable:
+            bar.set_postfix_str(shown)
+        elif clock() - last[0] >= every:
+            last[0] = clock()
+            tell(f"specscribe: {shown} after {last[0] - started:.0f} s")
 
     return progress
 

@@ -820,3 +820,27 @@ def test_an_output_never_replaces_a_recording_given(capsys, tmp_path):
     err = capsys.readouterr().err
     assert f"{recording}: its output {recording} is a recording given to transcribe" in err
     assert recording.read_bytes() == audio
+
+
+def test_where_stderr_is_a_log_a_long_file_says_how_far_it_is_once_a_minute(capsys):
+    """With stderr in a log (nohup, cron), the bar is off, and a one-hour recording showed no
+    sign of life until it was done."""
+    from types import SimpleNamespace
+
+    from app.file_run import shown_progress
+
+    now = [100.0]
+    log = SimpleNamespace(disable=True)  # tqdm's bar where stderr is no terminal
+    progress = shown_progress(log, "talk.mp3", every=60.0, clock=lambda: now[0])
+    for second, windows in ((10, 1), (59, 5), (61, 6), (100, 9), (125, 12), (130, 13)):
+        now[0] = 100.0 + second
+        progress("transcribe", windows, 40)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "specscribe: talk.mp3: transcribe 15% after 61 s",
+        "specscribe: talk.mp3: transcribe 30% after 125 s",
+    ]
+    shown = []
+    terminal = SimpleNamespace(disable=False, set_postfix_str=shown.append)
+    shown_progress(terminal, "talk.mp3", clock=lambda: now[0])("transcribe", 20, 40)
+    assert shown == ["talk.mp3: transcribe 50%"] and capsys.readouterr().err == ""
