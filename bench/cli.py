@@ -456,4 +456,9 @@ def unused_path(path: Path) -> Path:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (ended_as_by_ctrl_c)
+        ending = str(stop) or "SIGINT"
+        print(f"bench.cli: interrupted ({ending}); nothing saved", file=sys.stderr)
+        sys.exit(128 + signal.Signals[ending].value)

@@ -56,9 +56,13 @@ def _faster_whisper(
 
 
 def _seconds(command: list[str], tree: Path, threads: int) -> float:
+    """The command's wall-clock seconds; RuntimeError with its stderr where it fails."""
     environment = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)}
     started = time.perf_counter()
-    subprocess.run(command, cwd=tree, env=environment, check=True, capture_output=True)
+    done = subprocess.run(command, cwd=tree, env=environment, capture_output=True, text=True)
+    if done.returncode != 0:
+        failed = f"{' '.join(command)} failed ({done.returncode})"
+        raise RuntimeError(f"{failed}:\n{done.stderr[-2000:]}")
     return time.perf_counter() - started
 
 
@@ -72,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save", action="store_true", help="also write bench/results/")
     args = parser.parse_args(argv)
     if not args.audio.is_file():
-        parser.error(f"no such file: {args.audio}")
+        parser.error(f"not a file: {args.audio}")
+    if args.baseline_tree and not (args.baseline_tree / "app" / "cli.py").is_file():
+        parser.error(f"not a specscribe checkout: {args.baseline_tree}")
 
     from app.config import Settings
     from asr.models import ModelRegistry
@@ -91,9 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         fw_command = _faster_whisper(model_dir, args.audio, work, language, args.threads)
         commands[BASELINE] = (fw_command, ROOT)
         times: dict[str, list[float]] = {name: [] for name in commands}
-        for _ in range(args.repeats):
-            for name, (command, tree) in commands.items():
-                times[name].append(_seconds(command, tree, args.threads))
+        try:
+            for _ in range(args.repeats):
+                for name, (command, tree) in commands.items():
+                    times[name].append(_seconds(command, tree, args.threads))
+        except RuntimeError as error:
+            print(f"bench.startup: {error}", file=sys.stderr)
+            return 1
     reference = statistics.median(times[BASELINE])
     rows = {}
     for name, seconds in times.items():
