@@ -282,18 +282,18 @@ def shown_progress(
     for minutes; elsewhere, where the bar is off, as a line on stderr at most once every
     `every` seconds ("specscribe: talk.mp3: transcribe 40% after 60 s"), so a file done
     within a minute adds none."""
-    started = clock()
-    last = [started]
+    started = last_line = clock()
 
     def progress(stage: str, completed: int, total: int) -> None:
+        nonlocal last_line
         if total <= 0:
             return
         shown = f"{name}: {stage} {100 * min(completed, total) // total}%"
         if not bar.disable:
             bar.set_postfix_str(shown)
-        elif clock() - last[0] >= every:
-            last[0] = clock()
-            tell(f"specscribe: {shown} after {last[0] - started:.0f} s")
+        elif (now := clock()) - last_line >= every:
+            last_line = now
+            tell(f"specscribe: {shown} after {now - started:.0f} s")
 
     return progress
 

@@ -26,7 +26,6 @@ it to bench/results.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
+from app.stop_signals import raising_on
 from bench import positive_int
 from bench.asr_data import SPEECH, Utterance, user_files
 
@@ -369,7 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     seconds: dict[str, list[float]] = {c.name: [] for c in configs}
     peaks: dict[str, list[float]] = {c.name: [] for c in configs}
     outputs: dict[str, list[dict]] = {c.name: [] for c in configs}  # per pass
-    with ended_as_by_ctrl_c(), tempfile.TemporaryDirectory(prefix="specscribe-bench-cli-") as work:
+    # SIGTERM and SIGHUP end a benchmark as Ctrl-C does: the running command (in a session of
+    # its own, which the terminal's signals never reach) is killed and the folder removed.
+    ending_as_by_ctrl_c = raising_on(
+        ENDINGS, lambda number: KeyboardInterrupt(signal.Signals(number).name)
+    )
+    with ending_as_by_ctrl_c, tempfile.TemporaryDirectory(prefix="specscribe-bench-cli-") as work:
         folder = Path(work) / "speech"
         folder.mkdir()
         for utterance in files:
@@ -401,23 +406,6 @@ def main(argv: list[str] | None = None) -> int:
     }
     publish(report, f"cli-{report['date']}-cpu{args.threads}.json", args.save)
     return 0
-
-
-@contextlib.contextmanager
-def ended_as_by_ctrl_c():
-    """SIGTERM and SIGHUP raise KeyboardInterrupt inside, as Ctrl-C does: the running command
-    (in a session of its own, which the terminal's signals never reach) is killed and the
-    benchmark's folder removed. The handlers before are restored after."""
-
-    def interrupted(number: int, frame) -> None:
-        raise KeyboardInterrupt(signal.Signals(number).name)
-
-    before = {ending: signal.signal(ending, interrupted) for ending in ENDINGS}
-    try:
-        yield
-    finally:
-        for ending, handler in before.items():
-            signal.signal(ending, handler)
 
 
 def audio_duration(path: Path) -> float:
@@ -458,7 +446,7 @@ def unused_path(path: Path) -> Path:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (ended_as_by_ctrl_c)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM / SIGHUP (ENDINGS)
         ending = str(stop) or "SIGINT"
         print(f"bench.cli: interrupted ({ending}); nothing saved", file=sys.stderr)
         sys.exit(128 + signal.Signals[ending].value)
