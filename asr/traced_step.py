@@ -331,7 +331,10 @@ class TracedSteps:
                 # Deprecation (module docstring), and the tracer's note that the block's width
                 # is taken as a constant: it is, per trace.
                 warnings.simplefilter("ignore")
-                return torch.jit.trace(make(), inputs, check_trace=False)
+                # Not storing the example inputs: they are the cache of the batch being
+                # decoded (its cross-attention keys and values too, 37 MB a window), which the
+                # trace would otherwise keep alive for the rest of the process.
+                return torch.jit.trace(make(), inputs, check_trace=False, _store_inputs=False)
         except Exception as error:  # an operation the tracer cannot record: stay eager
             log.warning("decoder steps of %s stay eager: %s", self.model.name, error)
             return None

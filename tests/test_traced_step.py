@@ -95,6 +95,29 @@ def test_a_traced_draft_step_gives_the_eager_steps_bits_and_stores_the_same_cach
     ]
 
 
+def test_a_trace_keeps_no_reference_to_the_cache_it_was_made_on(
+    whisper_base, registry, encoded_pair
+):
+    """A trace is made inside a transcription, on the cache of the batch being decoded; if the
+    trace kept its example inputs, that batch's caches and cross-attention (37 MB a window)
+    would stay in memory for the rest of the process."""
+    import gc
+    import weakref
+
+    assistant = load_draft(whisper_base, registry.resolve("whisper-base-draft"))
+    draft, encoded = assistant.model, assistant.encode(encoded_pair, None)
+    prompt = whisper_base.sot_sequence("en", "transcribe", True)
+    cache = _prompted_cache(draft, encoded, [0, 1], prompt)  # its rows copied
+    held = [weakref.ref(t) for t in (*cache.keys, *cache.values, *cache.cross_keys)]
+    tokens, positions = torch.tensor([[TOKENS[0]]] * 2), torch.tensor([[len(prompt)]] * 2)
+    with torch.inference_mode():
+        assert draft.traced_steps.logits(tokens, positions, cache) is not None  # traced
+    del cache, encoded
+    gc.collect()
+    assert draft.traced_steps.traced  # the trace lives on
+    assert [ref() for ref in held] == [None] * len(held)
+
+
 def test_greedy_tokens_over_a_reduced_head_are_the_argmax_of_its_whole_vocabulary_logits(
     whisper_base, registry
 ):
