@@ -295,28 +295,24 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         skipped=skipped,
     )
     run.run(jobs, relabels)
-    return _summary(
-        len(run.finished), run.skipped, run.failures, len(run.left_to_others), run.not_done
-    )
+    return _summary(len(run.finished), run.skipped, run.failures, run.not_done)
 
 
 def _summary(
     done: int,
     skipped: int,
     failures: list[tuple[Path, str]],
-    left_to_others: int = 0,
     not_done: int = 0,
 ) -> int:
     """Step 5 of `transcribe`: the counts and every failure's reason; the exit status (1 when
-    anything failed or was not done). left_to_others: files another run was transcribing (it
-    reports them); not_done: files left when the run stopped (its outputs' disk full)."""
+    anything failed or was not done). not_done: files left when the run stopped (its
+    outputs' disk full)."""
     from .status_lines import tell
 
-    others = f", {left_to_others} left to another run" if left_to_others else ""
     left = f", {not_done} not done" if not_done else ""
     print(
         f"specscribe: {done} transcribed, {skipped} skipped (outputs exist), "
-        f"{len(failures)} failed{others}{left}",
+        f"{len(failures)} failed{left}",
         file=sys.stderr,
     )
     for _, reason in failures:

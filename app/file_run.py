@@ -2,8 +2,10 @@
 time, their outputs written, and each file's outcome counted.
 
 A file's failure is reported and the rest go on. Before a file is decoded, its outputs are
-claimed (`app.output_claim`), so several runs on one folder share its files; a file another
-run holds is left to it. A stop (Ctrl-C, SIGTERM, SIGHUP) says what was finished before it
+claimed (`app.output_claim`), so several runs on one folder share its files. A file another
+run holds is put off to the end; the run then waits for the other to let go of it and does
+what the other did not (other formats or options), so every run ends with all it asked for.
+A stop (Ctrl-C, SIGTERM, SIGHUP) says what was finished before it
 unwinds: outputs are written atomically, so a rerun does the rest.
 """
 
@@ -20,7 +22,7 @@ from asr.audio import SAMPLE_RATE, AudioLoadError, decode_audio
 from asr.types import ProgressHook
 from asr.writers import SubtitleLayout, why_unwritten, write_outputs
 
-from .output_claim import OutputClaim, claim_outputs
+from .output_claim import OutputClaim, claim_outputs, wait_until_unclaimed
 from .output_plan import fingerprinted, plan_outputs
 from .service import Labelled, TranscriptionService
 from .status_lines import one_line, tell
@@ -45,8 +47,8 @@ class OutputsUnwritable(RuntimeError):
 class FileRun:
     """One run over the files. failures starts with what was refused before (folders that
     could not be listed, outputs that stand in the way); skipped with the files whose outputs
-    exist. After `run`: finished (outputs written), left_to_others (claimed by another run),
-    failures and skipped, as the summary counts them."""
+    exist. After `run`: finished (outputs written), failures and skipped, as the summary
+    counts them."""
 
     def __init__(
         self,
@@ -62,7 +64,9 @@ class FileRun:
         self.overwrite, self.batch_files = overwrite, batch_files
         self.failures, self.skipped = failures, skipped
         self.finished: list[Path] = []
-        self.left_to_others: list[Path] = []
+        # Jobs another run held when this one came to them: (relabel or not, the job), done
+        # at the end, once the other run lets go of them.
+        self._put_off: list[tuple[bool, tuple]] = []
         self._claims: dict[Path, OutputClaim] = {}  # held until a file's outputs are written
         self._settled = 0  # files done with, whatever the outcome
         self._bar = None
@@ -87,6 +91,8 @@ class FileRun:
                 self._transcribe(group)
                 if self.unwritable:
                     break
+            while self._put_off and not self.unwritable:
+                self._come_back_to_put_off()
         except KeyboardInterrupt:
             self._bar.close()
             for path in list(self._claims):
@@ -110,12 +116,30 @@ class FileRun:
                 file=sys.stderr,
             )
 
+    def _come_back_to_put_off(self) -> None:
+        """Waits for the other runs to let go of the files put off, then does each as if met
+        for the first time: skipped where the other run made what this one asks for, else
+        transcribed (or relabelled). A file yet another run took meanwhile is put off again.
+        No claim is held while waiting, so runs waiting on each other cannot deadlock."""
+        put_off, self._put_off = self._put_off, []
+        files = "file" if len(put_off) == 1 else "files"
+        self._say(f"specscribe: waiting for another run to finish {len(put_off)} {files}")
+        for _, (_, outputs, *_) in put_off:
+            wait_until_unclaimed(outputs)
+        for path, outputs, record, kept in (job for relabel, job in put_off if relabel):
+            self._relabel(path, outputs, record, kept)
+        jobs = [job for relabel, job in put_off if not relabel]
+        for group in self._batches(jobs) if not self.unwritable else ():
+            self._transcribe(group)
+            if self.unwritable:
+                break
+
     # -- one file's steps ---------------------------------------------------------------------
 
     def _relabel(self, path: Path, outputs: dict[str, Path], record: dict, kept: Kept) -> None:
         self._bar.set_postfix_str(path.name)
         try:
-            if not self._claimed(path, outputs, record):
+            if not self._claimed(path, outputs, record, relabel=kept):
                 return
             audio = decode_audio(fingerprinted(path, record))
             transcript = self.service.relabel(
@@ -176,10 +200,13 @@ class FileRun:
 
     # -- outcomes -----------------------------------------------------------------------------
 
-    def _claimed(self, path: Path, outputs: dict[str, Path], record: dict) -> bool:
-        """Claims a file's outputs before it is decoded; False (the file counted) where another
-        run holds them, or made them since the plan was made. Raises OutputsUnwritable where
-        the lock file cannot be made."""
+    def _claimed(
+        self, path: Path, outputs: dict[str, Path], record: dict, relabel: Kept | None = None
+    ) -> bool:
+        """Claims a file's outputs before it is decoded (relabel: the kept transcript of a
+        file to label again); False where another run holds them (the file put off) or made
+        them since the plan was made (the file counted). Raises OutputsUnwritable where the
+        lock file cannot be made."""
         if not outputs:
             return True  # printed only
         try:
@@ -188,9 +215,14 @@ class FileRun:
             self._stop_if_disk_unwritable(error, outputs)
             raise OutputsUnwritable(why_unwritten(error, outputs)) from error
         if claim is None:
-            self._say(f"specscribe: skipping {path}: another specscribe run is transcribing it")
-            self.left_to_others.append(path)
-        elif plan_outputs(outputs, record, self.overwrite).decode:
+            self._say(
+                f"specscribe: {path}: another specscribe run is transcribing it; this run comes "
+                "back to it at the end"
+            )
+            job = (path, outputs, record) if relabel is None else (path, outputs, record, relabel)
+            self._put_off.append((relabel is not None, job))
+            return False
+        if plan_outputs(outputs, record, self.overwrite).decode:
             self._claims[path] = claim
             return True
         else:  # another run made them since this one looked

@@ -79,6 +79,19 @@ def claim_outputs(outputs: dict[str, Path]) -> OutputClaim | None:
         return claim
 
 
+def wait_until_unclaimed(outputs: dict[str, Path]) -> None:
+    """Returns once no run holds a claim on these outputs (at once where none does). Takes no
+    claim: another run may claim them right after."""
+    try:
+        descriptor = os.open(claim_path(outputs), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:  # released (its lock file is removed then) or never claimed
+        return
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_SH)  # blocks while a claim (exclusive) is held
+    finally:
+        os.close(descriptor)
+
+
 def remove_dead_runs_temporaries(outputs: dict[str, Path]) -> None:
     """write_atomically's temporaries beside the outputs and their hidden companions (the
     record, a kept transcript and its passes), left by a run killed while it wrote them. Only

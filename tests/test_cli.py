@@ -375,7 +375,14 @@ def test_inputs_that_would_write_the_same_outputs_fail_and_the_rest_go_on(capsys
 
 
 @pytest.mark.slow
-def test_a_file_another_run_is_transcribing_is_left_to_it(capsys, tmp_path):
+def test_a_file_another_run_is_transcribing_is_done_once_that_run_lets_go_of_it(
+    capsys, tmp_path, monkeypatch
+):
+    # It was left to the other run, which may have been asked for other formats or options:
+    # this run exited 0 without the outputs it was asked for.
+    import threading
+
+    from app.file_run import FileRun
     from app.output_claim import claim_outputs
 
     inputs, outputs = tmp_path / "in", tmp_path / "out"
@@ -387,23 +394,38 @@ def test_a_file_another_run_is_transcribing_is_left_to_it(capsys, tmp_path):
     (outputs / ".jfk.txt.u7k2m1.tmp").write_text("And so my fellow Amer")
     (outputs / ".jfk.specscribe.lock").write_text("")
     other_run = claim_outputs({"txt": outputs / "talk.txt"})  # as another process holds it
+    said = FileRun._say
+
+    def say(run, line):  # the other run lets go once this one waits for it (and blocks)
+        if "waiting for another run" in line:
+            threading.Timer(0.5, other_run.release).start()
+        said(run, line)
+
+    monkeypatch.setattr(FileRun, "_say", say)
     command = ["transcribe", str(inputs), "-o", str(outputs), "--assistant", "none"]
     try:
         assert main(command) == 0
     finally:
         other_run.release()
     err = capsys.readouterr().err
-    assert f"skipping {inputs / 'talk.wav'}: another specscribe run is transcribing it" in err
-    assert "1 transcribed, 0 skipped (outputs exist), 0 failed, 1 left to another run" in err
-    assert sorted(p.name for p in outputs.iterdir()) == [".jfk.specscribe.json", "jfk.txt"]
-    # Released: the next run does it.
-    assert main(command) == 0
-    assert "1 transcribed, 1 skipped (outputs exist), 0 failed" in capsys.readouterr().err
+    talk = inputs / "talk.wav"
+    assert f"{talk}: another specscribe run is transcribing it; this run comes back" in err
+    assert "waiting for another run to finish 1 file" in err
+    assert "2 transcribed, 0 skipped (outputs exist), 0 failed" in err
+    assert sorted(p.name for p in outputs.iterdir()) == [
+        ".jfk.specscribe.json",
+        ".talk.specscribe.json",
+        "jfk.txt",
+        "talk.txt",
+    ]
 
 
 @pytest.mark.slow
-def test_two_runs_on_one_folder_share_its_files(tmp_path):
-    # Each run transcribed every file (and raced on its outputs); now each file is done once.
+@pytest.mark.parametrize("formats", [("txt", "txt"), ("txt", "srt")], ids=["same", "other formats"])
+def test_two_runs_on_one_folder_share_its_files(tmp_path, formats):
+    # Each run transcribed every file (and raced on its outputs); now each file is done once,
+    # and by both where they ask for different outputs (a run left the other's files to it
+    # and ended without its own formats of them).
     import os
     import re
     import subprocess
@@ -421,20 +443,30 @@ def test_two_runs_on_one_folder_share_its_files(tmp_path):
     command += [str(outputs), "--assistant", "none", "--batch-files", "1", "--language", "en"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = [
-        subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for _ in range(2)
+        subprocess.Popen(
+            [*command, "-f", form],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for form in formats
     ]
     said = [run.communicate(timeout=600) for run in runs]
     logs = [out.decode() + err.decode() for out, err in said]
     assert [run.returncode for run in runs] == [0, 0], logs
     done = [re.findall(r"^== (.+)$", log, re.MULTILINE) for log in logs]
     every = sorted(str(inputs / name) for name in os.listdir(inputs))
-    # Each file once, by one run or the other (each run transcribed every file: both plan
-    # every file before loading a model, so a run that starts late did all of them again).
-    assert sorted(done[0] + done[1]) == every
-    assert sorted(p.name for p in outputs.glob("*.txt")) == sorted(
-        f"{Path(name).stem}.txt" for name in os.listdir(inputs)
-    )
+    if formats[0] == formats[1]:
+        # Each file once, by one run or the other (each run transcribed every file: both plan
+        # every file before loading a model, so a run that starts late did all of them again).
+        assert sorted(done[0] + done[1]) == every
+    else:  # each file by each run, none of them twice
+        assert sorted(done[0]) == every and sorted(done[1]) == every
+    for form in set(formats):
+        assert sorted(p.name for p in outputs.glob(f"*.{form}")) == sorted(
+            f"{Path(name).stem}.{form}" for name in os.listdir(inputs)
+        )
     assert not list(outputs.glob(".*.lock")) and not list(outputs.glob(".*.tmp"))
 
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-from app.output_claim import claim_outputs, claim_path
+from app.output_claim import claim_outputs, claim_path, wait_until_unclaimed
 from tests.conftest import REPO
 
 
@@ -26,6 +26,22 @@ def test_a_claim_is_held_by_one_run_until_released(tmp_path):
     assert again is not None
     again.release()
     again.release()  # a second release does nothing
+
+
+def test_waiting_for_a_claim_returns_when_it_is_released_and_takes_none(tmp_path):
+    import threading
+    import time
+
+    outputs = outputs_in(tmp_path / "out")
+    wait_until_unclaimed(outputs)  # never claimed: at once
+    held = claim_outputs(outputs)
+    started = time.monotonic()
+    threading.Timer(0.3, held.release).start()
+    wait_until_unclaimed(outputs)  # blocks on the lock, not a poll
+    assert time.monotonic() - started >= 0.3
+    claim = claim_outputs(outputs)  # the waiter holds nothing
+    assert claim is not None
+    claim.release()
 
 
 def test_a_killed_runs_claim_is_free_and_its_temporaries_are_removed(tmp_path):
