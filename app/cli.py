@@ -207,8 +207,12 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         unlisted.append((folder, f"{folder}: cannot list this folder: {error.strerror}"))
         tell(f"specscribe: skipped {unlisted[-1][1]}")
 
+    def same_file(path: Path, listed: Path) -> None:
+        tell(f"specscribe: {path} is the same file as {listed}: transcribed once, as {listed}")
+
     videos: list[Path] = []
-    files = find_audio_files([Path(p) for p in args.paths], unreadable, videos.append)
+    paths = [Path(p) for p in args.paths]
+    files = find_audio_files(paths, unreadable, videos.append, same_file)
     if videos:
         kinds = ", ".join(sorted({video.suffix.lower() for video in videos}))
         print(

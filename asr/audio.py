@@ -727,19 +727,24 @@ def find_audio_files(
     paths: list[Path],
     unreadable: Callable[[Path, OSError], None] | None = None,
     passed_over: Callable[[Path], None] | None = None,
+    same_file: Callable[[Path, Path], None] | None = None,
 ) -> list[tuple[Path, Path]]:
     """(file, name for its outputs): files as given, and the audio files under each folder.
 
     Folders are searched recursively (symbolic links followed, each folder once, hidden files
     and folders left out: a file named itself is read whatever its name), by extension, in
     sorted order; a file found in a folder keeps its path relative to that
-    folder, so `a/x.wav` and `b/x.wav` get distinct outputs. A file given or found twice is
-    listed once. unreadable: called with each folder that cannot be listed (permissions) and
-    its error; without it such a folder raises the error, so none is ever skipped unsaid.
+    folder, so `a/x.wav` and `b/x.wav` get distinct outputs. A file given or found twice
+    (the same file by its real path: a link, a folder and a file in it) is listed once, by
+    its first path. unreadable: called with each folder that cannot be listed (permissions)
+    and its error; without it such a folder raises the error, so none is ever skipped unsaid.
     passed_over: called with each video file a folder holds (not searched for: module top).
+    same_file: called with (path, the path listed) for each file left out as the same file
+    under another name for its outputs (a link named otherwise), which a user may expect
+    outputs of its own for.
     """
     found: list[tuple[Path, Path]] = []
-    listed: set[Path] = set()
+    listed: dict[Path, tuple[Path, Path]] = {}  # real path -> (file, stem) listed
     for path in paths:
         if path.is_dir():
             files = [
@@ -750,9 +755,12 @@ def find_audio_files(
             files = [(path, Path(path.stem))]
         for file, stem in files:
             key = Path(os.path.realpath(file))
-            if key not in listed:
-                listed.add(key)
+            first = listed.get(key)
+            if first is None:
+                listed[key] = (file, stem)
                 found.append((file, stem))
+            elif first[1] != stem and same_file is not None:
+                same_file(file, first[0])
     return found
 
 

@@ -372,8 +372,14 @@ def test_a_folder_search_lists_each_file_once_and_says_which_folders_it_could_no
     (tmp_path / "in" / "loop").symlink_to(tmp_path / "in")  # a link back up the tree
     (tmp_path / "in" / "gone.wav").symlink_to(tmp_path / "deleted.wav")  # reading reports it
     given = [tmp_path / "in", tmp_path / "in" / "a.aiff"]  # the same file twice
-    found = find_audio_files(given)
+    (tmp_path / "monday.aiff").symlink_to(tmp_path / "in" / "a.aiff")  # ... named otherwise
+    same = []
+    found = find_audio_files(
+        [*given, tmp_path / "monday.aiff"], same_file=lambda path, first: same.append((path, first))
+    )
     assert [stem.as_posix() for _, stem in found] == ["a", "gone", "locked/b"]
+    # Said where it would have had outputs of its own; not where its outputs are the same.
+    assert same == [(tmp_path / "monday.aiff", tmp_path / "in" / "a.aiff")]
 
     real_scandir = os.scandir
 
