@@ -273,6 +273,11 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         return 1 if unlisted else 0
     if not jobs and not relabels:
         return _summary(0, skipped, [*unlisted, *undone])
+    if args.output_dir:  # room for what is left to write (a rerun with nothing to do needs none)
+        from asr.writers import short_of_room
+
+        if full := short_of_room(args.output_dir):
+            raise ValueError(f"--output-dir {args.output_dir}: {full}")
 
     # 3. The models, loaded once; options checked against them before any work (the Whisper
     # model only where a file is to be transcribed).
@@ -325,8 +330,8 @@ def _summary(
 
 
 def _check_output_dir(output_dir: Path) -> None:
-    """Creates `output_dir` and checks that it takes files and has room for them, before any
-    audio is decoded."""
+    """Creates `output_dir` and checks that it takes files, before any audio is decoded (and
+    whether it has room, once there is something to write)."""
     if output_dir.exists() and not output_dir.is_dir():
         raise ValueError(f"--output-dir {output_dir}: not a folder (a file of that name exists)")
     try:
@@ -335,10 +340,6 @@ def _check_output_dir(output_dir: Path) -> None:
         raise ValueError(f"--output-dir {output_dir}: {error.strerror or error}") from error
     if not os.access(output_dir, os.W_OK | os.X_OK):
         raise ValueError(f"--output-dir {output_dir}: not writable")
-    from asr.writers import short_of_room
-
-    if full := short_of_room(output_dir):
-        raise ValueError(f"--output-dir {output_dir}: {full}")
 
 
 def _drafter_words(args: argparse.Namespace) -> argparse.Namespace:

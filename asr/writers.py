@@ -313,8 +313,8 @@ MIN_FREE_BYTES = 1 << 20
 
 def short_of_room(folder: Path) -> str | None:
     """Why outputs cannot go to `folder` (or, where it does not exist yet, the folder it would
-    be made in) for want of space: "only N kB free (the disk is full)", or None where there is
-    room or it cannot be told."""
+    be made in) for want of space: "only N kB free, less than the 1 MB a run needs for its
+    outputs (the disk is nearly full)", or None where there is room or it cannot be told."""
     existing = next((p for p in (folder, *folder.parents) if p.is_dir()), None)
     if existing is None:
         return None
@@ -324,7 +324,8 @@ def short_of_room(folder: Path) -> str | None:
         return None
     if free >= MIN_FREE_BYTES:
         return None
-    return f"only {free // 1024} kB free (the disk is full)"
+    need = f"less than the {MIN_FREE_BYTES >> 20} MB a run needs for its outputs"
+    return f"only {free // 1024} kB free, {need} (the disk is nearly full)"
 
 
 def why_unwritten(error: OSError, outputs: dict[str, Path]) -> str:

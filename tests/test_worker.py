@@ -387,7 +387,7 @@ def test_submit_names_what_is_wrong(tmp_path, monkeypatch):
     with monkeypatch.context() as patched:  # a full disk: each file would fail once decoded
         usage = shutil.disk_usage(tmp_path)._replace(free=1000)
         patched.setattr(shutil, "disk_usage", lambda path: usage)
-        with pytest.raises(ValueError, match=r"out/new: only 0 kB free \(the disk is full\)"):
+        with pytest.raises(ValueError, match=r"out/new: only 0 kB free, less than the 1 MB"):
             store.submit([tmp_path / "a"], JobSpec(out / "new"))
     (tmp_path / "l1.wav").symlink_to("l2.wav")
     (tmp_path / "l2.wav").symlink_to("l1.wav")
@@ -634,7 +634,7 @@ def test_outputs_that_cannot_be_written_fail_their_task_and_the_worker_goes_on(
     assert tasks["sub/f00.wav"].error.startswith("cannot make the output folder: ")
     assert tasks["full/f00.wav"].error == (
         f"cannot write its outputs in {tmp_path / 'out' / 'full'}: "
-        "only 4 kB free (the disk is full)"
+        "only 4 kB free, less than the 1 MB a run needs for its outputs (the disk is nearly full)"
     )
     assert tasks["sub/f00.wav"].seconds == tasks["full/f00.wav"].seconds == 0.0
     # decoded, then not written: the worker's log keeps the transcript
