@@ -1268,6 +1268,13 @@ def _run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
         # Outputs are written atomically and a worker hands its task back, so nothing is lost.
         print("\nspecscribe: interrupted", file=sys.stderr)
         return 130  # 128 + SIGINT, as a shell reports it
+    except Exception as error:  # a traceback for a bug; out of memory in a user's words
+        from .out_of_memory import ADVICE, out_of_memory, said
+
+        if not out_of_memory(error):
+            raise
+        print(f"specscribe: error: {said(error)}; {ADVICE}", file=sys.stderr)
+        return 1
 
 
 def in_flag_terms(message: str, parser: argparse.ArgumentParser) -> str:

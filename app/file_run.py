@@ -22,6 +22,9 @@ from asr.audio import SAMPLE_RATE, AudioLoadError, decode_audio
 from asr.types import ProgressHook
 from asr.writers import SubtitleLayout, why_unwritten, write_outputs
 
+from .out_of_memory import ADVICE as MEMORY_ADVICE
+from .out_of_memory import out_of_memory
+from .out_of_memory import said as said_out_of_memory
 from .output_claim import OutputClaim, claim_outputs, wait_until_unclaimed
 from .output_plan import fingerprinted, plan_outputs
 from .service import Labelled, TranscriptionService
@@ -249,6 +252,8 @@ class FileRun:
             reason = f"{path}: {error}"
         elif isinstance(error, FileNotFoundError):  # listed, then moved or deleted
             reason = f"{path}: no such file (it was moved or deleted during the run)"
+        elif out_of_memory(error):
+            reason = f"{path}: {said_out_of_memory(error)}; {MEMORY_ADVICE}"
         elif isinstance(error, OSError) and error.strerror:
             reason = f"{path}: {error.strerror}"
         else:  # one file's failure must not end the run
