@@ -268,7 +268,8 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
 
     if not jobs and not relabels and not undone:
         where = f" in {args.output_dir}" if args.output_dir else ""
-        have = f"{skipped_path} has its" if skipped == 1 else f"all {skipped} files have their"
+        counted = "both files" if skipped == 2 else f"all {skipped} files"
+        have = f"{skipped_path} has its" if skipped == 1 else f"{counted} have their"
         tell(f"specscribe: {have} outputs{where} (--overwrite redoes them)")
         return 1 if unlisted else 0
     if not jobs and not relabels:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from asr.whisper_checkpoint import Checkpoint, config_namespace
+from asr.whisper_checkpoint import Checkpoint, Tensors, config_namespace, file_reader
 
 DRAFT_KEY = "specscribe_draft"
 SHARED_TENSORS = (
@@ -139,17 +139,20 @@ def read_draft(
             f"a {target_layers}-layer target"
         )
     like = target.tensors["model.decoder.embed_tokens.weight"]
-    tensors = {
-        name: tensor.to(device=like.device, dtype=like.dtype)
-        for name, tensor in load_file(str(path / "model.safetensors")).items()
-    }
+
+    def convert(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(device=like.device, dtype=like.dtype)
+
+    own_file = path / "model.safetensors"
+    own = {name: convert(name, tensor) for name, tensor in load_file(str(own_file)).items()}
+    tensors = Tensors(own, file_reader(own_file, convert))  # only its own are released
     for name in SHARED_TENSORS:
         tensors[name] = target.output_weight if name == "proj_out.weight" else target.tensors[name]
     for new, old in enumerate(layers):
         for kind in ("k_proj.weight", "v_proj.weight", "v_proj.bias"):
             source = f"model.decoder.layers.{old}.encoder_attn.{kind}"
             tensors[f"model.decoder.layers.{new}.encoder_attn.{kind}"] = target.tensors[source]
-    expected = {k for k in target.tensors if k.startswith("model.decoder.layers.0.")}
+    expected = {k for k in target.names() if k.startswith("model.decoder.layers.0.")}
     found = {k for k in tensors if k.startswith("model.decoder.layers.0.")}
     if not expected <= found:
         raise ValueError(f"draft {path}: missing {sorted(expected - found)}")

@@ -81,6 +81,13 @@ class StaticEncoder:
     def dtype(self) -> torch.dtype:
         return self.conv1[0].dtype
 
+    @property
+    def products(self) -> list[str]:
+        """The names of the weights its layers' products read, which packing copies."""
+        names = [f"self_attn.{p}_proj.weight" for p in ("q", "k", "v", "out")]
+        names += ["fc1.weight", "fc2.weight"]
+        return [f"layers.{i}.{name}" for i in range(len(self.layers)) for name in names]
+
     @torch.inference_mode()
     def __call__(self, mel: torch.Tensor) -> torch.Tensor:
         """mel: Tensor, shape = (batch, n_mels, 3000) -> Tensor, shape = (batch, 1500,
@@ -90,6 +97,7 @@ class StaticEncoder:
             if self._packed_layers is None:
                 rows = mel.shape[-1] // 2  # the positions a window's layers compute
                 self._packed_layers = [_packed_layer(layer, rows) for layer in self.layers]
+                self.layers = self._packed_layers  # the unpacked weights are read no more
             layers, linear = self._packed_layers, _packed_linear
         x = F.gelu(F.conv1d(mel.to(self.dtype), *self.conv1, padding=1))
         x = F.gelu(F.conv1d(x, *self.conv2, stride=2, padding=1))

@@ -200,6 +200,9 @@ LinearKind = str
 (`asr.int8.Int8Linear`, the "int8" precision's target), "dynamic-int8" (fbgemm, a draft's),
 "dense" (`F.linear`: GPUs, half precision)."""
 
+# The kinds whose products hold their own (quantized) weights, not the checkpoint's.
+QUANTIZED_KINDS = ("int8", "dynamic-int8")
+
 
 def default_linear_kind(device: torch.device, dtype: torch.dtype) -> LinearKind:
     if dtype == torch.float32 and packed_linear_available(device):
@@ -437,7 +440,26 @@ class WhisperModel:
                 self.logits(self.embed_tokens[:1])
                 self._cross_int8 = self._cross_int8_products()
                 self._int8_store.save()
+            if self.linear_kind in QUANTIZED_KINDS:
+                self.checkpoint.release(self._replaced_decoder_weights())
         return self._runtime
+
+    def _replaced_decoder_weights(self) -> list[str]:
+        """The float weights a quantized decoder's products replaced, which nothing reads
+        while it runs (about 90 MB of whisper-base's 290): every layer's products but the
+        cross-attention values' (`cross_attention` computes them in float), and the keys'
+        where the int8 cross products compute those. A distilled draft's cross-attention
+        weights are its target's, never its own to release."""
+        products = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
+        products += ["self_attn.out_proj", "encoder_attn.q_proj", "encoder_attn.out_proj"]
+        products += ["fc1", "fc2"]
+        if self._cross_int8 is not None and self.cross_from_target is None:
+            products.append("encoder_attn.k_proj")
+        return [
+            f"model.decoder.layers.{index}.{product}.weight"
+            for index in range(self.config.decoder_layers)
+            for product in products
+        ]
 
     @property
     def traced_steps(self) -> TracedSteps:
@@ -511,7 +533,8 @@ class WhisperModel:
     @torch.inference_mode()
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
         """mel: Tensor, shape = (batch, n_mels, 3000) -> Tensor, shape = (batch, 1500, d_model)."""
-        if self._encoder is None:
+        first = self._encoder is None
+        if first:
             if not self.has_encoder:
                 raise ValueError(f"{self.name} has no encoder (a decoder-only draft)")
             heads = self.config.encoder_attention_heads
@@ -520,10 +543,12 @@ class WhisperModel:
             # oneDNN blocks a CPU product by its row count (on AMX, bf16 features moved by up to
             # 1.2 between a window encoded alone and beside another), and a window's text must
             # not depend on the windows decoded with it; on a CPU batching saves little here.
-            return torch.cat([self._encoder(mel[row : row + 1]) for row in range(len(mel))]).to(
-                self.dtype
-            )
-        return self._encoder(mel).to(self.dtype)
+            features = torch.cat([self._encoder(mel[row : row + 1]) for row in range(len(mel))])
+        else:
+            features = self._encoder(mel)
+        if first and self._encoder.packed:  # its products read their copies in oneDNN's layout
+            self.checkpoint.release(f"model.encoder.{name}" for name in self._encoder.products)
+        return features.to(self.dtype)
 
     @torch.inference_mode()
     def cross_attention(self, features: torch.Tensor) -> EncodedAudio:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,24 +37,150 @@ _CONFIG_DEFAULTS = {
 }
 
 
+class Tensors(dict):
+    """name -> Tensor, of which some may be released: dropped from memory where no runtime
+    reads them (a quantized decoder's float32 weights, a packed encoder's unpacked ones) and
+    read back from the checkpoint's file, converted as they were, when asked for again.
+
+    Any whole view (iteration, keys, items, values, len, `in`, get) reads every released
+    tensor back first, so code that builds something from all the tensors (a runtime of
+    another kind, transformers' module) sees the checkpoint whole; a released tensor asked
+    for by name is read back alone. A checkpoint without a `reload` releases nothing."""
+
+    def __init__(
+        self,
+        tensors: dict[str, torch.Tensor],
+        reload: Callable[[list[str]], dict[str, torch.Tensor]] | None = None,
+    ) -> None:
+        super().__init__(tensors)
+        self._reload = reload
+        self._released: set[str] = set()
+
+    def release(self, names: Iterable[str]) -> int:
+        """Drops these tensors (those held), to be read back on use; the bytes dropped."""
+        if self._reload is None:
+            return 0
+        dropped = 0
+        for name in names:
+            tensor = dict.pop(self, name, None)
+            if tensor is not None:
+                self._released.add(name)
+                dropped += tensor.numel() * tensor.element_size()
+        return dropped
+
+    @property
+    def released(self) -> frozenset[str]:
+        return frozenset(self._released)
+
+    def names(self) -> set[str]:
+        """Every tensor's name, released or not (reading none back)."""
+        return set(dict.keys(self)) | self._released
+
+    def restore(self, names: Iterable[str] | None = None) -> None:
+        """Reads these released tensors back (None: all of them)."""
+        wanted = self._released if names is None else self._released & set(names)
+        if wanted and self._reload is not None:
+            dict.update(self, self._reload(sorted(wanted)))
+            self._released -= wanted
+
+    def __missing__(self, name: str) -> torch.Tensor:
+        if name not in self._released:
+            raise KeyError(name)
+        self.restore([name])
+        return dict.__getitem__(self, name)
+
+    def __iter__(self):
+        self.restore()
+        return super().__iter__()
+
+    def __len__(self) -> int:
+        self.restore()
+        return super().__len__()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._released or super().__contains__(name)
+
+    def keys(self):
+        self.restore()
+        return super().keys()
+
+    def items(self):
+        self.restore()
+        return super().items()
+
+    def values(self):
+        self.restore()
+        return super().values()
+
+    def get(self, name, default=None):
+        try:
+            return self[name]  # a released one read back
+        except KeyError:
+            return default
+
+
+def file_reader(
+    file: Path, convert: Callable[[str, torch.Tensor], torch.Tensor]
+) -> Callable[[list[str]], dict[str, torch.Tensor]]:
+    """Reads named tensors from one safetensors file, each through convert(name, tensor) (the
+    device and dtype they were loaded in); refuses a file replaced since (other weights than
+    the ones the rest of the model was made from)."""
+    made_from = _stat_key(file)
+
+    def read(names: list[str]) -> dict[str, torch.Tensor]:
+        from safetensors import safe_open
+
+        if _stat_key(file) != made_from:
+            raise ValueError(f"{file} changed since its model was loaded: load it again")
+        with safe_open(str(file), "pt") as stored:
+            return {name: convert(name, stored.get_tensor(name)) for name in names}
+
+    return read
+
+
+def _stat_key(file: Path) -> tuple[int, int]:
+    status = file.stat()
+    return status.st_size, status.st_mtime_ns
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """config: config.json's fields as attributes; generation: generation_config.json;
     tensors: name -> Tensor, transformers' names ("model.decoder.layers.0.fc1.weight"), in
-    the dtypes asked for (`read_checkpoint`)."""
+    the dtypes asked for (`read_checkpoint`); `Tensors` where some may be released."""
 
     path: Path
     config: SimpleNamespace
     generation: dict
     tensors: dict[str, torch.Tensor]
 
+    def release(self, names: Iterable[str]) -> int:
+        """Drops these tensors from memory until asked for again (`Tensors.release`); the
+        bytes dropped (none where the tensors cannot be read back)."""
+        if not isinstance(self.tensors, Tensors):
+            return 0
+        return self.tensors.release(names)
+
+    @property
+    def released(self) -> frozenset[str]:
+        """The names of the tensors released (`release`) and not read back since."""
+        tensors = self.tensors
+        return tensors.released if isinstance(tensors, Tensors) else frozenset()
+
+    def names(self) -> set[str]:
+        """Every tensor's name, reading none that was released back."""
+        tensors = self.tensors
+        return tensors.names() if isinstance(tensors, Tensors) else set(tensors)
+
     @property
     def has_encoder(self) -> bool:
         return "model.encoder.conv1.weight" in self.tensors
 
     def with_prefix(self, prefix: str) -> dict[str, torch.Tensor]:
-        """The tensors under `prefix` ("model.decoder."), named without it."""
-        return {k[len(prefix) :]: v for k, v in self.tensors.items() if k.startswith(prefix)}
+        """The tensors under `prefix` ("model.decoder."), named without it (released ones
+        under it read back, the others left released)."""
+        names = sorted(name for name in self.names() if name.startswith(prefix))
+        return {name[len(prefix) :]: self.tensors[name] for name in names}
 
     @property
     def output_weight(self) -> torch.Tensor:
@@ -143,12 +270,15 @@ def read_checkpoint(
     else:
         stored = _tensors_through_transformers(directory)
     encoder_dtype = encoder_dtype or dtype
-    tensors = {
-        name: tensor.to(
-            device=device, dtype=encoder_dtype if name.startswith("model.encoder.") else dtype
-        )
-        for name, tensor in stored.items()
-    }
+
+    def convert(name: str, tensor: torch.Tensor) -> torch.Tensor:
+        kind = encoder_dtype if name.startswith("model.encoder.") else dtype
+        return tensor.to(device=device, dtype=kind)
+
+    tensors = Tensors(
+        {name: convert(name, tensor) for name, tensor in stored.items()},
+        file_reader(weights[0], convert) if weights == [directory / "model.safetensors"] else None,
+    )
     return Checkpoint(directory, config_namespace(config), generation, tensors)
 
 

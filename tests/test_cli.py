@@ -423,6 +423,8 @@ def test_a_file_another_run_is_transcribing_is_done_once_that_run_lets_go_of_it(
         "jfk.txt",
         "talk.txt",
     ]
+    assert main(command) == 0  # nothing left to do
+    assert f"both files have their outputs in {outputs}" in capsys.readouterr().err
 
 
 @pytest.mark.slow

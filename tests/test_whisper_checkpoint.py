@@ -15,7 +15,7 @@ from asr.audio import load_audio
 from asr.int8_store import Int8Store
 from asr.static_encoder import StaticEncoder
 from asr.whisper import N_FRAMES
-from asr.whisper_checkpoint import mel_filters
+from asr.whisper_checkpoint import Tensors, mel_filters
 from tests.conftest import SAMPLES
 
 
@@ -42,16 +42,80 @@ def test_the_encoder_on_packed_weights_gives_the_same_bits(whisper_base):
     """bfloat16 products on weights packed once (asr.static_encoder) are F.linear's sums."""
     tensors = whisper_base.checkpoint.with_prefix("model.encoder.")
     heads = whisper_base.config.encoder_attention_heads
-    encoder = StaticEncoder({name: t.to(torch.bfloat16) for name, t in tensors.items()}, heads)
+    halves = {name: t.to(torch.bfloat16) for name, t in tensors.items()}
+    encoder, unpacked = StaticEncoder(halves, heads), StaticEncoder(halves, heads)
     if not encoder.packed:
         pytest.skip("this CPU has no native bfloat16 through oneDNN")
     mel = whisper_base.log_mel(load_audio(SAMPLES / "jfk.wav"))[None, :, :N_FRAMES]
     packed = encoder(mel)
-    encoder.packed = False
-    plain = encoder(mel)
+    unpacked.packed = False  # decided before its first call: a packed encoder drops the rest
+    plain = unpacked(mel)
     assert packed.dtype == torch.bfloat16 and packed.shape == (1, 1500, 512)
     assert torch.equal(packed, plain)
     assert StaticEncoder(tensors, heads).packed is False  # float32 keeps F.linear's kernel
+
+
+def test_released_tensors_are_read_back_when_asked_for_by_name_or_as_a_whole():
+    reads = []
+
+    def reload(names):
+        reads.append(names)
+        return {name: torch.full((2,), float(len(name))) for name in names}
+
+    tensors = Tensors({"a": torch.ones(2), "bb": torch.full((2,), 2.0)}, reload)
+    assert tensors.release(["bb", "missing"]) == 8  # bytes; what it does not hold is skipped
+    assert dict.keys(tensors) == {"a"} and tensors.released == {"bb"}
+    assert "bb" in tensors and tensors.names() == {"a", "bb"} and reads == []
+    assert torch.equal(tensors["bb"], torch.full((2,), 2.0)) and reads == [["bb"]]
+    tensors.release(["a", "bb"])
+    assert tensors.get("nothing") is None and reads == [["bb"]]
+    assert sorted(tensors) == ["a", "bb"] and reads[-1] == ["a", "bb"]  # a whole view: all
+    assert tensors.released == frozenset()
+    with pytest.raises(KeyError):
+        tensors["nothing"]
+    kept = Tensors({"a": torch.ones(2)})  # nothing to read them back from: none released
+    assert kept.release(["a"]) == 0 and "a" in dict.keys(kept)
+
+
+@pytest.mark.slow
+def test_quantized_layers_and_a_packed_encoder_release_the_weights_they_copied(registry):
+    """An int8 target's decoder and head, its draft's, and a bfloat16 encoder on packed
+    weights read copies of the checkpoint's float weights: those are dropped from memory, and
+    read back, the same, where anything asks for them (a runtime of another kind)."""
+    from asr.precision import resolve_precision
+    from asr.transcribe import TranscribeOptions, transcribe
+    from asr.whisper import WhisperModel
+    from asr.whisper_drafters import load_draft
+
+    path = registry.resolve("whisper-base")
+    dtypes = resolve_precision("cpu", "int8")
+    model = WhisperModel.load(path, encoder_dtype=dtypes.encoder, int8_decoder=True)
+    original = {name: tensor.clone() for name, tensor in model.checkpoint.tensors.items()}
+    assistant = load_draft(model, registry.resolve("whisper-base-draft"), int8=True)
+    audio = load_audio(SAMPLES / "jfk.wav")
+    options = TranscribeOptions(language="en")
+    drafted = transcribe(model, audio, options, draft=assistant)
+    released = model.checkpoint.released
+    layer = "model.decoder.layers.3."
+    for product in ("self_attn.q_proj", "encoder_attn.k_proj", "encoder_attn.out_proj", "fc2"):
+        assert f"{layer}{product}.weight" in released
+    assert f"{layer}encoder_attn.v_proj.weight" not in released  # read for every window
+    assert "model.decoder.embed_tokens.weight" not in released
+    if model._encoder.packed:
+        assert "model.encoder.layers.2.fc1.weight" in released
+    freed = sum(original[name].numel() * original[name].element_size() for name in released)
+    assert freed > 80e6  # of whisper-base's 290 MB
+    draft_released = assistant.model.checkpoint.released
+    assert "model.decoder.layers.1.fc1.weight" in draft_released
+    # Read back as they were, for whatever builds from the whole checkpoint.
+    again = transcribe(model, audio, options, draft=assistant)
+    assert again.segments == drafted.segments
+    model.use_linear_kind("packed")  # a float32 decoder: its weights read back
+    _ = model.runtime
+    assert not any(name.startswith("model.decoder.") for name in model.checkpoint.released)
+    for name, tensor in model.checkpoint.tensors.items():  # a whole view: every one back
+        assert torch.equal(tensor, original[name]), name
+    assert model.checkpoint.tensors.released == frozenset()
 
 
 def test_an_int8_store_hands_back_the_layers_it_saved(tmp_path):
