@@ -447,14 +447,13 @@ class WhisperModel:
     def _replaced_decoder_weights(self) -> list[str]:
         """The float weights a quantized decoder's products replaced, which nothing reads
         while it runs (about 90 MB of whisper-base's 290): every layer's products but the
-        cross-attention values' (`cross_attention` computes them in float), and the keys'
-        where the int8 cross products compute those. A distilled draft's cross-attention
-        weights are its target's, never its own to release."""
+        cross-attention keys' and values' (`cross_attention` computes the values in float,
+        and a distilled draft, loaded once the speech repays it, takes both from its target:
+        reading them back then would make a long run depend on the model file staying as it
+        was)."""
         products = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
         products += ["self_attn.out_proj", "encoder_attn.q_proj", "encoder_attn.out_proj"]
         products += ["fc1", "fc2"]
-        if self._cross_int8 is not None and self.cross_from_target is None:
-            products.append("encoder_attn.k_proj")
         return [
             f"model.decoder.layers.{index}.{product}.weight"
             for index in range(self.config.decoder_layers)
