@@ -207,8 +207,10 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         unlisted.append((folder, f"{folder}: cannot list this folder: {error.strerror}"))
         tell(f"specscribe: skipped {unlisted[-1][1]}")
 
-    def same_file(path: Path, listed: Path) -> None:
-        tell(f"specscribe: {path} is the same file as {listed}: transcribed once, as {listed}")
+    def same_file(left: tuple[Path, Path], kept: tuple[Path, Path]) -> None:
+        (path, _), (first, stem) = left, kept
+        named = f"{path} is given twice" if path == first else f"{path} is the same file as {first}"
+        tell(f"specscribe: {named}: transcribed once, its outputs named {stem}.*")
 
     videos: list[Path] = []
     paths = [Path(p) for p in args.paths]

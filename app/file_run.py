@@ -23,7 +23,7 @@ from asr.types import ProgressHook
 from asr.writers import SubtitleLayout, why_unwritten, write_outputs
 
 from .out_of_memory import ADVICE as MEMORY_ADVICE
-from .out_of_memory import out_of_memory
+from .out_of_memory import FEWER_FILES, out_of_memory
 from .out_of_memory import said as said_out_of_memory
 from .output_claim import OutputClaim, claim_outputs, wait_until_unclaimed
 from .output_plan import fingerprinted, plan_outputs
@@ -70,6 +70,7 @@ class FileRun:
         # Jobs another run held when this one came to them: (relabel or not, the job), done
         # at the end, once the other run lets go of them.
         self._put_off: list[tuple[bool, tuple]] = []
+        self._came_back_to: set[Path] = set()
         self._claims: dict[Path, OutputClaim] = {}  # held until a file's outputs are written
         self._settled = 0  # files done with, whatever the outcome
         self._bar = None
@@ -125,6 +126,7 @@ class FileRun:
         transcribed (or relabelled). A file yet another run took meanwhile is put off again.
         No claim is held while waiting, so runs waiting on each other cannot deadlock."""
         put_off, self._put_off = self._put_off, []
+        self._came_back_to.update(path for _, (path, *_) in put_off)
         files = "file" if len(put_off) == 1 else "files"
         self._say(f"specscribe: waiting for another run to finish {len(put_off)} {files}")
         for _, (_, outputs, *_) in put_off:
@@ -225,7 +227,10 @@ class FileRun:
             job = (path, outputs, record) if relabel is None else (path, outputs, record, relabel)
             self._put_off.append((relabel is not None, job))
             return False
-        if plan_outputs(outputs, record, self.overwrite).decode:
+        plan = plan_outputs(outputs, record, self.overwrite)
+        if plan.decode:
+            if plan.action == "redo" and path in self._came_back_to:  # as a rerun says it
+                self._say(f"specscribe: redoing {path}: another run made it meanwhile; {plan.why}")
             self._claims[path] = claim
             return True
         else:  # another run made them since this one looked
@@ -253,7 +258,8 @@ class FileRun:
         elif isinstance(error, FileNotFoundError):  # listed, then moved or deleted
             reason = f"{path}: no such file (it was moved or deleted during the run)"
         elif out_of_memory(error):
-            reason = f"{path}: {said_out_of_memory(error)}; {MEMORY_ADVICE}"
+            fewer = f", {FEWER_FILES}" if self.batch_files > 1 else ""
+            reason = f"{path}: {said_out_of_memory(error)}; {MEMORY_ADVICE}{fewer}"
         elif isinstance(error, OSError) and error.strerror:
             reason = f"{path}: {error.strerror}"
         else:  # one file's failure must not end the run

@@ -25,7 +25,8 @@ _WORDS = (
 
 LONGEST_DETAIL = 160  # characters of a library's words quoted
 
-ADVICE = "give the process more memory, or decode fewer files at a time (--batch-files 1)"
+ADVICE = "give the process more memory"
+FEWER_FILES = "or decode fewer files at a time (--batch-files 1)"  # where it decodes several
 
 
 def out_of_memory(error: BaseException) -> bool:

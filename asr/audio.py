@@ -727,7 +727,7 @@ def find_audio_files(
     paths: list[Path],
     unreadable: Callable[[Path, OSError], None] | None = None,
     passed_over: Callable[[Path], None] | None = None,
-    same_file: Callable[[Path, Path], None] | None = None,
+    same_file: Callable[[tuple[Path, Path], tuple[Path, Path]], None] | None = None,
 ) -> list[tuple[Path, Path]]:
     """(file, name for its outputs): files as given, and the audio files under each folder.
 
@@ -736,12 +736,13 @@ def find_audio_files(
     sorted order; a file found in a folder keeps its path relative to that
     folder, so `a/x.wav` and `b/x.wav` get distinct outputs. A file given or found twice
     (the same file by its real path: a link, a folder and a file in it) is listed once, by
-    its first path. unreadable: called with each folder that cannot be listed (permissions)
+    its first path, or by the first that is not a symbolic link (the file itself rather than
+    a link to it). unreadable: called with each folder that cannot be listed (permissions)
     and its error; without it such a folder raises the error, so none is ever skipped unsaid.
     passed_over: called with each video file a folder holds (not searched for: module top).
-    same_file: called with (path, the path listed) for each file left out as the same file
-    under another name for its outputs (a link named otherwise), which a user may expect
-    outputs of its own for.
+    same_file: called with the (file, name for its outputs) left out and the one listed, for
+    each file left out under another name for its outputs, which a user may expect outputs
+    of its own for.
     """
     found: list[tuple[Path, Path]] = []
     listed: dict[Path, tuple[Path, Path]] = {}  # real path -> (file, stem) listed
@@ -759,8 +760,13 @@ def find_audio_files(
             if first is None:
                 listed[key] = (file, stem)
                 found.append((file, stem))
-            elif first[1] != stem and same_file is not None:
-                same_file(file, first[0])
+                continue
+            left = (file, stem)
+            if first[0].is_symlink() and not file.is_symlink():  # the file, not a link to it
+                found[found.index(first)] = listed[key] = left
+                first, left = left, first
+            if first[1] != left[1] and same_file is not None:
+                same_file(left, first)
     return found
 
 

@@ -324,6 +324,8 @@ def short_of_room(folder: Path) -> str | None:
         return None
     if free >= MIN_FREE_BYTES:
         return None
+    if free < 1024:
+        return "no space left (the disk is full)"
     need = f"less than the {MIN_FREE_BYTES >> 20} MB a run needs for its outputs"
     return f"only {free // 1024} kB free, {need} (the disk is nearly full)"
 

@@ -373,13 +373,23 @@ def test_a_folder_search_lists_each_file_once_and_says_which_folders_it_could_no
     (tmp_path / "in" / "gone.wav").symlink_to(tmp_path / "deleted.wav")  # reading reports it
     given = [tmp_path / "in", tmp_path / "in" / "a.aiff"]  # the same file twice
     (tmp_path / "monday.aiff").symlink_to(tmp_path / "in" / "a.aiff")  # ... named otherwise
+    (tmp_path / "in" / "0-link.aiff").symlink_to(tmp_path / "in" / "a.aiff")  # listed first
     same = []
     found = find_audio_files(
-        [*given, tmp_path / "monday.aiff"], same_file=lambda path, first: same.append((path, first))
+        [*given, tmp_path / "monday.aiff"], same_file=lambda left, kept: same.append((left, kept))
     )
+    # The file keeps its own name rather than a link's listed before it.
     assert [stem.as_posix() for _, stem in found] == ["a", "gone", "locked/b"]
     # Said where it would have had outputs of its own; not where its outputs are the same.
-    assert same == [(tmp_path / "monday.aiff", tmp_path / "in" / "a.aiff")]
+    a, link, monday = (
+        tmp_path / "in" / "a.aiff",
+        tmp_path / "in" / "0-link.aiff",
+        tmp_path / "monday.aiff",
+    )
+    assert same == [
+        ((link, Path("0-link")), (a, Path("a"))),
+        ((monday, Path("monday")), (a, Path("a"))),
+    ]
 
     real_scandir = os.scandir
 

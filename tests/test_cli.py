@@ -428,11 +428,15 @@ def test_a_file_another_run_is_transcribing_is_done_once_that_run_lets_go_of_it(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("formats", [("txt", "txt"), ("txt", "srt")], ids=["same", "other formats"])
-def test_two_runs_on_one_folder_share_its_files(tmp_path, formats):
+@pytest.mark.parametrize(
+    "asked",
+    [(("-f", "txt"), ("-f", "txt")), (("-f", "txt"), ("-f", "srt")), ((), ("--hotwords", "Gaul"))],
+    ids=["same", "other formats", "other options"],
+)
+def test_two_runs_on_one_folder_share_its_files(tmp_path, asked):
     # Each run transcribed every file (and raced on its outputs); now each file is done once,
     # and by both where they ask for different outputs (a run left the other's files to it
-    # and ended without its own formats of them).
+    # and ended without its own formats of them, or with the other's options).
     import os
     import re
     import subprocess
@@ -451,26 +455,24 @@ def test_two_runs_on_one_folder_share_its_files(tmp_path, formats):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = [
         subprocess.Popen(
-            [*command, "-f", form],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            [*command, *options], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
-        for form in formats
+        for options in asked
     ]
     said = [run.communicate(timeout=600) for run in runs]
     logs = [out.decode() + err.decode() for out, err in said]
     assert [run.returncode for run in runs] == [0, 0], logs
     done = [re.findall(r"^== (.+)$", log, re.MULTILINE) for log in logs]
     every = sorted(str(inputs / name) for name in os.listdir(inputs))
-    if formats[0] == formats[1]:
+    if asked[0] == asked[1]:
         # Each file once, by one run or the other (each run transcribed every file: both plan
         # every file before loading a model, so a run that starts late did all of them again).
         assert sorted(done[0] + done[1]) == every
     else:  # each file by each run, none of them twice
         assert sorted(done[0]) == every and sorted(done[1]) == every
-    for form in set(formats):
+    if "--hotwords" in asked[1]:  # a file the other run made meanwhile is redone, and said so
+        assert "another run made it meanwhile; options changed" in logs[0] + logs[1]
+    for form in {"txt", *(options[-1] for options in asked if "-f" in options)}:
         assert sorted(p.name for p in outputs.glob(f"*.{form}")) == sorted(
             f"{Path(name).stem}.{form}" for name in os.listdir(inputs)
         )

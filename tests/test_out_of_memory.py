@@ -56,3 +56,28 @@ def test_a_run_under_a_memory_limit_says_out_of_memory_instead_of_a_traceback(tm
     assert "Traceback" not in run.stderr
     assert run.stderr.startswith("specscribe: error: out of memory"), run.stderr
     assert "give the process more memory" in run.stderr
+
+
+def test_a_request_the_server_has_no_memory_for_is_a_503_not_a_500():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from app.api.errors import install_handlers
+
+    app = FastAPI()
+    install_handlers(app)
+
+    @app.get("/memory")
+    def memory():
+        raise MemoryError
+
+    @app.get("/bug")
+    def bug():
+        raise RuntimeError("a bug")
+
+    client = TestClient(app, raise_server_exceptions=False)
+    answer = client.get("/memory")
+    assert answer.status_code == 503
+    assert answer.json()["error"]["code"] == "out_of_memory"
+    assert answer.json()["error"]["message"].startswith("out of memory: the server has too little")
+    assert client.get("/bug").status_code == 500

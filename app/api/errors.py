@@ -96,6 +96,11 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, error: Exception) -> JSONResponse:
+        from app.out_of_memory import out_of_memory, said
+
         log.exception("%s %s failed", request.method, request.url.path)
+        if out_of_memory(error):  # the server's limit, not the request: it may pass later
+            message = f"{said(error)}: the server has too little memory for this request now"
+            return error_response(ApiError(503, message, code="out_of_memory"))
         message = f"{HTTPStatus(500).phrase} ({type(error).__name__}); the server log has details"
         return error_response(ApiError(500, message))
