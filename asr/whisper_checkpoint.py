@@ -131,11 +131,17 @@ class Tensors(dict):
 
 
 def checksum(tensor: torch.Tensor) -> int:
-    """The sum of a tensor's bit patterns as integers: any changed weight changes it (about
-    15 ms for all that whisper-base releases)."""
+    """A sum of a sample of a tensor's bit patterns (every CHECKSUM_STRIDE-th, and the last):
+    other weights (another model's file) change it. A sample, as it is taken at every load:
+    all of whisper-base's released weights cost 29 ms in full, about 4 ms sampled."""
     integers = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    bits = tensor.detach().contiguous().view(integers[tensor.element_size()])
-    return int(bits.sum(dtype=torch.int64))
+    bits = tensor.detach().reshape(-1).view(integers[tensor.element_size()])
+    if not len(bits):
+        return 0
+    return int(bits[::CHECKSUM_STRIDE].sum(dtype=torch.int64)) + int(bits[-1])
+
+
+CHECKSUM_STRIDE = 251
 
 
 def file_reader(
