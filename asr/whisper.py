@@ -446,7 +446,7 @@ class WhisperModel:
 
     def _replaced_decoder_weights(self) -> list[str]:
         """The float weights a quantized decoder's products replaced, which nothing reads
-        while it runs (about 90 MB of whisper-base's 290): every layer's products but the
+        while it runs (about 85 MB of whisper-base's 290): every layer's products but the
         cross-attention keys' and values' (`cross_attention` computes the values in float,
         and a distilled draft, loaded once the speech repays it, takes both from its target:
         reading them back then would make a long run depend on the model file staying as it
