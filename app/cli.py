@@ -564,6 +564,7 @@ def _cmd_bench(args: argparse.Namespace, settings: Settings) -> int:
         )
     if str(checkout) not in sys.path:
         sys.path.insert(0, str(checkout))
+    importlib.import_module("bench").STARTED_AS = "specscribe bench {suite}"  # its usage line
     return importlib.import_module(f"bench.{args.suite}").main(args.bench_args)
 
 

@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+# How a suite's usage line names it: run as a module, or by `specscribe bench SUITE` (which
+# sets this before it imports the suite).
+STARTED_AS = "python -m bench.{suite}"
+
+
+def prog(suite: str) -> str:
+    """The suite's name for its usage line (argparse's prog)."""
+    return STARTED_AS.format(suite=suite)
+
 
 def positive_int(value: str) -> int:
     """argparse type for counts that must be at least 1 (--repeats, --threads, ...)."""

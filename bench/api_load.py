@@ -34,6 +34,8 @@ from pathlib import Path
 
 import httpx
 
+from bench import prog
+
 REPO = Path(__file__).resolve().parent.parent
 SPEECH = REPO.parent / "shared" / "speech" / "en_single"
 # Distinct short recordings with exact references (../shared/speech/manifest.tsv).
@@ -232,7 +234,7 @@ def _free_port() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog("api_load"), description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--requests", type=int, default=5, help="requests per client")
     parser.add_argument("--queue-size", type=int, default=4, help="serve --queue-size")

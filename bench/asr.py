@@ -67,7 +67,7 @@ from asr.audio import SAMPLE_RATE, load_audio
 from asr.models import ModelRegistry
 from asr.precision import check_device, resolve_precision
 from asr.whisper import N_SAMPLES
-from bench import positive_int
+from bench import positive_int, prog
 from bench.asr_data import SPEECH, Utterance, benchmark_files
 from bench.faster_whisper_process import FasterWhisperProcess
 from decoding import device_clock
@@ -681,7 +681,7 @@ def print_table(rows: dict) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bench.asr", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog("asr"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument(
         "--threads", type=positive_int, default=2, help="torch and CTranslate2 threads"

@@ -32,7 +32,7 @@ import torch
 from asr.cuda_graphs import pool_size
 from asr.graph_rounds import default_draft_tokens
 from asr.logit_rules import DRAFT_GRAMMAR
-from bench import positive_int
+from bench import positive_int, prog
 from bench.asr_data import SPEECH
 from decoding import device_clock
 
@@ -491,7 +491,7 @@ def implied_speedups(costs: dict, acceptances=(0.6, 0.7, 0.8)) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bench.batch_sweep", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog("batch_sweep"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batches", default="1,4,16,32")
     parser.add_argument("--windows", type=positive_int, default=32)

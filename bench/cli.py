@@ -38,7 +38,7 @@ from pathlib import Path
 from statistics import median
 
 from app.stop_signals import raising_on
-from bench import positive_int
+from bench import positive_int, prog
 from bench.asr_data import SPEECH, Utterance, user_files
 
 CHECKOUT = Path(__file__).resolve().parents[1]  # the folder that holds bench/
@@ -311,7 +311,7 @@ def summarise(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench.cli", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog("cli"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument(

@@ -46,7 +46,7 @@ import app.config  # noqa: F401  (switches the libraries offline before they loa
 from asr.audio import load_audio
 from asr.models import ModelRegistry
 from asr.types import Segment, SpeakerTurn
-from bench import positive_int
+from bench import positive_int, prog
 from diarize.merge import assign_speakers
 from diarize.pipeline import Diarizer, EmbeddedParams, audio_file, turns_from_annotation
 from diarize.scoring import read_rttm, score, to_annotation
@@ -210,7 +210,7 @@ def cpwer(segments: tuple[Segment, ...], one_speaker: bool) -> dict[str, float |
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench.diarize", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog("diarize"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--threads", type=positive_int, default=torch.get_num_threads())
     parser.add_argument("--no-baseline", action="store_true", help="skip pyannote stock")

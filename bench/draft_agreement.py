@@ -31,7 +31,7 @@ from asr.distill import draft_predictions, label_windows
 from asr.distill_data import MAX_WINDOW_SECONDS, TrainingClip
 from asr.models import ModelRegistry
 from asr.whisper import WhisperModel
-from bench import positive_int
+from bench import positive_int, prog
 from bench.asr_data import benchmark_files
 
 
@@ -66,7 +66,9 @@ def named_path(spec: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog=prog("draft_agreement"), description=__doc__.splitlines()[0]
+    )
     parser.add_argument(
         "--draft",
         action="append",

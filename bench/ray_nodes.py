@@ -33,7 +33,7 @@ from pathlib import Path
 from app.config import Settings
 from app.jobs import JobSpec, JobStore
 from app.service import ServiceOptions
-from bench import positive_int
+from bench import positive_int, prog
 from bench.asr_data import user_files
 from bench.ray_cluster import LocalCluster, hard_linked_cache
 
@@ -109,7 +109,7 @@ def _median(runs: list[dict], audio_s: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog("ray_nodes"), description=__doc__.splitlines()[0])
     parser.add_argument("--max-files", type=positive_int, default=16)
     parser.add_argument("--model", default="whisper-base")
     parser.add_argument("--configs", default=",".join(CONFIGS))

@@ -29,7 +29,7 @@ import torch
 
 import app.config  # noqa: F401  (switches the libraries offline before they load)
 from asr.types import Segment, SpeakerTurn
-from bench import positive_int
+from bench import positive_int, prog
 from bench.diarize import (
     CPWER_FILE,
     MULTI,
@@ -89,7 +89,7 @@ def words_at_their_speaker(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench.speaker_wer", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog("speaker_wer"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--word-timestamps", action="store_true")
     parser.add_argument("--threads", type=positive_int, default=torch.get_num_threads())
     parser.add_argument("--files", nargs="+", choices=FILES, default=list(FILES))

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import positive_int
+from bench import positive_int, prog
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "faster-whisper int8"
@@ -67,7 +67,7 @@ def _seconds(command: list[str], tree: Path, threads: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench.startup", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog("startup"), description=__doc__.split("\n\n")[0])
     parser.add_argument("audio", nargs="?", type=Path, default=ROOT / "samples" / "jfk.wav")
     parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--threads", type=positive_int, default=2)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 import app.config  # noqa: F401  (switches the libraries offline before they load)
-from bench import positive_int
+from bench import positive_int, prog
 
 PASSAGE = (
     "The printing press was developed around 1440 by Johannes Gutenberg, a goldsmith from "
@@ -242,7 +242,7 @@ def summarise(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench.text", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog("text"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--max-new-tokens", type=positive_int, default=128)
     parser.add_argument("--threads", type=positive_int, default=torch.get_num_threads())

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench import positive_int
+from bench import positive_int, prog
 from bench.asr_data import SPEECH, user_files
 from bench.cli import Config, _command, _run, publish
 from bench.hallucination_set import AdversarialFile, build
@@ -99,7 +99,7 @@ SETS = ("speech", "hallucination", "half_silence")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench.vad", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog("vad"), description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--threads", type=positive_int, default=2)
     parser.add_argument("--sets", default=",".join(SETS), help=f"of: {', '.join(SETS)}")
