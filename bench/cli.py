@@ -409,14 +409,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def audio_duration(path: Path) -> float:
-    """Seconds of audio, from the container (ffprobe), whichever configurations ran."""
-    probed = subprocess.run(
-        ["ffprobe", "-v", "error", "-show_entries", "format=duration", "-of", "csv=p=0", str(path)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return float(probed.stdout.strip())
+    """Seconds of audio, from the container (ffprobe, as asr.audio asks it), whichever
+    configurations ran."""
+    import ffmpeg
+
+    return float(ffmpeg.probe(str(path), cmd="ffprobe")["format"]["duration"])
 
 
 def publish(report: dict, file_name: str, save: bool) -> None:
