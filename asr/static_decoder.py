@@ -166,15 +166,20 @@ class SlotCache:
         """Keeps only these rows, in this order (whole groups of rows). Tensor, shape = (n,).
 
         Rows in ascending order (a batch shedding its finished rows) move down in place, so
-        only the rows after the first one dropped are moved, not every kept row copied. The
-        cross tensors are copied the first time, as until then they are the encoded audio's
-        own (and a shared-encoder draft's)."""
+        only the rows after the first one dropped are moved, not every kept row copied; the
+        first rows alone (the last rows finished) are a view, and nothing moves. The cross
+        tensors are copied the first time rows must move, as until then they are the encoded
+        audio's own (and a shared-encoder draft's)."""
         windows = rows[:: self.group] // self.group
         for name in ("keys", "values"):
             setattr(self, name, _kept_rows(getattr(self, name), rows, in_place=True))
-        for name in ("cross_keys", "cross_values"):
-            setattr(self, name, _kept_rows(getattr(self, name), windows, self.owns_cross))
-        self.owns_cross = True
+        if windows.tolist() != list(range(len(windows))):
+            for name in ("cross_keys", "cross_values"):
+                setattr(self, name, _kept_rows(getattr(self, name), windows, self.owns_cross))
+            self.owns_cross = True
+        else:  # the first windows: views of the same tensors, which stay whoever's they are
+            for name in ("cross_keys", "cross_values"):
+                setattr(self, name, [t[: len(windows)] for t in getattr(self, name)])
 
     def row(self, index: int) -> SlotCache:
         """Row `index` alone, as a one-row cache whose tensors are views of this one's: what

@@ -908,7 +908,7 @@ def _encode_together(
             [s.view(s.draft_mel, window, padded) for s, windows in pieces for window in windows]
         )
     # Mel frames of audio in the longest window -> encoder frames (two mel frames each).
-    audio = max(min(end, s.content_frames) - start for s, w in pieces for start, end in w)
+    audio = max(_audio_frames(s, window) for s, windows in pieces for window in windows)
     draft_encoded = lead.draft.encode(encoded, draft_mel, -(-audio // 2))
     elapsed, windows = device_clock(lead.model.device) - started, sum(len(w) for _, w in pieces)
     for session, session_windows in pieces:  # each recording its share of the batch's
@@ -1059,6 +1059,7 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
         if not heard:
             progress("transcribe", total - _frames_left(recordings), total)
             continue
+        heard = _longest_first(heard)
         active, windows = [pair for pair, _ in heard], [window for _, window in heard]
         pieces: list[tuple[_Session, list[tuple[int, int]]]] = []
         for (recording, _), window in zip(active, windows, strict=True):
@@ -1100,6 +1101,32 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
             _report_decided(recording)
         progress("transcribe", total - _frames_left(recordings), total)
     return [[s for passage in r.passages for s in passage.segments] for r in recordings]
+
+
+def _longest_first(heard: list[tuple[tuple[_SeekState, _Passage], tuple[int, int]]]) -> list:
+    """(passage, window) pairs reordered with the longest audio first: rows tend to finish
+    shortest first, and a batch whose last rows finish keeps views of its cross-attention
+    (`SlotCache.keep_rows`) instead of copying the rest (about 260 MB for 8 windows). A
+    recording's windows stay together, to be encoded as one piece. A row's text does not
+    depend on its place in the batch."""
+    longest: dict[int, int] = {}
+    for (recording, _), window in heard:
+        frames = _audio_frames(recording.session, window)
+        longest[id(recording)] = max(longest.get(id(recording), 0), frames)
+    first_seen = {key: index for index, key in enumerate(longest)}
+
+    def order(item: tuple[tuple[_SeekState, _Passage], tuple[int, int]]) -> tuple:
+        (recording, _), window = item
+        key = id(recording)
+        return (-longest[key], first_seen[key], -_audio_frames(recording.session, window))
+
+    return sorted(heard, key=order)
+
+
+def _audio_frames(session: _Session, window: tuple[int, int]) -> int:
+    """Mel frames of the recording's audio in the window (the rest is padding)."""
+    start, end = window
+    return min(end, session.content_frames) - start
 
 
 def _frames_left(recordings: list[_SeekState]) -> int:

@@ -167,7 +167,14 @@ class EncodedAudio:
         )
 
     def rows(self, rows: torch.Tensor) -> EncodedAudio:
-        """These windows, in this order. rows: Tensor, shape = (n,)."""
+        """These windows, in this order. rows: Tensor, shape = (n,). The first windows are
+        views of these tensors (no copy); other selections are copies."""
+        count = len(rows)
+        if rows.tolist() == list(range(count)):
+            return EncodedAudio(
+                features=self.features[:count],
+                cross=tuple((keys[:count], values[:count]) for keys, values in self.cross),
+            )
         return EncodedAudio(
             features=self.features[rows],
             # keys: indexed in their stored layout, so they stay transposed views

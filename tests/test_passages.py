@@ -3,13 +3,15 @@ side with it, and exactly as it would alone."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from asr.audio import SAMPLE_RATE, load_audio
 from asr.passages import plan_passages
 from asr.speech_timeline import SpeechTimeline
-from asr.transcribe import TranscribeOptions, transcribe
+from asr.transcribe import TranscribeOptions, _longest_first, transcribe
 from asr.whisper_drafters import pair_draft
 from tests.conftest import SAMPLES, SHARED_SPEECH, needs_speech
 from tests.test_transcribe_speculative import assert_same_segments
@@ -17,6 +19,23 @@ from tests.test_transcribe_speculative import assert_same_segments
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # -- planning ------------------------------------------------------------------------------
+
+
+def test_a_batch_puts_the_longest_audio_first_and_a_recordings_windows_together():
+    # Rows finish roughly shortest first, and a batch whose last rows finish sheds them
+    # without copying its cross-attention. A window's audio ends at its recording's end.
+    def recording(frames: int) -> SimpleNamespace:
+        return SimpleNamespace(session=SimpleNamespace(content_frames=frames))
+
+    short, long, other = recording(700), recording(100_000), recording(2_000)
+    heard = [
+        ((short, "short"), (0, 3000)),  # 700 frames of audio
+        ((long, "first"), (0, 1200)),
+        ((other, "other"), (0, 3000)),  # 2000
+        ((long, "second"), (5000, 8000)),  # 3000: its recording goes first
+    ]
+    order = [passage for (_, passage), _ in _longest_first(heard)]
+    assert order == ["second", "first", "other", "short"]
 
 
 def test_without_long_pauses_the_recording_is_one_passage():

@@ -49,7 +49,8 @@ def test_a_packed_linear_row_gets_the_same_bits_in_any_call(shape, threads):
 
 def test_a_cache_sheds_rows_in_place_as_a_copy_would_and_leaves_the_audio_alone():
     """SlotCache.keep_rows: rows that ascend move down in place, others are copied; the cross
-    tensors, the encoded audio's own (and a draft's), are copied before anything moves."""
+    tensors, the encoded audio's own (and a draft's), are copied before anything moves, and
+    kept as views while only the last rows leave."""
     generator = torch.Generator().manual_seed(2)
     windows, heads, head_dim, slots = 6, 2, 4, 8
     # as asr.whisper.EncodedAudio.cross holds them: keys are transposed views
@@ -71,13 +72,16 @@ def test_a_cache_sheds_rows_in_place_as_a_copy_would_and_leaves_the_audio_alone(
         return [tensor.clone() for name in names for tensor in getattr(cache, name)]
 
     rows = torch.arange(windows)
-    for kept in ([0, 2, 3, 5], [1, 3], [1, 0], [0]):  # in place, in place, a copy, in place
+    # the first rows (views of the audio's), in place, in place, a copy, the first row
+    for kept in ([0, 1, 2, 3, 4], [0, 2, 3, 4], [1, 3], [1, 0], [0]):
         kept = torch.tensor(kept)
         expected = [tensor[kept] for tensor in contents(cache)]
         cache.keep_rows(kept)
         assert all(torch.equal(a, b) for a, b in zip(contents(cache), expected, strict=True))
         rows = rows[kept]
         assert torch.equal(cache.cross_keys[0], cross[0][0].transpose(-1, -2)[rows])
+        if len(rows) == windows - 1:  # only the last row left: nothing copied
+            assert cache_shares_audio(cache, cross)
     for (keys, values), (keys_before, values_before) in zip(cross, audio, strict=True):
         assert torch.equal(keys, keys_before) and torch.equal(values, values_before)
 
