@@ -228,8 +228,9 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     undone: list[tuple[Path, str]] = []  # files left undone: outputs specscribe did not make,
     # outputs another input would write too, or an input itself (each reported, the rest go on)
+    made_folder = None  # the topmost folder this run made for its outputs
     if args.output_dir:
-        _check_output_dir(args.output_dir)
+        made_folder = _check_output_dir(args.output_dir)
         colliding = colliding_outputs(files, args.output_dir)
         for path, reason in colliding.items():
             tell(f"specscribe: skipping {reason}")
@@ -280,6 +281,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         from asr.writers import short_of_room
 
         if full := short_of_room(args.output_dir):
+            _remove_if_empty(made_folder, args.output_dir)  # a refused run leaves nothing
             raise ValueError(f"--output-dir {args.output_dir}: {full}")
 
     # 3. The models, loaded once; options checked against them before any work (the Whisper
@@ -332,17 +334,34 @@ def _summary(
     return 1 if failures or not_done else 0
 
 
-def _check_output_dir(output_dir: Path) -> None:
+def _check_output_dir(output_dir: Path) -> Path | None:
     """Creates `output_dir` and checks that it takes files, before any audio is decoded (and
-    whether it has room, once there is something to write)."""
+    whether it has room, once there is something to write). Returns the topmost folder it
+    made (None where `output_dir` existed), for a run refused later to remove again."""
     if output_dir.exists() and not output_dir.is_dir():
         raise ValueError(f"--output-dir {output_dir}: not a folder (a file of that name exists)")
+    missing = [p for p in (output_dir, *output_dir.parents) if not p.exists()]
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ValueError(f"--output-dir {output_dir}: {error.strerror or error}") from error
     if not os.access(output_dir, os.W_OK | os.X_OK):
         raise ValueError(f"--output-dir {output_dir}: not writable")
+    return missing[-1] if missing else None
+
+
+def _remove_if_empty(made: Path | None, output_dir: Path) -> None:
+    """Removes the folders `_check_output_dir` made, from `output_dir` up to `made`, where
+    they are still empty (another process may have put something in them meanwhile)."""
+    if made is None:
+        return
+    for folder in (output_dir, *output_dir.parents):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        if folder == made:
+            return
 
 
 def _drafter_words(args: argparse.Namespace) -> argparse.Namespace:

@@ -141,9 +141,10 @@ def test_bad_output_folders_and_devices_are_refused_before_any_work(capsys, tmp_
     usage = shutil.disk_usage(tmp_path)._replace(free=200_000)
     with monkeypatch.context() as patched:
         patched.setattr(shutil, "disk_usage", lambda path: usage)
-        assert main([*jfk, "--output-dir", str(tmp_path / "out")]) == 2
+        assert main([*jfk, "--output-dir", str(tmp_path / "out" / "jfk")]) == 2
     said = capsys.readouterr().err
-    assert f"--output-dir {tmp_path / 'out'}: only 195 kB free, less than the 1 MB" in said
+    assert f"--output-dir {tmp_path / 'out' / 'jfk'}: only 195 kB free, less than the 1 MB" in said
+    assert not (tmp_path / "out").exists()  # the refused run leaves no folder behind
     if not torch.cuda.is_available():
         assert main([*jfk, "--device", "cuda"]) == 2
         assert "device 'cuda': torch sees 0 CUDA device(s)" in capsys.readouterr().err
