@@ -897,7 +897,8 @@ def _encode_together(
     """The target's and the draft's views of windows of one or more recordings, as one batch
     in the order given. Each recording's windows are encoded from its own mel (`view`); the
     draft sees the whole batch, cut to the longest audio among its windows."""
-    encoded = EncodedAudio.joined([session.encode_target(w, padded) for session, w in pieces])
+    parts = (session.encode_target(w, padded) for session, w in pieces)  # each when joined
+    encoded = EncodedAudio.joined(parts, sum(len(w) for _, w in pieces))
     lead = pieces[0][0]
     if lead.draft is None:
         return encoded, None

@@ -7,7 +7,7 @@ timestamp grid) and on the transformers model classes; the long-form loop in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,20 +151,44 @@ class EncodedAudio:
         )
 
     @staticmethod
-    def joined(parts: Sequence[EncodedAudio]) -> EncodedAudio:
-        """The windows of `parts`, in order, as one batch (keys stay transposed views)."""
-        if len(parts) == 1:
-            return parts[0]
-        return EncodedAudio(
-            features=torch.cat([part.features for part in parts]),
+    def joined(parts: Iterable[EncodedAudio], windows: int) -> EncodedAudio:
+        """The windows of `parts` (`windows` of them in all), in order, as one batch (keys stay
+        transposed views). Each part is copied in as it comes and then dropped, so a lazy
+        iterable (one that encodes each part when asked) never holds every part and the
+        batch at once: for 8 windows the parts alone are about 300 MB."""
+        parts = iter(parts)
+        first = next(parts)
+        if len(first.features) == windows:
+            return first
+
+        def batch_of(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.new_empty((windows, *tensor.shape[1:]))
+
+        # keys are filled in their stored (batch, heads, head_dim, frames) layout
+        joined = EncodedAudio(
+            features=batch_of(first.features),
             cross=tuple(
-                (
-                    torch.cat([keys.transpose(-1, -2) for keys, _ in layer]).transpose(-1, -2),
-                    torch.cat([values for _, values in layer]),
-                )
-                for layer in zip(*(part.cross for part in parts), strict=True)
+                (batch_of(keys.transpose(-1, -2)).transpose(-1, -2), batch_of(values))
+                for keys, values in first.cross
             ),
         )
+        filled = joined._fill(first, 0)
+        del first
+        for part in parts:
+            filled = joined._fill(part, filled)
+            del part  # its tensors go before the next part is made
+        if filled != windows:
+            raise ValueError(f"parts held {filled} windows, not {windows}")
+        return joined
+
+    def _fill(self, part: EncodedAudio, start: int) -> int:
+        """Copies `part`'s windows into this batch's rows from `start`; returns the row after."""
+        rows = slice(start, start + len(part.features))
+        self.features[rows] = part.features
+        for (keys, values), (part_keys, part_values) in zip(self.cross, part.cross, strict=True):
+            keys.transpose(-1, -2)[rows] = part_keys.transpose(-1, -2)
+            values[rows] = part_values
+        return rows.stop
 
     def rows(self, rows: torch.Tensor) -> EncodedAudio:
         """These windows, in this order. rows: Tensor, shape = (n,). The first windows are

@@ -5,6 +5,7 @@ what OpenAI's per-row rules mask."""
 from __future__ import annotations
 
 import random
+import weakref
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from asr.static_decoder import (
     _attend_in_buckets,
     _slot_buckets,
 )
-from asr.whisper import N_FRAMES, WhisperModel
+from asr.whisper import N_FRAMES, EncodedAudio, WhisperModel
 from tests.conftest import SAMPLES, torch_threads
 from tests.test_int8_decoder import JFK, LIBRISPEECH, _score
 
@@ -84,6 +85,41 @@ def test_a_cache_sheds_rows_in_place_as_a_copy_would_and_leaves_the_audio_alone(
             assert cache_shares_audio(cache, cross)
     for (keys, values), (keys_before, values_before) in zip(cross, audio, strict=True):
         assert torch.equal(keys, keys_before) and torch.equal(values, values_before)
+
+
+def test_windows_join_into_one_batch_one_part_at_a_time():
+    """EncodedAudio.joined equals concatenating the parts, and drops each part before asking
+    for the next, so that every part and the batch are never held at once."""
+    generator = torch.Generator().manual_seed(3)
+
+    def part(windows: int) -> EncodedAudio:
+        keys = torch.randn(windows, 2, 4, 30, generator=generator)
+        values = torch.randn(windows, 2, 30, 4, generator=generator)
+        features = torch.randn(windows, 30, 8, generator=generator)
+        return EncodedAudio(features, ((keys.transpose(-1, -2), values),) * 2)
+
+    parts = [part(1), part(2), part(1)]
+    expected = [(p.features.clone(), [(k.clone(), v.clone()) for k, v in p.cross]) for p in parts]
+    handed_out, alive = [], []
+
+    def lazily():
+        for index in range(len(parts)):
+            alive.append(sum(ref() is not None for ref in handed_out))
+            made, parts[index] = parts[index], None  # the caller's reference is the only one
+            handed_out.append(weakref.ref(made))
+            yield made
+            del made
+
+    joined = EncodedAudio.joined(lazily(), windows=4)
+    assert alive == [0, 0, 0]  # each part was dropped before the next was made
+    assert torch.equal(joined.features, torch.cat([features for features, _ in expected]))
+    for layer, (keys, values) in enumerate(joined.cross):
+        assert torch.equal(keys, torch.cat([cross[layer][0] for _, cross in expected]))
+        assert torch.equal(values, torch.cat([cross[layer][1] for _, cross in expected]))
+        assert keys.transpose(-1, -2).is_contiguous()  # the layout the decoder multiplies by
+    again = [part(2), part(2)]
+    with pytest.raises(ValueError, match="parts held 4 windows, not 5"):
+        EncodedAudio.joined(again, windows=5)
 
 
 def cache_shares_audio(cache: SlotCache, cross) -> bool:
