@@ -173,13 +173,10 @@ class SlotCache:
         windows = rows[:: self.group] // self.group
         for name in ("keys", "values"):
             setattr(self, name, _kept_rows(getattr(self, name), rows, in_place=True))
-        if windows.tolist() != list(range(len(windows))):
-            for name in ("cross_keys", "cross_values"):
-                setattr(self, name, _kept_rows(getattr(self, name), windows, self.owns_cross))
-            self.owns_cross = True
-        else:  # the first windows: views of the same tensors, which stay whoever's they are
-            for name in ("cross_keys", "cross_values"):
-                setattr(self, name, [t[: len(windows)] for t in getattr(self, name)])
+        for name in ("cross_keys", "cross_values"):
+            setattr(self, name, _kept_rows(getattr(self, name), windows, self.owns_cross))
+        # views of the first windows stay whoever's they were; anything else was copied
+        self.owns_cross = self.owns_cross or windows.tolist() != list(range(len(windows)))
 
     def row(self, index: int) -> SlotCache:
         """Row `index` alone, as a one-row cache whose tensors are views of this one's: what
@@ -197,10 +194,13 @@ class SlotCache:
 def _kept_rows(
     tensors: list[torch.Tensor], rows: torch.Tensor, in_place: bool
 ) -> list[torch.Tensor]:
-    """Each tensor's rows `rows`. In place (rows moved down, the tail left unused) when allowed
-    and the rows ascend: each row's source is then at or after its destination, so no source
-    is overwritten before it is read. Else copies."""
+    """Each tensor's rows `rows`. The first rows, in order, are views (nothing moves). In
+    place (rows moved down, the tail left unused) when allowed and the rows ascend: each row's
+    source is then at or after its destination, so no source is overwritten before it is read.
+    Else copies."""
     order = rows.tolist()
+    if order == list(range(len(order))):
+        return [tensor[: len(order)] for tensor in tensors]
     if not in_place or any(b <= a for a, b in itertools.pairwise(order)):
         return [tensor[rows] for tensor in tensors]
     moves = [(slot, row) for slot, row in enumerate(order) if slot != row]
