@@ -623,6 +623,29 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "text keeps one window's mistake from repeating in the next",
     )
     parser.add_argument(
+        "--beam-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="beam search of N hypotheses (faster-whisper's default is 5): slower, sometimes "
+        "more accurate; decodes without the draft. 1 (default): greedy, sped up by the draft",
+    )
+    parser.add_argument(
+        "--patience",
+        type=float,
+        default=1.0,
+        help="with --beam-size: ended hypotheses a window collects before it stops, as a "
+        "multiple of N (1.0)",
+    )
+    parser.add_argument(
+        "--best-of",
+        type=int,
+        default=1,
+        metavar="N",
+        help="where a window falls back to sampling, draw N samples at each temperature and keep "
+        "the most probable (faster-whisper's default is 5; 1 by default)",
+    )
+    parser.add_argument(
         "--hotwords",
         metavar="TEXT",
         help="words carried into every window's prompt: names and terms to prefer",

@@ -96,6 +96,9 @@ class EndpointParameters(BaseModel):
     compression_ratio_threshold: float | None = 2.4
     logprob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
+    beam_size: int = Field(1, ge=1, le=16)  # >1: beam search, without the draft
+    patience: float = Field(1.0, gt=0, allow_inf_nan=False)
+    best_of: int = Field(1, ge=1, le=16)  # samples per window at each fallback temperature
     chunk_length_s: Literal[30] | None = None
     sampling_rate: Literal[16000] | None = None
 

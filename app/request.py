@@ -54,6 +54,9 @@ DECODING_CHOICES = (
     "repetition_ngram",
     "hallucination_silence_threshold",
     *FALLBACK_SETTINGS,
+    "beam_size",
+    "patience",
+    "best_of",
 )
 
 SPEAKER_COUNTS = ("num_speakers", "min_speakers", "max_speakers")
@@ -169,6 +172,13 @@ class ServiceOptions(BaseModel):
     compression_ratio_threshold: float | None = 2.4
     logprob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
+    # Temperature 0 as beam search of this many hypotheses (decoding.beam), without the
+    # draft; 1: greedy, which the draft speeds up. patience: ended hypotheses collected before
+    # a window stops, as a multiple of beam_size (OpenAI's).
+    beam_size: int = Field(1, ge=1, le=16)
+    patience: float = Field(1.0, gt=0, allow_inf_nan=False)
+    # Samples drawn for a window at each temperature above 0, the most probable per token kept.
+    best_of: int = Field(1, ge=1, le=16)
 
     def __init__(self, **fields: Any) -> None:
         try:
@@ -319,6 +329,9 @@ class ServiceOptions(BaseModel):
             passage_pause=self.passage_pause,
             pack_passages=self.clip_timestamps is None,
             hallucination_silence_threshold=self.hallucination_silence_threshold,
+            beam_size=self.beam_size,
+            patience=self.patience,
+            best_of=self.best_of,
         ).checked()
 
     def temperatures(self) -> tuple[float, ...]:

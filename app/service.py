@@ -80,6 +80,9 @@ _BEFORE_RECORDED = {
     "compression_ratio_threshold": 2.4,
     "logprob_threshold": -1.0,
     "no_speech_threshold": 0.6,
+    "beam_size": 1,
+    "patience": 1.0,
+    "best_of": 1,
 }
 
 
@@ -439,9 +442,11 @@ class TranscriptionService:
             # 2. Speakers first when asked for (the VAD reads their segmentation pass), then
             # which parts to decode: the clip ranges, and where someone speaks.
             prepared = [self._prepare(samples, options, progress) for samples in recordings]
-            # 3. Transcribe, speculatively when there is a draft and the request wants it.
+            # 3. Transcribe, speculatively when there is a draft and the request wants it (not
+            # in beam search, which decodes without one).
             speech = sum(_speech_seconds(p.samples, p.spans) for p in prepared)
-            draft = self._draft_for(speech) if options.use_assistant else None
+            drafted = options.use_assistant and options.beam_size == 1
+            draft = self._draft_for(speech) if drafted else None
             if len(prepared) == 1:
                 transcripts = [
                     transcribe(

@@ -60,7 +60,7 @@ from asr.window_decoder import (
     compression_ratio,
 )
 from asr.word_timing import add_word_timestamps
-from decoding import DecodeStats, LookaheadPolicy, device_clock
+from decoding import BeamOptions, DecodeStats, LookaheadPolicy, device_clock
 
 Task = Literal["transcribe", "translate"]
 Windows = Literal["seek", "silence"]
@@ -110,6 +110,14 @@ class TranscribeOptions:
     # Temperature fallback: a window whose greedy text repeats itself (compression ratio) or
     # is improbable (average log-probability) is decoded again by sampling, hotter each time.
     temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    # Temperature 0 as beam search of this many hypotheses (`decoding.beam`, OpenAI's rule;
+    # faster-whisper's default is 5), without the draft. 1: greedy decoding, which the draft
+    # speeds up. patience: ended hypotheses collected, as a multiple of beam_size.
+    beam_size: int = 1
+    patience: float = 1.0
+    # Samples drawn for a window at each temperature above 0 (the fallback's), of which the
+    # most probable per token is kept (OpenAI's best_of; faster-whisper's default is 5).
+    best_of: int = 1
     compression_ratio_threshold: float | None = 2.4
     logprob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
@@ -143,12 +151,20 @@ class TranscribeOptions:
         if pause is not None and not 0 < pause < float("inf"):
             raise ValueError(f"passage_pause must be a positive number of seconds, not {pause}")
         self._check_fallback()
+        BeamOptions(self.beam_size, self.patience)  # refuses a bad size or patience
+        if not isinstance(self.best_of, int) or not 1 <= self.best_of <= 16:
+            raise ValueError(f"best_of must be an integer in 1..16, not {self.best_of!r}")
         if self.multilingual and self.language is not None:
             raise ValueError(
                 f"multilingual detects every window's language: it cannot be combined with "
                 f"language {self.language!r}"
             )
         return self
+
+    @property
+    def beam(self) -> BeamOptions | None:
+        """The beam search temperature 0 runs, None for greedy decoding."""
+        return BeamOptions(self.beam_size, self.patience) if self.beam_size > 1 else None
 
     def _check_fallback(self) -> None:
         """The temperature schedule and the quality checks that trigger its fallback."""
@@ -520,6 +536,8 @@ class _Session:
             options.max_new_tokens,
             self.draft,
             self.policy,
+            beam=options.beam,
+            best_of=options.best_of,
         )
         plain = replace(decoder, draft=None, policy=None)
         bare = self.prompt([], language)
@@ -1557,6 +1575,8 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
             "dropped_in_pauses": session.dropped_in_pauses,
             "retimed_windows": session.retimed_windows,
             "resumed_windows": session.resumed_windows,
+            "beam_size": session.options.beam_size,  # 1: greedy
+            "best_of": session.options.best_of,
             "target_calls": stats.target_calls,
             "draft_calls": stats.draft_calls,
             "generated_tokens": stats.generated_tokens,

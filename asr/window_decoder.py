@@ -7,7 +7,7 @@ how many target calls it takes, never the tokens (greedy) or their distribution 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -17,11 +17,21 @@ from asr.logit_rules import DRAFT_GRAMMAR, LogitRules
 from asr.whisper import EncodedAudio, WhisperModel
 from asr.whisper_drafters import DraftSource, WhisperDraft
 from asr.whisper_target import LanguageOdds, WhisperTarget
-from decoding import DecodeStats, LookaheadPolicy, SamplingOptions, generate
+from decoding import (
+    BeamOptions,
+    DecodeStats,
+    LookaheadPolicy,
+    SamplingOptions,
+    beam_search,
+    generate,
+)
 
 # The most rows a pool of rounds (asr.graph_rounds) has by default: more windows pass
 # through them.
 MAX_ROUND_ROWS = 32
+# The most rows a beam search decodes at once (windows * beam size): each row holds a
+# self-attention cache of its own (11 MB for whisper-base in float32).
+MAX_BEAM_ROWS = 32
 
 
 @dataclass(frozen=True)
@@ -52,6 +62,11 @@ class WindowResult:
     @property
     def compression_ratio(self) -> float:
         return compression_ratio(self.text)
+
+    @property
+    def sum_logprob(self) -> float:
+        """The log-probability of its tokens and the end token (`avg_logprob`'s sum)."""
+        return self.avg_logprob * (len(self.tokens) + 1)
 
 
 def compression_ratio(text: str) -> float:
@@ -96,6 +111,10 @@ class WindowDecoder:
     round_draft_grammar: the draft applies its whole rules, not only its suppressed ids;
     round_fused: the draft's steps and the rule-state bookkeeping compiled with
     torch.compile (`asr.graph_rounds`); also where the model's `fused_rounds` is set.
+    beam: beam search at temperature 0 where its beam_size is above 1 (`decoding.beam`),
+    without the draft; None: greedy.
+    best_of: samples drawn for a window at a temperature above 0, of which the one with the
+    best log-probability per token is kept (OpenAI's best_of).
     """
 
     model: WhisperModel
@@ -110,14 +129,21 @@ class WindowDecoder:
     round_draft_tokens: int | None = None
     round_draft_grammar: bool = DRAFT_GRAMMAR
     round_fused: bool = False
+    beam: BeamOptions | None = None
+    best_of: int = 1
 
     def decode(
         self, batch: WindowBatch, temperature: float = 0.0, seed: int = 0
     ) -> tuple[tuple[WindowResult, ...], DecodeStats]:
-        """Greedy at temperature 0, else sampled (seeded). One result per row of `batch`."""
+        """Greedy (or beam search) at temperature 0, else sampled (seeded). One result per row
+        of `batch`."""
         model = self.model
+        if temperature == 0 and self.beam is not None and self.beam.beam_size > 1:
+            return self._decode_beams(batch, self.beam)
         if temperature == 0 and self._decodes_in_rounds():
             return self._decode_in_rounds(batch)
+        if temperature > 0 and self.best_of > 1:
+            return self._decode_best_of(batch, temperature, seed)
         sampling = None if temperature == 0 else SamplingOptions(temperature, seed=seed)
         branches = self.draft.branches if self.draft is not None and sampling is None else 1
         # A tree's chains are rows of their own, each window's consecutive, which share the
@@ -144,6 +170,48 @@ class WindowDecoder:
         rows = zip(generated.tokens, generated.sum_logprobs, no_speech, strict=True)
         odds = target.language_odds
         return self._results(rows, temperature, odds and odds[::branches]), generated.stats
+
+    def _decode_best_of(
+        self, batch: WindowBatch, temperature: float, seed: int
+    ) -> tuple[tuple[WindowResult, ...], DecodeStats]:
+        """best_of samples of every window, drawn side by side (each window's rows one after
+        another, from one seeded stream), and each window's most probable per token (ranked
+        as beam search ranks ended hypotheses)."""
+        count = self.best_of
+        repeated = batch.rows([row for row in range(len(batch.prompts)) for _ in range(count)])
+        drawn, stats = replace(self, best_of=1).decode(repeated, temperature, seed)
+        rank = BeamOptions(beam_size=1).ranking_score
+        chosen = [
+            max(
+                drawn[start : start + count],
+                key=lambda result: rank(result.sum_logprob, len(result.tokens)),
+            )
+            for start in range(0, len(drawn), count)
+        ]
+        return tuple(chosen), stats
+
+    def _decode_beams(
+        self, batch: WindowBatch, beam: BeamOptions
+    ) -> tuple[tuple[WindowResult, ...], DecodeStats]:
+        """Beam search, a few windows at a time (`MAX_BEAM_ROWS`); each window's beams are a
+        group of rows that share its cross-attention."""
+        size = beam.beam_size
+        step = max(1, MAX_BEAM_ROWS // size)
+        results: list[WindowResult] = []
+        stats = DecodeStats()
+        for start in range(0, len(batch.prompts), step):
+            part = batch.rows(list(range(start, min(start + step, len(batch.prompts)))))
+            target = WhisperTarget(self.model, part.encoded, self.rules, group=size)
+            searched = beam_search(
+                target, part.prompts, beam, self._token_budget(part), self.model.special.eot
+            )
+            rows = zip(
+                searched.tokens, searched.sum_logprobs, target.no_speech_probs[::size], strict=True
+            )
+            odds = target.language_odds
+            results += self._results(rows, 0.0, odds and odds[::size])
+            stats += searched.stats
+        return tuple(results), stats
 
     def _token_budget(self, batch: WindowBatch) -> int:
         """New tokens each row may add: Whisper knows max_context positions, and the rows of a

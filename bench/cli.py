@@ -127,10 +127,18 @@ CONFIGS: dict[str, Config] = {
         # pieces side by side, without timestamps, as its transcribe defaults to).
         Config(f"{BASELINE} vad", ("--vad",)),
         Config(f"{BASELINE} batched", ("--batch-size", "8")),
+        # faster-whisper's default decoding, both sides: beam search of 5, and where a window
+        # falls back to sampling, the best of 5 samples (its transcribe's best_of=5 default;
+        # its beam-1 rows above sample 5 too).
+        Config("beam5", ("--beam-size", "5", "--best-of", "5")),
+        Config("default --best-of 5", ("--best-of", "5"), "default, no draft"),
+        Config(f"{BASELINE} beam5", ("--beam-size", "5")),
     )
 }
 DEFAULT_CONFIGS = tuple(
-    name for name in CONFIGS if not name.startswith("tree") and "eager" not in name
+    name
+    for name in CONFIGS
+    if not name.startswith("tree") and "eager" not in name and "beam" not in name
 )
 
 

@@ -2,10 +2,11 @@
 model and transcribes every file, writing one JSON per file. The baseline of `bench.cli`.
 
     python -m bench.faster_whisper_folder MODEL_DIR FOLDER OUT_DIR [--compute-type int8]
-        [--threads 2] [--language en] [--vad] [--batch-size N]
+        [--threads 2] [--language en] [--vad] [--batch-size N] [--beam-size N]
 
 MODEL_DIR is a CTranslate2 Whisper directory (`ModelRegistry.pull_ct2`). Each OUT_DIR/STEM.json
-holds {"text", "segments": [{"start", "end", "text"}], "generated_tokens"}. Beam 1, temperature
+holds {"text", "segments": [{"start", "end", "text"}], "generated_tokens"}. Beam 1 (`--beam-size`
+N: N, faster-whisper's default being 5), temperature
 fallback and thresholds as faster-whisper defaults them (OpenAI's values), timestamps on and
 previous text as prompt: the same decoding `specscribe transcribe` does. `--vad` turns on
 faster-whisper's own Silero VAD filter (`vad_filter=True`, its default parameters);
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--language", default="en")
     parser.add_argument("--vad", action="store_true", help="faster-whisper's vad_filter")
     parser.add_argument("--batch-size", type=int, help="BatchedInferencePipeline, N pieces")
+    parser.add_argument("--beam-size", type=int, default=1, help="beam search of N hypotheses")
     args = parser.parse_args(argv)
 
     from faster_whisper import BatchedInferencePipeline, WhisperModel
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     model = WhisperModel(
         str(args.model_dir), device="cpu", compute_type=args.compute_type, cpu_threads=args.threads
     )
-    options = {"language": args.language, "beam_size": 1}
+    options = {"language": args.language, "beam_size": args.beam_size}
     if args.batch_size:
         model = BatchedInferencePipeline(model)
         options["batch_size"] = args.batch_size

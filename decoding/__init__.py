@@ -1,5 +1,6 @@
 """Model-agnostic speculative decoding (imports torch only, never transformers)."""
 
+from decoding.beam import BeamOptions, beam_search
 from decoding.causal_lm import CausalLM, EarlyExitLM
 from decoding.drafters import (
     CrossTokenizerDrafter,
@@ -30,6 +31,7 @@ from decoding.verify import (
 
 __all__ = [
     "Adaptive",
+    "BeamOptions",
     "BlockOutcome",
     "CausalLM",
     "ConfidenceStop",
@@ -53,6 +55,7 @@ __all__ = [
     "Target",
     "Verdict",
     "apply_sampling",
+    "beam_search",
     "device_clock",
     "generate",
     "greedy_accept",

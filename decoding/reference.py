@@ -76,3 +76,55 @@ def speculative_greedy(
                 committed = torch.tensor([tokens], device=target.device)
                 drafter.rollback(committed, torch.tensor([len(tokens)], device=target.device))
     return ReferenceResult(tuple(tokens[len(prompt) :]), calls)
+
+
+def beam_search_one(
+    target: Target,
+    prompt: Sequence[int],
+    beam_size: int,
+    max_new_tokens: int,
+    stop_ids: Sequence[int] = (),
+    patience: float = 1.0,
+) -> tuple[tuple[int, ...], float]:
+    """OpenAI Whisper's beam search for one prompt, ranked by log-probability per token;
+    every hypothesis's next-token scores computed from scratch over its whole sequence (no
+    cache to reorder). Returns the chosen tokens (ending with the stop token where it ended)
+    and their summed log-probability. `decoding.beam.beam_search` must agree with it."""
+    live: list[tuple[tuple[int, ...], float]] = [((), 0.0)]
+    ended: dict[tuple[int, ...], float] = {}
+    wanted = round(beam_size * patience)
+    with torch.inference_mode():
+        while True:
+            candidates = []
+            for tokens, logprob in live:
+                sequence = torch.tensor([[*prompt, *tokens]], device=target.device)
+                positions = torch.arange(sequence.shape[1], device=target.device)[None]
+                target.reset()
+                logits = target.score(sequence, positions, torch.ones_like(sequence).bool(), 1)
+                logprobs = logits[0, -1].float().log_softmax(dim=-1)
+                best = logprobs.topk(beam_size + 1)
+                for value, token in zip(best.values.tolist(), best.indices.tolist(), strict=True):
+                    if value > float("-inf"):
+                        candidates.append(((*tokens, token), logprob + value))
+            candidates.sort(key=lambda candidate: candidate[1], reverse=True)
+            live = []
+            for tokens, logprob in candidates:
+                if tokens[-1] in stop_ids:
+                    if len(ended) < wanted:
+                        ended[tokens] = logprob
+                else:
+                    live.append((tokens, logprob))
+                if len(live) == beam_size:
+                    break
+            if len(ended) >= wanted or not live or len(live[0][0]) >= max_new_tokens:
+                break
+    for tokens, logprob in live:
+        if len(ended) >= beam_size:
+            break
+        ended.setdefault(tokens, logprob)
+
+    def per_token(item: tuple[tuple[int, ...], float]) -> float:
+        tokens, logprob = item
+        return logprob / max(1, len(tokens) - (bool(tokens) and tokens[-1] in stop_ids))
+
+    return max(ended.items(), key=per_token)

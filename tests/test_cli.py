@@ -97,6 +97,10 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
         ("--logprob-threshold", "1"): "--logprob-threshold must be a log-probability, at most 0",
         ("--no-speech-threshold", "often"): "--no-speech-threshold: input should be a valid number",
         ("--no-speech-threshold", "of"): "as a number or off (got 'of')",
+        ("--beam-size", "0"): "--beam-size: input should be greater than or equal to 1",
+        ("--beam-size", "17"): "--beam-size: input should be less than or equal to 16",
+        ("--patience", "0"): "patience: input should be greater than 0",
+        ("--best-of", "0"): "--best-of: input should be greater than or equal to 1",
     }
     for flags, reason in refused.items():
         assert main([*jfk, "--output-dir", str(out), *flags]) == 2, flags

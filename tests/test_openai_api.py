@@ -114,6 +114,9 @@ def test_form_fields_become_service_options():
     assert ServiceOptions().transcribe_options().temperatures[0] == 0.0  # greedy, then fallback
     asked, _ = parse_form(_form(multilingual="true"))
     assert asked.service_options("transcribe").transcribe_options().multilingual
+    asked, _ = parse_form(_form(beam_size="4", patience="1.5"))
+    beam = asked.service_options("transcribe").transcribe_options().beam
+    assert (beam.beam_size, beam.patience) == (4, 1.5)
 
 
 @pytest.mark.parametrize(
@@ -125,6 +128,8 @@ def test_form_fields_become_service_options():
         ({"timestamp_granularities__": "word"}, 422, "timestamp_granularities"),  # needs verbose
         ({"stream": "true", "response_format": "srt"}, 422, "stream"),
         ({"num_speakers": "0"}, 422, "num_speakers"),
+        ({"beam_size": "0"}, 422, "beam_size"),
+        ({"patience": "-1"}, 422, "patience"),
         ({"language": "one", "model": ["a", "b"]}, 400, "model"),  # given twice
     ],
 )
@@ -724,6 +729,14 @@ def test_sdk_json_is_the_transcript(client):
         result = client.audio.transcriptions.create(model="whisper-1", file=audio)
     assert result.text == JFK_TEXT
     assert normalised_words(result.text) == normalised_words(reference_text(JFK))
+    with JFK.open("rb") as audio:  # beam search, an extra field
+        beams = client.audio.transcriptions.create(
+            model="whisper-1",
+            file=audio,
+            response_format="verbose_json",
+            extra_body={"beam_size": 3},
+        )
+    assert beams.text == JFK_TEXT and beams.model_extra["stats"]["beam_size"] == 3
 
 
 @pytest.mark.slow

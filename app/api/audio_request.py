@@ -6,7 +6,8 @@ OpenAI's fields (`file`, `model`, `language`, `prompt`, `response_format`, `temp
 `min_speakers`, `max_speakers`, `assistant`, `multilingual`, `vad` and its thresholds, `hotwords`,
 `clip_timestamps`, `repetition_ngram`, `hallucination_silence_threshold`, the temperature
 fallback's `temperature_increment_on_fallback`, `compression_ratio_threshold`,
-`logprob_threshold` and `no_speech_threshold`), each checked once;
+`logprob_threshold`, `no_speech_threshold` and `best_of`, and beam search's `beam_size` and
+`patience`), each checked once;
 anything else is refused with 400, so a misspelt option is never silently ignored.
 """
 
@@ -69,6 +70,9 @@ class AudioRequest(BaseModel):
     compression_ratio_threshold: float | None = 2.4
     logprob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
+    beam_size: int = Field(1, ge=1, le=16)  # >1: beam search, without the draft
+    patience: float = Field(1.0, gt=0.0, allow_inf_nan=False)
+    best_of: int = Field(1, ge=1, le=16)  # samples per window at each fallback temperature
 
     _off_is_none = field_validator(*FALLBACK_SETTINGS, mode="before")(off_is_none)
 
