@@ -1326,8 +1326,9 @@ def _run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 def in_flag_terms(message: str, parser: argparse.ArgumentParser) -> str:
     """`message` with the option fields it names (`word_timestamps`: the service's and the
     API's names, which checks shared by every front report) as the command line's flags
-    (`--word-timestamps`). Only names with an underscore that are a flag's are replaced, and
-    never inside a path or a quoted value."""
+    (`--word-timestamps`). Only names with an underscore that are a flag's are replaced, never
+    inside a path or a quoted value, and a one-word flag's name where it leads a line before a
+    colon (`patience: ...`), where a check names its field."""
     flags = {
         flag[2:].replace("-", "_"): flag
         for action in _every_action(parser)
@@ -1336,7 +1337,10 @@ def in_flag_terms(message: str, parser: argparse.ArgumentParser) -> str:
     }
     # Not inside a path, a file name or a quoted value ('/tmp/word_timestamps.wav').
     field = r"(?<![\w/.'\"-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w/'\"-]|\.\w)"
-    return re.sub(field, lambda m: flags.get(m[0], m[0]), message)
+    message = re.sub(field, lambda m: flags.get(m[0], m[0]), message)
+    # A one-word field leading a line before a colon, as checks name fields ("patience: ...").
+    words = {flag[2:]: flag for action in _every_action(parser) for flag in action.option_strings}
+    return re.sub(r"(?m)^([a-z]+)(?=:)", lambda m: words.get(m[1], m[1]), message)
 
 
 def _every_action(parser: argparse.ArgumentParser) -> list[argparse.Action]:

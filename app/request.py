@@ -272,6 +272,14 @@ class ServiceOptions(BaseModel):
         return data
 
     @model_validator(mode="after")
+    def _patience_is_for_beams(self) -> ServiceOptions:
+        if self.patience != 1.0 and self.beam_size == 1:
+            raise ValueError(
+                "patience: needs beam_size > 1 (it counts the ended hypotheses of beam search)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _settings_hold(self) -> ServiceOptions:
         if self.vad:
             self.vad_options()  # raises on out-of-range thresholds and durations

@@ -236,6 +236,14 @@ class TranscriptionService:
                 del request[name]
             if options.clip_timestamps is None:  # nothing is cut out: no passages
                 request.pop("passage_pause", None)
+        # Settings of a decoding the request never runs: beams at temperature 0 only, samples
+        # only at temperatures above it.
+        temperatures = options.transcribe_options().temperatures
+        if temperatures[0] > 0:
+            request.pop("beam_size", None)
+            request.pop("patience", None)
+        if max(temperatures) == 0:
+            request.pop("best_of", None)
         # "speakers": how words get speakers; outputs labelled segment by segment (before
         # segments were split at speaker changes) are made again.
         diarizer = (

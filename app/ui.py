@@ -47,6 +47,8 @@ AUTO_LANGUAGE = "auto"
 # The language detected in every window (ServiceOptions.multilingual): recordings that change
 # language. Offered by multilingual models only.
 PER_WINDOW_LANGUAGE = "per-window"
+# The form's beam search: faster-whisper's default decoding (beam_size=5, best_of=5).
+BEAM_SEARCH_SIZE = 5
 KEEP_OUTPUTS_SECONDS = 3600  # a request's download files are removed after this long
 
 
@@ -99,8 +101,14 @@ def stats_markdown(transcript: Transcript) -> str:
     # calls then say nothing of what the draft saved: plain decoding too makes fewer than one
     # a token.
     side_by_side = stats.get("passages", 1) > 1
+    beams = stats.get("beam_size", 1)
     if not tokens:
         pass  # nothing decoded (no speech): no calls to count, nothing saved
+    elif beams > 1:
+        lines.append(
+            f"- **Beam search** of {beams} hypotheses, no draft: {calls} target calls for "
+            f"{tokens} tokens (each call scores every hypothesis)"
+        )
     elif options.get("assistant"):
         per_call = (
             ""
@@ -176,11 +184,13 @@ def request_options(
     max_speakers: float | None,
     vad: bool = True,
     initial_prompt: str | None = None,
+    beam_search: bool = False,
 ) -> ServiceOptions:
     """The form's values -> validated ServiceOptions (ValueError names a bad field).
 
     Speaker counts of 0 or empty mean "not set"; they are ignored unless `diarize`, since the
-    form hides them then. An empty or blank prompt means none.
+    form hides them then. An empty or blank prompt means none. beam_search: faster-whisper's
+    default decoding (beam 5, the best of 5 samples where a window falls back).
     """
 
     def count(value: float | None, name: str) -> int | None:
@@ -203,6 +213,8 @@ def request_options(
         max_speakers=count(max_speakers, "max_speakers"),
         vad=vad,
         initial_prompt=initial_prompt,
+        beam_size=BEAM_SEARCH_SIZE if beam_search else 1,
+        best_of=BEAM_SEARCH_SIZE if beam_search else 1,
     )
 
 
@@ -287,6 +299,7 @@ class WebApp:
         vad: bool = True,
         initial_prompt: str | None = None,
         other_file: str | None = None,
+        beam_search: bool = False,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's way to ask for a bar)
     ) -> tuple[str, str, list[str]]:
@@ -309,6 +322,7 @@ class WebApp:
                 max_speakers,
                 vad,
                 initial_prompt,
+                beam_search,
             )
         except ValueError as error:
             raise gr.Error(
@@ -472,6 +486,11 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                         info="voice activity detection: no text where nobody speaks",
                         elem_id="vad",
                     )
+                    beam_search = gr.Checkbox(
+                        label="Beam search",
+                        info=f"{BEAM_SEARCH_SIZE} beams: slower, a little more accurate; no draft",
+                        elem_id="beams",
+                    )
                 initial_prompt = gr.Textbox(
                     label="Prompt",
                     placeholder="names, spellings, style (optional)",
@@ -528,6 +547,7 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                 vad,
                 initial_prompt,
                 other_file,
+                beam_search,
             ],
             [transcript, stats, downloads],
             api_name="transcribe",

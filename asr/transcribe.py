@@ -405,7 +405,7 @@ class _Session:
         self.checked_windows = 0  # decoded windows whose odds were looked at
         self.window_languages: Counter[str] = Counter()  # multilingual: windows per language
         self.initial_prompt = self._tokens(options.initial_prompt)
-        self.hotwords = self._tokens(options.hotwords)
+        self.hotwords, self.hotword_warnings = self._fitted_hotwords(options.hotwords)
         self.dropped_repeats = 0
         self.reprompted = 0  # windows decoded again without previous text (repeats)
         self.dropped_anomalies = 0
@@ -423,6 +423,24 @@ class _Session:
         """A record of what was said, to catch repeats of it (None: the guard is off)."""
         ngram = self.options.repetition_ngram
         return RepetitionGuard(ngram) if ngram is not None else None
+
+    def _fitted_hotwords(self, text: str | None) -> tuple[list[int], tuple[str, ...]]:
+        """The hotwords' tokens that fit a prompt (half the context), cut before a word
+        rather than inside one (a cut word is text Whisper goes on from), and a warning where
+        some were left out."""
+        tokens = self._tokens(text)
+        room = self.model.max_context // 2 - 1
+        if len(tokens) <= room:
+            return tokens, ()
+        cut = room
+        while cut > 0 and not self.model.tokenizer.decode([tokens[cut]]).startswith(" "):
+            cut -= 1  # tokens[cut] continues a word: leave that word out
+        kept = self.model.tokenizer.decode(tokens[:cut]).split()
+        warning = (
+            f"hotwords: only the first {len(kept)} words fit the prompt ({room} tokens; the "
+            f"hotwords take {len(tokens)}); the rest were left out"
+        )
+        return tokens[:cut], (warning,)
 
     def _tokens(self, text: str | None) -> list[int]:
         if not text or not text.strip():
@@ -1557,7 +1575,8 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
     together = {"decoded_together": session.ledger.recordings}
     languages = {"window_languages": dict(session.window_languages.most_common())}
     return Transcript(
-        warnings=session.language_warnings
+        warnings=session.hotword_warnings
+        + session.language_warnings
         + tuple(filter(None, [session.language_switch_warning()]))
         + _dropped_warnings(session),
         segments=tuple(segments),

@@ -46,7 +46,8 @@ class BeamOptions:
             raise ValueError(f"beam_size must be an integer in 1..16, not {self.beam_size!r}")
         if not 0 < self.patience < math.inf or self.candidates < 1:
             raise ValueError(
-                f"patience must be a positive number, at least 1 / beam_size, not {self.patience}"
+                f"patience: a positive number whose product with beam_size rounds to at least "
+                f"1 (got {self.patience} with beam_size {self.beam_size})"
             )
         penalty = self.length_penalty
         if penalty is not None and not 0 <= penalty < math.inf:

@@ -98,7 +98,7 @@ def test_beam_options_are_checked_and_rank_by_length():
     for bad in ({"beam_size": 0}, {"beam_size": 17}, {"beam_size": 2.0}, {"patience": 0}):
         with pytest.raises(ValueError):
             BeamOptions(**bad)
-    with pytest.raises(ValueError, match="at least 1 / beam_size"):
+    with pytest.raises(ValueError, match="whose product with beam_size rounds to at least 1"):
         BeamOptions(beam_size=2, patience=0.2)
     options = BeamOptions(5)
     assert options.candidates == 5 and BeamOptions(5, patience=1.5).candidates == 8
@@ -122,6 +122,16 @@ def test_beam_options_reach_decoding_and_the_output_record(settings):
     assert not {"beam_size", "patience", "best_of"} & set(default)
     with pytest.raises(ValueError, match="beam_size"):
         ServiceOptions(beam_size=17)
+    with pytest.raises(ValueError, match="patience: needs beam_size > 1"):
+        ServiceOptions(patience=2.0)
+    # What a request never runs does not count: beams where sampling starts at once, samples
+    # where nothing is ever sampled.
+    sampled = service.output_record(ServiceOptions(temperature=0.4, beam_size=5, patience=2.0))
+    assert not {"beam_size", "patience"} & set(sampled)
+    assert sampled == service.output_record(ServiceOptions(temperature=0.4))
+    no_fallback = ServiceOptions(best_of=5, temperature_increment_on_fallback=0)
+    assert "best_of" not in service.output_record(no_fallback)
+    assert service.output_record(ServiceOptions(best_of=5))["best_of"] == 5
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +212,28 @@ def test_best_of_keeps_the_most_probable_of_its_samples(whisper_base_int8, two_w
     )
     with pytest.raises(ValueError, match="best_of"):
         TranscribeOptions(best_of=0).checked()
+
+
+def test_hotwords_longer_than_a_prompt_are_cut_before_a_word_and_said_so(whisper_base_int8):
+    """Cut inside a word ("... Hester P|rynne"), beam search went on from the fragment and
+    transcribed jfk.wav as hotword text; cut before the word it stays the speech."""
+    import numpy as np
+
+    from asr.transcribe import _Session
+
+    model = whisper_base_int8
+    hotwords = " ".join(["Hester Prynne walked in Boston with Pearl."] * 24)
+    options = TranscribeOptions(language="en", hotwords=hotwords, beam_size=5)
+    session = _Session(model, np.zeros(16_000, np.float32), options, None, None)
+    kept = model.tokenizer.decode(session.hotwords)
+    assert len(session.hotwords) <= model.max_context // 2 - 1
+    assert hotwords.startswith(kept.strip()) and hotwords[len(kept.strip())] == " "
+    (warning,) = session.hotword_warnings
+    assert f"only the first {len(kept.split())} words fit the prompt" in warning
+    transcript = transcribe(model, load_audio(JFK), options)
+    assert transcript.text.startswith("And so my fellow Americans")
+    assert warning in transcript.warnings
+    short = _Session(
+        model, np.zeros(16_000, np.float32), TranscribeOptions(hotwords="Pearl"), None, None
+    )
+    assert short.hotword_warnings == () and model.tokenizer.decode(short.hotwords) == " Pearl"

@@ -99,7 +99,9 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
         ("--no-speech-threshold", "of"): "as a number or off (got 'of')",
         ("--beam-size", "0"): "--beam-size: input should be greater than or equal to 1",
         ("--beam-size", "17"): "--beam-size: input should be less than or equal to 16",
-        ("--patience", "0"): "patience: input should be greater than 0",
+        ("--patience", "0"): "--patience: input should be greater than 0",
+        ("--patience", "2"): "--patience: needs --beam-size > 1",
+        ("--beam-size", "2", "--patience", "0.2"): "--patience: a positive number whose product",
         ("--best-of", "0"): "--best-of: input should be greater than or equal to 1",
     }
     for flags, reason in refused.items():
@@ -853,6 +855,9 @@ def test_errors_name_options_as_the_command_line_spells_them():
         "--max-speakers (2); cannot read /tmp/word_timestamps.wav or 'max_speakers' or "
         "word_timestamps.txt; speech_ratio stays"
     )
+    # One-word fields only where they lead a line before a colon, as a check names its field.
+    said = in_flag_terms("patience: needs beam_size > 1\nlanguage 'xx': unknown patience", parser)
+    assert said == "--patience: needs --beam-size > 1\nlanguage 'xx': unknown patience"
 
 
 def test_an_output_never_replaces_a_recording_given(capsys, tmp_path):

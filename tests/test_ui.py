@@ -155,6 +155,12 @@ def test_stats_of_windows_decoded_side_by_side_claim_no_savings_per_token():
     assert "saved" not in drafted and "tokens per target call" not in drafted
 
 
+def test_stats_of_beam_search_count_its_calls_without_a_draft():
+    text = stats_markdown(_transcript(target_calls=120, beam_size=5))
+    assert "**Beam search** of 5 hypotheses, no draft: 120 target calls for 100 tokens" in text
+    assert "one per token" not in text and "saved" not in text
+
+
 def test_progress_is_a_fraction_with_a_readable_label():
     assert describe_progress("transcribe", 750, 3000) == (0.25, "Transcribing")
     assert describe_progress("diarize embeddings", 3, 3) == (1.0, "Finding speakers (embeddings)")
@@ -177,6 +183,9 @@ def test_form_values_become_validated_service_options():
     assert not plain.multilingual and not options.multilingual
     mixed = request_options(PER_WINDOW_LANGUAGE, "transcribe", False, True, False, 0, 0, 0)
     assert mixed.language is None and mixed.multilingual
+    assert (mixed.beam_size, mixed.best_of) == (1, 1)  # greedy, drafted, unless asked
+    beams = request_options("en", "transcribe", False, True, False, 0, 0, 0, True, None, True)
+    assert (beams.beam_size, beams.best_of) == (5, 5)
 
 
 def test_bad_form_values_name_the_field():
@@ -276,7 +285,7 @@ def test_a_page_that_stops_frees_the_service_after_the_window_it_decodes(tmp_pat
 
     app = WebApp(TranscriptionService(settings, assistant_model="none"), tmp_path)
     page = SimpleNamespace(session_hash="a page")
-    form = ("en", "transcribe", False, False, False, 0, 0, 0, True, None, None, page)
+    form = ("en", "transcribe", False, False, False, 0, 0, 0, True, None, None, False, page)
     calls: list[tuple[str, float]] = []
     decoding = threading.Event()
 
@@ -487,10 +496,12 @@ def test_browser_transcribes_with_speakers_and_downloads_the_srt(server, tmp_pat
             )
             page.get_by_text("Video or another format").click()
             page.set_input_files("#other-file input[type=file]", str(video))
+            page.check("#beams input[type=checkbox]")  # and beam search, this time
             page.locator("#transcribe").click()
             assert "fellow Americans" in _shown_transcript(page)
             names = _download_names(page)
             assert "jfk_talk.srt" in names, names
+            assert "Beam search of 5 hypotheses" in page.locator("#stats").inner_text()
         finally:
             browser.close()
 
