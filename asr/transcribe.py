@@ -62,6 +62,9 @@ from asr.window_decoder import (
 from asr.word_timing import add_word_timestamps
 from decoding import BeamOptions, DecodeStats, LookaheadPolicy, device_clock
 
+# Tokens a cut through hotwords too long for a prompt may move back to fall before a word.
+HOTWORD_CUT_REACH = 32
+
 Task = Literal["transcribe", "translate"]
 Windows = Literal["seek", "silence"]
 # A window whose text ends this long before its audio, louder audio following, has its tail
@@ -432,13 +435,18 @@ class _Session:
         room = self.model.max_context // 2 - 1
         if len(tokens) <= room:
             return tokens, ()
-        cut = room
-        while cut > 0 and not self.model.tokenizer.decode([tokens[cut]]).startswith(" "):
-            cut -= 1  # tokens[cut] continues a word: leave that word out
-        kept = self.model.tokenizer.decode(tokens[:cut]).split()
+        # Back to the start of the word that tokens[room] continues, within a long word's
+        # reach; text without spaces between words (Chinese, Japanese) is cut where it fills.
+        starts = [
+            cut
+            for cut in range(room, max(room - HOTWORD_CUT_REACH, 0), -1)
+            if self.model.tokenizer.decode([tokens[cut]]).startswith(" ")
+        ]
+        cut = starts[0] if starts else room
+        kept = self.model.tokenizer.decode(tokens[:cut])
         warning = (
-            f"hotwords: only the first {len(kept)} words fit the prompt ({room} tokens; the "
-            f"hotwords take {len(tokens)}); the rest were left out"
+            f"hotwords: only the first {len(kept.strip())} of {len(text.strip())} characters "
+            f"fit the prompt ({room} tokens); the rest were left out"
         )
         return tokens[:cut], (warning,)
 

@@ -229,11 +229,13 @@ def test_hotwords_longer_than_a_prompt_are_cut_before_a_word_and_said_so(whisper
     assert len(session.hotwords) <= model.max_context // 2 - 1
     assert hotwords.startswith(kept.strip()) and hotwords[len(kept.strip())] == " "
     (warning,) = session.hotword_warnings
-    assert f"only the first {len(kept.split())} words fit the prompt" in warning
+    assert f"only the first {len(kept.strip())} of {len(hotwords)} characters fit" in warning
     transcript = transcribe(model, load_audio(JFK), options)
     assert transcript.text.startswith("And so my fellow Americans")
     assert warning in transcript.warnings
-    short = _Session(
-        model, np.zeros(16_000, np.float32), TranscribeOptions(hotwords="Pearl"), None, None
-    )
+    # Without spaces between words, the cut falls where the prompt is full.
+    silence = np.zeros(16_000, np.float32)
+    chinese = _Session(model, silence, TranscribeOptions(hotwords="北京欢迎你" * 200), None, None)
+    assert len(chinese.hotwords) == model.max_context // 2 - 1 and chinese.hotword_warnings
+    short = _Session(model, silence, TranscribeOptions(hotwords="Pearl"), None, None)
     assert short.hotword_warnings == () and model.tokenizer.decode(short.hotwords) == " Pearl"
