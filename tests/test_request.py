@@ -93,7 +93,7 @@ def test_the_fallback_schedule_follows_its_increment_and_off_turns_a_check_off()
         ({"vad_threshold": 1.5}, "vad threshold must be in (0, 1)"),
         ({"clip_timestamps": "20-10"}, "start must be >= 0 and before its end"),
         ({"hallucination_silence_threshold": 2.0}, "needs word_timestamps"),
-        ({"beam_size": 5}, "beam_size: unknown option"),
+        ({"speed": 2}, "speed: unknown option"),
         ({"passage_pause": -1}, "passage_pause must be 0 (off) or a positive number of seconds"),
         ({"passage_pause": float("inf")}, "passage_pause must be 0 (off) or a positive number"),
         ({"passage_pause": float("nan")}, "passage_pause must be 0 (off) or a positive number"),
