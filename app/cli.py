@@ -1329,17 +1329,17 @@ def in_flag_terms(message: str, parser: argparse.ArgumentParser) -> str:
     (`--word-timestamps`). Only names with an underscore that are a flag's are replaced, never
     inside a path or a quoted value, and a one-word flag's name where it leads a line before a
     colon (`patience: ...`), where a check names its field."""
+    named = [flag for action in _every_action(parser) for flag in action.option_strings]
     flags = {
         flag[2:].replace("-", "_"): flag
-        for action in _every_action(parser)
-        for flag in action.option_strings
+        for flag in named
         if flag.startswith("--") and "-" in flag[2:]
     }
     # Not inside a path, a file name or a quoted value ('/tmp/word_timestamps.wav').
     field = r"(?<![\w/.'\"-])[a-z][a-z0-9]*(?:_[a-z0-9]+)+(?![\w/'\"-]|\.\w)"
     message = re.sub(field, lambda m: flags.get(m[0], m[0]), message)
     # A one-word field leading a line before a colon, as checks name fields ("patience: ...").
-    words = {flag[2:]: flag for action in _every_action(parser) for flag in action.option_strings}
+    words = {flag[2:]: flag for flag in named}
     return re.sub(r"(?m)^([a-z]+)(?=:)", lambda m: words.get(m[1], m[1]), message)
 
 

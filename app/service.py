@@ -238,7 +238,7 @@ class TranscriptionService:
                 request.pop("passage_pause", None)
         # Settings of a decoding the request never runs: beams at temperature 0 only, samples
         # only at temperatures above it.
-        temperatures = options.transcribe_options().temperatures
+        temperatures = options.temperatures()
         if temperatures[0] > 0:
             request.pop("beam_size", None)
             request.pop("patience", None)
