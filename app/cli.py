@@ -15,7 +15,7 @@ import re
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .closed_pipe import ReaderGoneTolerant
@@ -40,14 +40,50 @@ DISTILL_OPTIONS = (
 DEFAULT_BATCH_FILES = 8
 
 
-def _batch_files(value: str) -> int:
-    try:
-        files = int(value)
-    except ValueError:
-        files = 0
-    if files < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of files, at least 1: {value!r}")
-    return files
+def _count_of(things: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of `things`, at least 1."""
+
+    def count(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise argparse.ArgumentTypeError(
+                f"must be a whole number of {things}, at least 1: {value!r}"
+            )
+        return number
+
+    return count
+
+
+_batch_files = _count_of("files")
+_threads = _count_of("threads")
+
+
+def _add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--threads",
+        type=_threads,
+        metavar="N",
+        help="CPU threads the models compute on (default: $OMP_NUM_THREADS, else one per "
+        "core); fewer leave cores to other work, such as another run on the same folder",
+    )
+
+
+def _use_threads(args: argparse.Namespace) -> None:
+    """Sets torch's threads to `--threads` before anything computes. With `worker --engine
+    ray` the models run in Ray's actors, whose threads are `--cpus-per-actor`."""
+    threads = getattr(args, "threads", None)
+    if threads is None:
+        return
+    if getattr(args, "engine", None) == "ray":
+        raise ValueError(
+            "--threads sets this process's threads; Ray's actors compute on --cpus-per-actor"
+        )
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def _print_progress(stage: str, completed: int, total: int) -> None:
@@ -1045,6 +1081,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID",
         help="a pyannote pipeline (hub id or folder) instead of the embedded one",
     )
+    _add_threads_argument(transcribe)
     transcribe.set_defaults(run=_cmd_transcribe, quick_exit=True, stop_signals=True)
 
     gen = commands.add_parser("generate", help="generate text with a causal LM, speculatively")
@@ -1081,6 +1118,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, help="with --sample (default 0: all tokens)")
     gen.add_argument("--top-p", type=float, help="with --sample (default 1.0)")
     gen.add_argument("--seed", type=int, help="with --sample")
+    _add_threads_argument(gen)
     gen.set_defaults(run=_cmd_generate, quick_exit=True, stop_signals=True)
 
     # The project's training speech lies beside a checkout (../shared), not beside an installed
@@ -1169,6 +1207,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("constant", "heuristic", "confidence", "adaptive"),
         help="the text drafter's draft-length policy (as `generate --policy`)",
     )
+    _add_threads_argument(web)
     web.set_defaults(run=_cmd_serve, quick_exit=True)
 
     store_help = "the job store, an SQLite file (default: the user data folder's jobs.sqlite3)"
@@ -1211,6 +1250,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--until-idle", action="store_true", help="exit when nothing is pending or running"
     )
+    _add_threads_argument(worker)
     worker.set_defaults(run=_cmd_worker)
 
     status = commands.add_parser("status", help="jobs in the store; with JOB ids, their files")
@@ -1298,6 +1338,7 @@ def _run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
 
     try:
         settings = Settings.from_env()
+        _use_threads(args)
         if getattr(args, "stop_signals", False):
             # Their default kills the process where it stands: a temporary file left beside
             # the outputs, no summary.

@@ -1614,5 +1614,6 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
             "draft_seconds": round(stats.draft_seconds, 3),
             "verify_seconds": round(stats.verify_seconds, 3),
             "total_seconds": round(time.perf_counter() - started, 3),
+            "threads": torch.get_num_threads(),  # the CPU threads the models computed on
         },
     )

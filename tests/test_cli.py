@@ -528,6 +528,43 @@ def test_a_terminal_that_cannot_show_a_name_gets_it_escaped(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").glob("*.txt")) == ["zz.txt", "音声.txt"]
 
 
+def test_threads_flag_sets_the_threads_the_models_compute_on(tmp_path):
+    # Run as processes: the flag sets the whole process's torch threads.
+    import json
+    import subprocess
+    import sys
+
+    def threads_used(*flags: str) -> int:
+        out = tmp_path / "-".join(flags or ("default",))
+        command = [sys.executable, "-m", "specscribe.cli", "transcribe", str(SAMPLES / "jfk.wav")]
+        command += ["-o", str(out), "-f", "json", "--assistant", "none", *flags]
+        env = {**os.environ, "OMP_NUM_THREADS": "2"}
+        run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, timeout=600)
+        assert run.returncode == 0, run.stderr.decode()
+        return json.loads((out / "jfk.json").read_text())["stats"]["threads"]
+
+    assert threads_used() == 2  # OMP_NUM_THREADS, as before the flag
+    assert threads_used("--threads", "1") == 1
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["transcribe", "x.wav", "--threads", "0"], "--threads: must be a whole number of"),
+        (["generate", "hi", "--threads", "two"], "--threads: must be a whole number of"),
+        (["worker", "--engine", "ray", "--threads", "2"], "actors compute on --cpus-per-actor"),
+    ],
+)
+def test_a_bad_thread_count_is_refused_before_any_work(capsys, flags, said):
+    threads = torch.get_num_threads()
+    try:
+        assert main(flags) == 2
+    except SystemExit as exit:  # argparse's own refusal
+        assert exit.code == 2
+    assert said in capsys.readouterr().err
+    assert torch.get_num_threads() == threads
+
+
 @pytest.mark.slow
 def test_a_pipe_in_a_folder_fails_and_the_rest_go_on(capsys, tmp_path):
     # Reading it (its digest, for the record) blocked for ever, and nothing was transcribed.
