@@ -204,13 +204,19 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     options = _request_options(args)
     if args.diarization_pipeline and not options.diarize:
         raise ValueError("--diarization-pipeline needs --diarize")
-    if args.format is not None and not args.output_dir:
-        raise ValueError("--format needs --output-dir (without it the transcript is printed)")
     formats = _output_formats(args.format, options.diarize)
-    if layout.shaped and not (args.output_dir and {"srt", "vtt"} & set(formats)):
+    printed_format = None  # --format without --output-dir: stdout shows that format
+    if args.format is not None and not args.output_dir:
+        if len(formats) != 1:
+            raise ValueError(
+                f"--format {','.join(args.format)} without --output-dir: one format is printed "
+                "(several are written with --output-dir)"
+            )
+        printed_format = formats[0]
+    if layout.shaped and not {"srt", "vtt"} & set(formats):
         raise ValueError(
             "--max-line-width and --max-line-count shape srt and vtt cues: "
-            "ask for --format srt or vtt (with --output-dir)"
+            "ask for --format srt or vtt"
         )
     if args.draft_branches is not None:
         settings = dataclasses.replace(settings, draft_branches=draft_branches(args.draft_branches))
@@ -343,6 +349,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         args.batch_files,
         failures=[*unlisted, *undone],
         skipped=skipped,
+        printed_format=printed_format,
     )
     run.run(jobs, relabels)
     return _summary(len(run.finished), run.skipped, run.failures, run.not_done)
@@ -1048,8 +1055,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-f",
         "--format",
         type=_formats,
-        help="with --output-dir: txt, srt, vtt, tsv, json, rttm (with --diarize), a "
-        "comma-separated list, or all (default: txt)",
+        help="txt, srt, vtt, tsv, json, rttm (with --diarize), a comma-separated list, or all "
+        "(default: txt); without --output-dir, one format printed to stdout instead of the text",
     )
     transcribe.add_argument(
         "--overwrite", action="store_true", help="transcribe files whose outputs exist"

