@@ -86,6 +86,34 @@ def _use_threads(args: argparse.Namespace) -> None:
     torch.set_num_threads(threads)
 
 
+# `transcribe -`: the recording piped to standard input.
+STDIN_PATH = "-"
+
+
+class PipedRecording:
+    """Standard input read to its end into a private temporary folder, as the file `stdin`
+    (its outputs: stdin.txt, ...): a recording is read several times (probed, decoded,
+    fingerprinted for reruns), which a pipe cannot be. Status lines name it `-`, as it was
+    given. The folder is removed once this object is dropped, or at exit."""
+
+    def __init__(self) -> None:
+        import shutil
+        import tempfile
+
+        from .status_lines import show_as
+
+        if sys.stdin is None or sys.stdin.isatty():
+            raise ValueError(
+                "- reads a recording from standard input, which is a terminal here: pipe one "
+                "in (cat talk.mp3 | specscribe transcribe -)"
+            )
+        self._folder = tempfile.TemporaryDirectory(prefix="specscribe-stdin-")
+        self.path = Path(self._folder.name) / "stdin"
+        with open(self.path, "wb") as spooled:
+            shutil.copyfileobj(sys.stdin.buffer, spooled, 1 << 20)
+        show_as(self.path, STDIN_PATH)
+
+
 def _print_progress(stage: str, completed: int, total: int) -> None:
     print(f"specscribe: {stage}: {completed}/{total}", file=sys.stderr, flush=True)
 
@@ -256,6 +284,9 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
 
     videos: list[Path] = []
     paths = [Path(p) for p in args.paths]
+    if STDIN_PATH in args.paths:  # kept until the run ends: its folder goes with it
+        piped = PipedRecording()
+        paths = [piped.path if p == STDIN_PATH else Path(p) for p in args.paths]
     files = find_audio_files(paths, unreadable, videos.append, same_file)
     if videos:
         kinds = ", ".join(sorted({video.suffix.lower() for video in videos}))
@@ -850,6 +881,11 @@ def _cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.model is not None:
         check_model_name(args.model, kind="whisper")  # a job no worker could run waits forever
+    if STDIN_PATH in args.paths:
+        raise ValueError(
+            "- (standard input) cannot be queued: a worker reads its files later; save the "
+            "recording to a file, or `specscribe transcribe -` it"
+        )
 
     options = _request_options(args)
     spec = JobSpec(
@@ -1010,7 +1046,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     transcribe = commands.add_parser("transcribe", help="transcribe audio files and folders")
     transcribe.add_argument(
-        "paths", nargs="+", help="audio files or folders (searched recursively)"
+        "paths",
+        nargs="+",
+        help="audio files or folders (searched recursively); - reads a recording from "
+        "standard input (its outputs: stdin.txt, ...)",
     )
     transcribe.add_argument("--model", help="embedded name, local directory or hub id")
     _add_request_arguments(transcribe)

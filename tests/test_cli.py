@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -244,6 +245,41 @@ def test_a_format_asked_for_without_an_output_folder_is_printed_as_the_file_woul
     assert printed.count("== ") == 2 and printed.count("WEBVTT") == 2
 
 
+def test_a_recording_piped_to_standard_input_is_transcribed_as_a_file_named_dash(
+    capsys, tmp_path, monkeypatch
+):
+    import io
+    import tempfile
+
+    def piped(data: bytes) -> None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+    jfk = (SAMPLES / "jfk.wav").read_bytes()
+    out = ["-o", str(tmp_path), "--assistant", "none"]
+    piped(jfk)
+    assert main(["transcribe", "-", *out]) == 0
+    said = capsys.readouterr()
+    assert said.out.startswith("== -\n") and "1 transcribed" in said.err
+    assert (
+        word_error_rate(reference_text(SAMPLES / "jfk.wav"), (tmp_path / "stdin.txt").read_text())
+        < 0.1
+    )
+    assert not list(Path(tempfile.gettempdir()).glob("specscribe-stdin-*"))  # spool removed
+    piped(jfk)  # the same recording again: its outputs exist
+    assert main(["transcribe", "-", *out]) == 0
+    assert "- has its outputs in" in capsys.readouterr().err
+    piped(b"not audio")  # fails as a file would, named as given; the rest go on
+    assert main(["transcribe", "-", str(SAMPLES / "jfk.wav"), *out, "--overwrite"]) == 1
+    said = capsys.readouterr().err
+    assert "failed -: ffmpeg could not decode it" in said and "1 transcribed" in said
+    monkeypatch.setattr(sys, "stdin", None)  # no standard input at all (or a terminal)
+    assert main(["transcribe", "-"]) == 2
+    assert "standard input, which is a terminal here" in capsys.readouterr().err
+    piped(jfk)
+    assert main(["submit", "-", "-o", str(tmp_path), "--store", str(tmp_path / "q.db")]) == 2
+    assert "cannot be queued" in capsys.readouterr().err
+
+
 def test_transcribe_prints_the_transcript(capsys):
     assert main(["transcribe", str(SAMPLES / "jfk.wav")]) == 0
     out = capsys.readouterr().out
@@ -470,7 +506,6 @@ def test_two_runs_on_one_folder_share_its_files(tmp_path, asked):
     import os
     import re
     import subprocess
-    import sys
 
     from tests.conftest import REPO
 
@@ -513,7 +548,6 @@ def test_a_reader_that_stops_reading_ends_nothing_but_the_printing(tmp_path):
     # `| head`: the write after the reader left raised BrokenPipeError, a traceback, and the
     # run ended after its first file.
     import subprocess
-    import sys
 
     from tests.conftest import REPO
 
@@ -534,7 +568,6 @@ def test_a_terminal_that_cannot_show_a_name_gets_it_escaped(tmp_path):
     # An ASCII locale: the "== FILE" header of a file named in Japanese raised
     # UnicodeEncodeError, and the run ended there, its other files never transcribed.
     import subprocess
-    import sys
 
     from tests.conftest import REPO
 
@@ -554,7 +587,6 @@ def test_a_terminal_that_cannot_show_a_name_gets_it_escaped(tmp_path):
 def test_threads_flag_sets_the_threads_the_models_compute_on(tmp_path):
     # Run as processes: the flag sets the whole process's torch threads.
     import subprocess
-    import sys
 
     def threads_used(*flags: str) -> int:
         out = tmp_path / "-".join(flags or ("default",))
@@ -697,7 +729,6 @@ def test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback(tmp_path, stop,
     # file beside the outputs and no word; it now unwinds as Ctrl-C does.
     import signal
     import subprocess
-    import sys
     import time
 
     from tests.conftest import REPO, wait_for
@@ -829,7 +860,6 @@ def test_a_terminal_sees_how_far_a_file_has_been_transcribed(tmp_path):
     import select
     import struct
     import subprocess
-    import sys
     import termios
     import time
 
@@ -887,7 +917,6 @@ def test_the_bench_command_runs_from_anywhere(tmp_path):
     """`specscribe bench` imports bench/ from the checkout the install points at: run from
     another folder it failed with ModuleNotFoundError: No module named 'bench'."""
     import subprocess
-    import sys
 
     entry = Path(sys.executable).parent / "specscribe"
     command = [str(entry), "bench", "text", "--help"]
