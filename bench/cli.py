@@ -20,7 +20,7 @@ call, which scores its prompt. The last line printed is one JSON object; `--save
 it to bench/results.
 
     python -m bench.cli [--repeats 3] [--threads 2] [--configs default,plain,...]
-        [--speech DIR] [--max-files N] [--save]
+        [--speech DIR] [--max-files N] [--joined PAUSE] [--save]
 """
 
 from __future__ import annotations
@@ -127,6 +127,9 @@ CONFIGS: dict[str, Config] = {
         # pieces side by side, without timestamps, as its transcribe defaults to).
         Config(f"{BASELINE} vad", ("--vad",)),
         Config(f"{BASELINE} batched", ("--batch-size", "8")),
+        # Ours the same way: a file's windows cut at silences, 8 decoded side by side, without
+        # the previous text's prompt (for long recordings; not the default's output).
+        Config("default --batch-size 8", ("--batch-size", "8")),
         # faster-whisper's default decoding, both sides: beam search of 5, and where a window
         # falls back to sampling, the best of 5 samples (its transcribe's best_of=5 default;
         # its beam-1 rows above sample 5 too).
@@ -135,11 +138,13 @@ CONFIGS: dict[str, Config] = {
         Config(f"{BASELINE} beam5", ("--beam-size", "5")),
     )
 }
-# Trees, eager steps and faster-whisper's default decoding (beams, best of 5) run when named.
+# Trees, eager steps, faster-whisper's default decoding (beams, best of 5) and our windows
+# batched run when named.
 DEFAULT_CONFIGS = tuple(
     name
     for name in CONFIGS
-    if not name.startswith("tree") and not any(w in name for w in ("eager", "beam", "best-of"))
+    if not name.startswith("tree")
+    and not any(w in name for w in ("eager", "beam", "best-of", "default --batch-size"))
 )
 
 
@@ -338,8 +343,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--max-files", type=positive_int, help="the first N files only, in path order"
     )
+    parser.add_argument(
+        "--joined",
+        type=float,
+        metavar="PAUSE",
+        help="long-form: the files joined into one recording, PAUSE seconds of silence after "
+        "each (under 5 s keeps it one passage), transcribed as one file",
+    )
     parser.add_argument("--save", action="store_true", help="also write bench/results/cli-*.json")
     args = parser.parse_args(argv)
+    if args.joined is not None and not 0 <= args.joined < float("inf"):
+        parser.error(f"--joined: a pause of 0 seconds or more, not {args.joined}")
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     if not names:
         parser.error(f"--configs names no configuration; known: {', '.join(CONFIGS)}")
@@ -386,8 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     with ending_as_by_ctrl_c, tempfile.TemporaryDirectory(prefix="specscribe-bench-cli-") as work:
         folder = Path(work) / "speech"
         folder.mkdir()
+        if args.joined is not None:
+            files = [joined_recording(files, args.joined, Path(work) / "joined")]
         for utterance in files:
             (folder / utterance.audio.name).symlink_to(utterance.audio)
+        audio_seconds = sum(audio_duration(u.audio) for u in files)
         for index in range(args.repeats):
             order = configs[index % len(configs) :] + configs[: index % len(configs)]
             for config in order:
@@ -399,8 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                 outputs[config.name].append(_outputs(out, files))
                 print(f"pass {index + 1}: {config.name}: {seconds[config.name][-1]:.2f} s",
                       file=sys.stderr)  # fmt: skip
-    rows = summarise(configs, files, seconds, outputs, peaks)
-    audio_seconds = sum(audio_duration(u.audio) for u in files)
+        rows = summarise(configs, files, seconds, outputs, peaks)  # references read in `work`
     for name, row in rows.items():
         shown = (k for k in row if k not in ("passes", "decoder_passes"))
         print(f"{name:22} " + "  ".join(f"{k}={row[k]}" for k in shown))
@@ -411,10 +427,29 @@ def main(argv: list[str] | None = None) -> int:
         "audio_seconds": round(audio_seconds, 1),
         "repeats": args.repeats,
         "threads": args.threads,
+        **({"joined_pause_seconds": args.joined} if args.joined is not None else {}),
         "configs": rows,
     }
     publish(report, f"cli-{report['date']}-cpu{args.threads}.json", args.save)
     return 0
+
+
+def joined_recording(files: list[Utterance], pause: float, folder: Path) -> Utterance:
+    """`files` as one recording in `folder` (16 kHz mono 16-bit WAV, as decoded by
+    asr.audio, `pause` seconds of digital silence after each) with their references joined
+    beside it: a long-form recording whose words are all known."""
+    import numpy as np
+    import soundfile
+
+    from asr.audio import SAMPLE_RATE, load_audio
+
+    folder.mkdir()
+    silence = np.zeros(round(pause * SAMPLE_RATE), dtype=np.float32)
+    parts = [part for u in files for part in (load_audio(u.audio), silence)]
+    audio = folder / "joined.wav"
+    soundfile.write(audio, np.concatenate(parts), SAMPLE_RATE, subtype="PCM_16")
+    audio.with_suffix(".txt").write_text(" ".join(u.reference for u in files) + "\n")
+    return Utterance("joined", audio, True)
 
 
 def audio_duration(path: Path) -> float:

@@ -131,6 +131,22 @@ def test_a_one_file_run_times_real_processes(capsys):
     assert report["machine"]["cpus"] >= 1 and report["machine"]["cpu"]
 
 
+@needs_speech
+def test_joined_files_make_one_recording_of_them_all_with_every_reference(tmp_path):
+    from asr.audio import SAMPLE_RATE, load_audio
+
+    files = user_files()[:3]
+    joined = bench_cli.joined_recording(files, 1.5, tmp_path / "joined")
+    samples = load_audio(joined.audio)
+    parts = [load_audio(u.audio) for u in files]
+    assert len(samples) == sum(len(p) for p in parts) + 3 * round(1.5 * SAMPLE_RATE)
+    second = len(parts[0]) + round(1.5 * SAMPLE_RATE)  # where the second file starts
+    assert abs(samples[second : second + len(parts[1])] - parts[1]).max() < 1e-4  # 16-bit
+    assert not samples[len(parts[0]) : second].any()  # the pause is silence
+    assert joined.reference == " ".join(u.reference for u in files)
+    assert joined.long_form
+
+
 def test_a_report_names_the_processor_and_its_kernel_features(tmp_path):
     from bench.machine import describe_cpu
 
