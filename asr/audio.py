@@ -595,6 +595,13 @@ def _decode_with_ffmpeg(
     return DecodedAudio(samples, tuple(warnings))
 
 
+def _ffmpeg_file(path: str) -> str:
+    """`path` as ffmpeg and ffprobe must be given a file: through the file protocol, by its
+    absolute path. Given as it is, `-` is standard input to them and `rec:1.wav` a URL of the
+    protocol `rec` (a file named `./-` is `-` once Python's pathlib has read it)."""
+    return "file:" + os.path.abspath(path)
+
+
 def _run_ffmpeg(
     path: str,
     label: str,
@@ -613,7 +620,9 @@ def _run_ffmpeg(
     # With a limit, ffmpeg stops a little past it: enough to tell that the audio is longer.
     limit = {} if max_seconds is None else {"t": f"{max_seconds + 1:.3f}"}
     resampler = {"af": f"aresample={SAMPLE_RATE}:resampler=soxr"} if _ffmpeg_has_soxr() else {}
-    source = ffmpeg.input(path, threads=0, **({"ignore_length": 1} if ignore_length else {}))
+    source = ffmpeg.input(
+        _ffmpeg_file(path), threads=0, **({"ignore_length": 1} if ignore_length else {})
+    )
     stream = (
         (source["a:0"] if first_stream else source)
         .output(
@@ -674,7 +683,7 @@ def _shorter_than_header(path: str, decoded: float, max_seconds: float | None) -
     if max_seconds is not None and decoded >= max_seconds:
         return ()
     try:
-        header = float(ffmpeg.probe(path, cmd="ffprobe")["format"]["duration"])
+        header = float(ffmpeg.probe(_ffmpeg_file(path), cmd="ffprobe")["format"]["duration"])
     except (ffmpeg.Error, FileNotFoundError, KeyError, ValueError):
         return ()
     if header <= decoded + _CUT_SHORT_TOLERANCE_SECONDS:
@@ -698,7 +707,7 @@ def _probe_audio_streams(path: str) -> _AudioStreams | None:
     import ffmpeg
 
     try:
-        probed = ffmpeg.probe(path, cmd="ffprobe")
+        probed = ffmpeg.probe(_ffmpeg_file(path), cmd="ffprobe")
     except (ffmpeg.Error, FileNotFoundError):
         return None
     audio = [s for s in probed.get("streams", ()) if s.get("codec_type") == "audio"]

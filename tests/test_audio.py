@@ -62,6 +62,19 @@ def test_bytes_input_equals_path_input():
     assert np.array_equal(from_bytes, from_path)
 
 
+def test_files_named_as_ffmpeg_would_read_something_else_are_read_as_files(
+    tmp_path, monkeypatch
+):
+    # Given to ffmpeg as named, `-` was standard input and `rec:1.flac` a URL of protocol rec.
+    flac = SAMPLES / "librispeech_61-70968-0000.flac"
+    expected = load_audio(flac)
+    monkeypatch.chdir(tmp_path)
+    for name in ("-", "rec:1.flac"):
+        (tmp_path / name).write_bytes(flac.read_bytes())
+        assert np.array_equal(load_audio(Path(name)), expected), name
+        assert np.array_equal(load_audio(Path(f"./{name}")), expected), name
+
+
 def test_missing_empty_and_non_audio_inputs_name_the_cause(tmp_path):
     with pytest.raises(AudioLoadError, match=r"missing\.wav: no such file"):
         load_audio(tmp_path / "missing.wav")
