@@ -284,6 +284,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
 
     videos: list[Path] = []
     paths = [Path(p) for p in args.paths]
+    piped = None
     if STDIN_PATH in args.paths:  # kept until the run ends: its folder goes with it
         piped = PipedRecording()
         paths = [piped.path if p == STDIN_PATH else Path(p) for p in args.paths]
@@ -318,7 +319,8 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     skipped_path = None  # the last file skipped, named where it is the only one
     for path, stem in files:
         outputs = output_paths(args.output_dir, stem, formats) if args.output_dir else {}
-        file_record = made_from(path, record)
+        # Records name a piped recording `-`: the next one piped in replaces it.
+        file_record = made_from(path, record, STDIN_PATH if piped and path == piped.path else None)
         plan = plan_outputs(outputs, file_record, args.overwrite)
         if not plan.decode:
             if plan.unrecorded:

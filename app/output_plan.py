@@ -114,14 +114,15 @@ def kept_outputs(plan: OutputPlan, outputs: dict[str, Path]) -> str:
     return told + f" (--overwrite replaces {'it' if one and not others else 'them'})"
 
 
-def made_from(path: Path, record: dict) -> dict:
+def made_from(path: Path, record: dict, recorded_as: str | None = None) -> dict:
     """The record of one file's outputs: `record`, and the recording they are made from
-    (`asr.writers.RECORD_SOURCE`; not where it cannot be read: decoding it will say why)."""
+    (`asr.writers.RECORD_SOURCE`; not where it cannot be read: decoding it will say why).
+    recorded_as: where the record says the recording is, when not at `path` (`-`: piped)."""
     from asr.source import Source
     from asr.writers import RECORD_SOURCE
 
     try:
-        return {**record, RECORD_SOURCE: Source.of(path)}
+        return {**record, RECORD_SOURCE: Source.of(path, recorded_as)}
     except OSError:
         return record
 

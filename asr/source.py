@@ -39,15 +39,23 @@ class Source:
     path: Path
     size: int
     mtime_ns: int
+    # Where records say it is, when not at `path`: "-" for a recording piped to standard
+    # input, spooled to a temporary file of another name every run.
+    recorded_as: str | None = None
 
     @classmethod
-    def of(cls, path: Path) -> Source:
+    def of(cls, path: Path, recorded_as: str | None = None) -> Source:
         """Raises OSError where `path` cannot be read, or is no regular file (a pipe: reading
         its digest would block, or consume what the decoder was to read)."""
         status = path.stat()
         if not stat.S_ISREG(status.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
-        return cls(path.resolve(), status.st_size, status.st_mtime_ns)
+        return cls(path.resolve(), status.st_size, status.st_mtime_ns, recorded_as)
+
+    @property
+    def where(self) -> str:
+        """Where records say it is."""
+        return self.recorded_as or str(self.path)
 
     @functools.cached_property
     def digest(self) -> str:
@@ -60,7 +68,7 @@ class Source:
     def stored(self) -> dict:
         """As a record stores it (JSON values)."""
         return {
-            "path": str(self.path),
+            "path": self.where,
             "size": self.size,
             "mtime_ns": self.mtime_ns,
             "blake2b": self.digest,
@@ -76,6 +84,8 @@ class Source:
     def elsewhere(self, stored: object) -> bool:
         """Whether `stored` (a record's `stored()`) names a recording at another path."""
         where = stored.get("path") if isinstance(stored, dict) else None
+        if self.recorded_as is not None:
+            return where != self.recorded_as
         return isinstance(where, str) and Path(where) != self.path
 
     def change(self, stored: object) -> str:

@@ -62,9 +62,7 @@ def test_bytes_input_equals_path_input():
     assert np.array_equal(from_bytes, from_path)
 
 
-def test_files_named_as_ffmpeg_would_read_something_else_are_read_as_files(
-    tmp_path, monkeypatch
-):
+def test_files_named_as_ffmpeg_would_read_something_else_are_read_as_files(tmp_path, monkeypatch):
     # Given to ffmpeg as named, `-` was standard input and `rec:1.flac` a URL of protocol rec.
     flac = SAMPLES / "librispeech_61-70968-0000.flac"
     expected = load_audio(flac)

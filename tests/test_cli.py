@@ -268,6 +268,11 @@ def test_a_recording_piped_to_standard_input_is_transcribed_as_a_file_named_dash
     piped(jfk)  # the same recording again: its outputs exist
     assert main(["transcribe", "-", *out]) == 0
     assert "- has its outputs in" in capsys.readouterr().err
+    flac = SAMPLES / "librispeech_61-70968-0000.flac"
+    piped(flac.read_bytes())  # another recording piped in replaces the last one's outputs
+    assert main(["transcribe", "-", *out]) == 0
+    assert "redoing -: the recording changed" in capsys.readouterr().err
+    assert word_error_rate(reference_text(flac), (tmp_path / "stdin.txt").read_text()) < 0.1
     piped(b"not audio")  # fails as a file would, named as given; the rest go on
     assert main(["transcribe", "-", str(SAMPLES / "jfk.wav"), *out, "--overwrite"]) == 1
     said = capsys.readouterr().err
