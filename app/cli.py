@@ -237,7 +237,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     if args.format is not None and not args.output_dir:
         if len(formats) != 1:
             raise ValueError(
-                f"--format {','.join(args.format)} without --output-dir: one format is printed "
+                f"--format {','.join(formats)} without --output-dir: one format is printed "
                 "(several are written with --output-dir)"
             )
         printed_format = formats[0]
@@ -249,8 +249,13 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     if args.draft_branches is not None:
         settings = dataclasses.replace(settings, draft_branches=draft_branches(args.draft_branches))
     if args.lookup_branch:
+        if settings.draft_branches < 2:
+            raise ValueError(
+                "--lookup-branch: the last chain of a tree of drafts needs at least 2 draft "
+                f"branches (--draft-branches or SPECSCRIBE_DRAFT_BRANCHES), not "
+                f"{settings.draft_branches}"
+            )
         settings = dataclasses.replace(settings, draft_lookup_branch=True)
-    settings = settings.checked()
     service = TranscriptionService(  # names, device and precision settled; nothing loaded yet
         settings,
         asr_model=args.model,
@@ -832,7 +837,12 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help="label speakers (offline: segmentation-3.0 + CAM++); a speaker count implies it",
     )
     # A speaker count asks for speakers: it implies --diarize (app.request).
-    parser.add_argument("--num-speakers", type=int, metavar="N", help="exactly N speakers")
+    parser.add_argument(
+        "--num-speakers",
+        type=int,
+        metavar="N",
+        help="N speakers (where the diarizer tells fewer voices apart, a warning says so)",
+    )
     parser.add_argument("--min-speakers", type=int, metavar="N", help="at least N speakers")
     parser.add_argument("--max-speakers", type=int, metavar="N", help="at most N speakers")
 
@@ -1344,7 +1354,21 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs one command; returns its exit status (what tests and other Python callers use)."""
     parser = build_parser()
-    return _run_command(parser.parse_args(argv), parser)
+    return _run_command(_parsed(parser, argv), parser)
+
+
+def _parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """`parser`'s reading of `argv` (None: the command line's). A clip range with an open
+    start (`--clip-timestamps -5:00`) is the flag's value, which argparse would take for an
+    option, as it takes any word after a dash that is not a number."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    for index in range(len(words) - 1, 0, -1):
+        if words[index - 1] == "--clip-timestamps" and _OPEN_START.match(words[index]):
+            words[index - 1 : index + 1] = [f"--clip-timestamps={words[index]}"]
+    return parser.parse_args(words)
+
+
+_OPEN_START = re.compile(r"-[\d:.]+(,|$)")
 
 
 def run() -> None:
@@ -1367,7 +1391,7 @@ def run() -> None:
             stream.reconfigure(errors="backslashreplace")
     sys.stdout = ReaderGoneTolerant(sys.stdout)
     parser = build_parser()
-    args = parser.parse_args()
+    args = _parsed(parser, None)
     status = _run_command(args, parser)
     if getattr(args, "quick_exit", False):
         for stream in (sys.stdout, sys.stderr):

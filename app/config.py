@@ -80,17 +80,13 @@ class Settings:
             heap_trim_seconds=_seconds_or_zero(
                 "SPECSCRIBE_HEAP_TRIM_SECONDS", TRIM_INTERVAL_SECONDS
             ),
-        ).checked()
+        )
 
-    def checked(self) -> Settings:
-        """These settings, if they fit together; raises ValueError naming the clash."""
-        if self.draft_lookup_branch and self.draft_branches < 2:
-            raise ValueError(
-                "a lookup branch is the last chain of a tree of drafts: it needs at least 2 "
-                f"draft branches (SPECSCRIBE_DRAFT_BRANCHES / --draft-branches), not "
-                f"{self.draft_branches}"
-            )
-        return self
+    @property
+    def lookup_branch(self) -> bool:
+        """Whether trees of drafts end in a prompt-lookup chain: `draft_lookup_branch` where
+        there is a tree (2 or more branches); a single chain has no branch to give it."""
+        return self.draft_lookup_branch and self.draft_branches >= 2
 
 
 MAX_DRAFT_BRANCHES = 8

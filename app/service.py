@@ -299,7 +299,7 @@ class TranscriptionService:
             self._draft = dataclasses.replace(
                 load_draft(self.model, draft_path),
                 branches=self.settings.draft_branches,
-                lookup_branch=self.settings.draft_lookup_branch,
+                lookup_branch=self.settings.lookup_branch,
             )
             self._draft.model.trace_steps = self.settings.traced_steps
         return self._draft

@@ -88,9 +88,11 @@ class Transcript:
         return "".join(segment.text for segment in self.segments).strip()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON values; a word's text is its "word", as openai-whisper, faster-whisper and
-        whisperX write it, so scripts written for their json read it."""
+        """JSON values; a segment leads with its "id" (its index) and a word's text is its
+        "word", as openai-whisper, faster-whisper and whisperX write them, so scripts written
+        for their json read it."""
         result = asdict(self)
+        result["segments"] = [{"id": index, **s} for index, s in enumerate(result["segments"])]
         for segment in result["segments"]:
             segment["words"] = [{"word": word.pop("text"), **word} for word in segment["words"]]
         result["text"] = self.text
@@ -101,7 +103,8 @@ class Transcript:
         """The Transcript `to_dict` wrote (its "text" is derived, and ignored). Raises
         KeyError or TypeError where `data` is not one."""
         segments = tuple(
-            Segment(**{**s, "words": tuple(_word(w) for w in s["words"])}) for s in data["segments"]
+            Segment(**{**s, "words": tuple(_word(w) for w in s["words"])})
+            for s in ({k: v for k, v in s.items() if k != "id"} for s in data["segments"])
         )
         return cls(
             segments=segments,

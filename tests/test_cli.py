@@ -91,7 +91,7 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
         ("--max-line-width", "3"): "--max-line-width must be in 10..1000",
         ("--passage-pause", "inf"): "--passage-pause must be 0 (off) or a positive number",
         ("--passage-pause", "-1"): "--passage-pause must be 0 (off) or a positive number",
-        ("--lookup-branch",): "lookup branch is the last chain of a tree of drafts",
+        ("--lookup-branch",): "--lookup-branch: the last chain of a tree of drafts needs",
         ("--assistant", "foo"): "Assistants: auto, none, prompt-lookup, whisper-base-draft,",
         ("--assistant", "gemma-3-270m"): "causal-lm model, not a whisper one: it cannot draft",
         ("--multilingual", "--language", "de"): "cannot be combined with language 'de'",
@@ -839,6 +839,24 @@ def test_outputs_of_another_recording_of_the_same_name_are_not_taken_for_its_own
     assert word_error_rate(reference, (out / "REC001.txt").read_text()) < 0.2
     assert main(command(tuesday)) == 0
     assert f"{tuesday} has its outputs in {out} (--overwrite" in capsys.readouterr().err
+
+
+def test_the_lookup_branch_setting_alone_leaves_runs_without_a_tree_alone(capsys, monkeypatch):
+    # It is a default for trees of drafts; it made every run without one fail.
+    monkeypatch.setenv("SPECSCRIBE_LOOKUP_BRANCH", "1")
+    assert main(["transcribe", str(SAMPLES / "jfk.wav"), "--assistant", "none"]) == 0
+    assert "ask not what your country" in capsys.readouterr().out
+
+
+def test_a_clip_range_with_an_open_start_is_read_as_the_flags_value():
+    from app.cli import _parsed, build_parser
+
+    jfk = ["transcribe", str(SAMPLES / "jfk.wav")]
+    for ranges in ("-0:05", "-5", "-0:05,0:08-"):
+        args = _parsed(build_parser(), [*jfk, "--clip-timestamps", ranges, "--language", "en"])
+        assert args.clip_timestamps == ranges and args.language == "en"
+    with pytest.raises(SystemExit):  # an option is still an option
+        _parsed(build_parser(), [*jfk, "--clip-timestamps", "--language", "en"])
 
 
 def test_format_lists_are_read_as_users_write_them():
