@@ -727,7 +727,7 @@ def _ffmpeg_said(stderr: str, path: str, label: str) -> str:
     its lines joined, and the "[wav @ 0x5624bb0a4980] " that prefixes a component's lines
     left out (a memory address tells a user nothing), as is the file's name that starts a
     line (the message that quotes it starts with the name already)."""
-    text = stderr.replace(path, label)
+    text = stderr.replace(_ffmpeg_file(path), label).replace(path, label)
     lines = (_FFMPEG_COMPONENT.sub("", line).strip() for line in text.splitlines())
     return "; ".join(line.removeprefix(f"{label}: ") for line in lines if line)
 
