@@ -81,20 +81,31 @@ def _use_threads(args: argparse.Namespace) -> None:
         raise ValueError(
             "--threads sets this process's threads; Ray's actors compute on --cpus-per-actor"
         )
+    most = MAX_THREADS_PER_CPU * (os.cpu_count() or 1)
+    if threads > most:  # tens of thousands crashed torch's thread pool
+        raise ValueError(
+            f"--threads: at most {most} ({MAX_THREADS_PER_CPU} per CPU here), not {threads}"
+        )
     import torch
 
     torch.set_num_threads(threads)
 
 
-# `transcribe -`: the recording piped to standard input.
+# More threads than this per CPU only wait for each other (and 99999 crashed torch).
+MAX_THREADS_PER_CPU = 4
+
+
+# `transcribe -`: the recording piped to standard input, and how status lines name it (not
+# `-`: a file named `-`, given as `./-`, is shown as `-`).
 STDIN_PATH = "-"
+STDIN_SHOWN = "(standard input)"
 
 
 class PipedRecording:
     """Standard input read to its end into a private temporary folder, as the file `stdin`
     (its outputs: stdin.txt, ...): a recording is read several times (probed, decoded,
-    fingerprinted for reruns), which a pipe cannot be. Status lines name it `-`, as it was
-    given. The folder is removed once this object is dropped, or at exit."""
+    fingerprinted for reruns), which a pipe cannot be. Status lines name it STDIN_SHOWN. The
+    folder is removed once this object is dropped, or at exit."""
 
     def __init__(self) -> None:
         import shutil
@@ -111,7 +122,7 @@ class PipedRecording:
         self.path = Path(self._folder.name) / "stdin"
         with open(self.path, "wb") as spooled:
             shutil.copyfileobj(sys.stdin.buffer, spooled, 1 << 20)
-        show_as(self.path, STDIN_PATH)
+        show_as(self.path, STDIN_SHOWN)
 
 
 def _print_progress(stage: str, completed: int, total: int) -> None:

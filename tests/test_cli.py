@@ -245,7 +245,7 @@ def test_a_format_asked_for_without_an_output_folder_is_printed_as_the_file_woul
     assert printed.count("== ") == 2 and printed.count("WEBVTT") == 2
 
 
-def test_a_recording_piped_to_standard_input_is_transcribed_as_a_file_named_dash(
+def test_a_recording_piped_to_standard_input_is_transcribed_as_a_file(
     capsys, tmp_path, monkeypatch
 ):
     import io
@@ -259,7 +259,7 @@ def test_a_recording_piped_to_standard_input_is_transcribed_as_a_file_named_dash
     piped(jfk)
     assert main(["transcribe", "-", *out]) == 0
     said = capsys.readouterr()
-    assert said.out.startswith("== -\n") and "1 transcribed" in said.err
+    assert said.out.startswith("== (standard input)\n") and "1 transcribed" in said.err
     assert (
         word_error_rate(reference_text(SAMPLES / "jfk.wav"), (tmp_path / "stdin.txt").read_text())
         < 0.1
@@ -267,16 +267,17 @@ def test_a_recording_piped_to_standard_input_is_transcribed_as_a_file_named_dash
     assert not list(Path(tempfile.gettempdir()).glob("specscribe-stdin-*"))  # spool removed
     piped(jfk)  # the same recording again: its outputs exist
     assert main(["transcribe", "-", *out]) == 0
-    assert "- has its outputs in" in capsys.readouterr().err
+    assert "(standard input) has its outputs in" in capsys.readouterr().err
     flac = SAMPLES / "librispeech_61-70968-0000.flac"
     piped(flac.read_bytes())  # another recording piped in replaces the last one's outputs
     assert main(["transcribe", "-", *out]) == 0
-    assert "redoing -: the recording changed" in capsys.readouterr().err
+    assert "redoing (standard input): the recording changed" in capsys.readouterr().err
     assert word_error_rate(reference_text(flac), (tmp_path / "stdin.txt").read_text()) < 0.1
     piped(b"not audio")  # fails as a file would, named as given; the rest go on
     assert main(["transcribe", "-", str(SAMPLES / "jfk.wav"), *out, "--overwrite"]) == 1
     said = capsys.readouterr().err
-    assert "failed -: ffmpeg could not decode it" in said and "1 transcribed" in said
+    assert "failed (standard input): ffmpeg could not decode it" in said
+    assert "1 transcribed" in said
     monkeypatch.setattr(sys, "stdin", None)  # no standard input at all (or a terminal)
     assert main(["transcribe", "-"]) == 2
     assert "standard input, which is a terminal here" in capsys.readouterr().err
@@ -612,6 +613,7 @@ def test_threads_flag_sets_the_threads_the_models_compute_on(tmp_path):
         (["transcribe", "x.wav", "--threads", "0"], "--threads: must be a whole number of"),
         (["generate", "hi", "--threads", "two"], "--threads: must be a whole number of"),
         (["worker", "--engine", "ray", "--threads", "2"], "actors compute on --cpus-per-actor"),
+        (["transcribe", "x.wav", "--threads", "99999"], "--threads: at most"),
     ],
 )
 def test_a_bad_thread_count_is_refused_before_any_work(capsys, flags, said):
