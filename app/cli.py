@@ -71,6 +71,10 @@ def _add_threads_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# More threads than this per CPU only wait for each other (and 99999 crashed torch).
+MAX_THREADS_PER_CPU = 4
+
+
 def _use_threads(args: argparse.Namespace) -> None:
     """Sets torch's threads to `--threads` before anything computes. With `worker --engine
     ray` the models run in Ray's actors, whose threads are `--cpus-per-actor`."""
@@ -89,10 +93,6 @@ def _use_threads(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(threads)
-
-
-# More threads than this per CPU only wait for each other (and 99999 crashed torch).
-MAX_THREADS_PER_CPU = 4
 
 
 # `transcribe -`: the recording piped to standard input, and how status lines name it (not

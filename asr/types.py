@@ -103,8 +103,11 @@ class Transcript:
         """The Transcript `to_dict` wrote (its "text" is derived, and ignored). Raises
         KeyError or TypeError where `data` is not one."""
         segments = tuple(
-            Segment(**{**s, "words": tuple(_word(w) for w in s["words"])})
-            for s in ({k: v for k, v in s.items() if k != "id"} for s in data["segments"])
+            Segment(
+                **{k: v for k, v in s.items() if k not in ("id", "words")},
+                words=tuple(map(_word, s["words"])),
+            )
+            for s in data["segments"]
         )
         return cls(
             segments=segments,
