@@ -748,6 +748,7 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         help='transcribe only these ranges: "600,1200" or "10:00-20:00,1:05:00-" (seconds or '
         "[h:]m:s; an open end runs to the end of the file, an open start from 0)",
     )
+    # The settings default to None, "not given" (`_vad_choices` fills ServiceOptions' in).
     vad = parser.add_argument_group("voice activity detection (Silero VAD)")
     vad.add_argument(
         "--vad",
@@ -755,27 +756,22 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="decode only where someone speaks (default); --no-vad decodes every second",
     )
-    vad.add_argument(
-        "--vad-threshold", type=float, default=0.4, metavar="P", help="speech probability (0.4)"
-    )
+    vad.add_argument("--vad-threshold", type=float, metavar="P", help="speech probability (0.4)")
     vad.add_argument(
         "--vad-min-speech-duration",
         type=float,
-        default=0.25,
         metavar="S",
         help="ignore speech shorter than this (0.25 s)",
     )
     vad.add_argument(
         "--vad-min-silence-duration",
         type=float,
-        default=2.0,
         metavar="S",
         help="keep shorter pauses inside a speech region (2 s)",
     )
     vad.add_argument(
         "--vad-speech-pad",
         type=float,
-        default=0.4,
         metavar="S",
         help="seconds kept on both sides of each region (0.4 s)",
     )
@@ -869,6 +865,7 @@ def _request_options(args: argparse.Namespace):
             file=sys.stderr,
         )
 
+    args = _vad_choices(args)
     return ServiceOptions(
         language=args.language,
         task=args.task,
@@ -883,6 +880,33 @@ def _request_options(args: argparse.Namespace):
         temperature=args.temperature,
         **decoding_choices(args),
     )
+
+
+# VAD settings: None in the parsed flags marks "not given" (ServiceOptions' default then).
+VAD_SETTINGS = (
+    "vad_threshold",
+    "vad_min_speech_duration",
+    "vad_min_silence_duration",
+    "vad_speech_pad",
+)
+
+
+def _vad_choices(args: argparse.Namespace) -> argparse.Namespace:
+    """args with ServiceOptions' defaults for the VAD settings not given. A setting given
+    with --no-vad would change nothing, so it is refused, as --seed without --sample is."""
+    from .request import ServiceOptions
+
+    given = [name for name in VAD_SETTINGS if getattr(args, name) is not None]
+    if given and not args.vad:
+        flags = " and ".join("--" + name.replace("_", "-") for name in given)
+        verb = "apply" if len(given) > 1 else "applies"
+        raise ValueError(f"{flags} only {verb} with the VAD on: leave out --no-vad or {flags}")
+    defaults = {
+        name: ServiceOptions.model_fields[name].default
+        for name in VAD_SETTINGS
+        if name not in given
+    }
+    return argparse.Namespace(**{**vars(args), **defaults})
 
 
 def _store(args: argparse.Namespace, create: bool = True, read_only: bool = False):

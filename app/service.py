@@ -466,12 +466,18 @@ class TranscriptionService:
                         on_window=on_window,
                         spans=prepared[0].spans,
                         turn_starts=_turn_starts(prepared[0], options),
+                        passage_starts=_clip_starts(options),
                     )
                 ]
             else:
                 transcripts = transcribe_many(
                     self.model,
-                    [Recording(p.samples, p.spans, _turn_starts(p, options)) for p in prepared],
+                    [
+                        Recording(
+                            p.samples, p.spans, _turn_starts(p, options), _clip_starts(options)
+                        )
+                        for p in prepared
+                    ],
                     transcribe_options,
                     progress=progress,
                     draft=draft,
@@ -709,6 +715,11 @@ def _turn_starts(prepared: _Prepared, options: ServiceOptions) -> tuple[float, .
     from diarize.language_turns import speaker_change_starts
 
     return speaker_change_starts(prepared.diarization.exclusive)
+
+
+def _clip_starts(options: ServiceOptions) -> tuple[float, ...]:
+    """Where the clip ranges start: each range decodes in windows of its own."""
+    return tuple(start for start, _ in options.clip_spans() or ())
 
 
 def _clips_past_the_end(clips, duration: float) -> str | None:

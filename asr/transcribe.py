@@ -1407,6 +1407,10 @@ class Recording:
     # Seconds where a new speaker's turn starts (`diarize.language_turns`): with
     # `multilingual`, each starts a passage, whose language is detected from it.
     turn_starts: tuple[float, ...] = ()
+    # Seconds where a passage starts however short the pause before it: the clip ranges'
+    # starts, so that each range decodes in windows of its own, as OpenAI's clip_timestamps
+    # does (joined across a short gap, Whisper read one range's words into the other's).
+    passage_starts: tuple[float, ...] = ()
 
 
 def transcribe(
@@ -1419,12 +1423,15 @@ def transcribe(
     on_window: WindowHook | None = None,
     spans: tuple[Span, ...] | None = None,
     turn_starts: tuple[float, ...] = (),
+    passage_starts: tuple[float, ...] = (),
 ) -> Transcript:
     """samples: float32 mono 16 kHz, shape = (n_samples,).
 
     spans: decode only these (start, end) seconds of the recording (speech regions, clip
     ranges); None decodes all of it. No span at all gives an empty transcript with a warning.
     turn_starts: seconds where a new speaker starts (`Recording.turn_starts`).
+    passage_starts: seconds where a passage starts whatever the pause before it
+    (`Recording.passage_starts`: the clip ranges' starts).
 
     draft: a draft paired with `model` (`asr.whisper_drafters.pair_draft`) or prompt lookup
     (`LookupDraft`); policy: its draft-length policy for the whole recording (default: the
@@ -1433,7 +1440,7 @@ def transcribe(
     streams them): in time order for "seek" windows; a "silence" chunk's tail may come after a
     later chunk. The returned Transcript holds the same segments, sorted.
     """
-    recording = Recording(samples, spans, turn_starts)
+    recording = Recording(samples, spans, turn_starts, passage_starts)
     return _transcribe([recording], options, model, progress, draft, policy, on_window)[0]
 
 
@@ -1535,9 +1542,10 @@ def _prepare(
     resumptions = None
     if timeline is not None and options.passage_pause is not None:
         resumptions = timeline.resumptions(len(samples), options.passage_pause)
-    if options.multilingual and recording.turn_starts:
-        # Each speaker's language is detected from their own speech (diarize.language_turns).
-        starts = [round(seconds * SAMPLE_RATE) for seconds in recording.turn_starts]
+    # Each speaker's language is detected from their own speech (diarize.language_turns).
+    turn_starts = recording.turn_starts if options.multilingual else ()
+    if turn_starts or recording.passage_starts:
+        starts = [round(s * SAMPLE_RATE) for s in (*turn_starts, *recording.passage_starts)]
         if timeline is not None:
             starts = [timeline.compacted_sample(sample, len(samples)) for sample in starts]
         inside = {start for start in starts if 0 < start < len(decoded)}

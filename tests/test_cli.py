@@ -1005,3 +1005,24 @@ def test_where_stderr_is_a_log_a_long_file_says_how_far_it_is_once_a_minute(caps
     terminal = SimpleNamespace(disable=False, set_postfix_str=shown.append)
     shown_progress(terminal, "talk.mp3", clock=lambda: now[0])("transcribe", 20, 40)
     assert shown == ["talk.mp3: transcribe 50%"] and capsys.readouterr().err == ""
+
+
+def test_vad_settings_with_no_vad_are_refused_and_left_out_take_the_defaults(capsys, tmp_path):
+    # --no-vad with a VAD setting was accepted and the setting silently did nothing.
+    from app.cli import _parsed, _request_options, build_parser
+    from app.request import ServiceOptions
+
+    jfk = ["transcribe", str(SAMPLES / "jfk.wav"), "--output-dir", str(tmp_path)]
+    assert main([*jfk, "--no-vad", "--vad-threshold", "0.3"]) == 2
+    said = capsys.readouterr().err
+    assert "--vad-threshold only applies with the VAD on: leave out --no-vad" in said
+    assert main([*jfk, "--no-vad", "--vad-speech-pad", "1", "--vad-threshold", "0.3"]) == 2
+    assert "--vad-threshold and --vad-speech-pad only apply with the VAD on" in (
+        capsys.readouterr().err
+    )
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+    options = _request_options(_parsed(build_parser(), [*jfk, "--vad-threshold", "0.3"]))
+    defaults = ServiceOptions()
+    assert options.vad_threshold == 0.3 and options.vad_speech_pad == defaults.vad_speech_pad
+    assert options.vad_min_silence_duration == defaults.vad_min_silence_duration
+    assert _request_options(_parsed(build_parser(), [*jfk, "--no-vad"])).vad is False

@@ -292,3 +292,22 @@ def test_clip_ranges_decode_apart_even_when_one_starts_mid_speech(settings):
     assert "ask not" in " ".join(s.text for s in first).lower()
     assert all(s.start >= later - 0.5 for s in transcript.segments if s not in first)
     assert "lamps would light up" in transcript.text.lower()
+
+
+@pytest.mark.slow
+def test_clip_ranges_a_few_seconds_apart_still_decode_apart(settings):
+    """Two ranges 2.5 s apart were laid end to end into one passage: Whisper read the first
+    range's "ask" into the second's sentence and gave it one segment from 3.1 s to 10.4 s,
+    across the audio cut out between them. A range's start now always starts a passage."""
+    from app.service import ServiceOptions, TranscriptionService
+
+    service = TranscriptionService(settings, assistant_model="auto")
+    options = ServiceOptions(language="en", clip_timestamps="2-4.5,7-", word_timestamps=True)
+    transcript = service.run(SAMPLES / "jfk.wav", options)
+    first = [s for s in transcript.segments if s.start < 4.5]
+    second = [s for s in transcript.segments if s not in first]
+    assert first and all(s.end <= 4.5 for s in first), transcript.segments
+    assert second and all(s.start >= 7.0 for s in second), transcript.segments
+    words = [w for s in transcript.segments for w in s.words]
+    assert all(w.end <= 4.5 or w.start >= 7.0 for w in words), words
+    assert "ask what you can do for your country" in " ".join(s.text for s in second).lower()
