@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from app.service import ServiceOptions
+from asr.audio import SAMPLE_RATE
 from asr.guards import RepetitionGuard, drop_isolated_anomalies, is_anomalous
 from asr.speech_timeline import SpeechTimeline, intersect, parse_clip_ranges
 from asr.types import Segment, Word
@@ -265,6 +266,25 @@ def adversarial(tmp_path_factory):
     return {f.name: f for f in build(tmp_path_factory.mktemp("adversarial"))}
 
 
+def test_quiet_stretches_are_runs_of_quiet_blocks_long_enough_starting_on_a_frame():
+    from asr.vad import MIN_QUIET_STRETCH, quiet_stretches
+
+    def level(peak: float, seconds: float) -> np.ndarray:
+        return np.full(round(seconds * SAMPLE_RATE), peak, np.float32)
+
+    samples = np.concatenate(
+        [level(0.5, 1.0), level(0.01, 3.0), level(0.5, 1.0), level(0.05, 1.5), level(0.3, 0.5)]
+    )
+    assert MIN_QUIET_STRETCH == 2.0  # the 1.5 s stretch is too short
+    ((first, end),) = quiet_stretches(samples, 512)
+    assert first % 512 == 0 and SAMPLE_RATE - 512 < first <= SAMPLE_RATE
+    assert end == 4 * SAMPLE_RATE
+    assert quiet_stretches(np.concatenate([level(0.5, 1.0), level(0.0, 2.2)]), 512) == [
+        (15872, round(3.2 * SAMPLE_RATE))  # to the recording's end, its last block short
+    ]
+    assert quiet_stretches(level(0.5, 5.0), 512) == []
+
+
 @pytest.fixture(scope="module")
 def detector():
     from asr.vad import VoiceActivityDetector
@@ -347,6 +367,34 @@ def test_quiet_recordings_lose_nothing_heard_at_their_own_level(detector):
     assert (both.values >= as_given.values).all()
     ((start, end),) = detector.regions(whispered)
     assert (start, end) == pytest.approx((0.368, 3.536))
+
+
+@needs_speech
+@pytest.mark.slow
+def test_whispering_after_louder_speech_is_found_as_alone(detector):
+    # Silero's state, carried over from louder speech, heard mfa's whisper2 as silence when it
+    # followed other speech (in bench.cli's files joined into one recording); its quiet
+    # stretch is now also heard on its own, from a fresh state.
+    from asr.audio import load_audio
+    from asr.vad import QUIET_PEAK, quiet_stretches
+
+    short = SHARED_SPEECH / "en_single" / "mfa_short"
+    pause = np.zeros(SAMPLE_RATE, np.float32)
+    pieces = [load_audio(short / f"{name}.flac") for name in ("mfa_youknow", "whisper", "whisper2")]
+    samples = np.concatenate([pieces[0], pause, pieces[1], pause, pieces[2]])
+    whisper2_start = (len(samples) - len(pieces[2])) / SAMPLE_RATE
+    duration = len(samples) / SAMPLE_RATE
+
+    def whisper2_found(regions) -> float:
+        return sum(max(0.0, end - max(start, whisper2_start)) for start, end in regions)
+
+    carried = speech_regions(detector._probability_as_given(samples), duration, VadOptions())
+    assert whisper2_found(carried) == 0.0  # what the carried state heard
+    stretches = quiet_stretches(samples, detector.FRAME)
+    assert stretches and all(np.abs(samples[a:b]).max() < QUIET_PEAK for a, b in stretches)
+    regions = detector.regions(samples)
+    alone = sum(end - start for start, end in detector.regions(pieces[2]))
+    assert whisper2_found(regions) >= 0.8 * alone, (regions, alone)
 
 
 @needs_speech
