@@ -17,6 +17,7 @@ span and decodes each once.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -224,7 +225,7 @@ def parse_clip_ranges(text: str) -> tuple[Span, ...]:
     """OpenAI's --clip_timestamps: "start,end,start,end,..." in seconds (the last end may be
     left out: to the end of the file); also accepts "10:00-20:00" style ranges separated by
     commas (clock times as [h:]m:s; an open end runs to the end, an open start from 0).
-    -> sorted, disjoint spans; an open end is `inf`."""
+    -> sorted spans, disjoint or touching; an open end is `inf`."""
     text = text.strip()
     if not text:
         raise ValueError("clip ranges are empty")
@@ -252,9 +253,11 @@ def parse_clip_ranges(text: str) -> tuple[Span, ...]:
     for start, end in spans:
         if not 0 <= start < end:
             raise ValueError(f"clip range {start}-{end}: start must be >= 0 and before its end")
+    # Overlapping ranges are merged; touching ones ("0-5,5-11") stay two, each decoded on its
+    # own as OpenAI decodes each clip.
     merged: list[list[float]] = []
     for start, end in spans:
-        if merged and start <= merged[-1][1]:
+        if merged and start < merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], end)
         else:
             merged.append([start, end])
@@ -275,6 +278,6 @@ def _seconds(value: str) -> float:
     seconds = 0.0
     for number in numbers:
         seconds = seconds * 60 + number
-    if seconds != seconds or seconds < 0:
+    if not math.isfinite(seconds) or seconds < 0:  # "inf" and "nan" parse as floats
         raise ValueError(f"{value.strip()!r} is not a time (seconds or [h:]m:s)")
     return seconds

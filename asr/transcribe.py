@@ -25,7 +25,7 @@ import bisect
 import itertools
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -1199,10 +1199,14 @@ def _outlasts_its_text(split: WindowSplit, eot: int) -> bool:
     """Whether a segment of this window lasts far longer than its text (its tokens below `eot`,
     the text tokens) could be spoken in."""
     return any(
-        segment.end - segment.start
-        > LATE_START_SLACK + LATE_START_PER_TOKEN * sum(1 for t in tokens if t < eot)
+        _outlasts(segment.end - segment.start, tokens, eot)
         for segment, tokens in zip(split.segments, split.tokens, strict=True)
     )
+
+
+def _outlasts(seconds: float, tokens: Sequence[int], eot: int) -> bool:
+    """Whether `seconds` is far longer than these tokens' text could be spoken in."""
+    return seconds > LATE_START_SLACK + LATE_START_PER_TOKEN * sum(1 for t in tokens if t < eot)
 
 
 def _decided(
@@ -1241,10 +1245,26 @@ def _decided(
         # a second language was lost whole). The passage goes on with those words, from just
         # before the first loud frame after its text (a window that began in the quiet
         # before a cut would time its first segment from there, in the audio before the cut).
-        tail = _skipped_tail(split, seek, frames) if consumed >= frames else None
-        loud = None if tail is None else first_loud_frame(level, (seek, seek + frames), tail)
-        if loud is not None:
-            consumed = max(loud - ONSET_MARGIN_FRAMES, tail) - seek
+        # Or from where speech resumes after a cut-out pause, however quiet: the VAD heard
+        # speech there (whispering after JFK's loud sentence, below the window's median level,
+        # was lost).
+        tail = (
+            _skipped_tail(split, seek, frames, session.model.special.eot)
+            if consumed >= frames
+            else None
+        )
+        if tail is not None:
+            loud = first_loud_frame(level, (seek, seek + frames), tail)
+            resumptions = [
+                frame
+                for frame in (
+                    None if loud is None else max(loud - ONSET_MARGIN_FRAMES, tail),
+                    _speech_after_a_seam(session.seam_silences, tail, seek + frames),
+                )
+                if frame is not None
+            ]
+            if resumptions:
+                consumed = min(resumptions) - seek
         passage.seek += max(consumed, 1)
         # Text sampled hot is a poor prompt: OpenAI resets the context after it.
         if options.condition_on_previous_text and result.prompt_temperature <= 0.5:
@@ -1327,7 +1347,7 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
                 kept = _segments_with_content(split)
                 segments.extend(kept)
                 decided.append((start, result, split))
-                tail = _skipped_tail(split, start, frames)
+                tail = _skipped_tail(split, start, frames, session.model.special.eot)
                 rest = (tail, start + frames)
                 if (
                     tail is not None
@@ -1374,7 +1394,19 @@ def _decode_by_language(
     return results
 
 
-def _skipped_tail(split: WindowSplit, start: int, frames: int) -> int | None:
+def _speech_after_a_seam(
+    seam_silences: Sequence[tuple[float, float]], after: int, end: int
+) -> int | None:
+    """The first frame in (after, end) where a span starts after a cut-out pause (the end of
+    a seam silence, in seconds of the decoded audio), or None."""
+    for _, resumed in seam_silences:
+        frame = round(resumed * FRAMES_PER_SECOND)
+        if after < frame < end:
+            return frame
+    return None
+
+
+def _skipped_tail(split: WindowSplit, start: int, frames: int, eot: int) -> int | None:
     """First frame of audio after a window's text when that text ends at least
     MIN_TAIL_SECONDS before the window's audio does, or None. Where the text ends is its last
     timestamp (unfinished text already runs to the window's end), or its last word's end where
@@ -1382,12 +1414,20 @@ def _skipped_tail(split: WindowSplit, start: int, frames: int) -> int | None:
     often a second before the timestamp, and that gap is no skipped speech (decoded again, it
     made Whisper say "Thank you."). But words timed past the timestamp are speech transcribed
     there (in overlapped speech a sentence's timestamps ended 2 s before its words did, and the
-    "tail" decoded again repeated the sentence)."""
-    ends = [
-        max(end, segment.words[-1].end) if segment.words else end
-        for segment, end in zip(split.segments, split.timestamp_ends, strict=True)
-        if _has_content(segment)
-    ]
+    "tail" decoded again repeated the sentence). A segment whose timestamps last far longer than
+    its text (`_outlasts`: JFK's closing "country." timed over the 13 s of a reading 30 dB
+    quieter after it, which was lost) ends where its words do (its end narrowed to them)."""
+    ends = []
+    for segment, tokens, end in zip(
+        split.segments, split.tokens, split.timestamp_ends, strict=True
+    ):
+        if not _has_content(segment):
+            continue
+        spoken_end = segment.words[-1].end if segment.words else segment.end
+        if _outlasts(end - segment.start, tokens, eot):
+            ends.append(spoken_end)
+        else:
+            ends.append(max(end, spoken_end) if segment.words else end)
     if not ends:
         return None
     tail = round(ends[-1] * FRAMES_PER_SECOND)

@@ -95,10 +95,12 @@ def test_without_timestamps_gives_one_segment_per_window(whisper_base):
     assert word_error_rate(reference_text(SAMPLES / "jfk.wav"), transcript.text) == 0.0
 
 
-def _split(segments: list[Segment], timestamp_ends: list[float], frames: int) -> WindowSplit:
+def _split(
+    segments: list[Segment], timestamp_ends: list[float], frames: int, tokens=None
+) -> WindowSplit:
     return WindowSplit(
         segments=tuple(segments),
-        tokens=tuple(() for _ in segments),
+        tokens=tuple(tokens or (() for _ in segments)),
         consumed=frames,
         single_timestamp_ending=True,
         time_offset=segments[0].start,
@@ -116,17 +118,25 @@ def _timed(start: float, end: float, text: str) -> Segment:
 
 
 def test_a_tail_starts_after_words_timed_past_their_timestamps():
+    eot = 50257  # text tokens are below it
     # A window of 10 s from 100 s. Timestamps say the text ends at 103 s, 7 s before the audio
     # does: that tail is decoded again...
     early = _split([_timed(100.5, 102.5, " Did you guys")], [103.0], frames=1000)
-    assert _skipped_tail(early, 10000, 1000) == 10300
+    assert _skipped_tail(early, 10000, 1000, eot) == 10300
     # ...unless the words run on past it (overlapped speech: its words ended 2 s after the
     # timestamp, and the "tail" decoded again said the sentence a third time).
     late = _split([_timed(100.5, 108.5, " Did you guys")], [103.0], frames=1000)
-    assert _skipped_tail(late, 10000, 1000) is None
+    assert _skipped_tail(late, 10000, 1000, eot) is None
     # Words that end before the timestamp change nothing (their sound fades first).
     faded = _split([_timed(100.5, 102.0, " Did you guys")], [103.0], frames=1000)
-    assert _skipped_tail(faded, 10000, 1000) == 10300
+    assert _skipped_tail(faded, 10000, 1000, eot) == 10300
+    # A segment whose timestamps run far longer than its text could be spoken in (two text
+    # tokens over 8.5 s) ends where its words do: JFK's "country." was timed over the quieter
+    # reading after it, which was lost.
+    outlasting = _split([_timed(100.0, 100.4, " country.")], [108.5], 1000, [(1, 2, eot)])
+    assert _skipped_tail(outlasting, 10000, 1000, eot) == 10020  # its one word ends at 100.2 s
+    spoken = _split([_timed(100.0, 100.4, " country.")], [105.0], 1000, [(1, 2, eot)])
+    assert _skipped_tail(spoken, 10000, 1000, eot) == 10500  # within the bound: the timestamp
 
 
 def test_only_text_wholly_inside_a_cut_out_pause_is_left_out():
