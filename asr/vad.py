@@ -200,7 +200,9 @@ class VoiceActivityDetector:
         return _merged([*found, *added])
 
 
-def _uncovered(span: tuple[float, float], covered: Sequence[tuple[float, float]]) -> list:
+def _uncovered(
+    span: tuple[float, float], covered: Sequence[tuple[float, float]]
+) -> list[tuple[float, float]]:
     """The parts of `span` outside the sorted, disjoint `covered` spans."""
     parts, start = [], span[0]
     for other_start, other_stop in covered:
