@@ -31,16 +31,21 @@ Span = tuple[float, float]
 END_SEAM_GRACE = 0.5
 # The silence laid between spans in place of a longer cut-out pause (see the module's doc).
 SEAM_PAUSE = 1.0
+# A passage starts on the first mel frame (10 ms) at or after its span's start.
+PASSAGE_START_SLACK = 0.011
 
 
 @dataclass(frozen=True)
 class SpeechTimeline:
     """spans: sorted, disjoint (start, end) seconds of the original recording to decode;
     pause: at most this many seconds of silence stand between two spans in the compacted
-    audio (the cut-out audio's length where it is shorter)."""
+    audio (the cut-out audio's length where it is shorter); passage_spans: the indices of the
+    spans that start a passage, decoded apart from the span before (`with_passage_starts`):
+    a time in the silence before one belongs to the span before it, whose windows decoded it."""
 
     spans: tuple[Span, ...]
     pause: float = 0.0
+    passage_spans: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         previous_end = 0.0
@@ -129,6 +134,17 @@ class SpeechTimeline:
             if silence > 0
         )
 
+    def with_passage_starts(self, starts: list[float]) -> SpeechTimeline:
+        """This timeline, told that passages start at `starts` (seconds of the compacted audio,
+        each on the first 10 ms frame at or after its span's start)."""
+        offsets = self._offsets()
+        passage_spans = frozenset(
+            index
+            for index in range(1, len(offsets))
+            if any(0 <= start - offsets[index] < PASSAGE_START_SLACK for start in starts)
+        )
+        return replace(self, passage_spans=passage_spans)
+
     def _span_at(self, compact_time: float, offsets: list[float]) -> int:
         """The span whose start is the last at or before `compact_time`."""
         return max(0, bisect.bisect_right(offsets, compact_time) - 1)
@@ -141,8 +157,10 @@ class SpeechTimeline:
     def _nearest_span(self, compact_time: float, offsets: list[float]) -> int:
         """The span `compact_time` falls in; in the silence between two, the nearer one."""
         index = self._span_at(compact_time, offsets)
+        if index in self.passage_spans and compact_time <= offsets[index]:
+            return index - 1  # the end of the window before the passage
         after_end = compact_time - self._seam(index, offsets)
-        if after_end > 0 and index + 1 < len(offsets):
+        if after_end > 0 and index + 1 < len(offsets) and index + 1 not in self.passage_spans:
             return index + 1 if offsets[index + 1] - compact_time < after_end else index
         return index
 
@@ -152,7 +170,11 @@ class SpeechTimeline:
         start timestamps come early by as much as its end timestamps overshoot, and the span
         before the seam closes with the VAD's padding)."""
         index = self._span_at(segment.start, offsets)
-        if index + 1 < len(offsets):
+        if index in self.passage_spans and segment.start <= offsets[index] < segment.end:
+            return index  # a passage's first segment, from its start
+        if index in self.passage_spans and segment.start <= offsets[index]:
+            return index - 1
+        if index + 1 < len(offsets) and index + 1 not in self.passage_spans:
             seam = self._seam(index, offsets)
             if segment.start > seam or (
                 segment.start >= seam - END_SEAM_GRACE and segment.end > seam + 1e-6

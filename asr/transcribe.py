@@ -384,6 +384,10 @@ class _Session:
         packing = N_FRAMES if options.pack_passages and not options.multilingual else 0
         self.passages = plan_passages(cuts, self.content_frames, packing)
         self.pause_cuts = cuts  # "silence" chunks are cut there too
+        if timeline is not None:  # no time is placed across a passage's (or chunk's) start
+            starts = cuts if options.windows == "silence" else [s for s, _ in self.passages]
+            timeline = timeline.with_passage_starts([s / FRAMES_PER_SECOND for s in starts])
+            self.timeline = timeline
         # where pauses were cut out of the decoded audio (word timing keeps words out of them)
         self.seam_silences = timeline.seam_silences() if timeline is not None else ()
         self.duration = len(samples) / SAMPLE_RATE  # of what is decoded

@@ -135,6 +135,31 @@ def test_times_in_the_silence_between_spans_go_to_the_speech_beside_them():
     assert timeline.restore([Segment(1.0, 4.0, " d")])[0].start == 11.0
 
 
+def test_no_time_is_placed_across_the_start_of_a_passage():
+    # Clip ranges 27-27.5 and 30-30.5 are two passages; Whisper's "Thank you for watching." on
+    # the first had "you for watching." timed at its window's end, which the nearer span (the
+    # second range) took: one segment 27-30 s across the cut-out audio.
+    ranges = SpeechTimeline(((27.0, 27.5), (30.0, 30.5)), pause=1.0)  # 2nd span at 1.5
+    apart = ranges.with_passage_starts([0.0, 1.5])
+    assert (ranges.passage_spans, apart.passage_spans) == (frozenset(), frozenset({1}))
+    words = (Word(0.0, 0.5, " Thank", 0.9), Word(1.5, 1.5, " you", 0.9))
+    late = [Segment(0.0, 1.5, " Thank you", words)]
+    assert [(w.start, w.end) for w in ranges.restore(late)[0].words][1] == (30.0, 30.0)
+    [restored] = apart.restore(late)
+    assert [(w.start, w.end) for w in restored.words] == [(27.0, 27.5), (27.5, 27.5)]
+    assert (restored.start, restored.end) == (27.0, 27.5)
+    # In the silence before the passage, times stay with the span before it; from its start
+    # (its first frame may lie up to 10 ms later), with the passage.
+    assert [
+        (w.start, w.end)
+        for w in apart.restore([Segment(1.2, 1.4, " x", (Word(1.2, 1.4, " x", 0.9),))])[0].words
+    ] == [(27.5, 27.5)]
+    plain = apart.restore([Segment(1.2, 1.5, " a"), Segment(1.5, 2.0, " b")])
+    assert [(s.start, s.end) for s in plain] == [(27.5, 27.5), (30.0, 30.5)]
+    assert ranges.with_passage_starts([1.509]).passage_spans == frozenset({1})
+    assert ranges.with_passage_starts([1.52, 0.7]).passage_spans == frozenset()
+
+
 def test_a_timeline_refuses_unsorted_or_empty_spans():
     with pytest.raises(ValueError):
         SpeechTimeline(((5.0, 6.0), (1.0, 2.0)))
