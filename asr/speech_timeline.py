@@ -170,10 +170,9 @@ class SpeechTimeline:
         start timestamps come early by as much as its end timestamps overshoot, and the span
         before the seam closes with the VAD's padding)."""
         index = self._span_at(segment.start, offsets)
-        if index in self.passage_spans and segment.start <= offsets[index] < segment.end:
-            return index  # a passage's first segment, from its start
         if index in self.passage_spans and segment.start <= offsets[index]:
-            return index - 1
+            # at a passage's very start: its first segment, or (no length) the window before's end
+            return index if segment.end > segment.start else index - 1
         if index + 1 < len(offsets) and index + 1 not in self.passage_spans:
             seam = self._seam(index, offsets)
             if segment.start > seam or (

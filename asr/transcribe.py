@@ -1258,15 +1258,13 @@ def _decided(
             else None
         )
         if tail is not None:
-            loud = first_loud_frame(level, (seek, seek + frames), tail)
-            resumptions = [
-                frame
-                for frame in (
-                    None if loud is None else max(loud - ONSET_MARGIN_FRAMES, tail),
-                    _speech_after_a_seam(session.seam_silences, tail, seek + frames),
-                )
-                if frame is not None
-            ]
+            resumptions = []
+            if (loud := first_loud_frame(level, (seek, seek + frames), tail)) is not None:
+                resumptions.append(max(loud - ONSET_MARGIN_FRAMES, tail))
+            if (
+                after_seam := _speech_after_a_seam(session.seam_silences, tail, seek + frames)
+            ) is not None:
+                resumptions.append(after_seam)
             if resumptions:
                 consumed = min(resumptions) - seek
         passage.seek += max(consumed, 1)
