@@ -228,6 +228,17 @@ class ServiceOptions(BaseModel):
             return None
         return value
 
+    @field_validator("clip_timestamps")
+    @classmethod
+    def _clip_ranges_in_one_spelling(cls, value: str | None) -> str | None:
+        """Checks the ranges and spells them one way (`asr.speech_timeline.clip_ranges_text`),
+        so that "2-4.5,7-" and "2,4.5,7" make the same output record and a rerun skips."""
+        if value is None:
+            return None
+        from asr.speech_timeline import clip_ranges_text, parse_clip_ranges
+
+        return clip_ranges_text(parse_clip_ranges(value))
+
     @field_validator("repetition_ngram", "passage_pause", mode="before")
     @classmethod
     def _zero_is_off(cls, value: Any) -> Any:
@@ -283,8 +294,6 @@ class ServiceOptions(BaseModel):
     def _settings_hold(self) -> ServiceOptions:
         if self.vad:
             self.vad_options()  # raises on out-of-range thresholds and durations
-        if self.clip_timestamps is not None:
-            self.clip_spans()  # raises on malformed ranges
         self.transcribe_options()  # guard settings (ranges, word timestamps)
         if self.diarize:
             self.speaker_options()  # raises on inconsistent counts

@@ -529,6 +529,7 @@ class TranscriptionService:
                 "assistant": self.draft_model_name if drafted else None,
                 **tree,
                 "precision": self.precision,
+                **_cut_out(options),
             },
         )
 
@@ -715,6 +716,13 @@ def _turn_starts(prepared: _Prepared, options: ServiceOptions) -> tuple[float, .
     from diarize.language_turns import speaker_change_starts
 
     return speaker_change_starts(prepared.diarization.exclusive)
+
+
+def _cut_out(options: ServiceOptions) -> dict:
+    """What decided which audio was decoded, for a transcript's options: the clip ranges in
+    their one spelling (None: the whole file) and the VAD's settings (False: no VAD)."""
+    vad = dataclasses.asdict(options.vad_options()) if options.vad else False
+    return {"clip_timestamps": options.clip_timestamps, "vad": vad}
 
 
 def _clip_starts(options: ServiceOptions) -> tuple[float, ...]:

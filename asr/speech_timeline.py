@@ -285,6 +285,20 @@ def parse_clip_ranges(text: str) -> tuple[Span, ...]:
     return tuple((start, end) for start, end in merged)
 
 
+def clip_ranges_text(spans: tuple[Span, ...]) -> str:
+    """`parse_clip_ranges`' spans in one spelling, "START-END,START-" in seconds (the shortest
+    digits that read back as the same numbers; an open end left out), which parses back to
+    the same spans: equivalent spellings ("2,4.5,7", "0:02-0:04.5,7-") become one text."""
+    return ",".join(
+        f"{_decimal(start)}-{'' if math.isinf(end) else _decimal(end)}" for start, end in spans
+    )
+
+
+def _decimal(seconds: float) -> str:
+    """75.5 -> "75.5", 2.0 -> "2", 1e-05 -> "0.00001": no exponent, whose "-" reads as a range's."""
+    return np.format_float_positional(seconds, trim="-")
+
+
 def _seconds(value: str) -> float:
     """ "75.5", "1:15.5" or "0:01:15.5" -> 75.5."""
     parts = value.strip().split(":")

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from asr.audio import SAMPLE_RATE
-from asr.guards import REPEATED_SHARE, RepetitionGuard, drop_isolated_anomalies
+from asr.guards import REPEATED_SHARE, RepetitionGuard, drop_isolated_anomalies, words_of
 from asr.languages import LANGUAGES
 from asr.logit_rules import LogitRules
 from asr.passages import plan_passages
@@ -1048,10 +1048,49 @@ class _Passage:
     guard: RepetitionGuard | None
     segments: list[Segment] = field(default_factory=list)  # decided, in order
     language: str | None = None  # its last spoken window's (multilingual)
+    resumed: _Resumption | None = None  # where its next window resumes after skipped speech
 
     @property
     def done(self) -> bool:
         return self.seek >= self.end
+
+
+# A resumed window's first segment, this short (s) and starting this close to the window's
+# start (s), may be the last words before it heard again (`_Resumption.without_echo`).
+MAX_ECHO_SECONDS = 1.5
+MAX_ECHO_DELAY = 0.3
+MAX_ECHO_WORDS = 3
+
+
+@dataclass(frozen=True)
+class _Resumption:
+    """A passage's next window, resumed at `frame` after a window whose text closed early
+    (`_skipped_tail`), and that window's last text."""
+
+    frame: int
+    text_before: str
+
+    def without_echo(self, split: WindowSplit) -> WindowSplit:
+        """`split` (the resumed window's) with its first segment emptied where it repeats the
+        end of the text before: a window resumed inside the last word hears it again. Without
+        word timestamps the text's end is its last timestamp, which can come before the word
+        falls silent: JFK's closing "country." ends 0.4 s after its 10.0 s timestamp, in noise
+        as loud as speech, and the next window began with "country." again."""
+        content = [i for i, segment in enumerate(split.segments) if _has_content(segment)]
+        if not content:
+            return split
+        first = split.segments[content[0]]
+        echoed = words_of(first.text)
+        if not (
+            0 < len(echoed) <= MAX_ECHO_WORDS
+            and first.start - self.frame / FRAMES_PER_SECOND <= MAX_ECHO_DELAY
+            and first.end - first.start <= MAX_ECHO_SECONDS
+            and words_of(self.text_before)[-len(echoed) :] == echoed
+        ):
+            return split
+        segments = list(split.segments)
+        segments[content[0]] = replace(first, text="", words=())
+        return replace(split, segments=tuple(segments))
 
 
 @dataclass
@@ -1236,12 +1275,16 @@ def _decided(
         languages=languages,
     )
     spoken = zip(decoded, splits, owners, languages, strict=True)
-    for (result, seek, frames), split, passage, language in spoken:
+    for (result, seek, frames), heard, passage, language in spoken:
+        split = heard  # its segments as kept; `heard`'s times say where its text ends
+        if passage.resumed is not None and passage.resumed.frame == seek:
+            split = passage.resumed.without_echo(heard)
+        passage.resumed = None
         kept = _segments_with_content(split)
         passage.segments.extend(kept)
         passage.language = language
         recording.decided.append((seek, result, split))
-        consumed = _consumed(split, seek, passage.end, options.word_timestamps)
+        consumed = _consumed(heard, seek, passage.end, options.word_timestamps)
         # A window can close its text seconds before its audio ends although words follow
         # (OpenAI's rule then skips the rest of the window): a padded one (a passage's last)
         # as "silence" chunks do, above all where speech after a pause was packed behind it,
@@ -1253,7 +1296,7 @@ def _decided(
         # speech there (whispering after JFK's loud sentence, below the window's median level,
         # was lost).
         tail = (
-            _skipped_tail(split, seek, frames, session.model.special.eot)
+            _skipped_tail(heard, seek, frames, session.model.special.eot)
             if consumed >= frames
             else None
         )
@@ -1267,10 +1310,12 @@ def _decided(
                 resumptions.append(after_seam)
             if resumptions:
                 consumed = min(resumptions) - seek
+                if said := _segments_with_content(heard):
+                    passage.resumed = _Resumption(seek + consumed, said[-1].text)
         passage.seek += max(consumed, 1)
         # Text sampled hot is a poor prompt: OpenAI resets the context after it.
         if options.condition_on_previous_text and result.prompt_temperature <= 0.5:
-            passage.previous.extend(_context(split))
+            passage.previous.extend(_context(heard))  # an echo too: the same prompt
         else:
             passage.previous = []
 

@@ -69,11 +69,11 @@ class VadOptions:
 
     def validate(self) -> VadOptions:
         if not 0.0 < self.threshold < 1.0:
-            raise ValueError(f"vad threshold must be in (0, 1), got {self.threshold}")
+            raise ValueError(f"vad_threshold must be in (0, 1), got {self.threshold}")
         for name in ("min_speech_duration", "min_silence_duration", "speech_pad"):
             value = getattr(self, name)
             if not 0.0 <= value <= 60.0 or math.isnan(value):
-                raise ValueError(f"vad {name} must be in [0, 60] s, got {value}")
+                raise ValueError(f"vad_{name} must be in [0, 60] s, got {value}")
         return self
 
 

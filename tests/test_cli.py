@@ -85,7 +85,8 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
         ): "--min-speakers (3) exceeds --max-speakers (1)",
         ("--language", "xx"): "'xx' is not a Whisper language code",
         ("--format", "rttm"): "format rttm needs diarize",
-        ("--vad-threshold", "2"): "vad threshold must be in (0, 1)",
+        ("--vad-threshold", "2"): "--vad-threshold must be in (0, 1)",
+        ("--vad-speech-pad", "100"): "--vad-speech-pad must be in [0, 60] s, got 100.0",
         ("--clip-timestamps", "20-10"): "start must be >= 0 and before its end",
         ("--hallucination-silence-threshold", "2"): "needs --word-timestamps",
         ("--max-line-width", "3"): "--max-line-width must be in 10..1000",
@@ -717,6 +718,33 @@ def test_prompt_and_fallback_flags_reach_the_transcription_and_its_record(tmp_pa
     assert main(command) == 0
     again = json.loads((tmp_path / "jfk.json").read_text())
     assert again["options"]["initial_prompt"] is None
+
+
+@pytest.mark.slow
+def test_clip_ranges_and_vad_settings_reach_the_json_and_a_respelling_skips(capsys, tmp_path):
+    """The json's options say which audio was decoded, and clip ranges spelt another way are
+    the same request: a rerun skips (it redid the file, as if the ranges had changed)."""
+    audio = str(SAMPLES / "jfk.wav")
+    command = ["transcribe", audio, "--output-dir", str(tmp_path), "--format", "json"]
+    assert main([*command, "--clip-timestamps", "2,4.5,7", "--vad-threshold", "0.5"]) == 0
+    saved = json.loads((tmp_path / "jfk.json").read_text())
+    assert saved["options"]["clip_timestamps"] == "2-4.5,7-"
+    assert saved["options"]["vad"] == {
+        "threshold": 0.5,
+        "min_speech_duration": 0.25,
+        "min_silence_duration": 2.0,
+        "speech_pad": 0.4,
+    }
+    assert json.loads((tmp_path / ".jfk.specscribe.json").read_text())["clip_timestamps"] == (
+        "2-4.5,7-"
+    )
+    capsys.readouterr()
+    respelt = ["--clip-timestamps", "0:02-0:04.5,7-", "--vad-threshold", "0.50"]
+    assert main([*command, *respelt]) == 0
+    assert "has its outputs in" in capsys.readouterr().err
+    assert main([*command, "--no-vad"]) == 0
+    again = json.loads((tmp_path / "jfk.json").read_text())
+    assert again["options"]["clip_timestamps"] is None and again["options"]["vad"] is False
 
 
 @pytest.mark.slow

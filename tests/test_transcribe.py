@@ -8,7 +8,13 @@ import pytest
 
 from asr.audio import load_audio
 from asr.segments import WindowSplit, without_overlaps
-from asr.transcribe import TranscribeOptions, _inside_pause, _skipped_tail, transcribe
+from asr.transcribe import (
+    TranscribeOptions,
+    _inside_pause,
+    _Resumption,
+    _skipped_tail,
+    transcribe,
+)
 from asr.types import Segment, Word
 from tests.conftest import SAMPLES, SHARED_SPEECH, reference_text, word_error_rate
 
@@ -137,6 +143,26 @@ def test_a_tail_starts_after_words_timed_past_their_timestamps():
     assert _skipped_tail(outlasting, 10000, 1000, eot) == 10020  # its one word ends at 100.2 s
     spoken = _split([_timed(100.0, 100.4, " country.")], [105.0], 1000, [(1, 2, eot)])
     assert _skipped_tail(spoken, 10000, 1000, eot) == 10500  # within the bound: the timestamp
+
+
+def test_a_resumed_window_leaves_out_the_words_before_it_heard_again():
+    # The text before closed at 100.0 s with "... for your country."; the window resumed there.
+    resumed = _Resumption(10000, " ask what you can do for your country.")
+    kept = [_timed(102.0, 105.0, " And so my fellow")]
+
+    def texts(first: Segment) -> list[str]:
+        split = _split([first, *kept], [first.end, 105.0], 1000)
+        return [segment.text for segment in resumed.without_echo(split).segments]
+
+    assert texts(_timed(100.0, 100.4, " country.")) == ["", " And so my fellow"]
+    assert texts(_timed(100.0, 100.6, " your Country!"))[0] == ""  # case, punctuation
+    for other in (
+        _timed(100.0, 100.4, " nation."),  # not the text's end
+        _timed(100.5, 100.9, " country."),  # later than the window's start
+        _timed(100.0, 102.0, " country."),  # longer than a word's fading end
+        _timed(100.0, 101.0, " do for your country."),  # more than a few words
+    ):
+        assert texts(other)[0] == other.text
 
 
 def test_only_text_wholly_inside_a_cut_out_pause_is_left_out():

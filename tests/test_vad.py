@@ -12,7 +12,12 @@ import pytest
 from app.service import ServiceOptions
 from asr.audio import SAMPLE_RATE
 from asr.guards import RepetitionGuard, drop_isolated_anomalies, is_anomalous
-from asr.speech_timeline import SpeechTimeline, intersect, parse_clip_ranges
+from asr.speech_timeline import (
+    SpeechTimeline,
+    clip_ranges_text,
+    intersect,
+    parse_clip_ranges,
+)
 from asr.types import Segment, Word
 from asr.vad import SpeechProbability, VadOptions, speech_regions
 from tests.conftest import SAMPLES, SHARED_SPEECH, needs_speech, normalised_words, torch_threads
@@ -188,6 +193,14 @@ def test_intersect():
 )
 def test_clip_ranges(text, spans):
     assert parse_clip_ranges(text) == spans
+    assert parse_clip_ranges(clip_ranges_text(spans)) == spans  # one spelling, read back
+
+
+def test_clip_ranges_are_spelt_one_way():
+    spellings = ("2,4.5,7", "2-4.5,7-", "0:02-0:04.5, 7-", "7-,2-4.5", "2,4.5,9,12,7")
+    assert {clip_ranges_text(parse_clip_ranges(text)) for text in spellings} == {"2-4.5,7-"}
+    # No exponent, whose minus sign would read as a range's dash.
+    assert clip_ranges_text(((0.00001, 0.1 + 0.2),)) == "0.00001-0.30000000000000004"
 
 
 @pytest.mark.parametrize(
@@ -752,7 +765,9 @@ def test_a_quieter_reading_after_a_loud_one_is_transcribed(service, gain_db):
     # Two ways it was lost, in one 30 s window with the loud reading: at -40 dB the VAD found
     # 4 s of it (the region is now heard on its own too), and at -30 dB Whisper timed JFK's
     # closing "country." over the whole quieter reading and wrote nothing of it (a segment far
-    # longer than its text now ends where its words do, and the rest is decoded again).
+    # longer than its text now ends where its words do, and the rest is decoded again). The
+    # window decoded again began at the closing word's timestamp, 0.4 s before the word ends,
+    # and heard "country." a second time (a resumed window's echo is now left out).
     from asr.audio import load_audio
 
     jfk = load_audio(SAMPLES / "jfk.wav")
@@ -762,6 +777,7 @@ def test_a_quieter_reading_after_a_loud_one_is_transcribed(service, gain_db):
     first_end = len(jfk) / SAMPLE_RATE - 1.0  # its last word, "country.", ends at 10.4 s
     later = " ".join(s.text for s in transcript.segments if s.start >= first_end)
     assert "what your country can do for you" in " ".join(normalised_words(later)), transcript
+    assert normalised_words(transcript.text).count("country") == 4, transcript  # twice each
 
 
 @needs_speech
