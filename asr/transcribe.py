@@ -1358,6 +1358,7 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
 
     segments: list[Segment] = []
     decided: list[tuple[int, WindowResult, WindowSplit]] = []  # not yet reported
+    resumed: dict[int, _Resumption] = {}  # the tails queued, by their first frame
     reached = 0  # frames reported to `progress`: tails go back, the report does not
     while queue:
         group = [queue.popleft() for _ in range(min(options.batch_size, len(queue)))]
@@ -1390,11 +1391,12 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
                 guards=[guard_of(start) for _, start, _ in decoded],
             )
             tails = []
-            for (result, start, frames), split in zip(decoded, splits, strict=True):
+            for (result, start, frames), heard in zip(decoded, splits, strict=True):
+                split = resumed.pop(start).without_echo(heard) if start in resumed else heard
                 kept = _segments_with_content(split)
                 segments.extend(kept)
                 decided.append((start, result, split))
-                tail = _skipped_tail(split, start, frames, session.model.special.eot)
+                tail = _skipped_tail(heard, start, frames, session.model.special.eot)
                 rest = (tail, start + frames)
                 if (
                     tail is not None
@@ -1402,6 +1404,7 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
                     and not has_no_signal(session.mel, rest)
                 ):
                     tails.append(rest)
+                    resumed[tail] = _Resumption(tail, _segments_with_content(heard)[-1].text)
             queue.extendleft(reversed(tails))  # next, in time order
         # Everything before the first window still queued is final.
         decided.sort(key=lambda window: window[0])
