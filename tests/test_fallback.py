@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from asr.audio import SAMPLE_RATE, load_audio
 from asr.transcribe import TranscribeOptions, _most_probable_of_failed, transcribe
 from asr.window_decoder import WindowResult
-from tests.conftest import SAMPLES, reference_text, word_error_rate
+from tests.conftest import (
+    SAMPLES,
+    SHARED_SPEECH,
+    needs_speech,
+    reference_text,
+    word_error_rate,
+)
 
 OPTIONS = TranscribeOptions()  # compression ratio at most 2.4, log-probability at least -1
 
@@ -41,6 +49,50 @@ def test_a_repetition_loop_is_kept_only_when_every_text_is_one():
     assert _most_probable_of_failed([loop, sample], unchecked).text == LOOP
 
 
+def segments_by_bar(result: WindowResult) -> list[str]:
+    """A test's stand-in for a window's segments: its text cut at "|"."""
+    return [text for text in result.text.split("|") if text.strip()]
+
+
+SENTENCE = " He began a confused complaint against the wizard, who had vanished."
+
+
+def test_a_sentence_said_again_and_again_is_kept_over_improbable_samples():
+    said = result("|".join([SENTENCE] * 7), -0.14, 0.0)
+    assert said.compression_ratio > OPTIONS.compression_ratio_threshold
+    garbled = result(" He began a confused complaint, who buddhadnice behind.", -2.7, 1.0)
+    kept = _most_probable_of_failed([said, garbled], OPTIONS, segments_by_bar)
+    assert kept.text == said.text and kept.fallback_exhausted_at == 1.0
+    # Not where its repetition is untimed (one segment) or a loop inside a segment...
+    untimed = result(said.text.replace("|", ""), -0.14, 0.0)
+    assert _most_probable_of_failed([untimed, garbled], OPTIONS, segments_by_bar) == replace(
+        garbled, fallback_exhausted_at=1.0
+    )
+    looped = result(LOOP + "|" + SENTENCE, -0.1, 0.0)
+    assert _most_probable_of_failed([looped, garbled], OPTIONS, segments_by_bar).text == (
+        garbled.text
+    )
+    # ...nor where the model finds it barely probable: the most probable of the rest.
+    improbable = result(said.text, -0.86, 0.0)  # within the threshold, but not clearly
+    assert _most_probable_of_failed([improbable, garbled], OPTIONS, segments_by_bar).text == (
+        garbled.text
+    )
+    # ...nor where the window may well be no speech: "Have a good day." looped every second
+    # over reversed speech 40 dB down, at a no-speech probability of 0.54.
+    doubtful = replace(said, no_speech_prob=0.54)
+    assert _most_probable_of_failed([doubtful, garbled], OPTIONS, segments_by_bar).text == (
+        garbled.text
+    )
+
+
+def test_of_texts_said_again_the_one_that_repeats_least_is_kept():
+    # A loop says the sentence more often than the audio does: it compresses better, and a
+    # more probable loop loses to the text that repeats least (within SAME_REPETITION).
+    four, loop = "|".join([SENTENCE] * 4), "|".join([SENTENCE] * 9)
+    tried = [result(loop, -0.18, 0.0), result(four, -0.19, 0.6), result(four + "!", -0.25, 0.8)]
+    assert _most_probable_of_failed(tried, OPTIONS, segments_by_bar).temperature == 0.6
+
+
 def test_ties_go_to_the_coolest_temperature():
     tried = [result(" a", -1.5, 0.0), result(" b", -1.5, 0.2)]
     assert _most_probable_of_failed(tried, OPTIONS).text == " a"
@@ -66,3 +118,16 @@ def test_a_window_that_really_says_a_line_again_keeps_its_most_probable_text(whi
     transcript = transcribe(whisper_base, np.concatenate([jfk, pause] * 3))
     expected = " ".join([reference_text(SAMPLES / "jfk.wav")] * 3)
     assert word_error_rate(expected, transcript.text) < 0.03
+
+
+@needs_speech
+@pytest.mark.slow
+def test_a_sentence_said_seven_times_is_transcribed_seven_times(whisper_base_int8):
+    """A LibriSpeech sentence seven times over (34 s): every temperature's text fails the
+    repetition check, and of them the most probable one not too repetitive was a sample at
+    1.0 that garbled it ("who buddhadnice behind the curtain", average log-probability -2.7,
+    against -0.14 for the greedy text, which is the speech as said)."""
+    clip = SHARED_SPEECH / "en_single" / "librispeech_61-70968-0000.flac"
+    transcript = transcribe(whisper_base_int8, np.tile(load_audio(clip), 7))
+    expected = " ".join([reference_text(clip)] * 7)
+    assert word_error_rate(expected, transcript.text) < 0.05, transcript.text
