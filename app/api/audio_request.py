@@ -136,6 +136,11 @@ def _param_of(message: str) -> str | None:
         "max_speakers",
         "hallucination_silence_threshold",
         "repetition_ngram",
+        "clip_timestamps",
+        "vad_threshold",
+        "vad_min_speech_duration",
+        "vad_min_silence_duration",
+        "vad_speech_pad",
     )
     for name in names:
         if message.startswith(name) or f"{name} " in message:
