@@ -242,6 +242,32 @@ def intersect(first: tuple[Span, ...], second: tuple[Span, ...]) -> tuple[Span, 
     return tuple(result)
 
 
+def uncovered(span: Span, covered: tuple[Span, ...] | list[Span]) -> list[Span]:
+    """The parts of `span` outside the sorted, disjoint `covered` spans."""
+    parts, start = [], span[0]
+    for other_start, other_stop in covered:
+        if other_stop <= start or other_start >= span[1]:
+            continue
+        if other_start > start:
+            parts.append((start, other_start))
+        start = max(start, other_stop)
+    if start < span[1]:
+        parts.append((start, span[1]))
+    return parts
+
+
+def merged(spans: list[Span], join_touching: bool) -> tuple[Span, ...]:
+    """The spans sorted, those that overlap joined, and those that touch (one ends where the
+    next starts) too where `join_touching`."""
+    joined: list[list[float]] = []
+    for start, end in sorted(spans):
+        if joined and (start < joined[-1][1] or (join_touching and start == joined[-1][1])):
+            joined[-1][1] = max(joined[-1][1], end)
+        else:
+            joined.append([start, end])
+    return tuple((start, end) for start, end in joined)
+
+
 def parse_clip_ranges(text: str) -> tuple[Span, ...]:
     """OpenAI's --clip_timestamps: "start,end,start,end,..." in seconds (the last end may be
     left out: to the end of the file); also accepts "10:00-20:00" style ranges separated by
@@ -276,13 +302,7 @@ def parse_clip_ranges(text: str) -> tuple[Span, ...]:
             raise ValueError(f"clip range {start}-{end}: start must be >= 0 and before its end")
     # Overlapping ranges are merged; touching ones ("0-5,5-11") stay two, each decoded on its
     # own as OpenAI decodes each clip.
-    merged: list[list[float]] = []
-    for start, end in spans:
-        if merged and start < merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return tuple((start, end) for start, end in merged)
+    return merged(spans, join_touching=False)
 
 
 def clip_ranges_text(spans: tuple[Span, ...]) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import numpy as np
 import torch
 
 from asr.audio import SAMPLE_RATE
+from asr.speech_timeline import merged, uncovered
 
 WINDOW_SECONDS = 10.0  # segmentation-3.0's chunk
 HYSTERESIS = 0.15  # speech ends below threshold - HYSTERESIS (as Silero's neg_threshold)
@@ -194,37 +194,10 @@ class VoiceActivityDetector:
                 span = (round(start + offset, 3), round(stop + offset, 3))
                 added += [
                     (a, b)
-                    for a, b in _uncovered(span, found)
+                    for a, b in uncovered(span, found)
                     if b - a >= options.min_speech_duration
                 ]
-        return _merged([*found, *added])
-
-
-def _uncovered(
-    span: tuple[float, float], covered: Sequence[tuple[float, float]]
-) -> list[tuple[float, float]]:
-    """The parts of `span` outside the sorted, disjoint `covered` spans."""
-    parts, start = [], span[0]
-    for other_start, other_stop in covered:
-        if other_stop <= start or other_start >= span[1]:
-            continue
-        if other_start > start:
-            parts.append((start, other_start))
-        start = max(start, other_stop)
-    if start < span[1]:
-        parts.append((start, span[1]))
-    return parts
-
-
-def _merged(spans: list[tuple[float, float]]) -> tuple[tuple[float, float], ...]:
-    """Sorted spans with those that overlap or touch joined."""
-    joined: list[list[float]] = []
-    for start, stop in sorted(spans):
-        if joined and start <= joined[-1][1]:
-            joined[-1][1] = max(joined[-1][1], stop)
-        else:
-            joined.append([start, stop])
-    return tuple((start, stop) for start, stop in joined)
+        return merged([*found, *added], join_touching=True)
 
 
 def quiet_stretches(samples: np.ndarray) -> list[tuple[int, int]]:
