@@ -282,9 +282,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             f"tree; with --assistant {service.draft_model_name} they do nothing",
             file=sys.stderr,
         )
-    record = service.output_record(options)
-    if layout.shaped:
-        record.update(max_line_width=layout.max_line_width, max_line_count=layout.max_line_count)
+    record = service.output_record(options) | layout.recorded()
 
     # 2. What to do: the files, and which of them already have every output, made this way.
     unlisted: list[tuple[Path, str]] = []  # folders that could not be searched, and why
@@ -348,12 +346,16 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
                 skipped += 1
                 skipped_path = path
             continue
-        # Asked for other speaker counts (or an output lost): its transcript is kept.
+        # Asked for other speaker counts, another layout or format (or an output lost): its
+        # transcript is kept, and only written again.
         kept_transcript = None
-        if options.diarize and plan.action in ("make", "redo"):
+        if plan.action in ("make", "redo"):
             kept_transcript = kept_unlabelled(outputs, file_record)
         if plan.action == "redo":
-            again = "labelling its kept transcript again" if kept_transcript else "redoing"
+            again = "redoing"
+            if kept_transcript is not None:
+                again = "labelling" if options.diarize else "writing"
+                again += " its kept transcript again"
             tell(f"specscribe: {again} {path}: {plan.why}")
         if kept_transcript is not None:
             relabels.append((path, outputs, file_record, kept_transcript))
@@ -376,7 +378,8 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             raise ValueError(f"--output-dir {args.output_dir}: {full}")
 
     # 3. The models, loaded once; options checked against them before any work (the Whisper
-    # model only where a file is to be transcribed).
+    # model only where a file is to be transcribed, the diarizer where speakers are found;
+    # kept transcripts written in another layout or format need neither).
     if jobs:
         options.transcribe_options().validate(service.model)
         # "auto"'s draft waits until the files' speech repays its load (app.service).
@@ -385,7 +388,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             vad=options.vad and not options.diarize,
             defer_auto_draft=True,
         )
-    else:
+    elif options.diarize:
         _ = service.diarizer
 
     # 4. The files, up to --batch-files at a time: a bad one is reported and skipped, the rest

@@ -29,7 +29,7 @@ from .output_claim import OutputClaim, claim_outputs, wait_until_unclaimed
 from .output_plan import fingerprinted, plan_outputs
 from .service import Labelled, TranscriptionService
 from .status_lines import one_line, tell
-from .unlabelled_cache import Kept, keep_unlabelled
+from .unlabelled_cache import Kept, keep_unlabelled, reused
 
 # Write errors that every later file's outputs would meet too: a full disk or quota, a
 # file system mounted read-only.
@@ -153,14 +153,18 @@ class FileRun:
         try:
             if not self._claimed(path, outputs, record, relabel=kept):
                 return
-            audio = decode_audio(fingerprinted(path, record))
-            transcript = self.service.relabel(
-                audio, kept.unlabelled, self.options, passes=kept.passes
-            )
+            if self.options.diarize:
+                audio = decode_audio(fingerprinted(path, record))
+                transcript = self.service.relabel(
+                    audio, kept.unlabelled, self.options, passes=kept.passes
+                )
+            else:  # only the outputs differ: nothing to decode, the record names the bytes
+                fingerprinted(path, record)
+                transcript = reused(kept.unlabelled)
         except Exception as error:
             self._failed(path, error)
             return
-        self._written(path, outputs, record, Labelled(transcript, None))
+        self._written(path, outputs, record, Labelled(transcript, None), keep=False)
 
     def _transcribe(self, group: list) -> None:
         more = f" +{len(group) - 1}" if len(group) > 1 else ""
@@ -275,12 +279,17 @@ class FileRun:
         self._say(f"specscribe: failed {reason}")
         self._settle()
 
-    def _written(self, path: Path, outputs: dict[str, Path], record: dict, result) -> None:
-        """Writes a decoded file's outputs. Where they cannot be written, its transcript is
-        printed all the same (decoding it may have taken long), the file fails, and a disk
-        that is full or read-only stops the run: every later file would fail the same way,
-        after its decoding."""
+    def _written(
+        self, path: Path, outputs: dict[str, Path], record: dict, result, keep: bool = True
+    ) -> None:
+        """Writes a decoded file's outputs, and keeps its transcript beside them (keep; a
+        transcript written again from the one kept leaves that one be). Where they cannot be
+        written, its transcript is printed all the same (decoding it may have taken long), the
+        file fails, and a disk that is full or read-only stops the run: every later file would
+        fail the same way, after its decoding."""
         transcript, unlabelled = result.transcript, result.unlabelled
+        if unlabelled is None and keep and not self.options.diarize:
+            unlabelled = transcript  # kept for other layouts and formats (app.unlabelled_cache)
         try:
             if unlabelled is not None and outputs:  # printed: nothing to keep it beside
                 keep_unlabelled(outputs, record, unlabelled, result.passes)

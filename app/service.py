@@ -38,6 +38,7 @@ from .request import (  # re-exported: the Python API takes them from here
     decoding_choices,
     language_code,
 )
+from .unlabelled_cache import reused
 
 if TYPE_CHECKING:
     from asr.models import ModelRegistry
@@ -414,10 +415,7 @@ class TranscriptionService:
                 decoded.samples, options.speaker_options(), progress=progress, passes=passes
             )
             seconds = time.perf_counter() - started
-            reused = dataclasses.replace(
-                unlabelled, stats={**unlabelled.stats, "transcript_reused": True}
-            )
-            transcript = self._labelled(reused, diarization, options, seconds)
+            transcript = self._labelled(reused(unlabelled), diarization, options, seconds)
         return _with_audio_warnings(transcript, decoded)
 
     def _run(

@@ -1,19 +1,25 @@
-"""A diarized file's transcript before speakers, and the diarizer's passes over the file, kept
-beside its outputs so that asking for other speaker counts labels it again without running
-Whisper or the diarizer's networks again.
+"""A file's transcript before speakers, and with diarization the diarizer's passes over the
+file, kept beside its outputs, so that asking for other outputs of the same transcript writes
+them without running Whisper (or the diarizer's networks) again.
 
-Neither depends on the counts (`TranscriptionService.relabel`): with them, the VAD reads the
-diarizer's segmentation pass, and only clustering comes after the passes. So a kept transcript
-serves any request whose option record (`TranscriptionService.output_record`) equals the one
-it was made with but for `SPEAKER_COUNTS`, from the same recording. It lives in the hidden
-.STEM.specscribe-unlabelled.json beside the record, with that record, and the passes in the
-.npz of the same name (`diarize.passes`), which the json names by digest; a file that cannot be
-read, or that was made otherwise, is not used (the file is transcribed again, and both are
-replaced).
+What a kept transcript serves: any request whose option record
+(`TranscriptionService.output_record`, with the CLI's subtitle layout) equals the one it was
+made with but for what only shapes the outputs, from the same recording:
+- the speaker counts (`SPEAKER_COUNTS`): the transcript does not depend on them
+  (`TranscriptionService.relabel`): the VAD reads the diarizer's segmentation pass, and only
+  clustering comes after the passes;
+- the subtitle layout (`asr.writers.LAYOUT_FIELDS`) and the formats, which the writers apply
+  to the transcript: a run with another --max-line-width, or one adding --format vtt, only
+  writes.
+It lives in the hidden .STEM.specscribe-unlabelled.json beside the record, with that record,
+and the passes in the .npz of the same name (`diarize.passes`), which the json names by
+digest; a file that cannot be read, or that was made otherwise, is not used (the file is
+transcribed again, and both are replaced).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from dataclasses import dataclass
@@ -21,7 +27,7 @@ from pathlib import Path
 
 from asr.source import digest_of
 from asr.types import Transcript
-from asr.writers import RECORD_SOURCE, record_path, write_atomically
+from asr.writers import LAYOUT_FIELDS, RECORD_SOURCE, record_path, write_atomically
 from diarize.passes import SpeakerPasses
 
 from .request import SPEAKER_COUNTS
@@ -31,8 +37,9 @@ _RECORD, _TRANSCRIPT, _PASSES = "record", "transcript", "passes"
 
 @dataclass(frozen=True)
 class Kept:
-    """A file's kept transcript before speakers, and the diarizer's passes over the file where
-    they were kept too (None: the diarizer runs in full)."""
+    """A file's kept transcript before speakers (without diarization: its transcript), and the
+    diarizer's passes over the file where they were kept too (None: the diarizer runs in
+    full)."""
 
     unlabelled: Transcript
     passes: SpeakerPasses | None
@@ -50,10 +57,16 @@ def passes_path(outputs: dict[str, Path]) -> Path:
 
 
 def _transcription_record(record: dict) -> dict:
-    """What makes the transcript: the record without the speaker counts and the recording,
-    as JSON stores it."""
-    kept = {k: v for k, v in record.items() if k not in (*SPEAKER_COUNTS, RECORD_SOURCE)}
+    """What makes the transcript: the record without the speaker counts, the subtitle layout
+    and the recording, as JSON stores it."""
+    apart = (*SPEAKER_COUNTS, *LAYOUT_FIELDS, RECORD_SOURCE)
+    kept = {k: v for k, v in record.items() if k not in apart}
     return json.loads(json.dumps(kept))
+
+
+def reused(transcript: Transcript) -> Transcript:
+    """A kept transcript as a request's result: its stats say it was not decoded again."""
+    return dataclasses.replace(transcript, stats={**transcript.stats, "transcript_reused": True})
 
 
 def keep_unlabelled(
@@ -62,7 +75,8 @@ def keep_unlabelled(
     unlabelled: Transcript,
     passes: SpeakerPasses | None = None,
 ) -> None:
-    """Keeps `unlabelled` (a `Labelled.unlabelled`) and the diarizer's `passes` as made with
+    """Keeps `unlabelled` (a `Labelled.unlabelled`, or without diarization the transcript
+    itself) and the diarizer's `passes` as made with
     `record` (and from the recording it names, `asr.writers.RECORD_SOURCE`), each file
     atomically; the transcript's names the passes' digest, so that passes left from another
     run are never read with it."""

@@ -86,6 +86,18 @@ class SubtitleLayout:
     def shaped(self) -> bool:
         return self.max_line_width is not None or self.max_line_count is not None
 
+    def recorded(self) -> dict[str, int | None]:
+        """What an option record holds of the layout: its fields where it shapes cues (an
+        unshaped layout records nothing, as records made before layouts were kept)."""
+        if not self.shaped:
+            return {}
+        return {name: getattr(self, name) for name in LAYOUT_FIELDS}
+
+
+# The option record's keys for the subtitle layout: they shape how a transcript is written,
+# not the transcript, so a kept transcript serves any layout (app.unlabelled_cache).
+LAYOUT_FIELDS = ("max_line_width", "max_line_count")
+
 
 @dataclass(frozen=True)
 class _Cue:

@@ -353,10 +353,12 @@ def test_folder_run_skips_a_corrupt_file_and_finished_work(capsys, tmp_path):
     assert "2 transcribed, 0 skipped (outputs exist), 1 failed" in captured.err
     written = sorted(p.relative_to(outputs).as_posix() for p in outputs.rglob("*"))
     assert written == [
+        ".a_good.specscribe-unlabelled.json",  # its transcript, for other formats and layouts
         ".a_good.specscribe.json",  # the options that made a_good's outputs
         "a_good.srt",
         "a_good.txt",
         "nested",
+        "nested/.c_good.specscribe-unlabelled.json",
         "nested/.c_good.specscribe.json",
         "nested/c_good.srt",
         "nested/c_good.txt",
@@ -449,7 +451,11 @@ def test_inputs_that_would_write_the_same_outputs_fail_and_the_rest_go_on(capsys
         said = f"{inputs / name}: {inputs / other} would write the same outputs ({outputs}/talk.*)"
         assert f"skipping {said}" in err and f"  failed: {said}" in err
     assert "1 transcribed, 0 skipped (outputs exist), 2 failed" in err
-    assert sorted(p.name for p in outputs.iterdir()) == [".jfk.specscribe.json", "jfk.txt"]
+    assert sorted(p.name for p in outputs.iterdir()) == [
+        ".jfk.specscribe-unlabelled.json",
+        ".jfk.specscribe.json",
+        "jfk.txt",
+    ]
 
 
 @pytest.mark.slow
@@ -491,7 +497,9 @@ def test_a_file_another_run_is_transcribing_is_done_once_that_run_lets_go_of_it(
     assert "waiting for another run to finish 1 file" in err
     assert "2 transcribed, 0 skipped (outputs exist), 0 failed" in err
     assert sorted(p.name for p in outputs.iterdir()) == [
+        ".jfk.specscribe-unlabelled.json",
         ".jfk.specscribe.json",
+        ".talk.specscribe-unlabelled.json",
         ".talk.specscribe.json",
         "jfk.txt",
         "talk.txt",

@@ -1,5 +1,6 @@
-"""A diarized file's transcript before speakers is kept, and labelled again (not transcribed
-again) when only the speaker counts change."""
+"""A file's transcript (a diarized file's before speakers) is kept, and labelled or written
+again (not transcribed again) when only the speaker counts, the subtitle layout or the formats
+change."""
 
 from __future__ import annotations
 
@@ -49,6 +50,11 @@ def test_a_kept_transcript_serves_only_requests_that_differ_in_the_speaker_count
     assert kept_unlabelled(outputs, RECORD) == Kept(TRANSCRIPT, None)
     assert kept_unlabelled(outputs, {**RECORD, "num_speakers": 2}) == Kept(TRANSCRIPT, None)
     assert kept_unlabelled(outputs, {**RECORD, "min_speakers": 2, "max_speakers": 3}) is not None
+    # Nor does the subtitle layout change the transcript: only how it is written.
+    layout = {"max_line_width": 30, "max_line_count": None}
+    assert kept_unlabelled(outputs, {**RECORD, **layout}) == Kept(TRANSCRIPT, None)
+    keep_unlabelled(outputs, {**RECORD, **layout}, TRANSCRIPT)
+    assert kept_unlabelled(outputs, {**RECORD, "max_line_count": 1}) == Kept(TRANSCRIPT, None)
     # Anything else makes another transcript.
     assert kept_unlabelled(outputs, {**RECORD, "language": "de"}) is None
     assert kept_unlabelled(outputs, {**RECORD, "vad": False}) is None
@@ -129,3 +135,46 @@ def test_other_speaker_counts_label_the_kept_transcript_as_a_new_run_would(
     assert "pyannote_sample.wav has its outputs in" in capsys.readouterr().err
     assert main([*command(again, "--num-speakers", "2"), "--overwrite"]) == 1
     assert "transcribed again" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_another_layout_or_format_writes_the_kept_transcript_as_a_new_run_would(
+    tmp_path, capsys, monkeypatch
+):
+    from app.service import TranscriptionService
+
+    def command(output_dir: Path, formats: str, width: str) -> list[str]:
+        audio = str(SAMPLES / "jfk.wav")
+        written = ["--format", formats, "--output-dir", str(output_dir)]
+        return ["transcribe", audio, "--language", "en", "--max-line-width", width, *written]
+
+    again, fresh = tmp_path / "again", tmp_path / "fresh"
+    assert main(command(again, "srt", "20")) == 0
+    assert main(command(fresh, "srt,vtt,json", "42")) == 0
+    narrow = (again / "jfk.srt").read_text()
+    capsys.readouterr()
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(TranscriptionService, "load", loaded)
+    monkeypatch.setattr(TranscriptionService, "run_keeping_unlabelled", loaded)
+    monkeypatch.setattr(TranscriptionService, "model", property(loaded))
+    monkeypatch.setattr(TranscriptionService, "diarizer", property(loaded))
+    assert main(command(again, "srt", "42")) == 0  # another width
+    told = capsys.readouterr().err
+    assert "writing its kept transcript again" in told and "max_line_width 20 -> 42" in told
+    assert (again / "jfk.srt").read_text() == (fresh / "jfk.srt").read_text() != narrow
+    assert main(command(again, "srt,vtt,json", "42")) == 0  # more formats
+    assert "1 transcribed, 0 skipped" in capsys.readouterr().err
+    assert (again / "jfk.vtt").read_text() == (fresh / "jfk.vtt").read_text()
+    rewritten, new = (json.loads((d / "jfk.json").read_text()) for d in (again, fresh))
+    assert rewritten["stats"].pop("transcript_reused") is True
+    for saved in (rewritten, new):
+        del saved["stats"]
+    assert rewritten == new
+    # Without other options nothing is left to do; other decoding options transcribe again.
+    assert main(command(again, "srt,vtt,json", "42")) == 0
+    assert "jfk.wav has its outputs in" in capsys.readouterr().err
+    with pytest.raises(AssertionError, match="a model was loaded"):
+        main([*command(again, "srt", "42"), "--no-vad"])
