@@ -127,7 +127,8 @@ def starts_in_speech(
     the passage's audio begins with the voice detector's padding (0.4 s), so a speaker's first
     "Hello." was timed 0.4 s before the diarizer heard anyone (pyannote's sample: 6.32 s, its
     turn 6.73 s, the reference 6.69 s). The diarizer's turns say where speech starts; words
-    with no turn anywhere inside them, and words of no duration, keep their times."""
+    with no turn anywhere inside them, and words of no duration, keep their times. A moved
+    start is rounded to the millisecond."""
     index = _Turns(turns)
     result = []
     for segment in segments:
@@ -146,7 +147,8 @@ def _start_in_speech(word: Word, index: _Turns) -> Word:
     if after and index.turns[index.latest[after - 1]].end > word.start:
         return word  # someone speaks where it starts
     if after < len(index.turns) and index.starts[after] < word.end:
-        return replace(word, start=index.starts[after])
+        # to the millisecond, as transcripts hold times (turns come in the diarizer's frames)
+        return replace(word, start=min(round(index.starts[after], 3), word.end))
     return word
 
 

@@ -385,3 +385,7 @@ def test_a_word_that_starts_before_anyone_speaks_starts_with_the_turn_inside_it(
     assert [(s.start, s.end) for s in moved] == [(6.73, 7.88), (9.1, 9.6), (10.0, 10.5)]
     assert moved[0].text == first.text and first.words[0].start == 6.32  # inputs unchanged
     assert starts_in_speech([first], []) == (first,)  # no turns: nothing to go by
+    # A turn's start in the diarizer's frames (6.730343750000001 s) moves a word to the
+    # millisecond, as every time a transcript holds is written.
+    framed = starts_in_speech([first], [SpeakerTurn(6.730343750000001, 7.17, "A")])
+    assert (framed[0].start, framed[0].words[0].start) == (6.73, 6.73)
