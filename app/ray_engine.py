@@ -203,8 +203,9 @@ class RayWorker:
             pool.give_back(actor)
             self.finished += 1
             return None
-        kept = None  # other speaker counts than its outputs': the actor labels the kept transcript
-        if task.spec.options.diarize and not task.spec.overwrite:
+        # other speaker counts or formats than its outputs': the actor takes the kept transcript
+        kept = None
+        if not task.spec.overwrite:
             kept = kept_unlabelled(task.outputs, record)
         self.log(
             f"task {task.id} (job {task.job_id}) running on Ray node {node.label}, "

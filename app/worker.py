@@ -36,7 +36,7 @@ from .output_plan import made_from
 from .service import ServiceOptions, TranscriptionService
 from .status_lines import one_line
 from .stop_signals import raising_on
-from .unlabelled_cache import Kept, keep_unlabelled, kept_unlabelled
+from .unlabelled_cache import Kept, keep_unlabelled, kept_unlabelled, reused
 
 if TYPE_CHECKING:
     from diarize.passes import SpeakerPasses
@@ -71,14 +71,15 @@ class WorkerOptions:
 class Outcome:
     """What decoding one file gave: a transcript, or the error that names the cause; with
     diarization, the transcript before speakers and the diarizer's passes too, which `finish`
-    keeps beside the outputs (app.unlabelled_cache) for a rerun with other speaker counts."""
+    keeps beside the outputs (app.unlabelled_cache), as it keeps a transcript made without
+    diarization, for a job asking other speaker counts or formats."""
 
     transcript: Transcript | None
     error: str | None
     seconds: float
     unlabelled: Transcript | None = None
     passes: SpeakerPasses | None = None
-    relabelled: bool = False  # only speakers were found again, from a kept transcript
+    from_kept: bool = False  # made from a kept transcript (speakers found again, or as it was)
 
 
 class Shutdown(BaseException):
@@ -106,16 +107,19 @@ def execute(
 ) -> Outcome:
     """Decodes one file (a path, or its bytes named `label` in errors). Any error becomes a
     failed Outcome: one bad file must not stop the worker. kept: the file's kept transcript
-    (`app.unlabelled_cache.kept_unlabelled`), labelled again instead of transcribing."""
+    (`app.unlabelled_cache.kept_unlabelled`), labelled again (with diarization) or taken as
+    it is instead of transcribing."""
     from asr.audio import decode_audio
 
     started = time.perf_counter()
+    if kept is not None and not options.diarize:  # only the formats differ: nothing to decode
+        return Outcome(reused(kept.unlabelled), None, time.perf_counter() - started, from_kept=True)
     try:
         source = decode_audio(audio, name=label) if isinstance(audio, bytes) else audio
         if kept is not None:
             unlabelled, passes = kept.unlabelled, kept.passes
             transcript = service.relabel(source, unlabelled, options, progress, passes=passes)
-            return Outcome(transcript, None, time.perf_counter() - started, relabelled=True)
+            return Outcome(transcript, None, time.perf_counter() - started, from_kept=True)
         result = service.run_keeping_unlabelled([source], options, progress)[0]
     except Exception as error:
         return Outcome(None, describe_error(error), time.perf_counter() - started)
@@ -205,9 +209,12 @@ def finish(
         store.record_lost(task, worker, "lease lost before writing outputs")
         log(f"task {task.id} (job {task.job_id}): lease lost, result dropped")
         return
+    kept = outcome.unlabelled
+    if kept is None and not outcome.from_kept and not task.spec.options.diarize:
+        kept = outcome.transcript  # for a job asking other formats (app.unlabelled_cache)
     try:
-        if outcome.unlabelled is not None and record is not None:
-            keep_unlabelled(task.outputs, record, outcome.unlabelled, outcome.passes)
+        if kept is not None and record is not None:
+            keep_unlabelled(task.outputs, record, kept, outcome.passes)
         write_outputs(outcome.transcript, task.outputs, record)
     except OSError as error:  # a full disk, a file where a folder must go: this task's failure
         reason = why_unwritten(error, task.outputs)
@@ -216,7 +223,13 @@ def finish(
         # Its decoding may have taken long: the log keeps what it made.
         log(f"task {task.id} (job {task.job_id}) transcript: {outcome.transcript.text}")
         return
-    done = "speakers labelled again on the kept transcript" if outcome.relabelled else "transcribed"
+    done = "transcribed"
+    if outcome.from_kept:
+        done = (
+            "speakers labelled again on the kept transcript"
+            if task.spec.options.diarize
+            else "written again from the kept transcript"
+        )
     done = f"{done} on {place}" if place else done
     note = "; ".join((done, *outcome.transcript.warnings))
     if store.complete(task, worker, outcome.seconds, note):
@@ -352,8 +365,8 @@ class LocalWorker:
         try:
             if not prepare(self.store, task, self.worker, self.log, record):
                 return
-            kept = None  # other speaker counts than its outputs': its transcript is kept
-            if task.spec.options.diarize and not task.spec.overwrite:
+            kept = None  # other speaker counts or formats than its outputs': its transcript
+            if not task.spec.overwrite:
                 kept = kept_unlabelled(task.outputs, record)
             outcome = execute(
                 self.service,

@@ -742,6 +742,40 @@ def test_a_job_asking_other_speaker_counts_labels_the_kept_transcript(
     assert (tmp_path / "out" / "call.txt").read_text() == one_speaker
 
 
+@pytest.mark.slow
+def test_a_job_asking_other_formats_writes_the_kept_transcript(tmp_path, settings, monkeypatch):
+    from app.service import TranscriptionService
+    from app.worker import LocalWorker, WorkerOptions
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(SAMPLES / "jfk.wav", folder / "jfk.wav")
+    store = JobStore(tmp_path / "jobs.db")
+
+    def submit(*formats: str) -> int:
+        options = ServiceOptions(language="en")
+        return store.submit([folder], JobSpec(tmp_path / "out", formats, options, MODEL))
+
+    service = TranscriptionService(settings, asr_model=MODEL, assistant_model="none")
+    options = WorkerOptions(until_idle=True, poll=0.1)
+    submit("txt")
+    assert LocalWorker(store, service, options, log=lambda _: None).run() == 1
+    text = (tmp_path / "out" / "jfk.txt").read_text()
+
+    def no_transcription(*args, **kwargs):
+        raise AssertionError("transcribed again")
+
+    monkeypatch.setattr(TranscriptionService, "run_keeping_unlabelled", no_transcription)
+    job = submit("txt", "json")
+    assert LocalWorker(store, service, options, log=lambda _: None).run() == 1
+    (task,) = store.tasks(job)
+    assert task.state == "done", task.error
+    assert task.note.startswith("written again from the kept transcript"), task.note
+    written = json.loads((tmp_path / "out" / "jfk.json").read_text())
+    assert written["stats"]["transcript_reused"] is True
+    assert "".join(f"{s['text'].strip()}\n" for s in written["segments"]) == text
+
+
 def test_a_store_that_cannot_take_progress_does_not_end_the_decoding():
     """A full disk under the store made the progress write fail, which ended a long decode
     (its work lost) and then the worker, with a traceback."""
