@@ -101,7 +101,10 @@ class StaticEncoder:
             layers, linear = self._packed_layers, _packed_linear
         x = F.gelu(F.conv1d(mel.to(self.dtype), *self.conv1, padding=1))
         x = F.gelu(F.conv1d(x, *self.conv2, stride=2, padding=1))
-        x = x.transpose(1, 2) + self.positions[: x.shape[2]]
+        # Made contiguous once: a sum keeps its first operand's layout, so a transposed stream
+        # stayed transposed through every residual sum and each layer norm copied it (a window
+        # took 351 ms, now 341, on the 2-core EPYC; best of 24); the same values either way.
+        x = (x.transpose(1, 2) + self.positions[: x.shape[2]]).contiguous()
         batch, length, width = x.shape
         for layer in layers:
             normed = F.layer_norm(x, (width,), *layer.self_norm, self.eps)
