@@ -351,12 +351,13 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         kept_transcript = None
         if plan.action in ("make", "redo"):
             kept_transcript = kept_unlabelled(outputs, file_record)
+        again = "labelling" if options.diarize else "writing"
+        again += " its kept transcript again"
         if plan.action == "redo":
-            again = "redoing"
-            if kept_transcript is not None:
-                again = "labelling" if options.diarize else "writing"
-                again += " its kept transcript again"
-            tell(f"specscribe: {again} {path}: {plan.why}")
+            tell(f"specscribe: {again if kept_transcript else 'redoing'} {path}: {plan.why}")
+        elif kept_transcript is not None:
+            missing = ", ".join(fmt for fmt, output in outputs.items() if not output.exists())
+            tell(f"specscribe: {again} {path}: {missing} missing")
         if kept_transcript is not None:
             relabels.append((path, outputs, file_record, kept_transcript))
         else:

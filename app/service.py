@@ -28,6 +28,7 @@ from asr.types import (
     WindowHook,
     no_progress,
 )
+from asr.writers import RECORDED_SINCE
 
 from .config import Settings
 from .malloc import trimming
@@ -62,29 +63,6 @@ AudioInput = str | Path | bytes | BinaryIO | np.ndarray | DecodedAudio
 """A path, the bytes of an audio file, an open binary file, samples at 16 kHz (float in
 [-1, 1] or integer PCM, mono or channels: `asr.audio.samples_audio`), or a file decoded
 already (`asr.audio.decode_audio`: its warnings join the transcript's)."""
-
-
-# Options and the value every output made before them was made with.
-_BEFORE_RECORDED = {
-    "initial_prompt": None,
-    "condition_on_previous_text": True,
-    "temperature": 0.0,
-    "hotwords": None,
-    "vad": False,
-    "clip_timestamps": None,
-    "repetition_ngram": None,
-    "hallucination_silence_threshold": None,
-    "passage_pause": None,
-    "multilingual": False,
-    # OpenAI's fallback settings, fixed at these values before they were options
-    "temperature_increment_on_fallback": 0.2,
-    "compression_ratio_threshold": 2.4,
-    "logprob_threshold": -1.0,
-    "no_speech_threshold": 0.6,
-    "beam_size": 1,
-    "patience": 1.0,
-    "best_of": 1,
-}
 
 
 def _choose_draft(requested: str, asr_model: str) -> str:
@@ -229,7 +207,7 @@ class TranscriptionService:
         # Options added after records began are recorded only when they differ from what
         # outputs were made with before them, so those outputs still count as made that way
         # (and outputs made without VAD or the repetition guard are redone with them).
-        for name, before in _BEFORE_RECORDED.items():
+        for name, before in RECORDED_SINCE.items():
             if request[name] == before:
                 del request[name]
         if not options.vad:

@@ -13,8 +13,8 @@ made with but for what only shapes the outputs, from the same recording:
   writes.
 It lives in the hidden .STEM.specscribe-unlabelled.json beside the record, with that record,
 and the passes in the .npz of the same name (`diarize.passes`), which the json names by
-digest; a file that cannot be read, or that was made otherwise, is not used (the file is
-transcribed again, and both are replaced).
+digest; a file that cannot be read, that was made otherwise, or that is not as it was written
+(its own digest) is not used (the file is transcribed again, and both are replaced).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from diarize.passes import SpeakerPasses
 
 from .request import SPEAKER_COUNTS
 
-_RECORD, _TRANSCRIPT, _PASSES = "record", "transcript", "passes"
+_RECORD, _TRANSCRIPT, _PASSES, _DIGEST = "record", "transcript", "passes", "digest"
 
 
 @dataclass(frozen=True)
@@ -76,10 +76,9 @@ def keep_unlabelled(
     passes: SpeakerPasses | None = None,
 ) -> None:
     """Keeps `unlabelled` (a `Labelled.unlabelled`, or without diarization the transcript
-    itself) and the diarizer's `passes` as made with
-    `record` (and from the recording it names, `asr.writers.RECORD_SOURCE`), each file
-    atomically; the transcript's names the passes' digest, so that passes left from another
-    run are never read with it."""
+    itself) and the diarizer's `passes` as made with `record` (and from the recording it
+    names, `asr.writers.RECORD_SOURCE`), each file atomically; the transcript's names the
+    passes' digest, so that passes left from another run are never read with it."""
     digest = None
     if passes is not None:
         stream = io.BytesIO()
@@ -93,24 +92,36 @@ def keep_unlabelled(
         _PASSES: digest,
         _TRANSCRIPT: unlabelled.to_dict(),
     }
+    content = json.loads(json.dumps(content))  # as it reads back (string keys, lists)
+    content[_DIGEST] = _digest(content)
     write_atomically(unlabelled_path(outputs), json.dumps(content, ensure_ascii=False) + "\n")
 
 
+def _digest(content: dict) -> str:
+    """The digest of a kept file's content (but its own), as it was written."""
+    kept = {k: v for k, v in content.items() if k != _DIGEST}
+    return digest_of(json.dumps(kept, ensure_ascii=False, sort_keys=True).encode())
+
+
 def kept_unlabelled(outputs: dict[str, Path], record: dict) -> Kept | None:
-    """The kept transcript, where one was made with `record` but for the speaker counts, from
-    the recording `record` names (if it names one), with the passes kept beside it; None where
-    there is none, it was made otherwise, or it cannot be read."""
+    """The kept transcript, where one was made with `record` but for what only shapes the
+    outputs (module docstring), from the recording `record` names (if it names one: its very
+    bytes, `Source.holds`, as the outputs' record will vouch for them), with the passes kept
+    beside it; None where there is none, it was made otherwise, or it is not as written (a
+    file that cannot be read, or was changed since: its digest)."""
     if not outputs:
         return None
     try:
         content = json.loads(unlabelled_path(outputs).read_text(encoding="utf-8"))
+        if not isinstance(content, dict) or content.get(_DIGEST) != _digest(content):
+            return None
         if content[_RECORD] != _transcription_record(record):
             return None
         source = record.get(RECORD_SOURCE)
-        if source is not None and not source.made(content[RECORD_SOURCE]):
+        if source is not None and not source.holds(content[RECORD_SOURCE]):
             return None
         unlabelled = Transcript.from_dict(content[_TRANSCRIPT])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return Kept(unlabelled, _kept_passes(passes_path(outputs), content.get(_PASSES)))
 

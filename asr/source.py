@@ -81,6 +81,14 @@ class Source:
             return False
         return stored.get("mtime_ns") == self.mtime_ns or stored.get("blake2b") == self.digest
 
+    def holds(self, stored: object) -> bool:
+        """Whether `stored` (a record's `stored()`) names these very bytes: the same size and
+        digest, whatever the times say (reads the file). What a transcript kept from it is
+        reused on, as its record then vouches for these bytes."""
+        if not isinstance(stored, dict) or stored.get("size") != self.size:
+            return False
+        return stored.get("blake2b") == self.digest
+
     def elsewhere(self, stored: object) -> bool:
         """Whether `stored` (a record's `stored()`) names a recording at another path."""
         where = stored.get("path") if isinstance(stored, dict) else None

@@ -560,6 +560,30 @@ def _foreign(existing: list[str], stored: object) -> list[str]:
     return [fmt for fmt in existing if fmt not in written]
 
 
+# Options added after records began, and the value every output made before each was made
+# with: a record holds one only where it differs (`TranscriptionService.output_record`), so
+# that those outputs still count as made that way; a record without one means this value.
+RECORDED_SINCE = {
+    "initial_prompt": None,
+    "condition_on_previous_text": True,
+    "temperature": 0.0,
+    "hotwords": None,
+    "vad": False,
+    "clip_timestamps": None,
+    "repetition_ngram": None,
+    "hallucination_silence_threshold": None,
+    "passage_pause": None,
+    "multilingual": False,
+    # OpenAI's fallback settings, fixed at these values before they were options
+    "temperature_increment_on_fallback": 0.2,
+    "compression_ratio_threshold": 2.4,
+    "logprob_threshold": -1.0,
+    "no_speech_threshold": 0.6,
+    "beam_size": 1,
+    "patience": 1.0,
+    "best_of": 1,
+}
+
 _ABSENT = object()  # an option a record leaves out (not the same as one it holds as null)
 # Options whose null turns something off that is on by default (a guard, a fallback check).
 _NULL_IS_OFF = frozenset(
@@ -575,12 +599,14 @@ _NULL_IS_OFF = frozenset(
 
 
 def _shown(record: dict, key: str) -> str:
-    """A record's value as the user reads it: JSON; "(default)" where the option is left out
-    of the record (at the value outputs were made with before it was recorded) or unset (null:
-    detected, none given); "off" where null turns it off (`_NULL_IS_OFF`)."""
+    """A record's value as the user reads it: JSON; where the option is left out of the record,
+    the value that means (`RECORDED_SINCE`: "vad false", not the default a run takes);
+    "(default)" where that is null, or the option is unset (null: detected, none given); "off"
+    where the record holds a null that turns it off (`_NULL_IS_OFF`)."""
     if key in record and record[key] is None and key in _NULL_IS_OFF:
         return "off"
-    return "(default)" if record.get(key) is None else json.dumps(record[key])
+    value = record.get(key, RECORDED_SINCE.get(key))
+    return "(default)" if value is None else json.dumps(value)
 
 
 def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[str, str]:

@@ -165,7 +165,7 @@ def test_the_ray_engine_spreads_a_job_over_two_nodes_with_the_local_workers_resu
     other = ServiceOptions(language="en", condition_on_previous_text=False)
     changed = store.submit([tmp_path / "in"], JobSpec(spec.output_dir, spec.formats, other, MODEL))
     text = run_until_idle(cluster, store, tmp_path / "ray-3.log")
-    assert "options changed (condition_on_previous_text (default) -> false)" in text, text[-3000:]
+    assert "options changed (condition_on_previous_text true -> false)" in text, text[-3000:]
     notes = [task.note or "" for task in store.tasks(changed)]
     assert all(note.startswith("transcribed on Ray node") for note in notes), notes
     record = json.loads((tmp_path / "out" / ".f00.specscribe.json").read_text())

@@ -64,6 +64,35 @@ def test_a_kept_transcript_serves_only_requests_that_differ_in_the_speaker_count
     assert kept_unlabelled(outputs, RECORD) is None
     unlabelled_path(outputs).write_text(json.dumps({"record": RECORD, "transcript": {}}))
     assert kept_unlabelled(outputs, RECORD) is None
+    # Valid JSON changed since it was written (a segment that is a number: the hunt's crash)
+    # is not used either, nor one that is not an object.
+    keep_unlabelled(outputs, RECORD, TRANSCRIPT)
+    content = json.loads(unlabelled_path(outputs).read_text())
+    content["transcript"]["segments"] = [1]
+    unlabelled_path(outputs).write_text(json.dumps(content))
+    assert kept_unlabelled(outputs, RECORD) is None
+    unlabelled_path(outputs).write_text("[1]")
+    assert kept_unlabelled(outputs, RECORD) is None
+
+
+def test_a_kept_transcript_serves_only_the_recordings_very_bytes(tmp_path):
+    """Another recording of the same size and time (a recorder's fixed-size chunks, a copy
+    keeping times) was taken for the kept one, and the outputs' record then vouched for it."""
+    import os
+
+    from asr.source import Source
+
+    recording = tmp_path / "r.wav"
+    recording.write_bytes(b"first take " * 100)
+    os.utime(recording, ns=(10**18, 10**18))
+    outputs = output_paths(tmp_path, Path("r"), ["txt"])
+    keep_unlabelled(outputs, {**RECORD, "source": Source.of(recording)}, TRANSCRIPT)
+    assert kept_unlabelled(outputs, {**RECORD, "source": Source.of(recording)}) is not None
+    recording.write_bytes(b"other take " * 100)  # the same size and time, other bytes
+    os.utime(recording, ns=(10**18, 10**18))
+    assert kept_unlabelled(outputs, {**RECORD, "source": Source.of(recording)}) is None
+    recording.write_bytes(b"first take " * 100)  # the kept one's bytes at another time
+    assert kept_unlabelled(outputs, {**RECORD, "source": Source.of(recording)}) is not None
 
 
 def _passes(segmentations: np.ndarray) -> SpeakerPasses:
@@ -166,7 +195,9 @@ def test_another_layout_or_format_writes_the_kept_transcript_as_a_new_run_would(
     assert "writing its kept transcript again" in told and "max_line_width 20 -> 42" in told
     assert (again / "jfk.srt").read_text() == (fresh / "jfk.srt").read_text() != narrow
     assert main(command(again, "srt,vtt,json", "42")) == 0  # more formats
-    assert "1 transcribed, 0 skipped" in capsys.readouterr().err
+    told = capsys.readouterr().err
+    assert "writing its kept transcript again" in told and "vtt, json missing" in told
+    assert "1 transcribed, 0 skipped" in told
     assert (again / "jfk.vtt").read_text() == (fresh / "jfk.vtt").read_text()
     rewritten, new = (json.loads((d / "jfk.json").read_text()) for d in (again, fresh))
     assert rewritten["stats"].pop("transcript_reused") is True

@@ -94,11 +94,13 @@ def test_a_record_beside_the_outputs_tells_finished_work_from_work_made_otherwis
         "changed",
         "diarize false -> true, num_speakers (default) -> 2",
     )
-    # an option a record leaves out, like one it holds as null, is shown as at its default
-    later = {"model": "whisper-base", "num_speakers": None, "multilingual": True}
+    # an option a record leaves out, like one it holds as null, is shown as at its default, or
+    # where it was recorded only later, at the value that means (VAD is on by default, and a
+    # record without it was made without it)
+    later = {"model": "whisper-base", "num_speakers": None, "multilingual": True, "vad": True}
     assert outputs_state(paths, later) == (
         "changed",
-        "diarize false -> (default), multilingual (default) -> true",
+        "diarize false -> (default), multilingual false -> true, vad false -> true",
     )
     # a guard or check turned off is shown as off, not as at its default
     guarded = {**made, "repetition_ngram": 6}
