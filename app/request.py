@@ -118,7 +118,9 @@ def decoding_choices(request: object) -> dict:
 class ServiceOptions(BaseModel):
     """What one request asks for (module docstring); constructing one checks it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # nan or infinite seconds, probabilities and temperatures mean nothing: refused as such
+    # ("temperature: input should be a finite number", not "... less than or equal to 1")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     language: str | None = None  # None: detected
     # Each window's language detected from the window (recordings that change language);
@@ -264,7 +266,7 @@ class ServiceOptions(BaseModel):
     @field_validator("passage_pause")
     @classmethod
     def _a_pause_is_seconds(cls, value: float | None) -> float | None:
-        if value is not None and not 0 < value < float("inf"):
+        if value is not None and value <= 0:  # not finite: refused by the model's config
             raise ValueError(
                 f"passage_pause must be 0 (off) or a positive number of seconds, not {value}"
             )
