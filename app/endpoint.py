@@ -64,7 +64,8 @@ class EndpointParameters(BaseModel):
 
     # strict: "2" is not a speaker count and 1 is not a boolean. The toolkit already turns
     # query-string numbers and true/false into JSON types.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # nan or infinite numbers mean nothing here (app.request.ServiceOptions)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     language: str | None = None  # code ("en"), name ("english") or "<|en|>"; None: detected
     multilingual: bool = False  # each window's language detected (not with `language`)
@@ -86,9 +87,9 @@ class EndpointParameters(BaseModel):
     vad_min_speech_duration: float = Field(0.25, ge=0, le=60)
     vad_min_silence_duration: float = Field(2.0, ge=0, le=60)
     vad_speech_pad: float = Field(0.4, ge=0, le=60)
-    passage_pause: float | None = Field(5.0, ge=0, allow_inf_nan=False)  # 0 or None: off
+    passage_pause: float | None = Field(5.0, ge=0)  # 0 or None: off
     repetition_ngram: int | None = Field(6, ge=0, le=50)  # 0 or None: off; 1 is refused
-    hallucination_silence_threshold: float | None = Field(None, gt=0, allow_inf_nan=False)
+    hallucination_silence_threshold: float | None = Field(None, gt=0)
     # The temperature fallback (app.request): the first temperature, its increment (0 or None:
     # no fallback) and the quality checks that trigger it (None: off).
     temperature: float = Field(0.0, ge=0, le=1)
@@ -97,7 +98,7 @@ class EndpointParameters(BaseModel):
     logprob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
     beam_size: int = Field(1, ge=1, le=16)  # >1: beam search, without the draft
-    patience: float = Field(1.0, gt=0, allow_inf_nan=False)
+    patience: float = Field(1.0, gt=0)
     best_of: int = Field(1, ge=1, le=16)  # samples per window at each fallback temperature
     chunk_length_s: Literal[30] | None = None
     sampling_rate: Literal[16000] | None = None

@@ -178,7 +178,7 @@ class ServiceOptions(BaseModel):
     # draft; 1: greedy, which the draft speeds up. patience: ended hypotheses collected before
     # a window stops, as a multiple of beam_size (OpenAI's).
     beam_size: int = Field(1, ge=1, le=16)
-    patience: float = Field(1.0, gt=0, allow_inf_nan=False)
+    patience: float = Field(1.0, gt=0)
     # Samples drawn for a window at each temperature above 0, the most probable per token kept.
     best_of: int = Field(1, ge=1, le=16)
 

@@ -1000,6 +1000,8 @@ def test_field_errors(open_server):
     guarded = _post_audio(url, JFK, hallucination_silence_threshold="2", response_format="srt")
     assert guarded.status_code == 200 and "fellow Americans" in guarded.text
     assert _error(_post_audio(url, JFK, temperature="3"), 422)["param"] == "temperature"
+    not_finite = _error(_post_audio(url, JFK, temperature="nan"), 422)  # not "<= 1" (hunt)
+    assert not_finite["param"] == "temperature" and "finite number" in not_finite["message"]
     assert _error(_post_audio(url, JFK, language="xx"), 422)["param"] == "language"
     counts = _post_audio(url, JFK, diarize="false", num_speakers="2")
     assert "num_speakers needs diarize=True" in _error(counts, 422)["message"]

@@ -40,7 +40,8 @@ WHISPER_ALIAS = "whisper-1"
 class AudioRequest(BaseModel):
     """The form's fields other than the file, typed (form text "true", "0.2", "2" convert)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # nan or infinite numbers mean nothing here (app.request.ServiceOptions)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     model: str | None = None  # None or "": the loaded Whisper
     language: str | None = None  # code, English name or "<|de|>"; None: detected
@@ -60,7 +61,7 @@ class AudioRequest(BaseModel):
     vad_min_speech_duration: float = Field(0.25, ge=0.0, le=60.0)
     vad_min_silence_duration: float = Field(2.0, ge=0.0, le=60.0)
     vad_speech_pad: float = Field(0.4, ge=0.0, le=60.0)
-    passage_pause: float = Field(5.0, ge=0.0, allow_inf_nan=False)  # 0: one passage
+    passage_pause: float = Field(5.0, ge=0.0)  # 0: one passage
     hotwords: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
     clip_timestamps: str | None = Field(None, max_length=1000)
     repetition_ngram: int = Field(6, ge=0, le=50)  # 0: the repetition guard is off
@@ -71,7 +72,7 @@ class AudioRequest(BaseModel):
     logprob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
     beam_size: int = Field(1, ge=1, le=16)  # >1: beam search, without the draft
-    patience: float = Field(1.0, gt=0.0, allow_inf_nan=False)
+    patience: float = Field(1.0, gt=0.0)
     best_of: int = Field(1, ge=1, le=16)  # samples per window at each fallback temperature
 
     _off_is_none = field_validator(*FALLBACK_SETTINGS, mode="before")(off_is_none)
