@@ -485,6 +485,7 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     from .llm import (
         DraftOptions,
         chat_prompt_ids,
+        check_drafted_target,
         language_model_path,
         load_language_model,
         prompt_ids,
@@ -536,6 +537,7 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     elif given:
         named = ", ".join("--" + field.replace("_", "-") for field in given)
         raise ValueError(f"{named} only apply with --sample (greedy decoding ignores them)")
+    check_drafted_target(args.model or settings.llm_model, options)
     registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
     if args.assistant:  # a wrong draft is refused before the target's weights load
         language_model_path(registry, args.assistant)

@@ -182,6 +182,21 @@ def draft_policy(options: DraftOptions) -> LookaheadPolicy:
     return make_policy("adaptive", max(options.block, 20), options.confidence)
 
 
+def check_drafted_target(name: str, options: DraftOptions) -> None:
+    """Raises ValueError where drafting for the target `name` would not be lossless: a
+    `NAME:int8` target's layers quantize a call's rows together (`asr.int8.dynamic_int8_layers`),
+    so a position scores otherwise in a drafted block than alone, and its greedy output would
+    depend on the draft (hunt: "is full of history" alone, "has been inhabited" with prompt
+    lookup)."""
+    if options.drafts and name.endswith(INT8_SUFFIX):
+        base = name.removesuffix(INT8_SUFFIX)
+        raise ValueError(
+            f"{name} cannot be drafted for losslessly: its int8 layers quantize a call's rows "
+            f"together, so its output would depend on the draft; decode {name} without a "
+            f"drafter, or draft for {base} with {name} as the assistant"
+        )
+
+
 def check_early_exit(target: LanguageModel, early_exit: int | None) -> None:
     """Raises ValueError where an early-exit draft of `early_exit` layers cannot be made from
     `target` (it needs at least one layer fewer than the target has)."""
@@ -198,7 +213,9 @@ def make_drafter(
     options: DraftOptions,
     assistant: LanguageModel | None = None,
 ) -> Drafter | None:
-    """The drafter the options ask for; an assistant with another vocabulary gets re-encoding."""
+    """The drafter the options ask for; an assistant with another vocabulary gets re-encoding.
+    Raises ValueError for a target no draft keeps lossless (`check_drafted_target`)."""
+    check_drafted_target(target.name, options)
     if options.prompt_lookup is not None:
         return PromptLookupDrafter(max_ngram=options.ngram)
     if options.early_exit is not None:

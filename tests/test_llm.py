@@ -172,6 +172,21 @@ def test_cli_reads_the_prompt_from_stdin(capsys, monkeypatch, gemma, greedy):
     )
 
 
+def test_an_int8_target_is_not_drafted_for(capsys, gemma_int8):
+    """Its layers quantize a call's rows together, so a drafted block scored its positions
+    otherwise than plain steps: "The capital of France is" went on "full of history" alone and
+    "has been inhabited" with prompt lookup (hunt). Refused before a model loads, and by the
+    Python API."""
+    for drafter in (("--prompt-lookup", "3"), ("--early-exit", "4"), ("--assistant", "gemma")):
+        command = ["generate", "Paris is", "--model", "gemma-3-270m:int8", *drafter]
+        assert main(command) == 2, drafter
+        assert "gemma-3-270m:int8 cannot be drafted for losslessly" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="its int8 layers quantize a call's rows together"):
+        run_generation(gemma_int8, PROMPTS, DraftOptions(prompt_lookup=3), max_new_tokens=4)
+    plain = run_generation(gemma_int8, PROMPTS[:1], DraftOptions(), max_new_tokens=2)
+    assert len(plain.tokens[0]) == 2  # decoded alone, it runs
+
+
 def test_conflicting_draft_options_are_refused():
     with pytest.raises(ValueError, match="choose one drafter, not assistant and prompt_lookup"):
         DraftOptions(assistant="x", prompt_lookup=3).validate()

@@ -22,6 +22,7 @@ from ..llm import (
     LanguageModel,
     PolicyName,
     chat_prompt_ids,
+    check_drafted_target,
     check_early_exit,
     load_language_model,
     prompt_ids,
@@ -146,6 +147,7 @@ class TextFront:
         cls, registry: ModelRegistry, model: str, drafter: str = "none", policy: str = "heuristic"
     ) -> TextFront:
         options = draft_options(drafter, policy)  # type: ignore[arg-type]
+        check_drafted_target(model, options)
         target = load_language_model(registry, model)
         # Refused as the server starts, not as every request's fault once it runs.
         check_early_exit(target, options.early_exit)
