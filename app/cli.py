@@ -477,6 +477,16 @@ def _drafter_words(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), "assistant": None, field: value})
 
 
+def _as_text(prompt: str) -> str:
+    """`prompt` with bytes that were not UTF-8 (which reach Python as lone surrogates, and which
+    a tokenizer refuses with a TypeError) as U+FFFD, the replacement character."""
+    try:
+        raw = prompt.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # surrogates no decoding made
+        raw = prompt.encode("utf-8", "replace")
+    return raw.decode("utf-8", "replace")
+
+
 def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
     from asr.models import ModelRegistry
     from decoding import SamplingOptions
@@ -506,7 +516,7 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError("--prompt-lookup N sets the draft length: leave --k out")
     if args.ngram is not None and args.prompt_lookup is None:
         raise ValueError("--ngram only applies with --prompt-lookup")
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = _as_text(sys.stdin.read() if args.prompt == "-" else args.prompt)
     chosen = {
         name: value
         for name, value in (("ngram", args.ngram), ("policy", args.policy), ("k", args.k))

@@ -187,6 +187,20 @@ def test_an_int8_target_is_not_drafted_for(capsys, gemma_int8):
     assert len(plain.tokens[0]) == 2  # decoded alone, it runs
 
 
+def test_cli_takes_a_prompt_that_is_not_utf8_and_refuses_a_model_it_cannot_have(capsys):
+    """Latin-1 bytes in a prompt ended in the tokenizer's TypeError, and a hub id not in the
+    cache in transformers' traceback (hunt)."""
+    from app.cli import _as_text
+
+    latin1 = b"caf\xe9 \xff is".decode("utf-8", "surrogateescape")  # as argv or stdin give it
+    assert _as_text(latin1) == "caf\ufffd \ufffd is"
+    assert _as_text("caf\u00e9 \ud800") == "caf\u00e9 ?"  # a surrogate no decoding made
+    assert main(["generate", latin1, "--max-new-tokens", "1"]) == 0
+    for option in ("--model", "--assistant"):
+        assert main(["generate", "hi", option, "org/no-such-model"]) == 2
+        assert "org/no-such-model is neither a folder nor a model" in capsys.readouterr().err
+
+
 def test_conflicting_draft_options_are_refused():
     with pytest.raises(ValueError, match="choose one drafter, not assistant and prompt_lookup"):
         DraftOptions(assistant="x", prompt_lookup=3).validate()
