@@ -546,7 +546,8 @@ def _cmd_generate(args: argparse.Namespace, settings: Settings) -> int:
             )
     elif given:
         named = ", ".join("--" + field.replace("_", "-") for field in given)
-        raise ValueError(f"{named} only apply with --sample (greedy decoding ignores them)")
+        verb, pronoun = ("applies", "it") if len(given) == 1 else ("apply", "them")
+        raise ValueError(f"{named} only {verb} with --sample (greedy decoding ignores {pronoun})")
     check_drafted_target(args.model or settings.llm_model, options)
     registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
     if args.assistant:  # a wrong draft is refused before the target's weights load

@@ -8,6 +8,7 @@ the k+1 positions that end in each drafted token's prefix.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,8 @@ class SamplingOptions:
                 f"temperature must be > 0 (got {self.temperature}); greedy decoding samples "
                 "nothing (sampling=None; on the command line, no --sample)"
             )
+        if not math.isfinite(self.temperature):  # inf samples uniformly: noise, not text
+            raise ValueError(f"temperature must be finite (got {self.temperature})")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (got {self.top_k})")
         if not 0 < self.top_p <= 1:

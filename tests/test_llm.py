@@ -132,6 +132,10 @@ def test_cli_generate_takes_the_servers_drafter_words(capsys, gemma, greedy):
 def test_cli_refuses_sampling_options_without_sample(capsys):
     assert main(["generate", "Once upon a time", "--temperature", "0.5", "--seed", "3"]) == 2
     assert "--temperature, --seed only apply with --sample" in capsys.readouterr().err
+    assert main(["generate", "Once upon a time", "--seed", "3"]) == 2
+    assert (
+        "--seed only applies with --sample (greedy decoding ignores it)" in capsys.readouterr().err
+    )
 
 
 def test_cli_refuses_draft_options_that_would_change_nothing(capsys):

@@ -261,6 +261,8 @@ def test_apply_sampling_temperature_top_k_top_p():
     ("options", "field"),
     [
         (SamplingOptions(temperature=0.0), "temperature"),
+        (SamplingOptions(temperature=float("inf")), "temperature must be finite"),
+        (SamplingOptions(temperature=float("nan")), "temperature"),
         (SamplingOptions(top_k=-1), "top_k"),
         (SamplingOptions(top_p=0.0), "top_p"),
         (SamplingOptions(top_p=1.5), "top_p"),
