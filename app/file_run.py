@@ -164,7 +164,7 @@ class FileRun:
         except Exception as error:
             self._failed(path, error)
             return
-        self._written(path, outputs, record, Labelled(transcript, None), keep=False)
+        self._written(path, outputs, record, Labelled(transcript, None))  # the kept one stays
 
     def _transcribe(self, group: list) -> None:
         more = f" +{len(group) - 1}" if len(group) > 1 else ""
@@ -279,17 +279,13 @@ class FileRun:
         self._say(f"specscribe: failed {reason}")
         self._settle()
 
-    def _written(
-        self, path: Path, outputs: dict[str, Path], record: dict, result, keep: bool = True
-    ) -> None:
-        """Writes a decoded file's outputs, and keeps its transcript beside them (keep; a
-        transcript written again from the one kept leaves that one be). Where they cannot be
-        written, its transcript is printed all the same (decoding it may have taken long), the
-        file fails, and a disk that is full or read-only stops the run: every later file would
-        fail the same way, after its decoding."""
+    def _written(self, path: Path, outputs: dict[str, Path], record: dict, result) -> None:
+        """Writes a decoded file's outputs, and keeps its transcript before speakers beside
+        them (`Labelled.unlabelled`, for other layouts, formats and speaker counts). Where they
+        cannot be written, its transcript is printed all the same (decoding it may have taken
+        long), the file fails, and a disk that is full or read-only stops the run: every later
+        file would fail the same way, after its decoding."""
         transcript, unlabelled = result.transcript, result.unlabelled
-        if unlabelled is None and keep and not self.options.diarize:
-            unlabelled = transcript  # kept for other layouts and formats (app.unlabelled_cache)
         try:
             if unlabelled is not None and outputs:  # printed: nothing to keep it beside
                 keep_unlabelled(outputs, record, unlabelled, result.passes)

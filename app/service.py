@@ -365,8 +365,8 @@ class TranscriptionService:
         progress: ProgressHook = no_progress,
     ) -> list[Labelled]:
         """`run_many`, each transcript with the one it was before speakers were assigned
-        (`Labelled.unlabelled`, words timed), which `relabel` labels again for other speaker
-        options without transcribing again."""
+        (`Labelled.unlabelled`), which `relabel` labels again for other speaker options
+        without transcribing again."""
         return self._run(audios, options, progress, None)
 
     def relabel(
@@ -462,7 +462,8 @@ class TranscriptionService:
             for transcript, p, d in zip(transcripts, prepared, decoded, strict=True):
                 unlabelled = self._unlabelled(transcript, p, options, draft is not None)
                 if p.diarization is None:
-                    results.append(Labelled(_with_audio_warnings(unlabelled, d), None))
+                    heard = _with_audio_warnings(unlabelled, d)
+                    results.append(Labelled(heard, heard))
                     continue
                 labelled = self._labelled(unlabelled, p.diarization, options, p.diarize_seconds)
                 passes = p.diarization.passes
@@ -654,9 +655,11 @@ def _with_audio_warnings(transcript: Transcript, audio: DecodedAudio) -> Transcr
 
 @dataclasses.dataclass(frozen=True)
 class Labelled:
-    """A request's transcript, and with diarization the transcript it was before speakers
-    were assigned (words timed even where the request does not show them; None without
-    diarization): what `TranscriptionService.relabel` labels again."""
+    """A request's transcript, and the transcript it was before speakers were assigned (with
+    diarization, words timed even where the request does not show them: what
+    `TranscriptionService.relabel` labels again; without, the transcript itself), which
+    `app.unlabelled_cache` keeps for reruns asking other outputs of it. None: nothing to keep
+    (a transcript written again from a kept one)."""
 
     transcript: Transcript
     unlabelled: Transcript | None

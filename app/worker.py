@@ -69,10 +69,10 @@ class WorkerOptions:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What decoding one file gave: a transcript, or the error that names the cause; with
-    diarization, the transcript before speakers and the diarizer's passes too, which `finish`
-    keeps beside the outputs (app.unlabelled_cache), as it keeps a transcript made without
-    diarization, for a job asking other speaker counts or formats."""
+    """What decoding one file gave: a transcript, or the error that names the cause; the
+    transcript before speakers (`app.service.Labelled.unlabelled`) and with diarization the
+    diarizer's passes too, which `finish` keeps beside the outputs (app.unlabelled_cache) for a
+    job asking other speaker counts or formats."""
 
     transcript: Transcript | None
     error: str | None
@@ -209,12 +209,9 @@ def finish(
         store.record_lost(task, worker, "lease lost before writing outputs")
         log(f"task {task.id} (job {task.job_id}): lease lost, result dropped")
         return
-    kept = outcome.unlabelled
-    if kept is None and not outcome.from_kept and not task.spec.options.diarize:
-        kept = outcome.transcript  # for a job asking other formats (app.unlabelled_cache)
     try:
-        if kept is not None and record is not None:
-            keep_unlabelled(task.outputs, record, kept, outcome.passes)
+        if outcome.unlabelled is not None and record is not None:
+            keep_unlabelled(task.outputs, record, outcome.unlabelled, outcome.passes)
         write_outputs(outcome.transcript, task.outputs, record)
     except OSError as error:  # a full disk, a file where a folder must go: this task's failure
         reason = why_unwritten(error, task.outputs)

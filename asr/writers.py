@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from asr.source import Source, digest_of
@@ -96,7 +96,7 @@ class SubtitleLayout:
 
 # The option record's keys for the subtitle layout: they shape how a transcript is written,
 # not the transcript, so a kept transcript serves any layout (app.unlabelled_cache).
-LAYOUT_FIELDS = ("max_line_width", "max_line_count")
+LAYOUT_FIELDS = tuple(field.name for field in fields(SubtitleLayout))
 
 
 @dataclass(frozen=True)
