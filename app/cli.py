@@ -142,6 +142,8 @@ def _cmd_models(args: argparse.Namespace, settings: Settings) -> int:
 
     registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
     action, names = _models_action(args.names)
+    if action == "list" and args.force:
+        raise ValueError("--force applies to `models pull`, not to list")
     unknown = [name for name in names if name not in EMBEDDED and name not in SHIPPED_DRAFTS]
     if unknown:
         known = ", ".join([*EMBEDDED, *SHIPPED_DRAFTS])
@@ -280,6 +282,12 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         print(
             "specscribe: warning: --draft-branches and --lookup-branch shape a model draft's "
             f"tree; with --assistant {service.draft_model_name} they do nothing",
+            file=sys.stderr,
+        )
+    if options.beam_size > 1 and args.assistant not in (None, "auto", "none"):
+        print(
+            f"specscribe: warning: --beam-size {options.beam_size} decodes without a draft: "
+            f"--assistant {args.assistant} does nothing (drafts speed up greedy decoding)",
             file=sys.stderr,
         )
     record = service.output_record(options) | layout.recorded()
@@ -473,7 +481,7 @@ def _drafter_words(args: argparse.Namespace) -> argparse.Namespace:
     from .api.text_front import draft_options
 
     field = kind.replace("-", "_")  # its own flag is unset: the flags exclude each other
-    value = getattr(draft_options(spec), field)
+    value = getattr(draft_options(spec, flag="--assistant"), field)
     return argparse.Namespace(**{**vars(args), "assistant": None, field: value})
 
 

@@ -120,11 +120,15 @@ def language_model_path(registry: ModelRegistry, name: str) -> Path:
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    from asr.models import EMBEDDED, check_model_name
     from asr.whisper_checkpoint import local_directory
 
+    base = name.removesuffix(INT8_SUFFIX)
+    if base not in EMBEDDED:  # an unknown name is told the text models, not Whisper's
+        check_model_name(base, kind="causal-lm")
     # A hub id through the hub cache: one that cannot be had is refused in a line, as
     # transcribe's models are, not by transformers' traceback.
-    path = local_directory(registry.resolve(name.removesuffix(INT8_SUFFIX)))
+    path = local_directory(registry.resolve(base))
     model_type = AutoConfig.from_pretrained(path).model_type
     # Whisper has a causal-LM class too (its decoder alone), but it needs audio to attend to.
     if model_type == "whisper" or model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:

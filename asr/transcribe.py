@@ -468,7 +468,8 @@ class _Session:
         self.checked_windows = 0  # decoded windows whose odds were looked at
         self.window_languages: Counter[str] = Counter()  # multilingual: windows per language
         self.initial_prompt = self._tokens(options.initial_prompt)
-        self.hotwords, self.hotword_warnings = self._fitted_hotwords(options.hotwords)
+        self.hotwords, self.prompt_warnings = self._fitted_hotwords(options.hotwords)
+        self.prompt_warnings += self._initial_prompt_warnings(options.initial_prompt)
         self.dropped_repeats = 0
         self.reprompted = 0  # windows decoded again without previous text (repeats)
         self.dropped_anomalies = 0
@@ -509,6 +510,21 @@ class _Session:
             f"fit the prompt ({room} tokens); the rest were left out"
         )
         return tokens[:cut], (warning,)
+
+    def _initial_prompt_warnings(self, text: str | None) -> tuple[str, ...]:
+        """A warning where the initial prompt is longer than the room `prompt` leaves it
+        beside the hotwords: as any previous text, only its end is kept."""
+        room = self.model.max_context // 2 - 1 - len(self.hotwords)
+        if len(self.initial_prompt) <= room:
+            return ()
+        if room <= 0:
+            return ("initial_prompt: the hotwords fill the prompt; it was left out",)
+        kept = self.model.tokenizer.decode(self.initial_prompt[-room:]).strip()
+        beside = " beside the hotwords" if self.hotwords else ""
+        return (
+            f"initial_prompt: only the last {len(kept)} of {len(text.strip())} characters "
+            f"fit the prompt ({room} tokens{beside}); the start was left out",
+        )
 
     def _tokens(self, text: str | None) -> list[int]:
         if not text or not text.strip():
@@ -1739,7 +1755,7 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
     together = {"decoded_together": session.ledger.recordings}
     languages = {"window_languages": dict(session.window_languages.most_common())}
     return Transcript(
-        warnings=session.hotword_warnings
+        warnings=session.prompt_warnings
         + session.language_warnings
         + tuple(filter(None, [session.language_switch_warning()]))
         + _dropped_warnings(session),

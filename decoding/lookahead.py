@@ -69,15 +69,20 @@ class ConstantK:
         """A constant policy learns nothing."""
 
 
+HEURISTIC_HIGH = 16  # the longest block Heuristic grows to by default
+
+
 class Heuristic:
     """transformers' "heuristic" schedule: +2 after a fully accepted block, -1 otherwise."""
 
     stop_below = 0.0
     stop_joint = False
 
-    def __init__(self, start: int = 4, low: int = 1, high: int = 16) -> None:
+    def __init__(self, start: int = 4, low: int = 1, high: int = HEURISTIC_HIGH) -> None:
         if not _check_k("low", low) <= start <= high:
-            raise ValueError(f"need low <= start <= high (got {low}, {start}, {high})")
+            raise ValueError(
+                f"the heuristic's draft length must start between {low} and {high} (got {start})"
+            )
         self.k, self.low, self.high = start, low, high
 
     def next_k(self, rows: int = 1) -> int:
@@ -383,7 +388,8 @@ def make_policy(name: str, k: int, confidence: float) -> LookaheadPolicy:
     """
     makers = {
         "constant": lambda: ConstantK(k),
-        "heuristic": lambda: Heuristic(start=k),
+        # k past the usual ceiling of 16 raises it: a user's --k 32 starts at 32.
+        "heuristic": lambda: Heuristic(start=k, high=max(HEURISTIC_HIGH, k)),
         "confidence": lambda: ConfidenceStop(k, confidence),
         "adaptive": lambda: Adaptive(k_max=k, confidence_stop=confidence),
     }

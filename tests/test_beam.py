@@ -214,6 +214,38 @@ def test_best_of_keeps_the_most_probable_of_its_samples(whisper_base_int8, two_w
         TranscribeOptions(best_of=0).checked()
 
 
+def test_an_initial_prompt_longer_than_its_room_keeps_its_end_and_says_so(whisper_base_int8):
+    """As previous text, only an initial prompt's last tokens fit: it was cut silently."""
+    import numpy as np
+
+    from asr.transcribe import _Session
+
+    model = whisper_base_int8
+    silence = np.zeros(16_000, np.float32)
+    prompt = " ".join(f"Item {n} of the glossary." for n in range(80))
+    session = _Session(model, silence, TranscribeOptions(initial_prompt=prompt), None, None)
+    room = model.max_context // 2 - 1
+    context = session.prompt(session.initial_prompt)[1 : 1 + room]  # after <|startofprev|>
+    assert list(context) == session.initial_prompt[-room:]
+    kept = model.tokenizer.decode(context).strip()
+    assert prompt.endswith(kept)
+    (warning,) = session.prompt_warnings
+    assert warning == (
+        f"initial_prompt: only the last {len(kept)} of {len(prompt)} characters fit the "
+        f"prompt ({room} tokens); the start was left out"
+    )
+    both = TranscribeOptions(initial_prompt=prompt, hotwords="Pearl Prynne")
+    beside = _Session(model, silence, both, None, None)
+    room_left = room - len(beside.hotwords)
+    assert len(beside.prompt_warnings) == 1
+    assert f"({room_left} tokens beside the hotwords)" in beside.prompt_warnings[0]
+    full = TranscribeOptions(initial_prompt="Hello.", hotwords="北京欢迎你" * 200)  # fills it
+    filled = _Session(model, silence, full, None, None).prompt_warnings
+    assert filled[-1] == "initial_prompt: the hotwords fill the prompt; it was left out"
+    short = TranscribeOptions(initial_prompt="Item 1 of the glossary.")
+    assert _Session(model, silence, short, None, None).prompt_warnings == ()
+
+
 def test_hotwords_longer_than_a_prompt_are_cut_before_a_word_and_said_so(whisper_base_int8):
     """Cut inside a word ("... Hester P|rynne"), beam search went on from the fragment and
     transcribed jfk.wav as hotword text; cut before the word it stays the speech."""
@@ -228,7 +260,7 @@ def test_hotwords_longer_than_a_prompt_are_cut_before_a_word_and_said_so(whisper
     kept = model.tokenizer.decode(session.hotwords)
     assert len(session.hotwords) <= model.max_context // 2 - 1
     assert hotwords.startswith(kept.strip()) and hotwords[len(kept.strip())] == " "
-    (warning,) = session.hotword_warnings
+    (warning,) = session.prompt_warnings
     assert f"only the first {len(kept.strip())} of {len(hotwords)} characters fit" in warning
     transcript = transcribe(model, load_audio(JFK), options)
     assert transcript.text.startswith("And so my fellow Americans")
@@ -236,6 +268,6 @@ def test_hotwords_longer_than_a_prompt_are_cut_before_a_word_and_said_so(whisper
     # Without spaces between words, the cut falls where the prompt is full.
     silence = np.zeros(16_000, np.float32)
     chinese = _Session(model, silence, TranscribeOptions(hotwords="北京欢迎你" * 200), None, None)
-    assert len(chinese.hotwords) == model.max_context // 2 - 1 and chinese.hotword_warnings
+    assert len(chinese.hotwords) == model.max_context // 2 - 1 and chinese.prompt_warnings
     short = _Session(model, silence, TranscribeOptions(hotwords="Pearl"), None, None)
-    assert short.hotword_warnings == () and model.tokenizer.decode(short.hotwords) == " Pearl"
+    assert short.prompt_warnings == () and model.tokenizer.decode(short.hotwords) == " Pearl"

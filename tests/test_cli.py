@@ -34,6 +34,8 @@ def test_models_list_shows_every_embedded_model(capsys):
     assert "shipped in the package" in capsys.readouterr().out
     assert main(["models", "list", "whisper-huge"]) == 2
     assert "unknown model 'whisper-huge'" in capsys.readouterr().err
+    assert main(["models", "--force", "list"]) == 2  # it fetches nothing to force
+    assert "--force applies to `models pull`" in capsys.readouterr().err
 
 
 def test_models_list_shows_what_else_the_cache_holds(capsys, tmp_path, monkeypatch):
@@ -836,6 +838,17 @@ def test_silence_gives_an_empty_transcript_with_a_note_and_subtitles_are_shaped(
     assert all(len(line) <= 20 for cue in cues for line in cue.splitlines()[2:])
 
 
+def test_a_draft_named_beside_beam_search_is_said_to_do_nothing(capsys, tmp_path):
+    """Beam search decodes without a draft: a draft asked for by name was dropped silently."""
+    missing = str(tmp_path / "missing.wav")  # the warning comes before any file is read
+    assert main(["transcribe", missing, "--beam-size", "3", "--assistant", "whisper-base-draft"])
+    said = capsys.readouterr().err
+    assert "warning: --beam-size 3 decodes without a draft: --assistant whisper-base-draft" in said
+    for quiet in (["--beam-size", "3"], ["--assistant", "whisper-base-draft"]):
+        assert main(["transcribe", missing, *quiet]) == 1
+        assert "warning" not in capsys.readouterr().err, quiet
+
+
 def test_a_wrong_draft_is_refused_before_the_target_loads(capsys, monkeypatch, registry):
     import app.llm
 
@@ -846,7 +859,13 @@ def test_a_wrong_draft_is_refused_before_the_target_loads(capsys, monkeypatch, r
     assert main(["generate", "Hello", "--assistant", "whisper-base"]) == 2
     assert "whisper-base is a whisper model, not a text language model" in capsys.readouterr().err
     assert main(["generate", "Hello", "--assistant", "nonsense-model:int8"]) == 2
-    assert "unknown model 'nonsense-model'" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "unknown model 'nonsense-model'" in said
+    # The candidates named are text models: a Whisper or pyannote name would be refused too.
+    assert "gemma-3-270m" in said and "whisper-base" not in said and "pyannote" not in said
+    assert main(["generate", "Hello", "--model", "nope"]) == 2
+    said = capsys.readouterr().err
+    assert "unknown model 'nope'" in said and "smollm2-135m" in said and "whisper" not in said
 
 
 @pytest.mark.slow

@@ -124,7 +124,9 @@ def test_cli_generate_takes_the_servers_drafter_words(capsys, gemma, greedy):
     assert refused.value.code == 2
     assert "not allowed with argument --assistant" in capsys.readouterr().err
     assert main([*base, "--assistant", "early-exit:x"]) == 2
-    assert "'x' is not a whole number" in capsys.readouterr().err
+    said = capsys.readouterr().err  # the option given is named, not serve's
+    assert "--assistant early-exit:x: 'x' is not a whole number" in said
+    assert "--text-assistant" not in said
     assert main([*base, "--assistant", "none", "--k", "3"]) == 2
     assert "--k only applies with a drafter" in capsys.readouterr().err
 

@@ -33,16 +33,19 @@ FinishReason = Literal["stop", "length"]
 PROMPT_LOOKUP_TOKENS = 4  # `--text-assistant prompt-lookup` without :N
 
 
-def draft_options(spec: str, policy: PolicyName = "heuristic") -> DraftOptions:
-    """--text-assistant -> DraftOptions: none | prompt-lookup[:N] | early-exit:L | NAME."""
+def draft_options(
+    spec: str, policy: PolicyName = "heuristic", flag: str = "--text-assistant"
+) -> DraftOptions:
+    """--text-assistant -> DraftOptions: none | prompt-lookup[:N] | early-exit:L | NAME;
+    `flag`: the option errors name (`generate` takes the same words as --assistant)."""
     kind, _, count = spec.partition(":")
     if spec in ("", "none"):
         return DraftOptions(policy=policy).validate()
     if kind in ("prompt-lookup", "early-exit"):
         if kind == "early-exit" and not count:
-            raise ValueError("--text-assistant early-exit needs a layer count: early-exit:L")
+            raise ValueError(f"{flag} early-exit needs a layer count: early-exit:L")
         if count and not count.isdigit():
-            raise ValueError(f"--text-assistant {spec}: {count!r} is not a whole number")
+            raise ValueError(f"{flag} {spec}: {count!r} is not a whole number")
         number = int(count) if count else PROMPT_LOOKUP_TOKENS
         key = "prompt_lookup" if kind == "prompt-lookup" else "early_exit"
         return DraftOptions(policy=policy, **{key: number}).validate()

@@ -92,6 +92,19 @@ def test_heuristic_grows_by_two_on_full_acceptance_and_shrinks_by_one_otherwise(
     policy.update(outcome(accepted=0, rejections=1))
     policy.update(outcome(accepted=0, rejections=1))
     assert policy.next_k() == 2
+    with pytest.raises(ValueError, match="must start between 2 and 7 \\(got 9\\)"):
+        Heuristic(start=9, low=2, high=7)
+
+
+def test_a_heuristic_asked_to_start_past_its_ceiling_raises_the_ceiling():
+    """`generate --k 32` was refused as "need low <= start <= high (got 1, 32, 16)"."""
+    from decoding.lookahead import make_policy
+
+    policy = make_policy("heuristic", 32, 0.4)
+    assert policy.next_k() == 32
+    policy.update(outcome(accepted=32, rejections=0))
+    assert policy.next_k() == 32  # grows no further than it was asked to start
+    assert make_policy("heuristic", 4, 0.4).high == 16  # the usual ceiling stands
 
 
 def test_adaptive_drafts_long_blocks_when_drafts_are_cheap_and_accepted():
