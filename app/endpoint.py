@@ -25,11 +25,12 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from asr.types import MAX_SPEAKERS, Transcript
 
 from .config import Settings
+from .request import off_is_none
 from .service import (
     MAX_PROMPT_CHARACTERS,
     ServiceOptions,
@@ -57,13 +58,31 @@ class EndpointError(ValueError):
         return {"error": self.message, "status": self.status}
 
 
+# The parameters that take decimals, which a query string can only give as strings.
+DECIMAL_FIELDS = (
+    "vad_threshold",
+    "vad_min_speech_duration",
+    "vad_min_silence_duration",
+    "vad_speech_pad",
+    "passage_pause",
+    "hallucination_silence_threshold",
+    "temperature",
+    "temperature_increment_on_fallback",
+    "compression_ratio_threshold",
+    "logprob_threshold",
+    "no_speech_threshold",
+    "patience",
+)
+
+
 class EndpointParameters(BaseModel):
     """The request's "parameters". Names from the asr-diarization blog handler are accepted
     where they mean the same here: `assisted`, and `chunk_length_s` / `sampling_rate` at the
     only values this pipeline uses (30 s windows; audio is resampled to 16 kHz by ffmpeg)."""
 
-    # strict: "2" is not a speaker count and 1 is not a boolean. The toolkit already turns
-    # query-string numbers and true/false into JSON types.
+    # strict: "2" is not a speaker count and 1 is not a boolean. The toolkit turns a query
+    # string's whole non-negative numbers and true/false into JSON types, but leaves "0.5" and
+    # "-1" strings: `_decimal_from_query` reads those for the fields that take decimals.
     # nan or infinite numbers mean nothing here (app.request.ServiceOptions)
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
@@ -103,12 +122,32 @@ class EndpointParameters(BaseModel):
     chunk_length_s: Literal[30] | None = None
     sampling_rate: Literal[16000] | None = None
 
+    @field_validator(*DECIMAL_FIELDS, mode="before")
+    @classmethod
+    def _decimal_from_query(cls, value: Any) -> Any:
+        """A string that spells a number is that number (`?vad_threshold=0.5` was refused:
+        "input should be a valid number (got '0.5')"), and off / none / null turns an
+        optional setting off; any other string stays one, to be refused."""
+        value = off_is_none(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                return value
+        return value
+
+    @property
+    def guards_silence(self) -> bool:
+        return self.hallucination_silence_threshold is not None
+
     def service_options(self) -> ServiceOptions:
         """The request's ServiceOptions (app.request's rules; ValueError names a field)."""
         return ServiceOptions(
             language=self.language,
             task=self.task,
-            word_timestamps=self.word_timestamps,
+            # The guard reads word times: computed for it, while chunks stay one per segment
+            # unless word_timestamps asks for words (as the HTTP API does).
+            word_timestamps=self.word_timestamps or self.guards_silence,
             use_assistant=self.assistant is not False,
             diarize=self.diarize,
             num_speakers=self.num_speakers,
@@ -320,7 +359,8 @@ class EndpointHandler:
             raise EndpointError(
                 400, f'unknown request keys {unknown}: send "inputs" and "parameters"'
             )
-        options = self._options(parse_parameters(data.get("parameters")))
+        parameters = parse_parameters(data.get("parameters"))
+        options = self._options(parameters)
         # 2. The audio: bytes within the size limit, decodable, within the duration limit.
         audio = read_audio_bytes(data["inputs"], self.settings.max_audio_bytes)
         try:
@@ -337,7 +377,7 @@ class EndpointHandler:
         transcript = self.service.run(decoded, options)
         seconds = time.perf_counter() - started
         logger.info("%.1f s of audio in %.2f s (%s)", duration, seconds, options)
-        return to_response(transcript, options.word_timestamps, seconds)
+        return to_response(transcript, parameters.word_timestamps, seconds)
 
     def _options(self, parameters: EndpointParameters) -> ServiceOptions:
         """ServiceOptions checked against this endpoint's models: EndpointError 422."""

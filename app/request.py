@@ -218,7 +218,8 @@ class ServiceOptions(BaseModel):
         # it is loaded (English-only models take "en" alone).
         if code is not None and code not in LANGUAGES:
             raise ValueError(
-                f"language {value!r} is not a Whisper language code: {', '.join(sorted(LANGUAGES))}"
+                f"language {echoed(value)} is not a Whisper language code: "
+                f"{', '.join(sorted(LANGUAGES))}"
                 " (or an English name, an ISO 639-2/3 code or a locale of one: German, deu, de-AT)"
             )
         return code
@@ -383,9 +384,13 @@ def describe(error: ValidationError) -> str:
 
 
 def _got(problem: dict) -> str:
-    """The value a problem names, as a user reads it: whole where short, else its first
-    characters and how long it is (a 13 000-character prompt was echoed, cut mid-quote)."""
-    value = problem["input"]
+    return echoed(problem["input"])
+
+
+def echoed(value: Any) -> str:
+    """A value as an error message quotes it: whole where short, else its first characters and
+    how long it is (a 13 000-character prompt was echoed, cut mid-quote; a megabyte `language`
+    form field came back whole in the API's error)."""
     shown = repr(value)
     if len(shown) <= _ECHO_CHARACTERS:
         return shown

@@ -259,11 +259,6 @@ BAD_REQUESTS = [
         422,
         "start must be >= 0 and before its end",
     ),
-    (
-        {"inputs": JFK_B64, "parameters": {"hallucination_silence_threshold": 2.0}},
-        422,
-        "needs word_timestamps",
-    ),
     (  # infinite seconds are no threshold, and not JSON either
         {
             "inputs": JFK_B64,
@@ -279,10 +274,11 @@ BAD_REQUESTS = [
     ({"inputs": JFK_B64, "parameters": {"temperature": 2.0}}, 422, "temperature: Input should"),
     ({"inputs": JFK_B64, "parameters": {"logprob_threshold": 1.0}}, 422, "logprob_threshold"),
     (
-        {"inputs": JFK_B64, "parameters": {"no_speech_threshold": "off"}},
+        {"inputs": JFK_B64, "parameters": {"no_speech_threshold": "high"}},
         422,
-        "no_speech_threshold: Input should be a valid number",  # JSON: null turns it off
+        "no_speech_threshold: Input should be a valid number",
     ),
+    ({"inputs": JFK_B64, "parameters": {"vad_threshold": "nan"}}, 422, "finite number"),
 ]
 
 
@@ -297,6 +293,43 @@ def test_fallback_parameters_reach_the_options():
     assert decoding.logprob_threshold is None and decoding.compression_ratio_threshold == 2.4
     plain = parse_parameters({"temperature_increment_on_fallback": 0}).service_options()
     assert plain.transcribe_options().temperatures == (0.0,)
+
+
+def test_decimals_from_a_query_string_are_read_as_numbers():
+    """The toolkit turns only whole non-negative numbers and true/false of a query string into
+    JSON types: `?vad_threshold=0.5` reached the parameters as "0.5" and was refused."""
+    from app.endpoint import parse_parameters
+
+    query = {
+        "vad_threshold": "0.5",
+        "logprob_threshold": "-0.5",
+        "temperature": "0.2",
+        "passage_pause": " 2.5 ",
+        "no_speech_threshold": "off",  # off / none / null: a setting turned off
+        "compression_ratio_threshold": "None",
+    }
+    parameters = parse_parameters(query)
+    assert (parameters.vad_threshold, parameters.logprob_threshold) == (0.5, -0.5)
+    assert (parameters.temperature, parameters.passage_pause) == (0.2, 2.5)
+    assert parameters.no_speech_threshold is parameters.compression_ratio_threshold is None
+    decoding = parameters.service_options().transcribe_options()
+    assert decoding.no_speech_threshold is None and decoding.logprob_threshold == -0.5
+    # Whole numbers and booleans stay strict: the toolkit has typed those already.
+    for strict in ({"num_speakers": "2"}, {"vad": "false"}, {"vad": 0}):
+        with pytest.raises(EndpointError, match="invalid parameters"):
+            parse_parameters(strict)
+
+
+@pytest.mark.slow
+def test_the_silence_guard_computes_word_times_without_chunking_by_word(endpoint):
+    """The HTTP API computes word times for the guard; the endpoint refused it instead
+    ("hallucination_silence_threshold needs word_timestamps")."""
+    guarded = endpoint(
+        {"inputs": JFK.read_bytes(), "parameters": {"hallucination_silence_threshold": 2.0}}
+    )
+    assert "fellow Americans" in guarded["text"]
+    assert len(guarded["chunks"]) < len(guarded["text"].split())  # a chunk per segment
+    assert guarded["options"]["hallucination_silence_threshold"] == 2.0
 
 
 @pytest.mark.slow

@@ -383,6 +383,46 @@ def test_a_stop_answers_every_request_waiting_and_gives_a_running_one_its_grace(
         work.close(timeout=5)
 
 
+def test_a_running_stream_past_its_grace_ends_with_shutting_down_and_stops_its_job():
+    # A stream already decoding when the server stopped was cut off mid-body by uvicorn
+    # (hunt: no error event, no done event); waiting ones already got the event.
+    import asyncio
+
+    from app.api.text_routes import _chunks, _Shape
+    from app.api.work_queue import ShuttingDown
+
+    work = WorkQueue(2)
+    stop, stopped = threading.Event(), threading.Event()
+
+    def job(emit) -> None:  # emits until told to stop, as a transcription between windows
+        emit("first")
+        while not stop.wait(0.05):  # items keep coming: the check must not wait for a lull
+            emit("more")
+        stopped.set()
+
+    async def scenario():
+        done, items = work.submit_streaming(job)
+        done.add_done_callback(lambda d: stop.set() if d.cancelled() else None)  # as the routes
+        assert await items.__anext__() == "first"
+        waiting, pieces = work.submit_streaming(lambda emit: "never")  # behind the first
+        work.shut_down(grace=0.5)
+        with pytest.raises(ShuttingDown):
+            async with asyncio.timeout(3):
+                async for item in items:
+                    assert item == "more"
+        assert done.cancelled() and await asyncio.to_thread(stopped.wait, 5)
+        # The text route's stream turns it into OpenAI's error event, as the audio route does.
+        shape = _Shape("text", "smollm2-135m")
+        events = [event async for event in _chunks(waiting, pieces, shape, False)]
+        error = json.loads(events[-1].removeprefix("data: "))["error"]
+        assert (error["code"], error["type"]) == ("shutting_down", "server_error")
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        work.close(timeout=5)
+
+
 def test_a_streamed_request_stopped_by_a_shutdown_gets_a_shutting_down_event():
     # Its 200 went out when it was queued: the event must say to retry, as the 503 does.
     import asyncio
@@ -1003,6 +1043,12 @@ def test_field_errors(open_server):
     not_finite = _error(_post_audio(url, JFK, temperature="nan"), 422)  # not "<= 1" (hunt)
     assert not_finite["param"] == "temperature" and "finite number" in not_finite["message"]
     assert _error(_post_audio(url, JFK, language="xx"), 422)["param"] == "language"
+    # A huge value is quoted by its start and length, not sent back whole (hunt: 1 MB bodies).
+    huge = "x" * 1_000_000
+    for field, status in (("language", 422), ("model", 404)):
+        refused = _post_audio(url, JFK, **{field: huge})
+        assert refused.status_code == status and len(refused.content) < 2000, field
+        assert "1000000 characters" in refused.json()["error"]["message"], field
     counts = _post_audio(url, JFK, diarize="false", num_speakers="2")
     assert "num_speakers needs diarize=True" in _error(counts, 422)["message"]
 
@@ -1211,6 +1257,8 @@ def test_seeded_sampling_repeats_and_differs_from_greedy(client):
 
 @pytest.mark.slow
 def test_chat_completion_uses_the_chat_template(client):
+    import openai
+
     messages = [{"role": "user", "content": "What is the capital of France? One word."}]
     result = client.chat.completions.create(
         model=TEXT_MODEL, messages=messages, temperature=0, max_tokens=20
@@ -1243,6 +1291,19 @@ def test_chat_completion_uses_the_chat_template(client):
         metadata={"run": "test"},
     )
     assert again.choices[0].message.content == answer.content
+    # The SDK sends null for an argument passed as None: OpenAI's "not given" (422 before).
+    unset = dict.fromkeys(["top_p", "n", "stream", "presence_penalty", "logprobs", "tools"])
+    defaults = client.chat.completions.create(
+        model=TEXT_MODEL, messages=messages, max_completion_tokens=20, temperature=0, **unset
+    )
+    assert defaults.choices[0].message.content == answer.content
+    with pytest.raises(openai.UnprocessableEntityError, match="tools are not supported"):
+        client.chat.completions.create(
+            model=TEXT_MODEL,
+            messages=messages,
+            max_tokens=5,
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        )
 
 
 @pytest.mark.slow

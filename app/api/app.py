@@ -16,6 +16,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.routing import Match, Mount
 
+from ..request import echoed
 from ..service import TranscriptionService
 from .audio_request import WHISPER_ALIAS
 from .audio_routes import AudioApi
@@ -98,7 +99,10 @@ def build_api(
         if model_id == WHISPER_ALIAS:  # what stock clients name; the audio routes take it
             return {**model_entries()[0], "id": WHISPER_ALIAS}
         raise ApiError(
-            404, f"the model {model_id!r} does not exist", param="model", code="model_not_found"
+            404,
+            f"the model {echoed(model_id)} does not exist",
+            param="model",
+            code="model_not_found",
         )
 
     app.include_router(AudioApi(service, work).router(), dependencies=auth)

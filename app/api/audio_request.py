@@ -25,6 +25,7 @@ from ..request import (
     MAX_PROMPT_CHARACTERS,
     ServiceOptions,
     decoding_choices,
+    echoed,
     off_is_none,
 )
 from .errors import ApiError
@@ -200,6 +201,7 @@ def _refusal(error: ValidationError) -> ApiError:
     first = problems[0]
     param = str(first["loc"][0]) if first["loc"] else None
     described = "; ".join(
-        f"{'.'.join(map(str, p['loc']))}: {p['msg']} (got {p.get('input')!r:.80})" for p in problems
+        f"{'.'.join(map(str, p['loc']))}: {p['msg']} (got {echoed(p.get('input'))})"
+        for p in problems
     )
     return ApiError(422, described, param=param)

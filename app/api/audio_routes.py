@@ -23,6 +23,7 @@ from fastapi.responses import Response
 from asr.audio import DecodedAudio
 from asr.types import DecidedWindow, Transcript
 
+from ..request import echoed
 from ..service import ServiceOptions, TranscriptionService
 from .audio_formats import render, usage
 from .audio_request import WHISPER_ALIAS, AudioRequest, parse_form
@@ -162,7 +163,7 @@ class AudioApi:
             return
         raise ApiError(
             404,
-            f"model {model!r} is not loaded; this server transcribes with "
+            f"model {echoed(model)} is not loaded; this server transcribes with "
             f"{self.service.asr_model_name!r} (or say {WHISPER_ALIAS!r})",
             param="model",
             code="model_not_found",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -16,19 +16,31 @@ def sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def until_done(done: asyncio.Future, items: asyncio.Queue[T]) -> AsyncIterator[T]:
+async def until_done(
+    done: asyncio.Future,
+    items: asyncio.Queue[T],
+    check: Callable[[], None] | None = None,
+    every: float = 0.5,
+) -> AsyncIterator[T]:
     """The items put on `items`, in order, until `done` completes and none are left (its
-    result or exception stays with `done`)."""
+    result or exception stays with `done`). check: called before each item and after every
+    `every` seconds without one; whatever it raises ends the iteration (a server that stops)."""
     waiter = None
     try:
         while True:
+            if check is not None and not done.done():
+                check()
             waiter = asyncio.ensure_future(items.get())
-            await asyncio.wait({waiter, done}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {waiter, done},
+                timeout=every if check is not None else None,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             if not waiter.done():
                 waiter.cancel()
-                if items.empty():
+                if done.done() and items.empty():
                     return
-                continue
+                continue  # an item left, or the wait timed out (only with a check)
             yield waiter.result()
     finally:
         # A reader that stops early (a client gone mid-stream) cancels this generator inside

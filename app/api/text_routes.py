@@ -27,11 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from decoding import SamplingOptions
 
+from ..request import echoed
 from .audio_routes import CLIENT_CLOSED_REQUEST, queue_full
 from .errors import ApiError, error_body
 from .events import sse
 from .text_front import Completion, TextFront
-from .work_queue import Abandoned, ClosingStream, QueueFull, WorkQueue
+from .work_queue import Abandoned, ClosingStream, QueueFull, ShuttingDown, WorkQueue
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_MAX_TOKENS = 1024  # chat default: this, or what the context leaves
@@ -161,10 +162,18 @@ class ChatRequest(_Common):
     logprobs: Literal[False] = False
     top_logprobs: Literal[0] | None = None
     parallel_tool_calls: bool | None = None
+    tools: list[dict[str, Any]] | None = None  # none offered: [] or null only
     tool_choice: Literal["none"] | None = None
     response_format: PlainText | None = None
     store: Literal[False] | None = None  # nothing is kept for OpenAI's stored completions
     metadata: dict[str, str] | None = None  # tags for stored completions: none are stored
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if value:
+            raise ValueError("tools are not supported: only [] or null")
+        return value
 
     @field_validator("max_completion_tokens")
     @classmethod
@@ -239,7 +248,7 @@ class TextApi:
         if asked.model != front.name:
             raise ApiError(
                 404,
-                f"model {asked.model!r} is not this server's text model: {front.name!r} is",
+                f"model {echoed(asked.model)} is not this server's text model: {front.name!r} is",
                 param="model",
                 code="model_not_found",
             )
@@ -364,6 +373,9 @@ async def _chunks(
         status = error.status if isinstance(error, ApiError) else 422
         yield sse(error_body(status, getattr(error, "message", str(error))))
         return
+    except ShuttingDown as error:  # waiting or running when the server began to stop
+        yield sse(error_body(503, str(error), code="shutting_down"))
+        return
     yield sse(shape.chunk("" if shape.kind == "text" else None, finish=completion.finish_reason))
     if include_usage:
         yield sse(
@@ -396,8 +408,11 @@ async def _json(request: Request) -> Any:
 def _parse(model: type[BaseModel], body: Any):
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
+    # null is OpenAI's "not given" for every optional field, and the SDK sends it for an
+    # argument passed as None (temperature=None was refused: "input should be a valid number").
+    given = {key: value for key, value in body.items() if value is not None}
     try:
-        return model.model_validate(body)
+        return model.model_validate(given)
     except ValidationError as error:
         problems = error.errors()
         unknown = [".".join(map(str, p["loc"])) for p in problems if p["type"] == "extra_forbidden"]
@@ -414,7 +429,7 @@ def _parse(model: type[BaseModel], body: Any):
             return_error = ApiError(
                 status,
                 "; ".join(
-                    f"{'.'.join(map(str, p['loc']))}: {p['msg']} (got {p.get('input')!r:.80})"
+                    f"{'.'.join(map(str, p['loc']))}: {p['msg']} (got {echoed(p.get('input'))})"
                     for p in problems
                 ),
                 param=".".join(map(str, problems[0]["loc"])) or None,

@@ -160,7 +160,10 @@ class WorkQueue:
         """Queues `job(emit)` as `submit` does (QueueFull included); what the job emits from
         the worker thread comes out of the returned iterator, in order, until the job ends; its
         result or exception is the returned future's. Call it from the event loop. Cancelling
-        the returned future gives a job that has not started its place back."""
+        the returned future gives a job that has not started its place back. Once the server
+        is shutting down, the iterator raises ShuttingDown where `run` would (the job has not
+        started, or runs past its grace) and cancels the future, so that a stream ends with
+        its error event before the server closes its connection, not cut off mid-body."""
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[E] = asyncio.Queue()
 
@@ -170,7 +173,20 @@ class WorkQueue:
         future = self.submit(lambda: job(emit), place)
         done = asyncio.wrap_future(future)
         done.add_done_callback(lambda d: self.cancel(future) if d.cancelled() else None)
-        return done, until_done(done, items)
+
+        def check() -> None:
+            if self._past_grace(future):
+                done.cancel()  # a running job is asked to stop through its callbacks
+                raise ShuttingDown(_SHUTTING_DOWN)
+
+        return done, until_done(done, items, check, ABANDON_POLL_SECONDS)
+
+    def _past_grace(self, future: Future) -> bool:
+        """Whether the server is stopping and `future`'s job is not to be waited for: it has
+        not started, or it has run past the grace `shut_down` gave it."""
+        return self._stopping.is_set() and (
+            not future.running() or time.monotonic() >= self._deadline
+        )
 
     async def run(
         self,
@@ -195,9 +211,7 @@ class WorkQueue:
                 if abandoned is not None and await abandoned():
                     self._give_up(future, waiter, stop)
                     raise Abandoned("the client went away")
-                if self._stopping.is_set() and (
-                    not future.running() or time.monotonic() >= self._deadline
-                ):
+                if self._past_grace(future):
                     self._give_up(future, waiter, stop)
                     raise ShuttingDown(_SHUTTING_DOWN)
         except asyncio.CancelledError:
