@@ -1441,15 +1441,17 @@ def run() -> None:
     the process (std::terminate, status 134). The standard streams are flushed and the atexit
     handlers (logging, temporary folders' finalizers) still run first.
 
-    Standard output may close before the command ends (`| head`): from then on what it
-    prints is dropped and its work goes on (`app.closed_pipe`). A terminal that cannot show a
+    Standard output and error may close before the command ends (`| head`), or fill their
+    disk: from then on what they show is dropped and its work goes on (`app.closed_pipe`; a
+    transcription that only prints stops, `app.file_run`). A terminal that cannot show a
     character (an ASCII or Latin-1 locale, a transcript in French or a file named in
     Japanese) gets it escaped (\\xea) rather than ending the run at the first one.
     """
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError):  # not a TextIOWrapper, closed
             stream.reconfigure(errors="backslashreplace")
-    sys.stdout = ReaderGoneTolerant(sys.stdout)
+    sys.stderr = ReaderGoneTolerant(sys.stderr, "standard error")
+    sys.stdout = ReaderGoneTolerant(sys.stdout, "standard output", tell=sys.stderr)
     parser = build_parser()
     args = _parsed(parser, None)
     status = _run_command(args, parser)

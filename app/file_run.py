@@ -81,6 +81,7 @@ class FileRun:
         self._bar = None
         # Why outputs can no longer be written anywhere (a full disk): the run stops there.
         self.unwritable: str | None = None
+        self._stop_advice = "(a rerun does them once there is room)"  # where `unwritable` is
         self.not_done = 0  # files left when it stopped
 
     def run(self, jobs: list[Job], relabels: list[tuple[Path, dict[str, Path], dict, Kept]]):
@@ -122,8 +123,8 @@ class FileRun:
             self.not_done = total - self._settled
             files = "file" if self.not_done == 1 else "files"
             print(
-                f"specscribe: stopped: {self.unwritable}; {self.not_done} {files} not done (a "
-                "rerun does them once there is room)",
+                f"specscribe: stopped: {self.unwritable}; {self.not_done} {files} not done "
+                f"{self._stop_advice}",
                 file=sys.stderr,
             )
 
@@ -304,8 +305,16 @@ class FileRun:
         for warning in transcript.warnings:
             self._say(f"specscribe: warning: {path}: {warning}")
         self._print(path, transcript)
-        self.finished.append(path)
-        self._settle()
+        lost = getattr(sys.stdout, "failure", None) if not outputs else None
+        if lost:  # its one output was not shown (`> out.srt` on a full disk): not done
+            self._failed(path, OutputsUnwritable(f"standard output: {lost}"))
+        else:
+            self.finished.append(path)
+            self._settle()
+        if not outputs and getattr(sys.stdout, "reader_gone", False):
+            # Printing was all this run did (`transcribe DIR | head`): the rest would go nowhere.
+            self.unwritable = "standard output is closed, and no --output-dir was given"
+            self._stop_advice = "(a rerun with --output-dir writes them)"
 
     def _print(self, path: Path, transcript) -> None:
         """Shows a finished transcript on stdout: its text, or its `printed_format` output."""

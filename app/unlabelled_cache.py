@@ -94,13 +94,21 @@ def keep_unlabelled(
     }
     content = json.loads(json.dumps(content))  # as it reads back (string keys, lists)
     content[_DIGEST] = _digest(content)
-    write_atomically(unlabelled_path(outputs), json.dumps(content, ensure_ascii=False) + "\n")
+    write_atomically(unlabelled_path(outputs), _utf8_json(content) + b"\n")
 
 
 def _digest(content: dict) -> str:
     """The digest of a kept file's content (but its own), as it was written."""
     kept = {k: v for k, v in content.items() if k != _DIGEST}
-    return digest_of(json.dumps(kept, ensure_ascii=False, sort_keys=True).encode())
+    return digest_of(_utf8_json(kept, sort_keys=True))
+
+
+def _utf8_json(value: object, sort_keys: bool = False) -> bytes:
+    """`value` as JSON in UTF-8. A recording's name that is not UTF-8 (caf\xe9.wav from an
+    old device) reaches Python with lone surrogates, which UTF-8 cannot hold: each is written
+    as JSON's escape (\\udce9), which reads back as the same string."""
+    text = json.dumps(value, ensure_ascii=False, sort_keys=sort_keys)
+    return text.encode("utf-8", "backslashreplace")
 
 
 def kept_unlabelled(outputs: dict[str, Path], record: dict) -> Kept | None:

@@ -287,7 +287,7 @@ def write_rttm(transcript: Transcript, stem: str) -> str:
     """NIST RTTM of the diarizer's speaker turns, overlapping speech included, with the file's
     stem as its URI, as pyannote's pipelines write them: what pyannote.metrics, dscore and
     md-eval score. The speaker-labelled transcript is in txt, srt, vtt, tsv and json."""
-    file_id = stem.replace(" ", "_")
+    file_id = "_".join(stem.split()) or "_"  # one field: tabs and line breaks too
     return "".join(
         f"SPEAKER {file_id} 1 {t.start:.3f} {t.end - t.start:.3f} <NA> <NA> {t.speaker} <NA> <NA>\n"
         for t in transcript.turns
@@ -669,11 +669,14 @@ def _own_outputs_state(
     options = _options(stored)
     if options != wanted:
         differences = [
-            f"{key} {_shown(options, key)} -> {_shown(wanted, key)}"
+            (key, _shown(options, key), _shown(wanted, key))
             for key in sorted(set(options) | set(wanted))
             if options.get(key, _ABSENT) != wanted.get(key, _ABSENT)
         ]
-        return "changed", ", ".join(differences)
+        # Not "max_line_count (default) -> (default)": a key only one record holds, at the
+        # value its absence means, is no change to name (unless nothing else differs).
+        named = [change for change in differences if change[1] != change[2]] or differences
+        return "changed", ", ".join(f"{key} {was} -> {now}" for key, was, now in named)
     vouched = stored.get(RECORD_FORMATS)
     if isinstance(vouched, list):
         unvouched = [fmt for fmt in paths if fmt not in vouched]

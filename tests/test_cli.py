@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import sys
@@ -580,6 +581,71 @@ def test_a_reader_that_stops_reading_ends_nothing_but_the_printing(tmp_path):
     assert run.wait(timeout=600) == 0, said
     assert "Traceback" not in said and "2 transcribed" in said, said
     assert sorted(p.name for p in outputs.glob("*.txt")) == [f"{s.stem}.txt" for s in sources]
+
+
+def test_a_run_that_only_prints_stops_once_nobody_reads(tmp_path):
+    """`transcribe DIR | head` without --output-dir went on transcribing every file into a
+    closed pipe (hunt: minutes of work for nothing)."""
+    import subprocess
+
+    from tests.conftest import REPO
+
+    for name in ("a.wav", "b.wav", "c.wav"):
+        shutil.copy(SAMPLES / "jfk.wav", tmp_path / name)
+    command = [sys.executable, "-m", "specscribe.cli", "transcribe", str(tmp_path)]
+    command += ["--assistant", "none", "--batch-files", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert run.stdout.readline().startswith(b"== ")
+    run.stdout.close()  # `head -1`
+    said = run.stderr.read().decode()
+    assert run.wait(timeout=600) == 1, said
+    assert "Traceback" not in said, said
+    assert "stopped: standard output is closed, and no --output-dir was given" in said, said
+    assert re.search(r"[12] not done", said), said  # the first one or two were printed
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_standard_streams_that_cannot_be_written_lose_no_work(tmp_path):
+    """A full disk under stdout raised OSError at the first print (a traceback, the other
+    files never done); a closed stderr ended the run silently at its first message."""
+    import subprocess
+
+    from tests.conftest import REPO
+
+    for name in ("a.wav", "b.wav"):
+        shutil.copy(SAMPLES / "jfk.wav", tmp_path / name)
+    command = [sys.executable, "-m", "specscribe.cli", "transcribe", str(tmp_path)]
+    command += ["--assistant", "none", "--batch-files", "1", "-o", str(tmp_path / "out")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open("/dev/full", "w") as full:
+        run = subprocess.run(
+            command, cwd=REPO, env=env, stdout=full, stderr=subprocess.PIPE, timeout=600
+        )
+    said = run.stderr.decode()
+    assert run.returncode == 0 and "Traceback" not in said, said
+    assert "cannot write to standard output (No space left on device)" in said
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.txt")) == ["a.txt", "b.txt"]
+    # Printing only, the transcript is the output: lost, it is a failure, not a success.
+    alone = [*command[:4], str(SAMPLES / "jfk.wav"), "--assistant", "none"]
+    with open("/dev/full", "w") as full:
+        run = subprocess.run(
+            alone, cwd=REPO, env=env, stdout=full, stderr=subprocess.PIPE, timeout=600
+        )
+    assert run.returncode == 1
+    assert "failed: " in run.stderr.decode() and "standard output: No space" in run.stderr.decode()
+    # Standard error whose reader left before the first message.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    overwrite = [*command, "--format", "srt"]
+    run = subprocess.run(
+        overwrite, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=write_end, timeout=600
+    )
+    os.close(write_end)
+    assert run.returncode == 0
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.srt")) == ["a.srt", "b.srt"]
 
 
 def test_a_terminal_that_cannot_show_a_name_gets_it_escaped(tmp_path):

@@ -308,6 +308,9 @@ def test_rttm_holds_the_diarizers_turns_overlaps_included(tmp_path):
     ]
     (tmp_path / "my_talk.rttm").write_text(text)
     assert read_rttm(tmp_path / "my_talk.rttm") == turns
+    # The file id is one field whatever whitespace the name holds (a tab split it in two).
+    tabbed = WRITERS["rttm"](transcript, "meeting\troom 2\nb")
+    assert [line.split()[1] for line in tabbed.splitlines()] == ["meeting_room_2_b"] * 2
 
 
 def test_a_clipped_request_keeps_only_the_turns_of_its_clip_ranges():

@@ -95,6 +95,24 @@ def test_a_kept_transcript_serves_only_the_recordings_very_bytes(tmp_path):
     assert kept_unlabelled(outputs, {**RECORD, "source": Source.of(recording)}) is not None
 
 
+def test_a_recording_named_in_latin1_keeps_its_transcript(tmp_path):
+    """Its name reaches Python with a lone surrogate, which UTF-8 cannot hold: keeping the
+    transcript raised UnicodeEncodeError after the file was decoded, so every run failed it
+    (and left the diarizer's passes behind)."""
+    import os
+
+    from asr.source import Source
+
+    recording = tmp_path / os.fsdecode(b"caf\xe9.wav")
+    recording.write_bytes(b"take " * 100)
+    outputs = output_paths(tmp_path, Path(recording.stem), ["txt"])
+    record = {**RECORD, "source": Source.of(recording)}
+    keep_unlabelled(outputs, record, TRANSCRIPT)
+    assert kept_unlabelled(outputs, record) == Kept(TRANSCRIPT, None)
+    assert os.fsencode(unlabelled_path(outputs).name) == b".caf\xe9.specscribe-unlabelled.json"
+    json.loads(unlabelled_path(outputs).read_text(encoding="utf-8"))  # UTF-8 JSON
+
+
 def _passes(segmentations: np.ndarray) -> SpeakerPasses:
     embeddings = np.random.default_rng(0).normal(size=(3, 3, 4)).astype(np.float32)
     embeddings[1, 2] = np.nan  # a local speaker silent in a chunk

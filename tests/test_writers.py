@@ -102,6 +102,9 @@ def test_a_record_beside_the_outputs_tells_finished_work_from_work_made_otherwis
         "changed",
         "diarize false -> (default), multilingual false -> true, vad false -> true",
     )
+    # a key only the new record holds, at the value its absence means, is no change to name
+    shaped = {**made, "max_line_width": 30, "max_line_count": None}
+    assert outputs_state(paths, shaped) == ("changed", "max_line_width (default) -> 30")
     # a guard or check turned off is shown as off, not as at its default
     guarded = {**made, "repetition_ngram": 6}
     write_outputs(TRANSCRIPT, paths, guarded)
