@@ -230,7 +230,7 @@ def _output_formats(asked: list[str] | None, diarize: bool) -> list[str]:
 
 def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from asr.audio import colliding_outputs, find_audio_files
-    from asr.writers import SubtitleLayout, output_paths, outputs_over_recordings
+    from asr.writers import output_paths, outputs_over_recordings
 
     from .file_run import FileRun
     from .output_plan import kept_outputs, made_from, plan_outputs
@@ -239,9 +239,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from .unlabelled_cache import kept_unlabelled
 
     # 1. The request, checked before anything is read or loaded.
-    layout = SubtitleLayout(args.max_line_width, args.max_line_count).validate()
-    if layout.shaped:
-        args.word_timestamps = True  # cues are timed by their words
+    layout = _layout(args)
     options = _request_options(args)
     if args.diarization_pipeline and not options.diarize:
         raise ValueError("--diarization-pipeline needs --diarize")
@@ -254,11 +252,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
                 "(several are written with --output-dir)"
             )
         printed_format = formats[0]
-    if layout.shaped and not {"srt", "vtt"} & set(formats):
-        raise ValueError(
-            "--max-line-width and --max-line-count shape srt and vtt cues: "
-            "ask for --format srt or vtt"
-        )
+    layout.check_formats(formats)
     if args.draft_branches is not None:
         settings = dataclasses.replace(settings, draft_branches=draft_branches(args.draft_branches))
     if args.lookup_branch:
@@ -879,6 +873,34 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-speakers", type=int, metavar="N", help="at most N speakers")
 
 
+def _add_layout_arguments(parser: argparse.ArgumentParser) -> None:
+    """The subtitle layout (`transcribe`, `submit`): `_layout` reads it."""
+    parser.add_argument(
+        "--max-line-width",
+        type=int,
+        metavar="N",
+        help="srt/vtt: lines of at most N characters, cues timed by their words (turns on "
+        "--word-timestamps)",
+    )
+    parser.add_argument(
+        "--max-line-count",
+        type=int,
+        metavar="N",
+        help="srt/vtt: at most N lines per cue (turns on --word-timestamps)",
+    )
+
+
+def _layout(args: argparse.Namespace):
+    """The checked SubtitleLayout; a shaped one turns on args.word_timestamps (its cues are
+    timed by their words)."""
+    from asr.writers import SubtitleLayout
+
+    layout = SubtitleLayout(args.max_line_width, args.max_line_count).validate()
+    if layout.shaped:
+        args.word_timestamps = True
+    return layout
+
+
 def _request_options(args: argparse.Namespace):
     """The request's ServiceOptions (app.request: checked as every front's are)."""
     from .request import ServiceOptions, decoding_choices
@@ -959,6 +981,7 @@ def _cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
             "recording to a file, or `specscribe transcribe -` it"
         )
 
+    layout = _layout(args)
     options = _request_options(args)
     spec = JobSpec(
         output_dir=args.output_dir,
@@ -966,6 +989,7 @@ def _cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         options=options,
         model=args.model,
         overwrite=args.overwrite,
+        layout=layout,
     )
     try:
         planned = plan_job(args.paths, spec)  # before the store: a refused job makes none
@@ -1172,19 +1196,7 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument(
         "--overwrite", action="store_true", help="transcribe files whose outputs exist"
     )
-    transcribe.add_argument(
-        "--max-line-width",
-        type=int,
-        metavar="N",
-        help="srt/vtt: lines of at most N characters, cues timed by their words (turns on "
-        "--word-timestamps)",
-    )
-    transcribe.add_argument(
-        "--max-line-count",
-        type=int,
-        metavar="N",
-        help="srt/vtt: at most N lines per cue (turns on --word-timestamps)",
-    )
+    _add_layout_arguments(transcribe)
     transcribe.add_argument(
         "--batch-files",
         type=_batch_files,
@@ -1341,6 +1353,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument(
         "--model", help="only a worker with this ASR model runs the job (default: any worker)"
     )
+    _add_layout_arguments(submit)
     _add_request_arguments(submit)
     submit.add_argument("--store", type=Path, help=store_help)
     submit.set_defaults(run=_cmd_submit)

@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asr.writers import SubtitleLayout
+
 from .service import ServiceOptions
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: jobs.layout
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id INTEGER PRIMARY KEY,
@@ -42,7 +44,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     formats TEXT NOT NULL,      -- JSON list of writer names
     options TEXT NOT NULL,      -- JSON of ServiceOptions
     model TEXT,                 -- only a worker with this ASR model runs it; NULL: any worker
-    overwrite INTEGER NOT NULL
+    overwrite INTEGER NOT NULL,
+    layout TEXT                 -- JSON of the subtitle layout; NULL: cues as Whisper's segments
 );
 CREATE TABLE IF NOT EXISTS tasks (
     id INTEGER PRIMARY KEY,
@@ -89,6 +92,17 @@ def _unwritable(error: sqlite3.OperationalError) -> bool:
     return "readonly" in said or "disk is full" in said or "disk I/O error" in said
 
 
+def _statements(script: str) -> Iterator[str]:
+    """The SQL statements of `script`, one at a time (`execute` takes one; `executescript`
+    would commit the transaction they must run in). Semicolons in comments do not end one."""
+    statement = ""
+    for line in script.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            yield statement
+            statement = ""
+
+
 class JobStoreError(RuntimeError):
     """The store file cannot be used (made by a newer specscribe, not a database, ...)."""
 
@@ -109,13 +123,22 @@ class JobSpec:
     options: ServiceOptions = field(default_factory=ServiceOptions)
     model: str | None = None  # None: whichever model the worker has loaded
     overwrite: bool = False  # False: a file whose outputs all exist is done without decoding
+    layout: SubtitleLayout = field(default_factory=SubtitleLayout)  # srt and vtt cues
 
     def validate(self) -> JobSpec:
-        """Checks the formats; the options were checked when they were made."""
+        """Checks the formats and the layout, as `transcribe` does; the options were checked
+        when they were made."""
         from .request import check_formats
 
         check_formats(self.formats, self.options.diarize)
+        self.layout.validate().check_formats(self.formats)
+        if self.layout.shaped and not self.options.word_timestamps:  # cues timed by words
+            raise ValueError("a subtitle layout needs word_timestamps")
         return self
+
+    def record(self, service_record: dict) -> dict:
+        """The option record of this job's outputs, from the service's for its options."""
+        return service_record | self.layout.recorded()
 
 
 @dataclass(frozen=True)
@@ -404,10 +427,25 @@ class JobStore:
                 f"{self.path}: made by a newer specscribe (schema {version} > {SCHEMA_VERSION})"
             )
         if version < SCHEMA_VERSION:
-            # One script, one transaction: executescript commits any transaction opened before it.
-            connection.executescript(
-                f"BEGIN IMMEDIATE;\n{SCHEMA}\nPRAGMA user_version={SCHEMA_VERSION};\nCOMMIT;"
-            )
+            self._upgrade(connection)
+
+    @staticmethod
+    def _upgrade(connection: sqlite3.Connection) -> None:
+        """Makes the schema (a new store), or adds what schema 2 added (a store of schema 1),
+        in one transaction under the write lock: of two processes upgrading at once, the second
+        finds the column there and adds nothing."""
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _statements(SCHEMA):
+                connection.execute(statement)
+            columns = {row["name"] for row in connection.execute("PRAGMA table_info(jobs)")}
+            if "layout" not in columns:
+                connection.execute("ALTER TABLE jobs ADD COLUMN layout TEXT")
+            connection.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
 
     @contextlib.contextmanager
     def _write(self, connection: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
@@ -461,8 +499,8 @@ class JobStore:
         with self._write() as db:
             job_id = db.execute(
                 "INSERT INTO jobs"
-                " (created, sources, output_dir, formats, options, model, overwrite)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                " (created, sources, output_dir, formats, options, model, overwrite, layout)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     time.time(),
                     json.dumps([str(p) for p in job.sources]),
@@ -471,6 +509,7 @@ class JobStore:
                     spec.options.to_json(),
                     spec.model,
                     int(spec.overwrite),
+                    json.dumps(dataclasses.asdict(spec.layout)) if spec.layout.shaped else None,
                 ),
             ).lastrowid
             db.executemany(
@@ -554,7 +593,7 @@ class JobStore:
             # 3. The oldest runnable task whose outputs nobody is writing right now.
             row = db.execute(
                 """
-                SELECT t.*, j.output_dir, j.formats, j.options, j.model, j.overwrite
+                SELECT t.*, j.output_dir, j.formats, j.options, j.model, j.overwrite, j.layout
                 FROM tasks t JOIN jobs j ON j.id = t.job_id
                 WHERE (t.state = 'pending' OR (t.state = 'running' AND t.lease_until < :now))
                   AND (j.model IS NULL OR j.model = :model)
@@ -595,6 +634,9 @@ class JobStore:
             options=ServiceOptions.from_json(row["options"]),
             model=row["model"],
             overwrite=bool(row["overwrite"]),
+            layout=SubtitleLayout(**json.loads(row["layout"]))
+            if row["layout"]
+            else SubtitleLayout(),
         )
         return ClaimedTask(
             id=row["id"],

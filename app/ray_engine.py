@@ -190,7 +190,7 @@ class RayWorker:
             self.log(f"task {task.id}: {reason}; starting another")
             pool.replace(actor)
             return None
-        record = made_from(task.path, record)
+        record = made_from(task.path, task.spec.record(record))
         if not prepare(self.store, task, self.worker, self.log, record):
             pool.give_back(actor)
             self.finished += 1

@@ -212,7 +212,7 @@ def finish(
     try:
         if outcome.unlabelled is not None and record is not None:
             keep_unlabelled(task.outputs, record, outcome.unlabelled, outcome.passes)
-        write_outputs(outcome.transcript, task.outputs, record)
+        write_outputs(outcome.transcript, task.outputs, record, task.spec.layout)
     except OSError as error:  # a full disk, a file where a folder must go: this task's failure
         reason = why_unwritten(error, task.outputs)
         if store.fail(task, worker, reason, outcome.seconds):
@@ -358,7 +358,9 @@ class LocalWorker:
 
     def _run_one(self, task: ClaimedTask) -> None:
         self.log(f"task {task.id} (job {task.job_id}) running, attempt {task.attempt}: {task.path}")
-        record = made_from(task.path, self.service.output_record(task.spec.options))
+        record = made_from(
+            task.path, task.spec.record(self.service.output_record(task.spec.options))
+        )
         try:
             if not prepare(self.store, task, self.worker, self.log, record):
                 return

@@ -86,6 +86,14 @@ class SubtitleLayout:
     def shaped(self) -> bool:
         return self.max_line_width is not None or self.max_line_count is not None
 
+    def check_formats(self, formats: list[str] | tuple[str, ...]) -> None:
+        """A shaped layout needs a format it shapes: ValueError otherwise."""
+        if self.shaped and not {"srt", "vtt"} & set(formats):
+            raise ValueError(
+                "--max-line-width and --max-line-count shape srt and vtt cues: "
+                "ask for --format srt or vtt"
+            )
+
     def recorded(self) -> dict[str, int | None]:
         """What an option record holds of the layout: its fields where it shapes cues (an
         unshaped layout records nothing, as records made before layouts were kept)."""

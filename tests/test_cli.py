@@ -140,6 +140,14 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
         (stored,) = db.execute("SELECT options FROM jobs").fetchone()
     options = ServiceOptions.from_json(stored)
     assert options.diarize and options.num_speakers == 2
+    # The subtitle layout, as transcribe takes it (submit had no such flags).
+    assert main([*submit, *store, "--max-line-width", "20"]) == 2
+    assert "shape srt and vtt cues: ask for --format srt or vtt" in capsys.readouterr().err
+    assert main([*submit, *store, "--format", "srt", "--max-line-width", "20"]) == 0
+    with sqlite3.connect(tmp_path / "jobs.db") as db:
+        layout, stored = db.execute("SELECT layout, options FROM jobs ORDER BY id DESC").fetchone()
+    assert json.loads(layout) == {"max_line_width": 20, "max_line_count": None}
+    assert ServiceOptions.from_json(stored).word_timestamps  # cues are timed by their words
 
 
 def test_bad_output_folders_and_devices_are_refused_before_any_work(capsys, tmp_path, monkeypatch):

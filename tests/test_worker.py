@@ -776,6 +776,81 @@ def test_a_job_asking_other_formats_writes_the_kept_transcript(tmp_path, setting
     assert "".join(f"{s['text'].strip()}\n" for s in written["segments"]) == text
 
 
+def test_a_job_shapes_its_subtitles_as_transcribe_does(tmp_path, settings, monkeypatch):
+    """`submit` had no --max-line-width / --max-line-count: a worker's srt was one cue per
+    segment. Its cues equal `transcribe`'s, and another layout only writes them again."""
+    from app.cli import main
+    from app.service import TranscriptionService
+    from app.worker import LocalWorker, WorkerOptions
+    from asr.writers import SubtitleLayout
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(SAMPLES / "jfk.wav", folder / "jfk.wav")
+    store = JobStore(tmp_path / "jobs.db")
+    words = ServiceOptions(language="en", word_timestamps=True)
+
+    def submit(width: int) -> int:
+        spec = JobSpec(tmp_path / "out", ("srt",), words, MODEL, layout=SubtitleLayout(width, 1))
+        return store.submit([folder], spec)
+
+    service = TranscriptionService(settings, asr_model=MODEL, assistant_model="none")
+    options = WorkerOptions(until_idle=True, poll=0.1)
+    submit(20)
+    assert LocalWorker(store, service, options, log=lambda _: None).run() == 1
+    cues = parse_srt((tmp_path / "out" / "jfk.srt").read_text())
+    command = ["transcribe", str(folder / "jfk.wav"), "--model", MODEL, "--language", "en"]
+    command += ["--assistant", "none", "-f", "srt", "--max-line-width", "20"]
+    assert main([*command, "--max-line-count", "1", "-o", str(tmp_path / "cli")]) == 0
+    assert (tmp_path / "out" / "jfk.srt").read_text() == (tmp_path / "cli" / "jfk.srt").read_text()
+    assert len(cues) > 5 and all(len(text) <= 20 for _, _, text in cues)
+
+    def no_transcription(*args, **kwargs):
+        raise AssertionError("transcribed again")
+
+    monkeypatch.setattr(TranscriptionService, "run_keeping_unlabelled", no_transcription)
+    job = submit(42)
+    assert LocalWorker(store, service, options, log=lambda _: None).run() == 1
+    (task,) = store.tasks(job)
+    assert task.state == "done" and task.note.startswith("written again"), task.error
+    assert len(parse_srt((tmp_path / "out" / "jfk.srt").read_text())) < len(cues)
+    # Refused as transcribe refuses it: a layout shapes srt or vtt, timed by words.
+    with pytest.raises(ValueError, match="shape srt and vtt cues"):
+        store.submit([folder], JobSpec(tmp_path / "o", ("txt",), words, layout=SubtitleLayout(20)))
+    with pytest.raises(ValueError, match="needs word_timestamps"):
+        JobSpec(tmp_path / "o", ("srt",), ServiceOptions(), layout=SubtitleLayout(20)).validate()
+
+
+def test_a_store_of_schema_1_gains_the_layout_and_keeps_its_jobs(tmp_path):
+    """Stores made before jobs had a subtitle layout are upgraded in place."""
+    import sqlite3
+
+    from app.jobs import SCHEMA
+
+    path = tmp_path / "jobs.db"
+    old = sqlite3.connect(path)  # schema 1 as it was: the jobs table without its layout
+    schema_1 = re.sub(r",\s*layout TEXT[^\n]*\n", "\n", SCHEMA)
+    assert "layout" not in schema_1
+    old.executescript(f"{schema_1}\nPRAGMA user_version=1;")
+    old.execute(
+        "INSERT INTO jobs (created, sources, output_dir, formats, options, model, overwrite)"
+        " VALUES (0, '[]', ?, '[\"txt\"]', ?, NULL, 0)",
+        (str(tmp_path / "out"), ServiceOptions().to_json()),
+    )
+    old.execute(
+        "INSERT INTO tasks (job_id, path, stem, output_key, state) VALUES (1, ?, 'a', ?, "
+        "'pending')",
+        (str(tmp_path / "a.wav"), str(tmp_path / "out" / "a")),
+    )
+    old.commit()
+    old.close()
+    store = JobStore(path)
+    task = store.claim(WorkerId("here", os.getpid(), "here"), MODEL, lease=60)
+    assert task is not None and not task.spec.layout.shaped
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+    JobStore(path)  # opened again: nothing left to upgrade
+
+
 def test_a_store_that_cannot_take_progress_does_not_end_the_decoding():
     """A full disk under the store made the progress write fail, which ended a long decode
     (its work lost) and then the worker, with a traceback."""
