@@ -26,7 +26,7 @@ import pytest
 
 from app.api.audio_request import parse_form
 from app.api.errors import ApiError
-from app.api.text_front import StopScanner, draft_options
+from app.api.text_front import StopScanner, TextFront, draft_options
 from app.api.work_queue import Abandoned, QueueFull, WorkQueue
 from app.service import ServiceOptions
 from tests.conftest import (
@@ -343,6 +343,37 @@ def test_a_request_whose_client_leaves_cancels_its_job_or_stops_it():
     finally:
         release.set()
         work.close()
+
+
+def test_a_text_stream_that_ends_early_stops_its_generation(gemma):
+    """A completion ran to max_tokens after its stream ended (a client gone, a server
+    stopping), holding the queue's one worker; it now stops at its next piece of text."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from app.api.text_routes import TextApi, _Shape
+
+    work = WorkQueue(2)
+    front = TextFront(gemma, draft_options("none"))
+    api = TextApi(front, work)
+
+    async def scenario() -> float:
+        prompt = front.prompt_ids("Once upon a time")
+        shape, asked = _Shape("text", front.name), SimpleNamespace(stream_options=None)
+        response = api._stream(front, prompt, 480, None, [], shape, asked)
+        chunks = response.body_iterator
+        assert '"text": ' in await chunks.__anext__()  # generating
+        left = time.monotonic()
+        await chunks.aclose()  # the client went away
+        response._on_close()  # as ClosingStream calls it
+        while work.running:
+            await asyncio.sleep(0.05)
+        return time.monotonic() - left
+
+    try:
+        assert asyncio.run(scenario()) < 5.0  # all 480 tokens took about 40 s on this CPU
+    finally:
+        work.close(timeout=60)
 
 
 def test_a_stop_answers_every_request_waiting_and_gives_a_running_one_its_grace():

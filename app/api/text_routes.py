@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -32,7 +33,14 @@ from .audio_routes import CLIENT_CLOSED_REQUEST, queue_full
 from .errors import ApiError, error_body
 from .events import sse
 from .text_front import Completion, TextFront
-from .work_queue import Abandoned, ClosingStream, QueueFull, ShuttingDown, WorkQueue
+from .work_queue import (
+    Abandoned,
+    ClosingStream,
+    QueueFull,
+    ShuttingDown,
+    WorkQueue,
+    until_stopped,
+)
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_MAX_TOKENS = 1024  # chat default: this, or what the context leaves
@@ -268,10 +276,16 @@ class TextApi:
         # 2. Generate in the queue, streamed or whole.
         if asked.stream:
             return self._stream(front, prompt, max_tokens, sampling, stops, shape, asked)
+        # A client gone, or a stop past its grace, ends the generation at its next piece of
+        # text (it ran to max_tokens, holding the queue's one worker).
+        stop = threading.Event()
         try:
             done = await self.work.run(
-                lambda: front.complete(prompt, max_tokens, sampling, stops),
+                lambda: front.complete(
+                    prompt, max_tokens, sampling, stops, until_stopped(stop, _ignored)
+                ),
                 abandoned=request.is_disconnected,  # a client gone gives its place back
+                stop=stop,
             )
         except QueueFull:
             raise queue_full(self.work) from None
@@ -282,12 +296,16 @@ class TextApi:
         return JSONResponse(shape.whole(done))
 
     def _stream(self, front, prompt, max_tokens, sampling, stops, shape, asked) -> Response:
+        stop = threading.Event()  # set when the stream ends early: the generation stops too
         try:
             done, pieces = self.work.submit_streaming(
-                lambda emit: front.complete(prompt, max_tokens, sampling, stops, emit)
+                lambda emit: front.complete(
+                    prompt, max_tokens, sampling, stops, until_stopped(stop, emit)
+                )
             )
         except QueueFull:
             raise queue_full(self.work) from None
+        done.add_done_callback(lambda d: stop.set() if d.cancelled() else None)
         include_usage = bool(asked.stream_options and asked.stream_options.include_usage)
         return ClosingStream(
             _chunks(done, pieces, shape, include_usage),
@@ -295,6 +313,10 @@ class TextApi:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
+
+
+def _ignored(piece: str) -> None:
+    """A whole completion's pieces: only its stop is read between them."""
 
 
 def _default_max_tokens(front: TextFront, prompt: int, kind: str) -> int:

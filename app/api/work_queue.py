@@ -7,8 +7,8 @@ that is refused at once (HTTP 429) rather than left to stall. A request takes it
 (`reserve`) before its audio is decoded, so requests that arrive together cannot all decode
 hours of audio first; a request whose client has gone gives its place back at once, and a
 running job is asked to stop (`run`'s `abandoned` and `stop`: transcriptions stop after the
-window being decoded; a text completion runs to its end). The web page's Gradio queue has
-its own bound of the same size and meets these jobs at the service's lock.
+window being decoded, a text completion at its next piece of text). The web page's Gradio
+queue has its own bound of the same size and meets these jobs at the service's lock.
 """
 
 from __future__ import annotations
