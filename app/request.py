@@ -379,12 +379,8 @@ def describe(error: ValidationError) -> str:
         else:
             off = " or off" if name in FALLBACK_SETTINGS else ""  # what turns them off
             described = f"{message[:1].lower()}{message[1:]}{off}"
-            clauses.append(f"{name}: {described} (got {_got(problem)})")
+            clauses.append(f"{name}: {described} (got {echoed(problem['input'])})")
     return "; ".join(clauses)
-
-
-def _got(problem: dict) -> str:
-    return echoed(problem["input"])
 
 
 def echoed(value: Any) -> str:

@@ -472,6 +472,8 @@ class _Session:
         self.switched_windows: list[tuple[float, LanguageOdds]] = []  # (start s, odds)
         self.checked_windows = 0  # decoded windows whose odds were looked at
         self.window_languages: Counter[str] = Counter()  # multilingual: windows per language
+        # Tokens a prompt holds before its SOT sequence: half the context, <|startofprev|> aside.
+        self.prompt_room = model.max_context // 2 - 1
         self.initial_prompt = self._tokens(options.initial_prompt)
         self.hotwords, self.prompt_warnings = self._fitted_hotwords(options.hotwords)
         self.prompt_warnings += self._initial_prompt_warnings(options.initial_prompt)
@@ -498,7 +500,7 @@ class _Session:
         rather than inside one (a cut word is text Whisper goes on from), and a warning where
         some were left out."""
         tokens = self._tokens(text)
-        room = self.model.max_context // 2 - 1
+        room = self.prompt_room
         if len(tokens) <= room:
             return tokens, ()
         # Back to the start of the word that tokens[room] continues, within a long word's
@@ -519,7 +521,7 @@ class _Session:
     def _initial_prompt_warnings(self, text: str | None) -> tuple[str, ...]:
         """A warning where the initial prompt is longer than the room `prompt` leaves it
         beside the hotwords: as any previous text, only its end is kept."""
-        room = self.model.max_context // 2 - 1 - len(self.hotwords)
+        room = self.prompt_room - len(self.hotwords)
         if len(self.initial_prompt) <= room:
             return ()
         if room <= 0:
@@ -598,7 +600,7 @@ class _Session:
     def prompt(self, previous: list[int], language: str | None = None) -> tuple[int, ...]:
         """[<|startofprev|>, hotwords, previous text] (at most half the context), SOT sequence
         in `language` (default: the recording's)."""
-        room = self.model.max_context // 2 - 1
+        room = self.prompt_room
         hotwords = self.hotwords[:room]
         room -= len(hotwords)
         context = hotwords + (previous[-room:] if room > 0 else [])

@@ -105,6 +105,16 @@ def submit(store: JobStore, folder: Path, output_dir: Path, *formats: str) -> in
     return store.submit([folder], spec)
 
 
+def forbid_transcription(monkeypatch) -> None:
+    """From here on, a worker that decodes a file fails the test: only kept transcripts."""
+    from app.service import TranscriptionService
+
+    def no_transcription(*args, **kwargs):
+        raise AssertionError("transcribed again")
+
+    monkeypatch.setattr(TranscriptionService, "run_keeping_unlabelled", no_transcription)
+
+
 def dummy_files(folder: Path, count: int) -> None:
     """Files the store only lists (their content is never decoded in these tests)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -718,10 +728,7 @@ def test_a_job_asking_other_speaker_counts_labels_the_kept_transcript(
     one_speaker = (tmp_path / "out" / "call.txt").read_text()
     assert "SPEAKER_01" not in one_speaker
 
-    def no_transcription(*args, **kwargs):
-        raise AssertionError("transcribed again")
-
-    monkeypatch.setattr(TranscriptionService, "run_keeping_unlabelled", no_transcription)
+    forbid_transcription(monkeypatch)
     job = submit_counting(2)
     assert LocalWorker(store, service, options, log=lambda _: None).run() == 1
     (task,) = store.tasks(job)
@@ -762,10 +769,7 @@ def test_a_job_asking_other_formats_writes_the_kept_transcript(tmp_path, setting
     assert LocalWorker(store, service, options, log=lambda _: None).run() == 1
     text = (tmp_path / "out" / "jfk.txt").read_text()
 
-    def no_transcription(*args, **kwargs):
-        raise AssertionError("transcribed again")
-
-    monkeypatch.setattr(TranscriptionService, "run_keeping_unlabelled", no_transcription)
+    forbid_transcription(monkeypatch)
     job = submit("txt", "json")
     assert LocalWorker(store, service, options, log=lambda _: None).run() == 1
     (task,) = store.tasks(job)
@@ -805,10 +809,7 @@ def test_a_job_shapes_its_subtitles_as_transcribe_does(tmp_path, settings, monke
     assert (tmp_path / "out" / "jfk.srt").read_text() == (tmp_path / "cli" / "jfk.srt").read_text()
     assert len(cues) > 5 and all(len(text) <= 20 for _, _, text in cues)
 
-    def no_transcription(*args, **kwargs):
-        raise AssertionError("transcribed again")
-
-    monkeypatch.setattr(TranscriptionService, "run_keeping_unlabelled", no_transcription)
+    forbid_transcription(monkeypatch)
     job = submit(42)
     assert LocalWorker(store, service, options, log=lambda _: None).run() == 1
     (task,) = store.tasks(job)
