@@ -534,6 +534,9 @@ def test_health_reports_the_queue_and_turns_503_once_a_stop_begins():
         assert busy.status_code == 200
         assert (busy.json()["running"], busy.json()["waiting"]) == (True, 1)
         assert client.head("/health").status_code == 200
+        wrong_method = client.post("/health")
+        assert _error(wrong_method, 405, "method_not_allowed")["message"].endswith("GET or HEAD")
+        assert wrong_method.headers["allow"] == "GET, HEAD"
         work.shut_down(grace=1.0)
         stopping = client.get("/health")
         assert stopping.status_code == 503
@@ -788,6 +791,8 @@ def test_a_model_is_retrieved_by_id_and_other_paths_answer_in_openais_shape(clie
         client.models.retrieve("whisper-large-v9")
     url = open_server.url
     _error(httpx.get(url + "/v1/nothing/here"), 404, "unknown_url")
+    _error(httpx.get(url + "/v1"), 404, "unknown_url")  # not the web page's 404
+    _error(httpx.post(url + "/health"), 405, "method_not_allowed")
     wrong_method = httpx.get(url + "/v1/audio/transcriptions")
     assert "POST" in _error(wrong_method, 405, "method_not_allowed")["message"]
     assert wrong_method.headers["allow"] == "POST"

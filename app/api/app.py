@@ -4,7 +4,8 @@ Routes: `GET /health` (no key: for load balancers and container probes), `GET /v
 `GET /v1/models/{id}`, `POST /v1/audio/transcriptions`, `POST /v1/audio/translations`,
 `POST /v1/completions`, `POST /v1/chat/completions`. With an API key, every `/v1` route wants
 `Authorization: Bearer KEY` (401 otherwise); any other `/v1` path is a 404 (405 for a route's
-other methods) in OpenAI's error shape. All model work goes through one `WorkQueue`.
+other methods, `/health`'s too) in OpenAI's error shape. All model work goes through one
+`WorkQueue`.
 """
 
 from __future__ import annotations
@@ -87,6 +88,17 @@ def build_api(
         }
         return JSONResponse(body, status_code=503 if stopping else 200)
 
+    @app.api_route("/health", methods=_NOT_HEALTHS, include_in_schema=False)
+    async def health_other_methods(request: Request) -> None:
+        # Without it the web page mounted at "/" would answer a probe's wrong method with
+        # its own 404.
+        raise ApiError(
+            405,
+            f"{request.method} is not allowed on /health; use GET or HEAD",
+            code="method_not_allowed",
+            headers={"Allow": "GET, HEAD"},
+        )
+
     @app.get("/v1/models", dependencies=auth)
     async def models() -> dict:
         return {"object": "list", "data": model_entries()}
@@ -108,10 +120,12 @@ def build_api(
     app.include_router(AudioApi(service, work).router(), dependencies=auth)
     app.include_router(TextApi(text, work).router(), dependencies=auth)
 
-    # Last: any other /v1 path answers in OpenAI's shape, not the web page's 404.
+    # Last: any other /v1 path, /v1 itself included, answers in OpenAI's shape, not the web
+    # page's 404.
+    @app.api_route("/v1", methods=_METHODS, dependencies=auth, include_in_schema=False)
     @app.api_route("/v1/{rest:path}", methods=_METHODS, dependencies=auth, include_in_schema=False)
-    async def unknown(request: Request, rest: str) -> None:
-        path = f"/v1/{rest}"
+    async def unknown(request: Request) -> None:
+        path = request.url.path
         allowed = [
             method
             for method in _METHODS
@@ -134,4 +148,5 @@ def build_api(
     return app
 
 
-_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "TRACE"]
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"]
+_NOT_HEALTHS = [method for method in _METHODS if method not in ("GET", "HEAD")]
