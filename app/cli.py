@@ -298,21 +298,12 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         named = f"{path} is given twice" if path == first else f"{path} is the same file as {first}"
         tell(f"specscribe: {named}: transcribed once, its outputs named {stem}.*")
 
-    videos: list[Path] = []
     paths = [Path(p) for p in args.paths]
     piped = None
     if STDIN_PATH in args.paths:  # kept until the run ends: its folder goes with it
         piped = PipedRecording()
         paths = [piped.path if p == STDIN_PATH else Path(p) for p in args.paths]
-    files = find_audio_files(paths, unreadable, videos.append, same_file)
-    if videos:
-        kinds = ", ".join(sorted({video.suffix.lower() for video in videos}))
-        print(
-            f"specscribe: note: {len(videos)} video file{'s' if len(videos) > 1 else ''} "
-            f"({kinds}) in the folders left out: a folder often holds a video beside its "
-            "extracted sound; name a video to transcribe it",
-            file=sys.stderr,
-        )
+    files = find_audio_files(paths, unreadable, same_file)
     if not files:
         print("specscribe: no audio files found", file=sys.stderr)
         return 2

@@ -19,7 +19,8 @@ import numpy as np
 from asr.ogg import ends_without_end_of_stream, is_chained, is_ogg
 
 SAMPLE_RATE = 16_000
-# What a folder search picks up (a file named on the command line is read whatever its name).
+# Sound formats (and containers as often sound alone); a folder search picks up these and
+# videos (`SEARCHED_EXTENSIONS`); a file named on the command line is read whatever its name.
 AUDIO_EXTENSIONS = frozenset(
     {
         ".wav", ".flac", ".mp3", ".ogg", ".oga", ".opus", ".m4a", ".m4b", ".mp4", ".webm",
@@ -27,18 +28,22 @@ AUDIO_EXTENSIONS = frozenset(
         ".ac3", ".caf", ".wv", ".au", ".snd",
     }
 )  # fmt: skip
-# Video containers (.mov, .avi, ...) are left to be named one by one: a folder often holds a
-# video beside the audio extracted from it, and both would write the same outputs.
 
 # Containers that can hold pictures and several sound streams: ffprobe (about 50 ms) tells
-# where their sound starts and how many streams it has (`_probe_audio_streams`). Sound-only
-# formats are not probed, nor those soundfile reads.
+# where their sound starts and which of its streams to decode (`_probe_audio_streams`).
+# Sound-only formats are not probed, nor those soundfile reads; a file whose name says nothing
+# (standard input's `stdin`, an unknown extension) is.
 _MAY_HOLD_VIDEO = frozenset(
     {
         ".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".3gp",
         ".flv", ".wmv", ".asf", ".mpg", ".mpeg", ".vob", ".ogv", ".mxf",
     }
 )  # fmt: skip
+_MAY_HOLD_STREAMS = _MAY_HOLD_VIDEO | {".m4a", ".m4b", ".mka"}
+# A folder search takes videos too: a subtitler's folder of .mov footage was left out. A video
+# beside the sound extracted from it (talk.mov, talk.wav) would write the same outputs, which
+# a run refuses for both, naming them (`colliding_outputs`).
+SEARCHED_EXTENSIONS = AUDIO_EXTENSIONS | _MAY_HOLD_VIDEO
 
 # soundfile (libsndfile) decodes these in-process, which skips an ffmpeg start (about 0.1 s a
 # file, most of it CPU) for the common case.
@@ -563,12 +568,13 @@ def _decode_with_ffmpeg(
     (`_probe_audio_streams`); None: where the file's extension is a video container's.
     ignore_length: a WAV's samples run to the file's end, whatever its data chunk's size."""
     if probe is None:
-        probe = Path(path).suffix.lower() in _MAY_HOLD_VIDEO
+        suffix = Path(path).suffix.lower()
+        probe = suffix in _MAY_HOLD_STREAMS or suffix not in AUDIO_EXTENSIONS
     probed = _probe_audio_streams(path) if probe else None
     if probed is not None and probed.count == 0:
         raise _no_audio_stream(label)
-    first_stream = probed is not None  # the first audio stream, as the warnings below name it
-    samples, said, cautions = _run_ffmpeg(path, label, max_seconds, 1, first_stream, ignore_length)
+    chosen = None if probed is None else probed.chosen  # the stream the warnings below name
+    samples, said, cautions = _run_ffmpeg(path, label, max_seconds, 1, chosen, ignore_length)
     if said and _chained_ogg(path):
         said = [line for line in said if not any(seam in line for seam in _OGG_CHAIN_SEAMS)]
     warnings = []
@@ -583,12 +589,13 @@ def _decode_with_ffmpeg(
         warnings.extend(_shorter_than_header(path, samples.size / SAMPLE_RATE, max_seconds))
     if samples.size and float(np.abs(samples).max()) < _QUIET_MIX:
         # Nearly silent: perhaps two channels that cancel out, heard again apart.
-        stereo, _, _ = _run_ffmpeg(path, label, max_seconds, 2, first_stream, ignore_length)
+        stereo, _, _ = _run_ffmpeg(path, label, max_seconds, 2, chosen, ignore_length)
         if stereo.size == 2 * samples.size:
             samples, cancelled = _unless_cancelled(samples, stereo.reshape(-1, 2))
             warnings.extend(cancelled)
     if probed is not None and probed.count > 1:
-        warnings.append(f"it holds {probed.count} audio streams: the first was transcribed")
+        silent = not np.abs(samples).max(initial=0.0) >= _QUIET_MIX
+        warnings.append(_streams_said(probed, silent))
     if probed is not None and probed.lead_seconds > 0.0:
         lead = np.zeros(round(probed.lead_seconds * SAMPLE_RATE), dtype=np.float32)
         samples = np.concatenate([lead, samples])
@@ -607,14 +614,14 @@ def _run_ffmpeg(
     label: str,
     max_seconds: float | None,
     channels: int,
-    first_stream: bool,
+    audio_stream: int | None,
     ignore_length: bool = False,
 ) -> tuple[np.ndarray, list[str], list[str]]:
     """The file's samples at 16 kHz as float32, `channels` interleaved (1: mixed as ffmpeg
     mixes), then the error lines and the warning lines ffmpeg wrote on a run that succeeded
-    (each without its level's tag). first_stream: decode the first audio stream (else
-    ffmpeg's choice); ignore_length: as `_decode_with_ffmpeg`'s. Raises AudioLoadError where
-    it fails."""
+    (each without its level's tag). audio_stream: the audio stream to decode, counted from 0
+    among the file's audio streams (None: ffmpeg's choice); ignore_length: as
+    `_decode_with_ffmpeg`'s. Raises AudioLoadError where it fails."""
     import ffmpeg
 
     # With a limit, ffmpeg stops a little past it: enough to tell that the audio is longer.
@@ -624,7 +631,7 @@ def _run_ffmpeg(
         _ffmpeg_file(path), threads=0, **({"ignore_length": 1} if ignore_length else {})
     )
     stream = (
-        (source["a:0"] if first_stream else source)
+        (source if audio_stream is None else source[f"a:{audio_stream}"])
         .output(
             "pipe:",
             format="f32le",
@@ -693,17 +700,25 @@ def _shorter_than_header(path: str, decoded: float, max_seconds: float | None) -
 
 @dataclass(frozen=True)
 class _AudioStreams:
-    """What ffprobe says of a file's audio. count: its audio streams; lead_seconds: how long
-    after the file's start (its earliest stream: a video's picture) the first one starts."""
+    """What ffprobe says of a file's audio. count: its audio streams; chosen: the one to
+    decode, counted from 0 (the first marked default, else the first); chosen_language: its
+    language tag ("" where it has none); marked_default: whether another could have been
+    first; lead_seconds: how long after the file's start (its earliest stream: a video's
+    picture) the chosen one starts."""
 
     count: int
-    lead_seconds: float
+    chosen: int = 0
+    chosen_language: str = ""
+    marked_default: bool = False
+    lead_seconds: float = 0.0
 
 
 def _probe_audio_streams(path: str) -> _AudioStreams | None:
     """The file's audio streams; None where ffprobe cannot read the file (decoding it then
     says why). A video whose sound starts late (2.9 s into an edited mp4) decodes from its
-    first sample, so without the lead every subtitle would be that much early."""
+    first sample, so without the lead every subtitle would be that much early. The stream
+    marked default is the one a player plays: a film's first track may be music alone, or
+    another language, with the dialogue marked default after it."""
     import ffmpeg
 
     try:
@@ -711,11 +726,45 @@ def _probe_audio_streams(path: str) -> _AudioStreams | None:
     except (ffmpeg.Error, FileNotFoundError):
         return None
     audio = [s for s in probed.get("streams", ()) if s.get("codec_type") == "audio"]
+    if not audio:
+        return _AudioStreams(0)
+    defaults = [i for i, s in enumerate(audio) if s.get("disposition", {}).get("default") == 1]
+    chosen = defaults[0] if defaults else 0
     try:
-        lead = float(audio[0]["start_time"]) - float(probed["format"]["start_time"])
-    except (IndexError, KeyError, ValueError):
+        lead = float(audio[chosen]["start_time"]) - float(probed["format"]["start_time"])
+    except (KeyError, ValueError):
         lead = 0.0
-    return _AudioStreams(len(audio), lead if lead > _LEAD_TOLERANCE else 0.0)
+    language = str(audio[chosen].get("tags", {}).get("language", ""))
+    return _AudioStreams(
+        len(audio),
+        chosen,
+        "" if language == "und" else language,
+        bool(defaults) and len(defaults) < len(audio),
+        lead if lead > _LEAD_TOLERANCE else 0.0,
+    )
+
+
+def _streams_said(streams: _AudioStreams, silent: bool) -> str:
+    """The warning for a file of several audio streams: which one was transcribed, and how to
+    transcribe another (specscribe decodes one: a second language or microphone would be
+    transcribed into the same text)."""
+    ordinal = _ORDINALS[streams.chosen] if streams.chosen < len(_ORDINALS) else None
+    which = f"the {ordinal}" if ordinal else f"stream {streams.chosen + 1}"
+    details = [streams.chosen_language] if streams.chosen_language else []
+    if streams.marked_default:
+        details.append("marked default")
+    which += f" ({', '.join(details)})" if details else ""
+    said = f"it holds {streams.count} audio streams: {which} was transcribed"
+    if silent:
+        other = 1 if streams.chosen == 0 else 0
+        said += (
+            f", and it is (nearly) silent; to transcribe another, extract it first "
+            f"(ffmpeg -i FILE -map 0:a:{other} -c copy OTHER.mka: the streams count from 0)"
+        )
+    return said
+
+
+_ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
 
 
 def _no_audio_stream(label: str) -> AudioLoadError:
@@ -735,10 +784,10 @@ def _ffmpeg_said(stderr: str, path: str, label: str) -> str:
 def find_audio_files(
     paths: list[Path],
     unreadable: Callable[[Path, OSError], None] | None = None,
-    passed_over: Callable[[Path], None] | None = None,
     same_file: Callable[[tuple[Path, Path], tuple[Path, Path]], None] | None = None,
 ) -> list[tuple[Path, Path]]:
-    """(file, name for its outputs): files as given, and the audio files under each folder.
+    """(file, name for its outputs): files as given, and the audio and video files under each
+    folder (`SEARCHED_EXTENSIONS`).
 
     Folders are searched recursively (symbolic links followed, each folder once, hidden files
     and folders left out: a file named itself is read whatever its name), by extension, in
@@ -748,7 +797,6 @@ def find_audio_files(
     its first path, or by the first that is not a symbolic link (the file itself rather than
     a link to it). unreadable: called with each folder that cannot be listed (permissions)
     and its error; without it such a folder raises the error, so none is ever skipped unsaid.
-    passed_over: called with each video file a folder holds (not searched for: module top).
     same_file: called with the (file, name for its outputs) left out and the one listed, for
     each file left out under another name for its outputs, which a user may expect outputs
     of its own for.
@@ -758,8 +806,7 @@ def find_audio_files(
     for path in paths:
         if path.is_dir():
             files = [
-                (f, f.relative_to(path).with_suffix(""))
-                for f in _audio_under(path, unreadable, passed_over)
+                (f, f.relative_to(path).with_suffix("")) for f in _audio_under(path, unreadable)
             ]
         else:
             files = [(path, Path(path.stem))]
@@ -779,13 +826,9 @@ def find_audio_files(
     return found
 
 
-def _audio_under(
-    folder: Path,
-    unreadable: Callable[[Path, OSError], None] | None,
-    passed_over: Callable[[Path], None] | None = None,
-) -> list[Path]:
-    """The files with an audio extension under `folder`, sorted; video files go to
-    `passed_over`. A link to a file that is gone is kept: reading it reports it."""
+def _audio_under(folder: Path, unreadable: Callable[[Path, OSError], None] | None) -> list[Path]:
+    """The files with an audio or video extension under `folder`, sorted. A link to a file
+    that is gone is kept: reading it reports it."""
 
     def failed(error: OSError) -> None:
         if unreadable is None:
@@ -804,11 +847,8 @@ def _audio_under(
         # (not audio: every run failed on them), .Trash, .git, and specscribe's own records.
         folders[:] = [name for name in folders if not name.startswith(".")]
         for name in sorted(n for n in names if not n.startswith(".")):
-            suffix = Path(name).suffix.lower()
-            if suffix in AUDIO_EXTENSIONS:
+            if Path(name).suffix.lower() in SEARCHED_EXTENSIONS:
                 audio.append(Path(root, name))
-            elif suffix in _MAY_HOLD_VIDEO and passed_over is not None:
-                passed_over(Path(root, name))
     return sorted(audio)
 
 

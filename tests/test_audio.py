@@ -139,7 +139,38 @@ def test_a_videos_sound_keeps_its_place_and_its_other_streams_are_named(tmp_path
     ffmpeg("-i", str(JFK), "-i", str(other), "-map", "0:a", "-map", "1:a", "-c:a", "flac", str(two))
     decoded = decode_audio(two)
     assert np.array_equal(decoded.samples, speech)
-    assert decoded.warnings == ("it holds 2 audio streams: the first was transcribed",)
+    assert decoded.warnings == (
+        "it holds 2 audio streams: the first (marked default) was transcribed",
+    )
+    # The stream marked default is the one a player plays (a film's dialogue after its music
+    # track): it was ignored for the first, and its language is named.
+    dialogue = tmp_path / "dialogue_second.mkv"
+    ffmpeg(
+        "-i", str(two), "-map", "0", "-c", "copy", "-disposition:a:0", "0",
+        "-disposition:a:1", "default", "-metadata:s:a:1", "language=eng", str(dialogue),
+    )  # fmt: skip
+    decoded = decode_audio(dialogue)
+    assert np.array_equal(decoded.samples, load_audio(other))
+    assert decoded.warnings == (
+        "it holds 2 audio streams: the second (eng, marked default) was transcribed",
+    )
+    # A silent first stream said "no speech found" and nothing more.
+    silent_first = tmp_path / "silent_first.mkv"
+    silence = ["-f", "lavfi", "-i", "anullsrc=r=48000:cl=stereo"]
+    ffmpeg(*silence, "-i", str(JFK), "-map", "0:a", "-map", "1:a", "-t", "11", str(silent_first))
+    (warning,) = decode_audio(silent_first).warnings
+    assert warning.startswith("it holds 2 audio streams: the first (marked default) was")
+    assert (
+        "(nearly) silent; to transcribe another, extract it first (ffmpeg -i FILE -map 0:a:1"
+        in warning
+    )
+    # A name that says nothing (standard input is saved as `stdin`) is probed as a video is:
+    # its sound kept its place only when the file was named .mp4.
+    unnamed = tmp_path / "stdin"
+    unnamed.write_bytes(late.read_bytes())
+    decoded = decode_audio(unnamed)
+    assert decoded.warnings == () and not decoded.samples[:lead].any()
+    assert abs(len(decoded.samples) - lead - len(speech)) < 0.1 * SAMPLE_RATE
 
 
 def test_stereo_channels_that_cancel_out_are_heard_one_at_a_time(tmp_path):
@@ -350,18 +381,18 @@ def test_find_audio_files_recurses_by_extension(tmp_path):
     (tmp_path / "a" / ".git").mkdir()
     for name in ("a/._one.wav", "a/.git/x.wav", ".hidden.wav"):
         (tmp_path / name).write_bytes(b"x")
-    # Videos are passed over in folders (said so), read when named; Sun's .au is audio.
+    # Videos are found too (a folder of .mov footage was left out); Sun's .au is audio.
     for name in ("a/b/clip.MOV", "a/old.au", "four.avi"):
         (tmp_path / name).write_bytes(b"x")
-    videos = []
     given = [
         tmp_path / "a",
         tmp_path / "three.flac",
         tmp_path / ".hidden.wav",
         tmp_path / "four.avi",
     ]
-    found = find_audio_files(given, passed_over=videos.append)
+    found = find_audio_files(given)
     assert [(p.relative_to(tmp_path).as_posix(), stem.as_posix()) for p, stem in found] == [
+        ("a/b/clip.MOV", "b/clip"),
         ("a/b/two.MP3", "b/two"),
         ("a/old.au", "old"),
         ("a/one.wav", "one"),
@@ -369,7 +400,6 @@ def test_find_audio_files_recurses_by_extension(tmp_path):
         (".hidden.wav", ".hidden"),
         ("four.avi", "four"),
     ]
-    assert videos == [tmp_path / "a" / "b" / "clip.MOV"]
 
 
 def test_a_folder_search_lists_each_file_once_and_says_which_folders_it_could_not_read(
