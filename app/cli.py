@@ -887,6 +887,8 @@ def _layout(args: argparse.Namespace):
     from asr.writers import SubtitleLayout
 
     layout = SubtitleLayout(args.max_line_width, args.max_line_count).validate()
+    if (warning := layout.warning()) is not None:
+        print(f"specscribe: warning: {warning}", file=sys.stderr)
     if layout.shaped:
         args.word_timestamps = True
     return layout

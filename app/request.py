@@ -98,7 +98,10 @@ def check_formats(formats: tuple[str, ...] | list[str], diarize: bool) -> None:
     if unknown:
         raise ValueError(f"unknown format {', '.join(unknown)}; choose from {', '.join(WRITERS)}")
     if "rttm" in formats and not diarize:
-        raise ValueError("format rttm needs diarize: RTTM holds the diarizer's speaker turns")
+        raise ValueError(
+            "format rttm needs speakers (--diarize; diarize=true in a request): RTTM holds the "
+            "diarizer's speaker turns"
+        )
 
 
 def off_is_none(value: Any) -> Any:

@@ -86,6 +86,16 @@ class SubtitleLayout:
     def shaped(self) -> bool:
         return self.max_line_width is not None or self.max_line_count is not None
 
+    def warning(self) -> str | None:
+        """What a user should hear of this layout: a line count without a width leaves every
+        cue one line of its segment's text (OpenAI's whisper warns of it too)."""
+        if self.max_line_count is not None and self.max_line_width is None:
+            return (
+                "--max-line-count shapes nothing without --max-line-width: each cue stays one "
+                "line of its whole text (a width of 42 characters is common)"
+            )
+        return None
+
     def check_formats(self, formats: list[str] | tuple[str, ...]) -> None:
         """A shaped layout needs a format it shapes: ValueError otherwise."""
         if self.shaped and not {"srt", "vtt"} & set(formats):

@@ -87,7 +87,7 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
             "1",
         ): "--min-speakers (3) exceeds --max-speakers (1)",
         ("--language", "xx"): "'xx' is not a Whisper language code",
-        ("--format", "rttm"): "format rttm needs diarize",
+        ("--format", "rttm"): "format rttm needs speakers (--diarize",
         ("--vad-threshold", "2"): "--vad-threshold must be in (0, 1)",
         ("--vad-speech-pad", "100"): "--vad-speech-pad must be in [0, 60] s, got 100.0",
         ("--clip-timestamps", "20-10"): "start must be >= 0 and before its end",
@@ -125,7 +125,9 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
         assert "without --output-dir: one format is printed" in capsys.readouterr().err
     for flags in (["--max-line-width", "20"], ["--output-dir", str(out), "--max-line-count", "1"]):
         assert main([*jfk, *flags]) == 2  # printed, or txt only: no cues to shape
-        assert "shape srt and vtt cues: ask for --format srt or vtt" in capsys.readouterr().err
+        refused = capsys.readouterr().err
+        assert "shape srt and vtt cues: ask for --format srt or vtt" in refused
+        assert ("shapes nothing without --max-line-width" in refused) is ("20" not in flags)
     submit = ["submit", str(SAMPLES / "jfk.wav"), "--output-dir", str(out)]
     store = ["--store", str(tmp_path / "jobs.db")]
     assert main([*submit, *store, "--model", "whisper-bogus"]) == 2
@@ -133,7 +135,7 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
     assert main([*submit, *store, "--language", "xx"]) == 2
     assert "'xx' is not a Whisper language code" in capsys.readouterr().err
     assert main([*submit, *store, "--format", "rttm"]) == 2
-    assert "format rttm needs diarize" in capsys.readouterr().err
+    assert "format rttm needs speakers (--diarize" in capsys.readouterr().err
     # Speaker counts ask for speakers, as in every front (app.request): rttm is then allowed.
     assert main([*submit, *store, "--format", "rttm", "--num-speakers", "2"]) == 0
     with sqlite3.connect(tmp_path / "jobs.db") as db:

@@ -139,7 +139,7 @@ def test_stored_options_read_back_equal_and_keep_the_stored_json_shape():
 def test_output_formats_have_one_rule():
     check_formats(["txt", "srt"], diarize=False)
     check_formats(["rttm"], diarize=True)
-    with pytest.raises(ValueError, match="format rttm needs diarize"):
+    with pytest.raises(ValueError, match=r"format rttm needs speakers \(--diarize"):
         check_formats(["txt", "rttm"], diarize=False)
     with pytest.raises(ValueError, match="unknown format docx"):
         check_formats(["docx"], diarize=False)

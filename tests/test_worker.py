@@ -379,7 +379,7 @@ def test_submit_names_what_is_wrong(tmp_path, monkeypatch):
         store.submit([tmp_path / "a" / "a000.wav", tmp_path / "b" / "a000.wav"], JobSpec(out))
     with pytest.raises(ValueError, match="unknown format docx"):
         store.submit([tmp_path / "a"], JobSpec(out, ("txt", "docx")))
-    with pytest.raises(ValueError, match="format rttm needs diarize"):
+    with pytest.raises(ValueError, match=r"format rttm needs speakers \(--diarize"):
         store.submit([tmp_path / "a"], JobSpec(out, ("rttm",), ServiceOptions(language="en")))
     (tmp_path / "afile").write_text("")
     with pytest.raises(ValueError, match=r"afile is a file, not a folder"):

@@ -270,6 +270,10 @@ def test_subtitle_lines_are_shaped_by_width_and_count_and_timed_by_their_words()
     assert max(len(line) for line in srt.splitlines() if "-->" not in line) <= 14
     vtt = write_vtt(transcript, "x", SubtitleLayout(max_line_count=1))  # no width: one line
     assert vtt.count("-->") == 1 and "<v S1>one two three" in vtt
+    # ... which the user is told of, as OpenAI's whisper tells it.
+    assert "shapes nothing without --max-line-width" in SubtitleLayout(max_line_count=1).warning()
+    assert SubtitleLayout(max_line_width=14, max_line_count=2).warning() is None
+    assert SubtitleLayout(max_line_width=14).warning() is None
 
 
 def test_a_cue_is_never_left_with_one_word_by_the_line_count():
