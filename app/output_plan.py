@@ -11,8 +11,9 @@ they are kept and the file is not done: the transcript asked for was not written
 CLI and the worker count as a failure and the user is told why. An output that specscribe did
 not write is never replaced without `overwrite`, nor one it made from another recording at
 another path (a recorder's REC001.WAV of another day), nor one edited since specscribe wrote
-it (its record holds each output's digest; a file whose outputs are all there, some edited,
-is done).
+it (its record holds each output's digest). A file whose outputs are all there, some edited,
+is done where they were made as asked; where they would be made again (other options, or
+another format asked for), it is not, and the user is told which edit kept them.
 """
 
 from __future__ import annotations
@@ -83,9 +84,9 @@ def plan_outputs(outputs: dict[str, Path], record: dict | None, overwrite: bool)
     ours = {fmt: path for fmt, path in outputs.items() if fmt not in kept and path.exists()}
     stale = tuple(ours) if ours and outputs_state(ours, record)[0] != "done" else ()
     missing = tuple(fmt for fmt, path in outputs.items() if not path.exists())
-    blocked = stale + missing
-    if state == "unrecorded":  # theirs stand where specscribe's outputs would go
-        blocked += kept
+    # Theirs stand where specscribe's outputs would go; edited ones would have been made again
+    # (an edit is only "edited" where the outputs are not done: other options, or one missing).
+    blocked = stale + missing + kept
     blocked = tuple(f for f in outputs if f in blocked)
     return OutputPlan("skip", kept=kept, blocked=blocked, edited=state == "edited")
 

@@ -205,10 +205,18 @@ def test_an_output_edited_since_it_was_written_is_kept_not_made_again(tmp_path):
     assert outputs_state(with_json, english) == ("edited", "srt")
     assert outputs_state(both, german) == ("edited", "srt")
     plan = plan_outputs(with_json, english, overwrite=False)
-    assert (plan.action, plan.kept, plan.blocked) == ("skip", ("srt",), ("json",))
+    assert (plan.action, plan.kept, plan.blocked) == ("skip", ("srt",), ("srt", "json"))
     assert kept_outputs(plan, with_json) == (
         f"{both['srt']} has changed since specscribe wrote it, so {with_json['json']} was not "
         "made either (--overwrite replaces them)"
+    )
+    # Every output asked for is there, but made with other options: the edit kept the file
+    # from being done (it was counted done, exit 0, beside "has its outputs").
+    srt = {"srt": both["srt"]}
+    plan = plan_outputs(srt, german, overwrite=False)
+    assert (plan.action, plan.kept, plan.blocked) == ("skip", ("srt",), ("srt",))
+    assert kept_outputs(plan, srt) == (
+        f"{both['srt']} has changed since specscribe wrote it (--overwrite replaces it)"
     )
     assert plan_outputs(with_json, english, overwrite=True).action == "overwrite"
     # Unedited outputs are made again as before.
