@@ -398,7 +398,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         printed_format=printed_format,
     )
     run.run(jobs, relabels)
-    return _summary(len(run.finished), run.skipped, run.failures, run.not_done)
+    return _summary(len(run.finished), run.skipped, run.failures, run.not_done, run.warned)
 
 
 def _summary(
@@ -406,20 +406,25 @@ def _summary(
     skipped: int,
     failures: list[tuple[Path, str]],
     not_done: int = 0,
+    warned: list[tuple[Path, str]] = (),
 ) -> int:
-    """Step 5 of `transcribe`: the counts and every failure's reason; the exit status (1 when
-    anything failed or was not done). not_done: files left when the run stopped (its
-    outputs' disk full)."""
+    """Step 5 of `transcribe`: the counts, every failure's reason and the transcribed files'
+    warnings; the exit status (1 when anything failed or was not done). not_done: files left
+    when the run stopped (its outputs' disk full)."""
     from .status_lines import tell
 
     left = f", {not_done} not done" if not_done else ""
+    with_warnings = len({path for path, _ in warned})
+    noted = f" ({with_warnings} with warnings)" if with_warnings else ""
     print(
-        f"specscribe: {done} transcribed, {skipped} skipped (outputs exist), "
+        f"specscribe: {done} transcribed{noted}, {skipped} skipped (outputs exist), "
         f"{len(failures)} failed{left}",
         file=sys.stderr,
     )
     for _, reason in failures:
         tell(f"  failed: {reason}")
+    for path, warning in warned:
+        tell(f"  warning: {path}: {warning}")
     return 1 if failures or not_done else 0
 
 

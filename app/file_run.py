@@ -72,6 +72,9 @@ class FileRun:
         self.overwrite, self.batch_files = overwrite, batch_files
         self.failures, self.skipped = failures, skipped
         self.finished: list[Path] = []
+        # Finished files' warnings (a damaged file decoded as far as it goes), summed up at
+        # the end: in a folder's run they had scrolled away among the transcripts.
+        self.warned: list[tuple[Path, str]] = []
         # Jobs another run held when this one came to them: (relabel or not, the job), done
         # at the end, once the other run lets go of them.
         self._put_off: list[tuple[bool, tuple]] = []
@@ -304,6 +307,7 @@ class FileRun:
         self._release(path)
         for warning in transcript.warnings:
             self._say(f"specscribe: warning: {path}: {warning}")
+            self.warned.append((path, warning))
         self._print(path, transcript)
         lost = getattr(sys.stdout, "failure", None) if not outputs else None
         if lost:  # its one output was not shown (`> out.srt` on a full disk): not done
