@@ -176,7 +176,7 @@ def test_a_folder_in_batches_gives_the_outputs_of_one_file_at_a_time(capsys, tmp
         command = ["transcribe", str(inputs), "--output-dir", str(out), "--format", "json"]
         assert main([*command, "--language", "en", *flags]) == 1  # the broken file
         err = capsys.readouterr().err
-        assert "6 transcribed, 0 skipped (outputs exist), 1 failed" in err
+        assert "6 transcribed (1 with warnings), 0 skipped (outputs exist), 1 failed" in err
         assert "broken.wav" in err
         outputs = [p for p in out.rglob("*.json") if not p.name.startswith(".")]
         return {p.stem: json.loads(p.read_text()) for p in outputs}
