@@ -406,7 +406,7 @@ def _summary(
     skipped: int,
     failures: list[tuple[Path, str]],
     not_done: int = 0,
-    warned: list[tuple[Path, str]] = (),
+    warned: Sequence[tuple[Path, str]] = (),
 ) -> int:
     """Step 5 of `transcribe`: the counts, every failure's reason and the transcribed files'
     warnings; the exit status (1 when anything failed or was not done). not_done: files left

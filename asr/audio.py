@@ -564,8 +564,9 @@ def _decode_with_ffmpeg(
     probe: bool | None = None,
     ignore_length: bool = False,
 ) -> DecodedAudio:
-    """probe: whether to ask ffprobe where the sound starts and how many streams it has
-    (`_probe_audio_streams`); None: where the file's extension is a video container's.
+    """probe: whether to ask ffprobe where the sound starts and which of its streams to decode
+    (`_probe_audio_streams`); None: where the file's extension is a container's that may hold
+    several streams, or says nothing of it (`_MAY_HOLD_STREAMS`, `AUDIO_EXTENSIONS`).
     ignore_length: a WAV's samples run to the file's end, whatever its data chunk's size."""
     if probe is None:
         suffix = Path(path).suffix.lower()
@@ -594,7 +595,7 @@ def _decode_with_ffmpeg(
             samples, cancelled = _unless_cancelled(samples, stereo.reshape(-1, 2))
             warnings.extend(cancelled)
     if probed is not None and probed.count > 1:
-        silent = not np.abs(samples).max(initial=0.0) >= _QUIET_MIX
+        silent = float(np.abs(samples).max(initial=0.0)) < _QUIET_MIX
         warnings.append(_streams_said(probed, silent))
     if probed is not None and probed.lead_seconds > 0.0:
         lead = np.zeros(round(probed.lead_seconds * SAMPLE_RATE), dtype=np.float32)
@@ -702,9 +703,9 @@ def _shorter_than_header(path: str, decoded: float, max_seconds: float | None) -
 class _AudioStreams:
     """What ffprobe says of a file's audio. count: its audio streams; chosen: the one to
     decode, counted from 0 (the first marked default, else the first); chosen_language: its
-    language tag ("" where it has none); marked_default: whether another could have been
-    first; lead_seconds: how long after the file's start (its earliest stream: a video's
-    picture) the chosen one starts."""
+    language tag ("" where it has none); marked_default: whether the default mark tells the
+    streams apart (some are marked, not all); lead_seconds: how long after the file's start
+    (its earliest stream: a video's picture) the chosen one starts."""
 
     count: int
     chosen: int = 0
