@@ -594,13 +594,26 @@ def _decode_with_ffmpeg(
         if stereo.size == 2 * samples.size:
             samples, cancelled = _unless_cancelled(samples, stereo.reshape(-1, 2))
             warnings.extend(cancelled)
+    heard = chosen
     if probed is not None and probed.count > 1:
-        silent = float(np.abs(samples).max(initial=0.0)) < _QUIET_MIX
-        warnings.append(_streams_said(probed, silent))
-    if probed is not None and probed.lead_seconds > 0.0:
-        lead = np.zeros(round(probed.lead_seconds * SAMPLE_RATE), dtype=np.float32)
+        silent = _nearly_silent(samples)
+        if silent:
+            # A silent default stream (a muted or effects-only track first): the first of the
+            # others with sound, rather than no subtitles.
+            for other in (i for i in range(probed.count) if i != chosen):
+                candidate, _, _ = _run_ffmpeg(path, label, max_seconds, 1, other, ignore_length)
+                if not _nearly_silent(candidate):
+                    samples, heard = candidate, other
+                    break
+        warnings.append(_streams_said(probed, heard, silent))
+    if probed is not None and probed.leads[heard] > 0.0:
+        lead = np.zeros(round(probed.leads[heard] * SAMPLE_RATE), dtype=np.float32)
         samples = np.concatenate([lead, samples])
     return DecodedAudio(samples, tuple(warnings))
+
+
+def _nearly_silent(samples: np.ndarray) -> bool:
+    return float(np.abs(samples).max(initial=0.0)) < _QUIET_MIX
 
 
 def _ffmpeg_file(path: str) -> str:
@@ -701,17 +714,17 @@ def _shorter_than_header(path: str, decoded: float, max_seconds: float | None) -
 
 @dataclass(frozen=True)
 class _AudioStreams:
-    """What ffprobe says of a file's audio. count: its audio streams; chosen: the one to
-    decode, counted from 0 (the first marked default, else the first); chosen_language: its
+    """What ffprobe says of a file's audio streams, counted from 0. count: how many; chosen:
+    the one to decode (the first marked default, else the first); languages: each one's
     language tag ("" where it has none); marked_default: whether the default mark tells the
-    streams apart (some are marked, not all); lead_seconds: how long after the file's start
-    (its earliest stream: a video's picture) the chosen one starts."""
+    streams apart (some are marked, not all); leads: how long after the file's start (its
+    earliest stream: a video's picture) each one starts."""
 
     count: int
     chosen: int = 0
-    chosen_language: str = ""
+    languages: tuple[str, ...] = ()
     marked_default: bool = False
-    lead_seconds: float = 0.0
+    leads: tuple[float, ...] = ()
 
 
 def _probe_audio_streams(path: str) -> _AudioStreams | None:
@@ -730,37 +743,53 @@ def _probe_audio_streams(path: str) -> _AudioStreams | None:
     if not audio:
         return _AudioStreams(0)
     defaults = [i for i, s in enumerate(audio) if s.get("disposition", {}).get("default") == 1]
-    chosen = defaults[0] if defaults else 0
-    try:
-        lead = float(audio[chosen]["start_time"]) - float(probed["format"]["start_time"])
-    except (KeyError, ValueError):
-        lead = 0.0
-    language = str(audio[chosen].get("tags", {}).get("language", ""))
+
+    def lead(stream: dict) -> float:
+        try:
+            seconds = float(stream["start_time"]) - float(probed["format"]["start_time"])
+        except (KeyError, ValueError):
+            return 0.0
+        return seconds if seconds > _LEAD_TOLERANCE else 0.0
+
+    def language(stream: dict) -> str:
+        tag = str(stream.get("tags", {}).get("language", ""))
+        return "" if tag == "und" else tag
+
     return _AudioStreams(
         len(audio),
-        chosen,
-        "" if language == "und" else language,
+        defaults[0] if defaults else 0,
+        tuple(language(stream) for stream in audio),
         bool(defaults) and len(defaults) < len(audio),
-        lead if lead > _LEAD_TOLERANCE else 0.0,
+        tuple(lead(stream) for stream in audio),
     )
 
 
-def _streams_said(streams: _AudioStreams, silent: bool) -> str:
-    """The warning for a file of several audio streams: which one was transcribed, and how to
+def _streams_said(streams: _AudioStreams, heard: int, silent: bool) -> str:
+    """The warning for a file of several audio streams: which one was transcribed (`heard`),
+    and where the chosen one was (nearly) silent (`silent`), that it was, and how to
     transcribe another (specscribe decodes one: a second language or microphone would be
     transcribed into the same text)."""
-    ordinal = _ORDINALS[streams.chosen] if streams.chosen < len(_ORDINALS) else None
-    which = f"the {ordinal}" if ordinal else f"stream {streams.chosen + 1}"
-    details = [streams.chosen_language] if streams.chosen_language else []
-    if streams.marked_default:
-        details.append("marked default")
-    which += f" ({', '.join(details)})" if details else ""
-    said = f"it holds {streams.count} audio streams: {which} was transcribed"
+
+    def named(index: int, marked: bool) -> str:
+        ordinal = _ORDINALS[index] if index < len(_ORDINALS) else None
+        which = f"the {ordinal}" if ordinal else f"stream {index + 1}"
+        details = [streams.languages[index]] if streams.languages[index] else []
+        if marked:
+            details.append("marked default")
+        return which + (f" ({', '.join(details)})" if details else "")
+
+    chosen = named(streams.chosen, streams.marked_default)
+    said = f"it holds {streams.count} audio streams: "
+    if heard != streams.chosen:
+        return said + f"{chosen} is (nearly) silent, so {named(heard, False)} was transcribed"
+    said += f"{chosen} was transcribed"
     if silent:
+        said += ", and every one is (nearly) silent"
+    else:
         other = 1 if streams.chosen == 0 else 0
         said += (
-            f", and it is (nearly) silent; to transcribe another, extract it first "
-            f"(ffmpeg -i FILE -map 0:a:{other} -c copy OTHER.mka: the streams count from 0)"
+            f"; to transcribe another, extract it first (ffmpeg -i FILE -map 0:a:{other} -c copy "
+            "OTHER.mka: the streams count from 0)"
         )
     return said
 

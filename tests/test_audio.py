@@ -139,8 +139,10 @@ def test_a_videos_sound_keeps_its_place_and_its_other_streams_are_named(tmp_path
     ffmpeg("-i", str(JFK), "-i", str(other), "-map", "0:a", "-map", "1:a", "-c:a", "flac", str(two))
     decoded = decode_audio(two)
     assert np.array_equal(decoded.samples, speech)
+    extract = "; to transcribe another, extract it first (ffmpeg -i FILE -map 0:a:{} -c copy "
+    extract += "OTHER.mka: the streams count from 0)"
     assert decoded.warnings == (
-        "it holds 2 audio streams: the first (marked default) was transcribed",
+        "it holds 2 audio streams: the first (marked default) was transcribed" + extract.format(1),
     )
     # The stream marked default is the one a player plays (a film's dialogue after its music
     # track): it was ignored for the first, and its language is named.
@@ -152,17 +154,26 @@ def test_a_videos_sound_keeps_its_place_and_its_other_streams_are_named(tmp_path
     decoded = decode_audio(dialogue)
     assert np.array_equal(decoded.samples, load_audio(other))
     assert decoded.warnings == (
-        "it holds 2 audio streams: the second (eng, marked default) was transcribed",
+        "it holds 2 audio streams: the second (eng, marked default) was transcribed"
+        + extract.format(0),
     )
-    # A silent first stream said "no speech found" and nothing more.
+    # A silent default stream (a muted track first) gave "no speech found" and empty
+    # subtitles: the first other stream with sound is transcribed, and said to be.
     silent_first = tmp_path / "silent_first.mkv"
     silence = ["-f", "lavfi", "-i", "anullsrc=r=48000:cl=stereo"]
-    ffmpeg(*silence, "-i", str(JFK), "-map", "0:a", "-map", "1:a", "-t", "11", str(silent_first))
-    (warning,) = decode_audio(silent_first).warnings
-    assert warning.startswith("it holds 2 audio streams: the first (marked default) was")
-    assert (
-        "(nearly) silent; to transcribe another, extract it first (ffmpeg -i FILE -map 0:a:1"
-        in warning
+    flac = ["-c:a", "flac", "-t", "11"]
+    ffmpeg(*silence, "-i", str(JFK), "-map", "0:a", "-map", "1:a", *flac, str(silent_first))
+    decoded = decode_audio(silent_first)
+    assert np.array_equal(decoded.samples, speech)
+    assert decoded.warnings == (
+        "it holds 2 audio streams: the first (marked default) is (nearly) silent, so the second "
+        "was transcribed",
+    )
+    both_silent = tmp_path / "both_silent.mkv"
+    ffmpeg(*silence, *silence, "-map", "0:a", "-map", "1:a", *flac, str(both_silent))
+    assert decode_audio(both_silent).warnings == (
+        "it holds 2 audio streams: the first (marked default) was transcribed, and every one is "
+        "(nearly) silent",
     )
     # A name that says nothing (standard input is saved as `stdin`) is probed as a video is:
     # its sound kept its place only when the file was named .mp4.
