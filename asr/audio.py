@@ -588,8 +588,8 @@ def _decode_with_ffmpeg(
         )
     elif any(_HEADER_SIZE_MISMATCH in line for line in cautions):
         warnings.extend(_shorter_than_header(path, samples.size / SAMPLE_RATE, max_seconds))
-    if samples.size and float(np.abs(samples).max()) < _QUIET_MIX:
-        # Nearly silent: perhaps two channels that cancel out, heard again apart.
+    if samples.size and _nearly_silent(samples):
+        # Perhaps two channels that cancel out, heard again apart.
         stereo, _, _ = _run_ffmpeg(path, label, max_seconds, 2, chosen, ignore_length)
         if stereo.size == 2 * samples.size:
             samples, cancelled = _unless_cancelled(samples, stereo.reshape(-1, 2))
