@@ -398,7 +398,9 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         printed_format=printed_format,
     )
     run.run(jobs, relabels)
-    return _summary(len(run.finished), run.skipped, run.failures, run.not_done, run.warned)
+    return _summary(
+        len(run.finished), run.skipped, run.failures, run.not_done, run.warned, run.from_kept
+    )
 
 
 def _summary(
@@ -407,18 +409,21 @@ def _summary(
     failures: list[tuple[Path, str]],
     not_done: int = 0,
     warned: Sequence[tuple[Path, str]] = (),
+    kept: list[Path] | None = None,
 ) -> int:
     """Step 5 of `transcribe`: the counts, every failure's reason and the transcribed files'
     warnings; the exit status (1 when anything failed or was not done). not_done: files left
-    when the run stopped (its outputs' disk full)."""
+    when the run stopped (its outputs' disk full); kept: files whose outputs were written from
+    their kept transcripts (a rerun asking other formats: not transcribed again)."""
+    from .file_run import from_kept
     from .status_lines import tell
 
     left = f", {not_done} not done" if not_done else ""
     with_warnings = len({path for path, _ in warned})
     noted = f" ({with_warnings} with warnings)" if with_warnings else ""
     print(
-        f"specscribe: {done} transcribed{noted}, {skipped} skipped (outputs exist), "
-        f"{len(failures)} failed{left}",
+        f"specscribe: {done} transcribed{from_kept(kept or [])}{noted}, {skipped} skipped "
+        f"(outputs exist), {len(failures)} failed{left}",
         file=sys.stderr,
     )
     for _, reason in failures:
@@ -756,6 +761,13 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "--hotwords",
         metavar="TEXT",
         help="words carried into every window's prompt: names and terms to prefer",
+    )
+    parser.add_argument(
+        "--audio-stream",
+        metavar="N|LANGUAGE",
+        help="of a file with several audio streams (a film's languages): the one to transcribe, "
+        "by its index counted from 0 (ffmpeg's -map 0:a:N) or its language tag: 1, eng, de "
+        "(default: the stream marked default, else the first)",
     )
     parser.add_argument(
         "--clip-timestamps",

@@ -100,6 +100,7 @@ class EndpointParameters(BaseModel):
     initial_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
     condition_on_previous_text: bool = True
     hotwords: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
+    audio_stream: int | str | None = None  # an index counted from 0, or a language
     clip_timestamps: str | None = Field(None, max_length=1000)
     vad: bool = True
     vad_threshold: float = Field(0.4, gt=0, lt=1)
@@ -366,7 +367,10 @@ class EndpointHandler:
         try:
             # The duration limit stops decoding early: a few MB of Opus can hold hours.
             decoded = decode_audio(
-                audio, name="inputs", max_seconds=self.settings.max_audio_seconds
+                audio,
+                name="inputs",
+                max_seconds=self.settings.max_audio_seconds,
+                audio_stream=options.audio_stream,
             )
         except AudioTooLongError as error:
             raise EndpointError(413, str(error)) from None

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from asr.audio import SAMPLE_RATE, AudioLoadError, decode_audio
+from asr.audio import SAMPLE_RATE, AudioLoadError, DecodedAudio, decode_audio
 from asr.types import ProgressHook
 from asr.writers import SubtitleLayout, output_text, why_unwritten, write_outputs
 
@@ -47,11 +47,20 @@ class OutputsUnwritable(RuntimeError):
     terms (`asr.writers.why_unwritten`)."""
 
 
+def from_kept(paths: list[Path]) -> str:
+    """The summary's count of files whose outputs were written from their kept transcripts:
+    ", 2 from kept transcripts"; "" for none (nothing to say)."""
+    if not paths:
+        return ""
+    return f", {len(paths)} from {'its kept transcript' if len(paths) == 1 else 'kept transcripts'}"
+
+
 class FileRun:
     """One run over the files. failures starts with what was refused before (folders that
     could not be listed, outputs that stand in the way); skipped with the files whose outputs
-    exist. After `run`: finished (outputs written), failures and skipped, as the summary
-    counts them."""
+    exist. After `run`: finished (transcribed, outputs written), from_kept (outputs written
+    from a kept transcript: other formats or speaker counts, no transcription), failures and
+    skipped, as the summary counts them."""
 
     def __init__(
         self,
@@ -72,6 +81,7 @@ class FileRun:
         self.overwrite, self.batch_files = overwrite, batch_files
         self.failures, self.skipped = failures, skipped
         self.finished: list[Path] = []
+        self.from_kept: list[Path] = []
         # Finished files' warnings (a damaged file decoded as far as it goes), summed up at
         # the end: in a folder's run they had scrolled away among the transcripts.
         self.warned: list[tuple[Path, str]] = []
@@ -113,9 +123,9 @@ class FileRun:
             for path in list(self._claims):
                 self._release(path)
             print(
-                f"\nspecscribe: {len(self.finished)} transcribed, {total - self._settled} not "
-                f"done, {self.skipped} skipped (outputs exist), {len(self.failures)} failed "
-                "(a rerun does the rest)",
+                f"\nspecscribe: {len(self.finished)} transcribed{from_kept(self.from_kept)}, "
+                f"{total - self._settled} not done, {self.skipped} skipped (outputs exist), "
+                f"{len(self.failures)} failed (a rerun does the rest)",
                 file=sys.stderr,
             )
             raise
@@ -158,7 +168,7 @@ class FileRun:
             if not self._claimed(path, outputs, record, relabel=kept):
                 return
             if self.options.diarize:
-                audio = decode_audio(fingerprinted(path, record))
+                audio = self._decoded(path, record)
                 transcript = self.service.relabel(
                     audio, kept.unlabelled, self.options, passes=kept.passes
                 )
@@ -168,7 +178,13 @@ class FileRun:
         except Exception as error:
             self._failed(path, error)
             return
-        self._written(path, outputs, record, Labelled(transcript, None))  # the kept one stays
+        # the kept transcript stays
+        self._written(path, outputs, record, Labelled(transcript, None), from_kept=True)
+
+    def _decoded(self, path: Path, record: dict) -> DecodedAudio:
+        """The file's audio, once its record has read the bytes' digest (`fingerprinted`), from
+        the audio stream the request names where the file holds several."""
+        return decode_audio(fingerprinted(path, record), audio_stream=self.options.audio_stream)
 
     def _transcribe(self, group: list) -> None:
         more = f" +{len(group) - 1}" if len(group) > 1 else ""
@@ -203,7 +219,7 @@ class FileRun:
             try:
                 if not self._claimed(path, outputs, record):
                     continue
-                audio = decode_audio(fingerprinted(path, record))
+                audio = self._decoded(path, record)
             except Exception as error:
                 self._failed(path, error)
                 continue
@@ -283,9 +299,12 @@ class FileRun:
         self._say(f"specscribe: failed {reason}")
         self._settle()
 
-    def _written(self, path: Path, outputs: dict[str, Path], record: dict, result) -> None:
+    def _written(
+        self, path: Path, outputs: dict[str, Path], record: dict, result, from_kept: bool = False
+    ) -> None:
         """Writes a decoded file's outputs, and keeps its transcript before speakers beside
-        them (`Labelled.unlabelled`, for other layouts, formats and speaker counts). Where they
+        them (`Labelled.unlabelled`, for other layouts, formats and speaker counts); from_kept:
+        the transcript is a kept one (counted apart: no transcription ran). Where they
         cannot be written, its transcript is printed all the same (decoding it may have taken
         long), the file fails, and a disk that is full or read-only stops the run: every later
         file would fail the same way, after its decoding."""
@@ -313,7 +332,7 @@ class FileRun:
         if lost:  # its one output was not shown (`> out.srt` on a full disk): not done
             self._failed(path, OutputsUnwritable(f"standard output: {lost}"))
         else:
-            self.finished.append(path)
+            (self.from_kept if from_kept else self.finished).append(path)
             self._settle()
         if not outputs and getattr(sys.stdout, "reader_gone", False):
             # Printing was all this run did (`transcribe DIR | head`): the rest would go nowhere.

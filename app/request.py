@@ -9,6 +9,8 @@ rule below, so no later stage checks a request again (only what depends on the l
   turned into the code, and "", "auto" or None mean: detect it;
 - speaker counts ask for speakers: given without `diarize`, they turn diarization on; given with
   `diarize=False`, the request contradicts itself and is refused;
+- an audio stream is an index counted from 0 (a number or its digits) or a language, spelled
+  as a language is; empty text means the one a player would play;
 - empty text means none (prompt, hotwords, clip ranges), and a repetition n-gram of 0 turns
   the repetition guard off; the fallback's thresholds and increment are turned off by None or
   "off" / "none" (and the increment by 0);
@@ -42,6 +44,7 @@ MIN_FALLBACK_INCREMENT = 0.05
 # ServiceOptions fields every front takes under the same names (CLI flags, endpoint
 # parameters, API form fields): `decoding_choices` copies them from a front's request.
 DECODING_CHOICES = (
+    "audio_stream",
     "multilingual",
     "hotwords",
     "clip_timestamps",
@@ -125,6 +128,11 @@ class ServiceOptions(BaseModel):
     # ("temperature: input should be a finite number", not "... less than or equal to 1")
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
+    # Which audio stream of a file with several (a film's languages, a second microphone):
+    # its index among them, counted from 0 as ffmpeg's -map 0:a:N counts, or the first tagged
+    # with this language (a code, as `language`); None: the one a player would play
+    # (asr.audio.AudioStream).
+    audio_stream: int | str | None = None
     language: str | None = None  # None: detected
     # Each window's language detected from the window (recordings that change language);
     # without it the first window's language holds. Not with `language`.
@@ -224,6 +232,26 @@ class ServiceOptions(BaseModel):
                 f"language {echoed(value)} is not a Whisper language code: "
                 f"{', '.join(sorted(LANGUAGES))}"
                 " (or an English name, an ISO 639-2/3 code or a locale of one: German, deu, de-AT)"
+            )
+        return code
+
+    @field_validator("audio_stream", mode="before")
+    @classmethod
+    def _audio_stream(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return value
+        text = value.strip() if isinstance(value, str) else None
+        if text == "":
+            return None
+        if text is not None and text.isascii() and text.isdigit():
+            return int(text)
+        code = language_code(text) if text is not None else None
+        from asr.languages import LANGUAGES
+
+        if code not in LANGUAGES:
+            raise ValueError(
+                f"audio_stream {echoed(value)} is neither a stream's index (0, 1, ...: they "
+                "count from 0) nor a language (eng, de, German)"
             )
         return code
 

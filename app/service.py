@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
-from asr.audio import DecodedAudio
+from asr.audio import AudioStream, DecodedAudio
 from asr.types import (
     DecidedWindow,
     ProgressHook,
@@ -386,7 +386,7 @@ class TranscriptionService:
         options = _service_options(options)
         if not options.diarize:
             raise ValueError("relabel needs diarize")
-        decoded = _decoded(audio)
+        decoded = _decoded(audio, options.audio_stream)
         with self._lock:
             started = time.perf_counter()
             diarization = self.diarizer.diarization(
@@ -411,7 +411,7 @@ class TranscriptionService:
         # 1. Check everything that can be checked before any work (the options were checked
         # when they were made; what depends on the model is checked once it is loaded).
         transcribe_options = options.transcribe_options()
-        decoded = [_decoded(audio) for audio in audios]
+        decoded = [_decoded(audio, options.audio_stream) for audio in audios]
         recordings = [d.samples for d in decoded]
         with self._lock:
             transcribe_options.validate(self.model)
@@ -618,9 +618,10 @@ def _service_options(options: ServiceOptions | Mapping[str, object] | None) -> S
     raise TypeError(f"options must be a ServiceOptions or a dict, not {type(options).__name__}")
 
 
-def _decoded(audio: AudioInput) -> DecodedAudio:
-    """Any AudioInput as float32 mono samples; AudioLoadError for what is not audio (TypeError
-    for what is not an AudioInput)."""
+def _decoded(audio: AudioInput, audio_stream: AudioStream = None) -> DecodedAudio:
+    """Any AudioInput as float32 mono samples, from `audio_stream` where a file holds several
+    (asr.audio.AudioStream); AudioLoadError for what is not audio (TypeError for what is not
+    an AudioInput). Decoded audio and samples are taken as they are."""
     from asr.audio import decode_audio, samples_audio
 
     if isinstance(audio, DecodedAudio):
@@ -637,13 +638,14 @@ def _decoded(audio: AudioInput) -> DecodedAudio:
             raise TypeError(binary_only) from None
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError(binary_only)
-        return decode_audio(data, name=str(getattr(audio, "name", "<file object>")))
+        name = str(getattr(audio, "name", "<file object>"))
+        return decode_audio(data, name=name, audio_stream=audio_stream)
     if not isinstance(audio, str | Path | bytes | bytearray | memoryview):
         raise TypeError(
             f"audio must be a path, a file's bytes, an open binary file or a numpy array of "
             f"samples, not {type(audio).__name__}"
         )
-    return decode_audio(audio)
+    return decode_audio(audio, audio_stream=audio_stream)
 
 
 def _with_audio_warnings(transcript: Transcript, audio: DecodedAudio) -> Transcript:
@@ -698,10 +700,15 @@ def _turn_starts(prepared: _Prepared, options: ServiceOptions) -> tuple[float, .
 
 
 def _cut_out(options: ServiceOptions) -> dict:
-    """What decided which audio was decoded, for a transcript's options: the clip ranges in
-    their one spelling (None: the whole file) and the VAD's settings (False: no VAD)."""
+    """What decided which audio was decoded, for a transcript's options: the audio stream
+    asked for (None: the one a player plays), the clip ranges in their one spelling (None: the
+    whole file) and the VAD's settings (False: no VAD)."""
     vad = dataclasses.asdict(options.vad_options()) if options.vad else False
-    return {"clip_timestamps": options.clip_timestamps, "vad": vad}
+    return {
+        "audio_stream": options.audio_stream,
+        "clip_timestamps": options.clip_timestamps,
+        "vad": vad,
+    }
 
 
 def _clip_starts(options: ServiceOptions) -> tuple[float, ...]:

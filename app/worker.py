@@ -115,7 +115,10 @@ def execute(
     if kept is not None and not options.diarize:  # only the formats differ: nothing to decode
         return Outcome(reused(kept.unlabelled), None, time.perf_counter() - started, from_kept=True)
     try:
-        source = decode_audio(audio, name=label) if isinstance(audio, bytes) else audio
+        if isinstance(audio, bytes):
+            source = decode_audio(audio, name=label, audio_stream=options.audio_stream)
+        else:
+            source = audio
         if kept is not None:
             unlabelled, passes = kept.unlabelled, kept.passes
             transcript = service.relabel(source, unlabelled, options, progress, passes=passes)

@@ -102,6 +102,17 @@ class AudioTooLongError(AudioLoadError):
     """Audio longer than the caller allows (found without decoding the rest of it)."""
 
 
+class AudioStreamError(AudioLoadError):
+    """A file without the audio stream asked for (`AudioStream`); the message lists its own."""
+
+
+# Which audio stream of a file to decode: its index among the file's audio streams, counted
+# from 0 as ffmpeg's `-map 0:a:N` counts them, or the first whose language tag is this
+# Whisper language code (containers tag ISO 639-2: "eng", "deu" or "ger" are "en", "de");
+# None: the stream a player would play (`_probe_audio_streams`).
+AudioStream = int | str | None
+
+
 @dataclass(frozen=True)
 class DecodedAudio:
     """A decoded file: float32 mono samples at 16 kHz, shape = (n_samples,), and what went
@@ -193,7 +204,10 @@ def load_audio(
 
 
 def decode_audio(
-    source: str | Path | bytes, name: str | None = None, max_seconds: float | None = None
+    source: str | Path | bytes,
+    name: str | None = None,
+    max_seconds: float | None = None,
+    audio_stream: AudioStream = None,
 ) -> DecodedAudio:
     """Decodes `source` (a path or the bytes of a file).
 
@@ -202,6 +216,8 @@ def decode_audio(
     messages. max_seconds: longer audio raises AudioTooLongError once that much is decoded, so
     a small, highly compressed upload cannot make the decoder hold hours of samples. A file
     that decodes only in part (truncated, damaged frames) gives what decoded and a warning.
+    audio_stream: which of several audio streams to decode (`AudioStream`); None: the one
+    marked default, else the first, or the first with sound where that one is silent.
     """
     limit = None if max_seconds is None else int(max_seconds * SAMPLE_RATE)
     decoded = None
@@ -219,6 +235,7 @@ def decode_audio(
             header = _wav_header(Path(spooled.name))
             unsized = _unsized_audio(header)
             if unsized is not None:
+                _one_stream_holds(audio_stream, label)
                 decoded = _decode_with_ffmpeg(
                     spooled.name, label, max_seconds, probe=False, ignore_length=True
                 )
@@ -227,9 +244,13 @@ def decode_audio(
                 )
             else:
                 decoded = _decode_with_soundfile(Path(spooled.name), label, limit, sniffed=True)
+                if decoded is not None:
+                    _one_stream_holds(audio_stream, label)
             if decoded is None:
                 # An upload's name may not say what it is: probed, as a video would be.
-                decoded = _decode_with_ffmpeg(spooled.name, label, max_seconds, probe=True)
+                decoded = _decode_with_ffmpeg(
+                    spooled.name, label, max_seconds, probe=True, audio_stream=audio_stream
+                )
             if limit is None or decoded.samples.size <= limit:  # else refused as too long
                 decoded = _with_cut_short(decoded, Path(spooled.name), header)
     else:
@@ -244,14 +265,19 @@ def decode_audio(
         unsized = _unsized_audio(header)
         with _utf8_named(path) as readable:
             if unsized is not None:  # ffmpeg reads past the data chunk's size; soundfile cannot
+                _one_stream_holds(audio_stream, label)
                 decoded = _decode_with_ffmpeg(str(readable), label, max_seconds, ignore_length=True)
                 decoded = DecodedAudio(
                     _audio_only(decoded.samples, header), (unsized, *decoded.warnings)
                 )
             elif path.suffix.lower() in _SOUNDFILE_EXTENSIONS:
                 decoded = _decode_with_soundfile(readable, label, limit)
+                if decoded is not None:
+                    _one_stream_holds(audio_stream, label)
             if decoded is None:
-                decoded = _decode_with_ffmpeg(str(readable), label, max_seconds)
+                decoded = _decode_with_ffmpeg(
+                    str(readable), label, max_seconds, audio_stream=audio_stream
+                )
         if limit is None or decoded.samples.size <= limit:  # else refused as too long
             decoded = _with_cut_short(decoded, path, header)
     samples = decoded.samples
@@ -563,22 +589,32 @@ def _decode_with_ffmpeg(
     max_seconds: float | None = None,
     probe: bool | None = None,
     ignore_length: bool = False,
+    audio_stream: AudioStream = None,
 ) -> DecodedAudio:
     """probe: whether to ask ffprobe where the sound starts and which of its streams to decode
     (`_probe_audio_streams`); None: where the file's extension is a container's that may hold
-    several streams, or says nothing of it (`_MAY_HOLD_STREAMS`, `AUDIO_EXTENSIONS`).
-    ignore_length: a WAV's samples run to the file's end, whatever its data chunk's size."""
+    several streams, or says nothing of it (`_MAY_HOLD_STREAMS`, `AUDIO_EXTENSIONS`), or a
+    stream is asked for. ignore_length: a WAV's samples run to the file's end, whatever its
+    data chunk's size. audio_stream: as `decode_audio`'s."""
     if probe is None:
         suffix = Path(path).suffix.lower()
-        probe = suffix in _MAY_HOLD_STREAMS or suffix not in AUDIO_EXTENSIONS
+        probe = (
+            suffix in _MAY_HOLD_STREAMS
+            or suffix not in AUDIO_EXTENSIONS
+            or audio_stream is not None
+        )
     probed = _probe_audio_streams(path) if probe else None
     if probed is not None and probed.count == 0:
         raise _no_audio_stream(label)
-    chosen = None if probed is None else probed.chosen  # the stream the warnings below name
+    warnings = []
+    if audio_stream is None:
+        chosen = None if probed is None else probed.chosen  # the stream the warnings name
+    else:
+        chosen, told = _asked_stream(probed, audio_stream, label)
+        warnings.extend(told)
     samples, said, cautions = _run_ffmpeg(path, label, max_seconds, 1, chosen, ignore_length)
     if said and _chained_ogg(path):
         said = [line for line in said if not any(seam in line for seam in _OGG_CHAIN_SEAMS)]
-    warnings = []
     # Whatever ffmpeg reports as an error on a run that succeeds is damage it decoded past.
     if said:
         last = _ffmpeg_said(said[-1], path, label)
@@ -595,17 +631,23 @@ def _decode_with_ffmpeg(
             samples, cancelled = _unless_cancelled(samples, stereo.reshape(-1, 2))
             warnings.extend(cancelled)
     heard = chosen
-    if probed is not None and probed.count > 1:
+    if probed is not None and probed.count > 1 and audio_stream is None:
         silent = _nearly_silent(samples)
+        undecodable = []
         if silent:
             # A silent default stream (a muted or effects-only track first): the first of the
-            # others with sound, rather than no subtitles.
+            # others with sound, rather than no subtitles. One that does not decode (damaged)
+            # is passed over: the file still decodes.
             for other in (i for i in range(probed.count) if i != chosen):
-                candidate, _, _ = _run_ffmpeg(path, label, max_seconds, 1, other, ignore_length)
+                try:
+                    candidate, _, _ = _run_ffmpeg(path, label, max_seconds, 1, other, ignore_length)
+                except AudioLoadError:
+                    undecodable.append(other)
+                    continue
                 if not _nearly_silent(candidate):
                     samples, heard = candidate, other
                     break
-        warnings.append(_streams_said(probed, heard, silent))
+        warnings.append(_streams_said(probed, heard, silent, tuple(undecodable)))
     if probed is not None and probed.leads[heard] > 0.0:
         lead = np.zeros(round(probed.leads[heard] * SAMPLE_RATE), dtype=np.float32)
         samples = np.concatenate([lead, samples])
@@ -764,11 +806,73 @@ def _probe_audio_streams(path: str) -> _AudioStreams | None:
     )
 
 
-def _streams_said(streams: _AudioStreams, heard: int, silent: bool) -> str:
-    """The warning for a file of several audio streams: which one was transcribed (`heard`),
-    and where the chosen one was (nearly) silent (`silent`), that it was, and how to
-    transcribe another (specscribe decodes one: a second language or microphone would be
-    transcribed into the same text)."""
+def _asked_stream(
+    streams: _AudioStreams | None, asked: int | str, label: str
+) -> tuple[int | None, tuple[str, ...]]:
+    """The stream to decode where one is asked for (`AudioStream`), and what to tell of it;
+    raises AudioStreamError, listing the file's streams, where none is the one asked for. A
+    language no stream is tagged with takes a file's only stream, told where it is tagged
+    with another: a folder of films and sound files is transcribed with one choice. streams:
+    None where ffprobe could not read the file (ffmpeg then says why it cannot decode it)."""
+    if streams is None:
+        return (asked if isinstance(asked, int) else None), ()
+    if isinstance(asked, int):
+        if asked < streams.count:
+            return asked, ()
+        raise AudioStreamError(f"{label}: asked for audio stream {asked}, but {_listing(streams)}")
+    tagged = [i for i, tag in enumerate(streams.languages) if _tagged_code(tag) == asked]
+    if tagged:
+        return tagged[0], ()
+    if streams.count > 1:
+        raise AudioStreamError(
+            f"{label}: no audio stream is tagged with language {asked}: {_listing(streams)}"
+        )
+    tag = streams.languages[0]
+    if not tag:
+        return 0, ()
+    return 0, (f"its only audio stream is tagged {tag}, not {asked}: transcribed it",)
+
+
+def _tagged_code(tag: str) -> str:
+    """A stream's language tag ("eng", "ger", "en") as a Whisper code ("en", "de"), else as
+    it is."""
+    from asr.languages import OTHER_CODES
+
+    text = tag.strip().lower()
+    return OTHER_CODES.get(text, text)
+
+
+def _listing(streams: _AudioStreams) -> str:
+    """The file's audio streams, as a user picks one: "it holds 2 audio streams, counted from
+    0: 0 (eng, marked default), 1 (deu)"."""
+
+    def shown(index: int) -> str:
+        details = [streams.languages[index]] if streams.languages[index] else []
+        if streams.marked_default and index == streams.chosen:
+            details.append("marked default")
+        return str(index) + (f" ({', '.join(details)})" if details else "")
+
+    if streams.count == 1:
+        return f"it holds one audio stream ({shown(0)})"
+    listed = ", ".join(shown(index) for index in range(streams.count))
+    return f"it holds {streams.count} audio streams, counted from 0: {listed}"
+
+
+def _one_stream_holds(asked: AudioStream, label: str) -> None:
+    """For a file decoded as one stream (a WAV, FLAC or Ogg file read in-process): raises
+    AudioStreamError where a later stream is asked for. A language takes the one stream."""
+    if isinstance(asked, int) and asked > 0:
+        raise AudioStreamError(f"{label}: asked for audio stream {asked}, but it holds one (0)")
+
+
+def _streams_said(
+    streams: _AudioStreams, heard: int, silent: bool, undecodable: tuple[int, ...] = ()
+) -> str:
+    """The warning for a file of several audio streams where none was asked for: which one was
+    transcribed (`heard`), and where the chosen one was (nearly) silent (`silent`), that it
+    was, and which of the others would not decode (`undecodable`), and how to ask for another
+    (specscribe decodes one: a second language or microphone would be transcribed into the
+    same text)."""
 
     def named(index: int, marked: bool) -> str:
         ordinal = _ORDINALS[index] if index < len(_ORDINALS) else None
@@ -783,13 +887,16 @@ def _streams_said(streams: _AudioStreams, heard: int, silent: bool) -> str:
     if heard != streams.chosen:
         return said + f"{chosen} is (nearly) silent, so {named(heard, False)} was transcribed"
     said += f"{chosen} was transcribed"
-    if silent:
+    if silent and undecodable:
+        failed = ", ".join(named(index, False) for index in undecodable)
+        said += f"; it is (nearly) silent, and {failed} would not decode"
+    elif silent:
         said += ", and every one is (nearly) silent"
     else:
         other = 1 if streams.chosen == 0 else 0
         said += (
-            f"; to transcribe another, extract it first (ffmpeg -i FILE -map 0:a:{other} -c copy "
-            "OTHER.mka: the streams count from 0)"
+            f"; to transcribe another, name it by its index, counted from 0, or its language "
+            f"(--audio-stream {other}; audio_stream in a request)"
         )
     return said
 

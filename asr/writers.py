@@ -582,6 +582,7 @@ def _foreign(existing: list[str], stored: object) -> list[str]:
 # with: a record holds one only where it differs (`TranscriptionService.output_record`), so
 # that those outputs still count as made that way; a record without one means this value.
 RECORDED_SINCE = {
+    "audio_stream": None,
     "initial_prompt": None,
     "condition_on_previous_text": True,
     "temperature": 0.0,

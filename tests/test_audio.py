@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 import subprocess
 import warnings
@@ -139,8 +140,8 @@ def test_a_videos_sound_keeps_its_place_and_its_other_streams_are_named(tmp_path
     ffmpeg("-i", str(JFK), "-i", str(other), "-map", "0:a", "-map", "1:a", "-c:a", "flac", str(two))
     decoded = decode_audio(two)
     assert np.array_equal(decoded.samples, speech)
-    extract = "; to transcribe another, extract it first (ffmpeg -i FILE -map 0:a:{} -c copy "
-    extract += "OTHER.mka: the streams count from 0)"
+    extract = "; to transcribe another, name it by its index, counted from 0, or its language "
+    extract += "(--audio-stream {}; audio_stream in a request)"
     assert decoded.warnings == (
         "it holds 2 audio streams: the first (marked default) was transcribed" + extract.format(1),
     )
@@ -182,6 +183,82 @@ def test_a_videos_sound_keeps_its_place_and_its_other_streams_are_named(tmp_path
     decoded = decode_audio(unnamed)
     assert decoded.warnings == () and not decoded.samples[:lead].any()
     assert abs(len(decoded.samples) - lead - len(speech)) < 0.1 * SAMPLE_RATE
+
+
+def test_a_silent_default_stream_stands_where_the_others_do_not_decode(tmp_path, monkeypatch):
+    # Looking past a silent default stream decoded the others; one that failed to decode
+    # failed the whole file, which the silent stream alone would have decoded.
+    import subprocess
+
+    from asr import audio
+
+    muted = tmp_path / "muted.mkv"
+    subprocess.run(
+        ["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "anullsrc=r=16000:cl=mono",
+         "-i", str(JFK), "-map", "0:a", "-map", "1:a", "-c:a", "flac", "-t", "11", str(muted)],
+        check=True,
+    )  # fmt: skip
+    decode = audio._run_ffmpeg
+
+    def damaged_second(path, label, max_seconds, channels, stream, ignore_length=False):
+        if stream == 1:
+            raise AudioLoadError(f"{label}: ffmpeg could not decode it: invalid data")
+        return decode(path, label, max_seconds, channels, stream, ignore_length)
+
+    monkeypatch.setattr(audio, "_run_ffmpeg", damaged_second)
+    decoded = audio.decode_audio(muted)
+    assert not decoded.samples.any()
+    assert decoded.warnings == (
+        "it holds 2 audio streams: the first (marked default) was transcribed; it is (nearly) "
+        "silent, and the second would not decode",
+    )
+
+
+def test_an_audio_stream_is_chosen_by_its_index_or_its_language(tmp_path):
+    import subprocess
+
+    from asr.audio import decode_audio
+
+    def ffmpeg(*arguments: str) -> None:
+        subprocess.run(["ffmpeg", "-loglevel", "error", *arguments], check=True)
+
+    # A film's two languages: only the default one could be transcribed, the other only by
+    # extracting it with ffmpeg first.
+    other = SAMPLES / "librispeech_61-70968-0000.flac"
+    film = tmp_path / "film.mkv"
+    ffmpeg(
+        "-i", str(JFK), "-i", str(other), "-map", "0:a", "-map", "1:a", "-c:a", "flac",
+        "-metadata:s:a:0", "language=ger", "-metadata:s:a:1", "language=eng", str(film),
+    )  # fmt: skip
+    german, english = load_audio(JFK), load_audio(other)
+    assert np.array_equal(decode_audio(film).samples, german)  # the first, by default
+    for asked, expected in ((1, english), (0, german), ("en", english), ("de", german)):
+        decoded = decode_audio(film, audio_stream=asked)
+        assert np.array_equal(decoded.samples, expected), asked
+        assert decoded.warnings == (), asked  # asked for: nothing to tell
+    as_bytes = decode_audio(film.read_bytes(), name="upload", audio_stream="en")
+    assert np.array_equal(as_bytes.samples, english)
+    streams = re.escape(
+        "it holds 2 audio streams, counted from 0: 0 (ger, marked default), 1 (eng)"
+    )
+    with pytest.raises(AudioLoadError, match=rf"film\.mkv: asked for audio stream 2, .*{streams}"):
+        decode_audio(film, audio_stream=2)
+    with pytest.raises(
+        AudioLoadError, match=rf"film\.mkv: no audio stream is tagged with language fr: .*{streams}"
+    ):
+        decode_audio(film, audio_stream="fr")
+    # A language takes a file's only stream (a folder of films and sound files, one choice),
+    # told where it is tagged with another; a later index is refused, read in-process or not.
+    tagged = tmp_path / "tagged.mka"
+    ffmpeg("-i", str(JFK), "-c:a", "flac", "-metadata:s:a:0", "language=deu", str(tagged))
+    decoded = decode_audio(tagged, audio_stream="en")
+    assert np.array_equal(decoded.samples, german)
+    assert decoded.warnings == ("its only audio stream is tagged deu, not en: transcribed it",)
+    assert decode_audio(JFK, audio_stream="en").warnings == ()
+    assert decode_audio(JFK, audio_stream=0).warnings == ()
+    for one in (JFK, tagged, JFK.read_bytes()):
+        with pytest.raises(AudioLoadError, match=r"asked for audio stream 1, but it holds one"):
+            decode_audio(one, audio_stream=1)
 
 
 def test_stereo_channels_that_cancel_out_are_heard_one_at_a_time(tmp_path):

@@ -87,6 +87,7 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
             "1",
         ): "--min-speakers (3) exceeds --max-speakers (1)",
         ("--language", "xx"): "'xx' is not a Whisper language code",
+        ("--audio-stream", "klingon"): "--audio-stream 'klingon' is neither a stream's index",
         ("--format", "rttm"): "format rttm needs speakers (--diarize",
         ("--vad-threshold", "2"): "--vad-threshold must be in (0, 1)",
         ("--vad-speech-pad", "100"): "--vad-speech-pad must be in [0, 60] s, got 100.0",
@@ -230,7 +231,8 @@ def test_a_full_disk_stops_the_run_and_loses_no_transcript(capsys, tmp_path, mon
     assert (outputs / "a.txt").exists() and not (outputs / "c.txt").exists()
     monkeypatch.setattr(file_run, "write_outputs", write_outputs)  # room again: the rest
     assert main([*command, "--language", "en"]) == 0
-    assert "2 transcribed, 1 skipped (outputs exist), 0 failed" in capsys.readouterr().err
+    told = capsys.readouterr().err  # b.wav's transcript was kept when its outputs were not
+    assert "1 transcribed, 1 from its kept transcript, 1 skipped (outputs exist), 0 failed" in told
     # Full again: a rerun with nothing left to write says so, rather than refusing the disk.
     usage = shutil.disk_usage(tmp_path)._replace(free=40_000)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage)
@@ -347,9 +349,9 @@ def test_a_cut_short_file_is_transcribed_with_a_warning_and_others_outputs_are_k
     assert main([*command, "--format", "txt,srt"]) == 1
     err = capsys.readouterr().err
     assert f"so {folder / 'jfk.srt'} was not made either (--overwrite replaces them)" in err
-    assert (
-        "1 transcribed (1 with warnings), 0 skipped (outputs exist), 1 failed" in err
-    )  # cut's srt
+    # cut's srt, from its kept transcript
+    kept = "0 transcribed, 1 from its kept transcript (1 with warnings), 0 skipped"
+    assert f"{kept} (outputs exist), 1 failed" in err
     assert main(command) == 1  # cut.wav done, jfk.wav still blocked
     assert "0 transcribed, 1 skipped (outputs exist), 1 failed" in capsys.readouterr().err
     assert (folder / "jfk.txt").read_text() == "a reference transcript someone wrote\n"
@@ -395,6 +397,49 @@ def test_folder_run_skips_a_corrupt_file_and_finished_work(capsys, tmp_path):
     assert "2 transcribed, 0 skipped (outputs exist), 1 failed" in err
     assert main([*command, "--language", "en"]) == 1
     assert "0 transcribed, 2 skipped (outputs exist), 1 failed" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_films_other_language_is_transcribed_when_asked_for(capsys, tmp_path):
+    import subprocess
+
+    # A film with its German dialogue marked default and an English track after it: only the
+    # default could be transcribed, the other extracted with ffmpeg first.
+    english = SAMPLES / "librispeech_61-70968-0000.flac"
+    film = tmp_path / "film.mkv"
+    subprocess.run(
+        ["ffmpeg", "-loglevel", "error", "-i", str(SAMPLES / "jfk.wav"), "-i", str(english),
+         "-map", "0:a", "-map", "1:a", "-c:a", "flac", "-metadata:s:a:0", "language=ger",
+         "-metadata:s:a:1", "language=eng", str(film)],
+        check=True,
+    )  # fmt: skip
+    out = tmp_path / "out"
+    command = ["transcribe", str(film), "-o", str(out), "--language", "en"]
+    assert main([*command, "--audio-stream", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "1 transcribed, 0 skipped (outputs exist), 0 failed" in err
+    assert "audio streams" not in err  # asked for: nothing to warn of
+    assert word_error_rate(reference_text(english), (out / "film.txt").read_text()) < 0.1
+    # Another stream: made again, and said why; a language chooses as an index does.
+    assert main([*command, "--audio-stream", "0"]) == 0
+    assert "options changed (audio_stream 1 -> 0)" in capsys.readouterr().err
+    jfk = reference_text(SAMPLES / "jfk.wav")
+    assert word_error_rate(jfk, (out / "film.txt").read_text()) < 0.1
+    assert main([*command, "--audio-stream", "eng"]) == 0
+    assert 'options changed (audio_stream 0 -> "en")' in capsys.readouterr().err
+    assert word_error_rate(reference_text(english), (out / "film.txt").read_text()) < 0.1
+    assert main([*command, "--audio-stream", "English"]) == 0  # the same language: done
+    assert "film.mkv has its outputs in" in capsys.readouterr().err
+    # None asked for: the default stream, with a word on the other and how to ask for it.
+    assert main([*command, "--overwrite"]) == 0
+    err = capsys.readouterr().err
+    assert "the first (ger, marked default) was transcribed" in err
+    assert "(--audio-stream 1; audio_stream in a request)" in err
+    # A stream the film does not hold: the file fails, its streams listed.
+    assert main([*command, "--audio-stream", "2", "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert "asked for audio stream 2, but it holds 2 audio streams, counted from 0: " in err
+    assert "0 (ger, marked default), 1 (eng)" in err
 
 
 @pytest.mark.slow

@@ -123,6 +123,23 @@ def test_raw_bytes_of_jfk(endpoint, one_torch_thread):
 
 
 @pytest.mark.slow
+def test_a_films_other_language_is_transcribed_when_asked_for(endpoint, tmp_path, one_torch_thread):
+    import subprocess
+
+    english = SAMPLES / "librispeech_61-70968-0000.flac"
+    film = tmp_path / "film.mkv"
+    subprocess.run(
+        ["ffmpeg", "-loglevel", "error", "-i", str(JFK), "-i", str(english), "-map", "0:a",
+         "-map", "1:a", "-c:a", "flac", "-metadata:s:a:1", "language=eng", str(film)],
+        check=True,
+    )  # fmt: skip
+    for asked in (1, "eng"):
+        result = endpoint({"inputs": b64(film.read_bytes()), "parameters": {"audio_stream": asked}})
+        assert word_error_rate(reference_text(english), result["text"]) < 0.1, asked
+        assert result["options"]["audio_stream"] == (1 if asked == 1 else "en")
+
+
+@pytest.mark.slow
 def test_data_url_and_the_blog_parameter_names(endpoint, one_torch_thread):
     """The asr-diarization blog's parameters, at values that mean the same here."""
     url = "data:audio/wav;base64," + b64(JFK.read_bytes())
@@ -279,6 +296,12 @@ BAD_REQUESTS = [
         "no_speech_threshold: Input should be a valid number",
     ),
     ({"inputs": JFK_B64, "parameters": {"vad_threshold": "nan"}}, 422, "finite number"),
+    ({"inputs": JFK_B64, "parameters": {"audio_stream": -1}}, 422, "neither a stream's index"),
+    (  # a WAV holds one stream
+        {"inputs": JFK_B64, "parameters": {"audio_stream": 1}},
+        422,
+        "asked for audio stream 1, but it holds one (0)",
+    ),
 ]
 
 

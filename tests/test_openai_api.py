@@ -36,6 +36,7 @@ from tests.conftest import (
     needs_speech,
     normalised_words,
     reference_text,
+    word_error_rate,
 )
 
 JFK = SAMPLES / "jfk.wav"
@@ -114,6 +115,12 @@ def test_form_fields_become_service_options():
     assert ServiceOptions().transcribe_options().temperatures[0] == 0.0  # greedy, then fallback
     asked, _ = parse_form(_form(multilingual="true"))
     assert asked.service_options("transcribe").transcribe_options().multilingual
+    asked, _ = parse_form(_form(audio_stream="1"))
+    assert asked.service_options("transcribe").audio_stream == 1
+    asked, _ = parse_form(_form(audio_stream="klingon"))
+    with pytest.raises(ApiError) as caught:
+        asked.service_options("transcribe")
+    assert (caught.value.status, caught.value.param) == (422, "audio_stream")
     asked, _ = parse_form(_form(beam_size="4", patience="1.5"))
     beam = asked.service_options("transcribe").transcribe_options().beam
     assert (beam.beam_size, beam.patience) == (4, 1.5)
@@ -813,6 +820,35 @@ def test_sdk_json_is_the_transcript(client):
             extra_body={"beam_size": 3},
         )
     assert beams.text == JFK_TEXT and beams.model_extra["stats"]["beam_size"] == 3
+
+
+@pytest.mark.slow
+def test_an_uploaded_films_other_language_is_transcribed_when_asked_for(client, tmp_path):
+    import openai
+
+    english = SAMPLES / "librispeech_61-70968-0000.flac"
+    film = tmp_path / "film.mkv"
+    subprocess.run(
+        ["ffmpeg", "-loglevel", "error", "-i", str(JFK), "-i", str(english), "-map", "0:a",
+         "-map", "1:a", "-c:a", "flac", "-metadata:s:a:1", "language=eng", str(film)],
+        check=True,
+    )  # fmt: skip
+    with film.open("rb") as audio:
+        result = client.audio.transcriptions.create(
+            model="whisper-1", file=audio, extra_body={"audio_stream": "eng"}
+        )
+    assert word_error_rate(reference_text(english), result.text) < 0.1
+    with film.open("rb") as audio:  # the default stream, and a word on the other
+        result = client.audio.transcriptions.create(model="whisper-1", file=audio)
+    assert result.text == JFK_TEXT
+    assert "audio_stream in a request" in result.model_extra["warnings"][0]
+    with film.open("rb") as audio, pytest.raises(openai.UnprocessableEntityError) as refused:
+        client.audio.transcriptions.create(
+            model="whisper-1", file=audio, extra_body={"audio_stream": "2"}
+        )
+    error = refused.value.body
+    assert error["param"] == "audio_stream"
+    assert "asked for audio stream 2, but it holds 2 audio streams" in error["message"]
 
 
 @pytest.mark.slow

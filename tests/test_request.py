@@ -57,6 +57,20 @@ def test_empty_text_means_none_and_a_zero_ngram_turns_the_guard_off():
     assert ServiceOptions().passage_pause == 5.0
 
 
+def test_an_audio_stream_is_an_index_from_0_or_a_language():
+    assert ServiceOptions().audio_stream is None
+    assert ServiceOptions(audio_stream="").audio_stream is None
+    for index in (0, 2, "1", " 3 "):
+        assert ServiceOptions(audio_stream=index).audio_stream == int(index)
+    for language in ("eng", "en", "English", "ger", "de-AT"):
+        assert ServiceOptions(audio_stream=language).audio_stream in ("en", "de"), language
+    for wrong in (-1, True, 1.5, "x1", "klingon", "１"):
+        with pytest.raises(ValueError, match=r"^audio_stream .* is neither a stream's index"):
+            ServiceOptions(audio_stream=wrong)
+    stored = ServiceOptions(audio_stream="1").to_json()  # the job store keeps the index
+    assert ServiceOptions.from_json(stored).audio_stream == 1
+
+
 def test_the_fallback_schedule_follows_its_increment_and_off_turns_a_check_off():
     def schedule(**fields):
         return ServiceOptions(**fields).transcribe_options().temperatures

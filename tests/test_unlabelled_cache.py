@@ -177,7 +177,7 @@ def test_other_speaker_counts_label_the_kept_transcript_as_a_new_run_would(
     assert main(command(tmp_path / "again", "--num-speakers", "2")) == 0
     told = capsys.readouterr().err
     assert "labelling its kept transcript again" in told and "num_speakers 1 -> 2" in told
-    assert "1 transcribed, 0 skipped" in told
+    assert "0 transcribed, 1 from its kept transcript, 0 skipped" in told  # not transcribed
     again, fresh = tmp_path / "again", tmp_path / "fresh"
     for name in ("pyannote_sample.txt", "pyannote_sample.rttm"):
         assert (again / name).read_text() == (fresh / name).read_text()
@@ -221,7 +221,7 @@ def test_another_layout_or_format_writes_the_kept_transcript_as_a_new_run_would(
     assert main(command(again, "srt,vtt,json", "42")) == 0  # more formats
     told = capsys.readouterr().err
     assert "writing its kept transcript again" in told and "vtt, json missing" in told
-    assert "1 transcribed, 0 skipped" in told
+    assert "0 transcribed, 1 from its kept transcript, 0 skipped" in told  # not transcribed
     assert (again / "jfk.vtt").read_text() == (fresh / "jfk.vtt").read_text()
     _assert_reused_as_made(again / "jfk.json", fresh / "jfk.json")
     # Without other options nothing is left to do; other decoding options transcribe again.

@@ -3,7 +3,8 @@ a validated `AudioRequest` and the uploaded file's bytes.
 
 OpenAI's fields (`file`, `model`, `language`, `prompt`, `response_format`, `temperature`,
 `timestamp_granularities[]`, `stream`) plus specscribe's extras (`diarize`, `num_speakers`,
-`min_speakers`, `max_speakers`, `assistant`, `multilingual`, `vad` and its thresholds, `hotwords`,
+`min_speakers`, `max_speakers`, `assistant`, `audio_stream`, `multilingual`, `vad` and its
+thresholds, `hotwords`,
 `clip_timestamps`, `repetition_ngram`, `hallucination_silence_threshold`, the temperature
 fallback's `temperature_increment_on_fallback`, `compression_ratio_threshold`,
 `logprob_threshold`, `no_speech_threshold` and `best_of`, and beam search's `beam_size` and
@@ -64,6 +65,7 @@ class AudioRequest(BaseModel):
     vad_speech_pad: float = Field(0.4, ge=0.0, le=60.0)
     passage_pause: float = Field(5.0, ge=0.0)  # 0: one passage
     hotwords: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
+    audio_stream: str | None = Field(None, max_length=100)  # an index or a language
     clip_timestamps: str | None = Field(None, max_length=1000)
     repetition_ngram: int = Field(6, ge=0, le=50)  # 0: the repetition guard is off
     hallucination_silence_threshold: float | None = Field(None, gt=0.0)
@@ -130,6 +132,7 @@ class AudioRequest(BaseModel):
 def _param_of(message: str) -> str | None:
     """The field a ServiceOptions message is about (they start with or name it)."""
     names = (
+        "audio_stream",  # before "language", which its message names
         *FALLBACK_SETTINGS,  # before "temperature", which the increment's name starts with
         "language",
         "temperature",
