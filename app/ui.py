@@ -31,7 +31,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from asr.audio import AudioLoadError, AudioTooLongError, decode_audio
+from asr.audio import AudioLoadError, AudioStreamError, AudioTooLongError, decode_audio
 from asr.types import ProgressHook, Transcript
 from asr.writers import output_paths, write_outputs
 
@@ -185,12 +185,14 @@ def request_options(
     vad: bool = True,
     initial_prompt: str | None = None,
     beam_search: bool = False,
+    audio_stream: str | None = None,
 ) -> ServiceOptions:
     """The form's values -> validated ServiceOptions (ValueError names a bad field).
 
     Speaker counts of 0 or empty mean "not set"; they are ignored unless `diarize`, since the
     form hides them then. An empty or blank prompt means none. beam_search: faster-whisper's
-    default decoding (beam 5, the best of 5 samples where a window falls back).
+    default decoding (beam 5, the best of 5 samples where a window falls back). audio_stream:
+    of a file with several, an index counted from 0 or a language; empty: the default one.
     """
 
     def count(value: float | None, name: str) -> int | None:
@@ -215,6 +217,7 @@ def request_options(
         initial_prompt=initial_prompt,
         beam_size=BEAM_SEARCH_SIZE if beam_search else 1,
         best_of=BEAM_SEARCH_SIZE if beam_search else 1,
+        audio_stream=audio_stream,
     )
 
 
@@ -300,6 +303,7 @@ class WebApp:
         initial_prompt: str | None = None,
         other_file: str | None = None,
         beam_search: bool = False,
+        audio_stream: str | None = None,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's way to ask for a bar)
     ) -> tuple[str, str, list[str]]:
@@ -323,6 +327,7 @@ class WebApp:
                 vad,
                 initial_prompt,
                 beam_search,
+                audio_stream,
             )
         except ValueError as error:
             raise gr.Error(
@@ -335,7 +340,9 @@ class WebApp:
         try:
             # The operator's duration cap holds here as in the API (MAX_AUDIO_SECONDS).
             limit = self.service.settings.max_audio_seconds
-            decoded = decode_audio(Path(audio), max_seconds=limit)
+            decoded = decode_audio(
+                Path(audio), max_seconds=limit, audio_stream=options.audio_stream
+            )
             transcript = self.service.run(
                 decoded,
                 options,
@@ -352,7 +359,7 @@ class WebApp:
             message = html.escape(str(error).replace(str(audio), Path(audio).name))
             if isinstance(error, AudioTooLongError):
                 message = f"{message} (MAX_AUDIO_SECONDS)"
-            else:
+            elif not isinstance(error, AudioStreamError):  # that one reads, but not as asked
                 message = f"Could not read the audio: {message}"
             raise gr.Error(message, print_exception=False) from None
         except ValueError as error:
@@ -452,6 +459,11 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                         type="filepath",
                         elem_id="other-file",
                     )
+                    audio_stream = gr.Textbox(
+                        label="Audio stream of a file with several (a film's languages): its "
+                        "number, counted from 0, or its language (eng, de); empty: the default",
+                        elem_id="audio-stream",
+                    )
                 with gr.Row():
                     language = gr.Dropdown(
                         language_choices(codes),
@@ -548,6 +560,7 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                 initial_prompt,
                 other_file,
                 beam_search,
+                audio_stream,
             ],
             [transcript, stats, downloads],
             api_name="transcribe",

@@ -41,7 +41,7 @@ from app.ui import (
 )
 from asr.types import Segment, Transcript
 from asr.writers import WRITERS
-from tests.conftest import SAMPLES
+from tests.conftest import SAMPLES, reference_text, word_error_rate
 
 CHROMIUM = Path("/usr/bin/chromium")
 SAMPLE = SAMPLES / "pyannote_sample.wav"
@@ -262,6 +262,29 @@ def test_bad_audio_and_missing_audio_are_messages_without_server_paths(tmp_path,
     assert not caught.value.print_exception
 
 
+@pytest.mark.slow
+def test_a_films_other_language_is_transcribed_when_asked_for(tmp_path, settings):
+    import subprocess
+
+    english = SAMPLES / "librispeech_61-70968-0000.flac"
+    film = tmp_path / "uploads" / "film.mkv"
+    film.parent.mkdir()
+    subprocess.run(
+        ["ffmpeg", "-loglevel", "error", "-i", str(JFK), "-i", str(english), "-map", "0:a",
+         "-map", "1:a", "-c:a", "flac", "-metadata:s:a:1", "language=eng", str(film)],
+        check=True,
+    )  # fmt: skip
+    app = WebApp(TranscriptionService(settings), tmp_path)
+    form = (AUTO_LANGUAGE, "transcribe", False, False, False, 0, 0, 0, True, None, None, False)
+    text, _, _ = app.transcribe(str(film), *form, "eng")
+    assert word_error_rate(reference_text(english), text) < 0.1
+    with pytest.raises(gr.Error) as caught:
+        app.transcribe(str(film), *form, "2")
+    message = caught.value.message
+    assert message.startswith("film.mkv: asked for audio stream 2, but it holds 2 audio streams")
+    assert str(film.parent) not in message
+
+
 def test_the_pages_uploads_are_held_to_the_servers_duration_cap(tmp_path, settings):
     # MAX_AUDIO_SECONDS bounds the API's requests; the page shares the decoder, so it holds
     # there too (it transcribed a 55 s upload under a 20 s cap). No model loads: the audio
@@ -285,7 +308,7 @@ def test_a_page_that_stops_frees_the_service_after_the_window_it_decodes(tmp_pat
 
     app = WebApp(TranscriptionService(settings, assistant_model="none"), tmp_path)
     page = SimpleNamespace(session_hash="a page")
-    form = ("en", "transcribe", False, False, False, 0, 0, 0, True, None, None, False, page)
+    form = ("en", "transcribe", False, False, False, 0, 0, 0, True, None, None, False, None, page)
     calls: list[tuple[str, float]] = []
     decoding = threading.Event()
 
