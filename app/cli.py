@@ -409,20 +409,20 @@ def _summary(
     failures: list[tuple[Path, str]],
     not_done: int = 0,
     warned: Sequence[tuple[Path, str]] = (),
-    kept: list[Path] | None = None,
+    kept: Sequence[Path] = (),
 ) -> int:
     """Step 5 of `transcribe`: the counts, every failure's reason and the transcribed files'
     warnings; the exit status (1 when anything failed or was not done). not_done: files left
     when the run stopped (its outputs' disk full); kept: files whose outputs were written from
     their kept transcripts (a rerun asking other formats: not transcribed again)."""
-    from .file_run import from_kept
+    from .file_run import kept_count
     from .status_lines import tell
 
     left = f", {not_done} not done" if not_done else ""
     with_warnings = len({path for path, _ in warned})
     noted = f" ({with_warnings} with warnings)" if with_warnings else ""
     print(
-        f"specscribe: {done} transcribed{from_kept(kept or [])}{noted}, {skipped} skipped "
+        f"specscribe: {done} transcribed{kept_count(kept)}{noted}, {skipped} skipped "
         f"(outputs exist), {len(failures)} failed{left}",
         file=sys.stderr,
     )

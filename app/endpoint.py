@@ -349,7 +349,13 @@ class EndpointHandler:
     def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
         """{"inputs": audio, "parameters": {...}} -> the response of `to_response`.
         Raises EndpointError (400/413/422) for a request that cannot be served."""
-        from asr.audio import SAMPLE_RATE, AudioLoadError, AudioTooLongError, decode_audio
+        from asr.audio import (
+            SAMPLE_RATE,
+            AudioLoadError,
+            AudioStreamError,
+            AudioTooLongError,
+            decode_audio,
+        )
 
         started = time.perf_counter()
         # 1. The request's shape, then its parameters: both cheap, before any decoding.
@@ -374,6 +380,8 @@ class EndpointHandler:
             )
         except AudioTooLongError as error:
             raise EndpointError(413, str(error)) from None
+        except AudioStreamError as error:  # audio, but without the stream asked for
+            raise EndpointError(422, str(error)) from None
         except AudioLoadError as error:
             raise EndpointError(422, f"not decodable audio: {error}") from None
         duration = decoded.samples.size / SAMPLE_RATE

@@ -15,7 +15,7 @@ import dataclasses
 import errno
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from asr.audio import SAMPLE_RATE, AudioLoadError, DecodedAudio, decode_audio
@@ -47,7 +47,7 @@ class OutputsUnwritable(RuntimeError):
     terms (`asr.writers.why_unwritten`)."""
 
 
-def from_kept(paths: list[Path]) -> str:
+def kept_count(paths: Sequence[Path]) -> str:
     """The summary's count of files whose outputs were written from their kept transcripts:
     ", 2 from kept transcripts"; "" for none (nothing to say)."""
     if not paths:
@@ -123,7 +123,7 @@ class FileRun:
             for path in list(self._claims):
                 self._release(path)
             print(
-                f"\nspecscribe: {len(self.finished)} transcribed{from_kept(self.from_kept)}, "
+                f"\nspecscribe: {len(self.finished)} transcribed{kept_count(self.from_kept)}, "
                 f"{total - self._settled} not done, {self.skipped} skipped (outputs exist), "
                 f"{len(self.failures)} failed (a rerun does the rest)",
                 file=sys.stderr,
@@ -178,7 +178,7 @@ class FileRun:
         except Exception as error:
             self._failed(path, error)
             return
-        # the kept transcript stays
+        # None: the transcript kept beside the outputs stays as it is
         self._written(path, outputs, record, Labelled(transcript, None), from_kept=True)
 
     def _decoded(self, path: Path, record: dict) -> DecodedAudio:
