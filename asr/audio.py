@@ -853,7 +853,7 @@ def _listing(streams: _AudioStreams) -> str:
         return str(index) + (f" ({', '.join(details)})" if details else "")
 
     if streams.count == 1:
-        return f"it holds one audio stream ({shown(0)})"
+        return f"it holds one audio stream: {shown(0)}"
     listed = ", ".join(shown(index) for index in range(streams.count))
     return f"it holds {streams.count} audio streams, counted from 0: {listed}"
 
@@ -862,7 +862,9 @@ def _one_stream_holds(asked: AudioStream, label: str) -> None:
     """For a file decoded as one stream (a WAV, FLAC or Ogg file read in-process): raises
     AudioStreamError where a later stream is asked for. A language takes the one stream."""
     if isinstance(asked, int) and asked > 0:
-        raise AudioStreamError(f"{label}: asked for audio stream {asked}, but it holds one (0)")
+        raise AudioStreamError(
+            f"{label}: asked for audio stream {asked}, but it holds one audio stream: 0"
+        )
 
 
 def _streams_said(

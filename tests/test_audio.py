@@ -217,7 +217,7 @@ def test_a_silent_default_stream_stands_where_the_others_do_not_decode(tmp_path,
 def test_an_audio_stream_is_chosen_by_its_index_or_its_language(tmp_path):
     import subprocess
 
-    from asr.audio import decode_audio
+    from asr.audio import AudioStreamError, decode_audio
 
     def ffmpeg(*arguments: str) -> None:
         subprocess.run(["ffmpeg", "-loglevel", "error", *arguments], check=True)
@@ -257,8 +257,12 @@ def test_an_audio_stream_is_chosen_by_its_index_or_its_language(tmp_path):
     assert decode_audio(JFK, audio_stream="en").warnings == ()
     assert decode_audio(JFK, audio_stream=0).warnings == ()
     for one in (JFK, tagged, JFK.read_bytes()):
-        with pytest.raises(AudioLoadError, match=r"asked for audio stream 1, but it holds one"):
+        with pytest.raises(AudioStreamError, match=r"stream 1, but it holds one audio stream: 0"):
             decode_audio(one, audio_stream=1)
+    with pytest.raises(
+        AudioStreamError, match=r"stream 2, but it holds one audio stream: 0 \(deu\)$"
+    ):
+        decode_audio(tagged, audio_stream=2)
 
 
 def test_stereo_channels_that_cancel_out_are_heard_one_at_a_time(tmp_path):

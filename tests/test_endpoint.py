@@ -300,7 +300,7 @@ BAD_REQUESTS = [
     (  # a WAV holds one stream
         {"inputs": JFK_B64, "parameters": {"audio_stream": 1}},
         422,
-        "inputs: asked for audio stream 1, but it holds one (0)",
+        "inputs: asked for audio stream 1, but it holds one audio stream: 0",
     ),
 ]
 
