@@ -115,6 +115,24 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
     return jiwer.wer(" ".join(normalised_words(reference)), " ".join(normalised_words(hypothesis)))
 
 
+def multi_stream_file(path: Path, *streams: tuple[Path, str]) -> Path:
+    """A Matroska file at `path` (made by real ffmpeg) holding each (recording, language tag)
+    as a FLAC audio stream, in order, tagged where the tag is not "": a film's languages."""
+    import subprocess
+
+    inputs = [argument for source, _ in streams for argument in ("-i", str(source))]
+    mapped = [argument for index in range(len(streams)) for argument in ("-map", f"{index}:a")]
+    tags = [
+        argument
+        for index, (_, tag) in enumerate(streams)
+        if tag
+        for argument in (f"-metadata:s:a:{index}", f"language={tag}")
+    ]
+    command = ["ffmpeg", "-loglevel", "error", *inputs, *mapped, "-c:a", "flac", *tags, str(path)]
+    subprocess.run(command, check=True)
+    return path
+
+
 def collapse_spaces(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 

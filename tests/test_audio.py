@@ -21,7 +21,7 @@ from asr.audio import (
     load_audio,
     samples_audio,
 )
-from tests.conftest import SAMPLES, SHARED_SPEECH, needs_speech
+from tests.conftest import SAMPLES, SHARED_SPEECH, multi_stream_file, needs_speech
 
 JFK = SAMPLES / "jfk.wav"
 
@@ -188,15 +188,12 @@ def test_a_videos_sound_keeps_its_place_and_its_other_streams_are_named(tmp_path
 def test_a_silent_default_stream_stands_where_the_others_do_not_decode(tmp_path, monkeypatch):
     # Looking past a silent default stream decoded the others; one that failed to decode
     # failed the whole file, which the silent stream alone would have decoded.
-    import subprocess
-
     from asr import audio
 
     muted = tmp_path / "muted.mkv"
-    subprocess.run(
-        ["ffmpeg", "-loglevel", "error", "-f", "lavfi", "-i", "anullsrc=r=16000:cl=mono",
-         "-i", str(JFK), "-map", "0:a", "-map", "1:a", "-c:a", "flac", "-t", "11", str(muted)],
-        check=True,
+    _ffmpeg(
+        "-f", "lavfi", "-i", "anullsrc=r=16000:cl=mono", "-i", str(JFK), "-map", "0:a",
+        "-map", "1:a", "-c:a", "flac", "-t", "11", str(muted),
     )  # fmt: skip
     decode = audio._run_ffmpeg
 
@@ -215,21 +212,12 @@ def test_a_silent_default_stream_stands_where_the_others_do_not_decode(tmp_path,
 
 
 def test_an_audio_stream_is_chosen_by_its_index_or_its_language(tmp_path):
-    import subprocess
-
     from asr.audio import AudioStreamError, decode_audio
-
-    def ffmpeg(*arguments: str) -> None:
-        subprocess.run(["ffmpeg", "-loglevel", "error", *arguments], check=True)
 
     # A film's two languages: only the default one could be transcribed, the other only by
     # extracting it with ffmpeg first.
     other = SAMPLES / "librispeech_61-70968-0000.flac"
-    film = tmp_path / "film.mkv"
-    ffmpeg(
-        "-i", str(JFK), "-i", str(other), "-map", "0:a", "-map", "1:a", "-c:a", "flac",
-        "-metadata:s:a:0", "language=ger", "-metadata:s:a:1", "language=eng", str(film),
-    )  # fmt: skip
+    film = multi_stream_file(tmp_path / "film.mkv", (JFK, "ger"), (other, "eng"))
     german, english = load_audio(JFK), load_audio(other)
     assert np.array_equal(decode_audio(film).samples, german)  # the first, by default
     for asked, expected in ((1, english), (0, german), ("en", english), ("de", german)):
@@ -250,7 +238,7 @@ def test_an_audio_stream_is_chosen_by_its_index_or_its_language(tmp_path):
     # A language takes a file's only stream (a folder of films and sound files, one choice),
     # told where it is tagged with another; a later index is refused, read in-process or not.
     tagged = tmp_path / "tagged.mka"
-    ffmpeg("-i", str(JFK), "-c:a", "flac", "-metadata:s:a:0", "language=deu", str(tagged))
+    multi_stream_file(tagged, (JFK, "deu"))
     decoded = decode_audio(tagged, audio_stream="en")
     assert np.array_equal(decoded.samples, german)
     assert decoded.warnings == ("its only audio stream is tagged deu, not en: transcribed it",)

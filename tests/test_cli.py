@@ -16,7 +16,7 @@ import torch
 from app.cli import main
 from app.request import ServiceOptions
 from asr.models import EMBEDDED
-from tests.conftest import REPO, SAMPLES, reference_text, word_error_rate
+from tests.conftest import REPO, SAMPLES, multi_stream_file, reference_text, word_error_rate
 
 
 def test_models_list_shows_every_embedded_model(capsys):
@@ -401,18 +401,10 @@ def test_folder_run_skips_a_corrupt_file_and_finished_work(capsys, tmp_path):
 
 @pytest.mark.slow
 def test_a_films_other_language_is_transcribed_when_asked_for(capsys, tmp_path):
-    import subprocess
-
     # A film with its German dialogue marked default and an English track after it: only the
     # default could be transcribed, the other extracted with ffmpeg first.
     english = SAMPLES / "librispeech_61-70968-0000.flac"
-    film = tmp_path / "film.mkv"
-    subprocess.run(
-        ["ffmpeg", "-loglevel", "error", "-i", str(SAMPLES / "jfk.wav"), "-i", str(english),
-         "-map", "0:a", "-map", "1:a", "-c:a", "flac", "-metadata:s:a:0", "language=ger",
-         "-metadata:s:a:1", "language=eng", str(film)],
-        check=True,
-    )  # fmt: skip
+    film = multi_stream_file(tmp_path / "film.mkv", (SAMPLES / "jfk.wav", "ger"), (english, "eng"))
     out = tmp_path / "out"
     command = ["transcribe", str(film), "-o", str(out), "--language", "en"]
     assert main([*command, "--audio-stream", "1"]) == 0

@@ -33,6 +33,7 @@ from tests.conftest import (
     REPO,
     SAMPLES,
     SHARED_SPEECH,
+    multi_stream_file,
     needs_speech,
     normalised_words,
     reference_text,
@@ -827,12 +828,7 @@ def test_an_uploaded_films_other_language_is_transcribed_when_asked_for(client, 
     import openai
 
     english = SAMPLES / "librispeech_61-70968-0000.flac"
-    film = tmp_path / "film.mkv"
-    subprocess.run(
-        ["ffmpeg", "-loglevel", "error", "-i", str(JFK), "-i", str(english), "-map", "0:a",
-         "-map", "1:a", "-c:a", "flac", "-metadata:s:a:1", "language=eng", str(film)],
-        check=True,
-    )  # fmt: skip
+    film = multi_stream_file(tmp_path / "film.mkv", (JFK, ""), (english, "eng"))
     with film.open("rb") as audio:
         result = client.audio.transcriptions.create(
             model="whisper-1", file=audio, extra_body={"audio_stream": "eng"}

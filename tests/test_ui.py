@@ -41,7 +41,7 @@ from app.ui import (
 )
 from asr.types import Segment, Transcript
 from asr.writers import WRITERS
-from tests.conftest import SAMPLES, reference_text, word_error_rate
+from tests.conftest import SAMPLES, multi_stream_file, reference_text, word_error_rate
 
 CHROMIUM = Path("/usr/bin/chromium")
 SAMPLE = SAMPLES / "pyannote_sample.wav"
@@ -264,16 +264,9 @@ def test_bad_audio_and_missing_audio_are_messages_without_server_paths(tmp_path,
 
 @pytest.mark.slow
 def test_a_films_other_language_is_transcribed_when_asked_for(tmp_path, settings):
-    import subprocess
-
     english = SAMPLES / "librispeech_61-70968-0000.flac"
-    film = tmp_path / "uploads" / "film.mkv"
-    film.parent.mkdir()
-    subprocess.run(
-        ["ffmpeg", "-loglevel", "error", "-i", str(JFK), "-i", str(english), "-map", "0:a",
-         "-map", "1:a", "-c:a", "flac", "-metadata:s:a:1", "language=eng", str(film)],
-        check=True,
-    )  # fmt: skip
+    (tmp_path / "uploads").mkdir()
+    film = multi_stream_file(tmp_path / "uploads" / "film.mkv", (JFK, ""), (english, "eng"))
     app = WebApp(TranscriptionService(settings), tmp_path)
     form = (AUTO_LANGUAGE, "transcribe", False, False, False, 0, 0, 0, True, None, None, False)
     text, _, _ = app.transcribe(str(film), *form, "eng")
