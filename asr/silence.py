@@ -1,10 +1,11 @@
-"""Independent windows for batched decoding: the recording cut at its quietest moments.
+"""Independent windows for batched decoding: the recording cut at its pauses.
 
 Sequential long-form decoding seeks to the last timestamp of each window, so a window's start
 depends on the previous window's output. Windows decoded in one batch cannot wait for each
-other: instead the recording is cut into chunks of at most 30 s, each cut at the quietest
-point between 20 and 30 s after the previous one (where a word is least likely to be split),
-and each chunk is decoded as one window padded with silence.
+other: instead the recording is cut into chunks of at most 30 s, each cut in the last pause
+between 20 and 30 s after the previous one (or at the quietest point, where that stretch has no
+pause: where a word is least likely to be split), and each chunk is decoded as one window
+padded with silence.
 """
 
 from __future__ import annotations
@@ -35,11 +36,14 @@ def loudness(mel: torch.Tensor, content_frames: int) -> torch.Tensor:
 
 
 def split_at_silence(
-    mel: torch.Tensor, content_frames: int, cuts: Sequence[int] = ()
+    mel: torch.Tensor, content_frames: int, cuts: Sequence[int] = (), fill: bool = True
 ) -> list[tuple[int, int]]:
     """[start, end) frame ranges that cover the first content_frames frames, each <= 30 s,
     cut at every frame of `cuts` (where speech resumes after a long pause that was cut out:
-    no chunk spans such a seam) and, within a longer stretch, at its quietest moments.
+    no chunk spans such a seam) and, within a longer stretch, between 20 and 30 s after the
+    chunk's start: in its last pause where `fill` (chunks as long as a window allows, so
+    fewer encoder passes), else at its quietest moment (for chunks whose language is
+    detected once each: the quietest moment is more often where one speaker hands over).
 
     mel: Tensor, shape = (n_mels, n_frames); log-mel, louder is larger.
     """
@@ -49,11 +53,38 @@ def split_at_silence(
     for start, end in zip([0, *seams], [*seams, content_frames], strict=True):
         while end - start > N_FRAMES:
             search = smoothed[start + MIN_CHUNK_FRAMES : start + N_FRAMES]
-            cut = start + MIN_CHUNK_FRAMES + int(search.argmin())
+            cut = start + MIN_CHUNK_FRAMES + (_last_pause(search) if fill else int(search.argmin()))
             chunks.append((start, cut))
             start = cut
         chunks.append((start, end))
     return chunks
+
+
+def _last_pause(level: torch.Tensor) -> int:
+    """Where to cut within `level` (the smoothed loudness of a chunk's last 10 s): the middle
+    of its last pause, a run of at least MIN_PAUSE_FRAMES frames within PAUSE_MARGIN of its
+    quietest level (or less, where its own level range is narrower); the quietest frame where
+    no run is that long."""
+    floor = level.min()
+    margin = min(PAUSE_MARGIN, 0.25 * float(level.median() - floor))
+    quiet = (level <= floor + margin).tolist()
+    end = len(quiet)
+    while end > 0:
+        while end > 0 and not quiet[end - 1]:
+            end -= 1
+        begin = end
+        while begin > 0 and quiet[begin - 1]:
+            begin -= 1
+        if end - begin >= MIN_PAUSE_FRAMES:
+            return (begin + end) // 2
+        end = begin
+    return int(level.argmin())
+
+
+# A pause is within 0.1 log-mel units (4 dB) of the quietest moment near a cut, for 0.1 s of
+# frames smoothed over 0.2 s: quieter than any stretch inside a word.
+PAUSE_MARGIN = 0.1
+MIN_PAUSE_FRAMES = 10
 
 
 def chunk_window(mel: torch.Tensor, start: int, end: int) -> torch.Tensor:

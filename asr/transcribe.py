@@ -1423,7 +1423,7 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
     """
     options, total = session.options, session.content_frames
     level = session.level
-    chunks = split_at_silence(session.mel, total, session.pause_cuts)
+    chunks = split_at_silence(session.mel, total, session.pause_cuts, fill=not options.multilingual)
     # A chunk of digital silence is skipped, as a silent one is, without decoding it.
     queue = deque(chunk for chunk in chunks if not has_no_signal(session.mel, chunk))
     # What was said, per stretch between long cut-out pauses (`session.pause_cuts`, where the

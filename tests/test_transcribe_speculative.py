@@ -224,6 +224,26 @@ def test_silence_chunks_cover_the_audio_and_cut_in_pauses():
     assert all(end - start <= N_FRAMES for start, end in seams) and len(seams) == 4
 
 
+def test_silence_chunks_end_in_their_last_pause_unless_one_language_each():
+    # Speech (level 1) with two pauses 0.5 s long between 20 and 30 s of the first chunk: a
+    # deep one at 21 s and a shallower one (within 4 dB of it) at 28 s. Filling a window, the
+    # chunk ends in the last; cut for languages detected once each, at the quietest.
+    frames = 5000
+    mel = torch.ones((80, frames + N_FRAMES))
+    mel[:, frames:] = -1.0
+    mel[:, 2100:2150] = -1.0
+    mel[:, 2800:2850] = -0.95
+    mel[:, 2400:2403] = -1.0  # a 30 ms dip inside a word: no pause
+    assert split_at_silence(mel, frames)[0] == (0, 2825)
+    quietest = split_at_silence(mel, frames, fill=False)
+    assert 2100 <= quietest[0][1] < 2150
+    # A stretch with no pause is cut at its quietest moment.
+    speech = torch.ones((80, frames + N_FRAMES))
+    speech[:, frames:] = -1.0
+    speech[:, 2600:2605] = 0.5
+    assert split_at_silence(speech, frames)[0][1] in range(2590, 2615)
+
+
 @pytest.mark.slow
 def test_special_tokens_cross_vocabularies_by_meaning(whisper_base, whisper_tiny_en):
     base = WhisperTextCodec(whisper_base, "en", "transcribe")
