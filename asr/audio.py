@@ -898,7 +898,8 @@ def _streams_said(
         other = 1 if streams.chosen == 0 else 0
         said += (
             f"; to transcribe another, name it by its index, counted from 0, or its language "
-            f"(--audio-stream {other}; audio_stream in a request)"
+            f"(--audio-stream {other} on the command line, audio_stream in a request, the "
+            f"Audio stream box on the web page)"
         )
     return said
 

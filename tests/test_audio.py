@@ -141,7 +141,8 @@ def test_a_videos_sound_keeps_its_place_and_its_other_streams_are_named(tmp_path
     decoded = decode_audio(two)
     assert np.array_equal(decoded.samples, speech)
     extract = "; to transcribe another, name it by its index, counted from 0, or its language "
-    extract += "(--audio-stream {}; audio_stream in a request)"
+    extract += "(--audio-stream {} on the command line, audio_stream in a request, the Audio "
+    extract += "stream box on the web page)"
     assert decoded.warnings == (
         "it holds 2 audio streams: the first (marked default) was transcribed" + extract.format(1),
     )

@@ -426,7 +426,7 @@ def test_a_films_other_language_is_transcribed_when_asked_for(capsys, tmp_path):
     assert main([*command, "--overwrite"]) == 0
     err = capsys.readouterr().err
     assert "the first (ger, marked default) was transcribed" in err
-    assert "(--audio-stream 1; audio_stream in a request)" in err
+    assert "(--audio-stream 1 on the command line, audio_stream in a request, the" in err
     # A stream the film does not hold: the file fails, its streams listed.
     assert main([*command, "--audio-stream", "2", "--overwrite"]) == 1
     err = capsys.readouterr().err

@@ -271,6 +271,8 @@ def test_a_films_other_language_is_transcribed_when_asked_for(tmp_path, settings
     form = (AUTO_LANGUAGE, "transcribe", False, False, False, 0, 0, 0, True, None, None, False)
     text, _, _ = app.transcribe(str(film), *form, "eng")
     assert word_error_rate(reference_text(english), text) < 0.1
+    _, stats, _ = app.transcribe(str(film), *form, "")  # the default: a warning says how
+    assert "the Audio stream box on the web page" in stats
     with pytest.raises(gr.Error) as caught:
         app.transcribe(str(film), *form, "2")
     message = caught.value.message
