@@ -344,7 +344,8 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         kept_transcript = None
         if plan.action in ("make", "redo"):
             kept_transcript = kept_unlabelled(outputs, file_record)
-        again = "labelling" if options.diarize else "writing"
+        relabel = options.diarize and kept_transcript and kept_transcript.labelled is None
+        again = "labelling" if relabel else "writing"
         again += " its kept transcript again"
         if plan.action == "redo":
             tell(f"specscribe: {again if kept_transcript else 'redoing'} {path}: {plan.why}")
@@ -373,7 +374,8 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
 
     # 3. The models, loaded once; options checked against them before any work (the Whisper
     # model only where a file is to be transcribed, the diarizer where speakers are found;
-    # kept transcripts written in another layout or format need neither).
+    # kept transcripts written in another layout or format need neither, nor do labelled
+    # ones kept with the counts asked for).
     if jobs:
         options.transcribe_options().validate(service.model)
         # "auto"'s draft waits until the files' speech repays its load (app.service).
@@ -382,7 +384,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             vad=options.vad and not options.diarize,
             defer_auto_draft=True,
         )
-    elif options.diarize:
+    elif options.diarize and any(kept.labelled is None for *_, kept in relabels):
         _ = service.diarizer
 
     # 4. The files, up to --batch-files at a time: a bad one is reported and skipped, the rest

@@ -167,14 +167,14 @@ class FileRun:
         try:
             if not self._claimed(path, outputs, record, relabel=kept):
                 return
-            if self.options.diarize:
+            if self.options.diarize and kept.labelled is None:
                 audio = self._decoded(path, record)
                 transcript = self.service.relabel(
                     audio, kept.unlabelled, self.options, passes=kept.passes
                 )
             else:  # only the outputs differ: nothing to decode, the record names the bytes
                 fingerprinted(path, record)
-                transcript = reused(kept.unlabelled)
+                transcript = reused(kept.labelled or kept.unlabelled)
         except Exception as error:
             self._failed(path, error)
             return
@@ -311,7 +311,8 @@ class FileRun:
         transcript, unlabelled = result.transcript, result.unlabelled
         try:
             if unlabelled is not None and outputs:  # printed: nothing to keep it beside
-                keep_unlabelled(outputs, record, unlabelled, result.passes)
+                labelled = transcript if self.options.diarize else None
+                keep_unlabelled(outputs, record, unlabelled, result.passes, labelled)
             write_outputs(transcript, outputs, record, self.layout)
         except OSError as error:
             self._bar.write(

@@ -354,7 +354,7 @@ class ServiceOptions(BaseModel):
         return parse_clip_ranges(self.clip_timestamps)
 
     def speaker_options(self):
-        from diarize.pipeline import DiarizeOptions
+        from diarize.options import DiarizeOptions
 
         return DiarizeOptions(self.num_speakers, self.min_speakers, self.max_speakers).validate()
 

@@ -1,6 +1,9 @@
 """A file's transcript before speakers, and with diarization the diarizer's passes over the
 file, kept beside its outputs, so that asking for other outputs of the same transcript writes
-them without running Whisper (or the diarizer's networks) again.
+them without running Whisper (or the diarizer's networks) again. With diarization the
+transcript labelled with the speaker counts it was made with is kept too: asking for another
+layout or format with the same counts writes it without loading the diarizer (importing
+pyannote.audio alone takes seconds).
 
 What a kept transcript serves: any request whose option record
 (`TranscriptionService.output_record`, with the CLI's subtitle layout) equals the one it was
@@ -33,6 +36,7 @@ from diarize.passes import SpeakerPasses
 from .request import SPEAKER_COUNTS
 
 _RECORD, _TRANSCRIPT, _PASSES, _DIGEST = "record", "transcript", "passes", "digest"
+_LABELLED, _COUNTS = "labelled", "speaker_counts"
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,10 @@ class Kept:
 
     unlabelled: Transcript
     passes: SpeakerPasses | None
+    # With diarization, the transcript labelled with the counts of the request that found
+    # it (None: other counts, or none kept): what a new run would give, as clustering the
+    # same passes with the same counts finds the same speakers.
+    labelled: Transcript | None = None
 
 
 def unlabelled_path(outputs: dict[str, Path]) -> Path:
@@ -69,16 +77,22 @@ def reused(transcript: Transcript) -> Transcript:
     return dataclasses.replace(transcript, stats={**transcript.stats, "transcript_reused": True})
 
 
+def _speaker_counts(record: dict) -> dict:
+    return {name: record.get(name) for name in SPEAKER_COUNTS}
+
+
 def keep_unlabelled(
     outputs: dict[str, Path],
     record: dict,
     unlabelled: Transcript,
     passes: SpeakerPasses | None = None,
+    labelled: Transcript | None = None,
 ) -> None:
     """Keeps `unlabelled` (a `Labelled.unlabelled`, or without diarization the transcript
-    itself) and the diarizer's `passes` as made with `record` (and from the recording it
-    names, `asr.writers.RECORD_SOURCE`), each file atomically; the transcript's names the
-    passes' digest, so that passes left from another run are never read with it."""
+    itself), the diarizer's `passes` and the `labelled` transcript (with diarization: the
+    request's, labelled with its speaker counts) as made with `record` (and from the
+    recording it names, `asr.writers.RECORD_SOURCE`), each file atomically; the transcript's
+    names the passes' digest, so that passes left from another run are never read with it."""
     digest = None
     if passes is not None:
         stream = io.BytesIO()
@@ -92,6 +106,8 @@ def keep_unlabelled(
         _PASSES: digest,
         _TRANSCRIPT: unlabelled.to_dict(),
     }
+    if labelled is not None:
+        content[_LABELLED] = {_COUNTS: _speaker_counts(record), _TRANSCRIPT: labelled.to_dict()}
     content = json.loads(json.dumps(content))  # as it reads back (string keys, lists)
     content[_DIGEST] = _digest(content)
     write_atomically(unlabelled_path(outputs), _utf8_json(content) + b"\n")
@@ -115,8 +131,9 @@ def kept_unlabelled(outputs: dict[str, Path], record: dict) -> Kept | None:
     """The kept transcript, where one was made with `record` but for what only shapes the
     outputs (module docstring), from the recording `record` names (if it names one: its very
     bytes, `Source.holds`, as the outputs' record will vouch for them), with the passes kept
-    beside it; None where there is none, it was made otherwise, or it is not as written (a
-    file that cannot be read, or was changed since: its digest)."""
+    beside it and the labelled transcript where `record`'s speaker counts are the ones it was
+    labelled with; None where there is none, it was made otherwise, or it is not as written
+    (a file that cannot be read, or was changed since: its digest)."""
     if not outputs:
         return None
     try:
@@ -129,9 +146,12 @@ def kept_unlabelled(outputs: dict[str, Path], record: dict) -> Kept | None:
         if source is not None and not source.holds(content[RECORD_SOURCE]):
             return None
         unlabelled = Transcript.from_dict(content[_TRANSCRIPT])
+        labelled = content.get(_LABELLED)
+        same_counts = labelled is not None and labelled[_COUNTS] == _speaker_counts(record)
+        labelled = Transcript.from_dict(labelled[_TRANSCRIPT]) if same_counts else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return Kept(unlabelled, _kept_passes(passes_path(outputs), content.get(_PASSES)))
+    return Kept(unlabelled, _kept_passes(passes_path(outputs), content.get(_PASSES)), labelled)
 
 
 def _kept_passes(path: Path, digest: object) -> SpeakerPasses | None:

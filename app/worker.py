@@ -80,6 +80,7 @@ class Outcome:
     unlabelled: Transcript | None = None
     passes: SpeakerPasses | None = None
     from_kept: bool = False  # made from a kept transcript (speakers found again, or as it was)
+    relabelled: bool = False  # from a kept transcript, its speakers found again
 
 
 class Shutdown(BaseException):
@@ -108,12 +109,13 @@ def execute(
     """Decodes one file (a path, or its bytes named `label` in errors). Any error becomes a
     failed Outcome: one bad file must not stop the worker. kept: the file's kept transcript
     (`app.unlabelled_cache.kept_unlabelled`), labelled again (with diarization) or taken as
-    it is instead of transcribing."""
+    it is instead of transcribing (labelled with the counts asked for: as it was)."""
     from asr.audio import decode_audio
 
     started = time.perf_counter()
-    if kept is not None and not options.diarize:  # only the formats differ: nothing to decode
-        return Outcome(reused(kept.unlabelled), None, time.perf_counter() - started, from_kept=True)
+    as_it_was = None if kept is None else kept.labelled if options.diarize else kept.unlabelled
+    if as_it_was is not None:  # only the formats differ: nothing to decode
+        return Outcome(reused(as_it_was), None, time.perf_counter() - started, from_kept=True)
     try:
         if isinstance(audio, bytes):
             source = decode_audio(audio, name=label, audio_stream=options.audio_stream)
@@ -122,7 +124,8 @@ def execute(
         if kept is not None:
             unlabelled, passes = kept.unlabelled, kept.passes
             transcript = service.relabel(source, unlabelled, options, progress, passes=passes)
-            return Outcome(transcript, None, time.perf_counter() - started, from_kept=True)
+            seconds = time.perf_counter() - started
+            return Outcome(transcript, None, seconds, from_kept=True, relabelled=True)
         result = service.run_keeping_unlabelled([source], options, progress)[0]
     except Exception as error:
         return Outcome(None, describe_error(error), time.perf_counter() - started)
@@ -214,7 +217,8 @@ def finish(
         return
     try:
         if outcome.unlabelled is not None and record is not None:
-            keep_unlabelled(task.outputs, record, outcome.unlabelled, outcome.passes)
+            labelled = outcome.transcript if task.spec.options.diarize else None
+            keep_unlabelled(task.outputs, record, outcome.unlabelled, outcome.passes, labelled)
         write_outputs(outcome.transcript, task.outputs, record, task.spec.layout)
     except OSError as error:  # a full disk, a file where a folder must go: this task's failure
         reason = why_unwritten(error, task.outputs)
@@ -227,7 +231,7 @@ def finish(
     if outcome.from_kept:
         done = (
             "speakers labelled again on the kept transcript"
-            if task.spec.options.diarize
+            if outcome.relabelled
             else "written again from the kept transcript"
         )
     done = f"{done} on {place}" if place else done

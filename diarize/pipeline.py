@@ -40,44 +40,17 @@ from pyannote.core import Segment as TimeSpan
 from pyannote.pipeline.parameter import Uniform
 
 from asr.audio import SAMPLE_RATE
-from asr.types import MAX_SPEAKERS, ProgressHook, SpeakerTurn, no_progress
+from asr.types import ProgressHook, SpeakerTurn, no_progress
 from asr.vad import SpeechProbability, probability_from_activity
 from diarize.campplus import FRAME_SHIFT, load_campplus, num_frames
 from diarize.embedding import CamPlusPlusEmbedding
+from diarize.options import DiarizeOptions
 from diarize.passes import SpeakerPasses
 
 log = logging.getLogger(__name__)
 
 SEGMENTATION_WINDOW = 10.0  # seconds: segmentation-3.0's chunk
 MIN_CLEAN_SPEECH = 0.5  # seconds: below this, an embedding keeps the overlapped frames
-
-
-@dataclass(frozen=True)
-class DiarizeOptions:
-    """What the caller knows about the speakers; None leaves it to the clustering threshold."""
-
-    num_speakers: int | None = None
-    min_speakers: int | None = None
-    max_speakers: int | None = None
-
-    def validate(self) -> DiarizeOptions:
-        for name in ("num_speakers", "min_speakers", "max_speakers"):
-            value = getattr(self, name)
-            if value is not None and not 1 <= value <= MAX_SPEAKERS:
-                raise ValueError(f"{name} must be in 1..{MAX_SPEAKERS}, got {value}")
-        if self.num_speakers is not None and (
-            self.min_speakers is not None or self.max_speakers is not None
-        ):
-            raise ValueError("num_speakers excludes min_speakers and max_speakers")
-        if (
-            self.min_speakers is not None
-            and self.max_speakers is not None
-            and self.min_speakers > self.max_speakers
-        ):
-            raise ValueError(
-                f"min_speakers ({self.min_speakers}) exceeds max_speakers ({self.max_speakers})"
-            )
-        return self
 
 
 @dataclass(frozen=True)

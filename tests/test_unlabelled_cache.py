@@ -50,6 +50,13 @@ def test_a_kept_transcript_serves_only_requests_that_differ_in_the_speaker_count
     assert kept_unlabelled(outputs, RECORD) == Kept(TRANSCRIPT, None)
     assert kept_unlabelled(outputs, {**RECORD, "num_speakers": 2}) == Kept(TRANSCRIPT, None)
     assert kept_unlabelled(outputs, {**RECORD, "min_speakers": 2, "max_speakers": 3}) is not None
+    # With diarization the labelled transcript is kept too, for the counts it was made with.
+    labelled = replace(TRANSCRIPT, language="de")  # (any other transcript)
+    keep_unlabelled(outputs, {**RECORD, "num_speakers": 2}, TRANSCRIPT, labelled=labelled)
+    assert kept_unlabelled(outputs, {**RECORD, "num_speakers": 2}).labelled == labelled
+    assert kept_unlabelled(outputs, RECORD) == Kept(TRANSCRIPT, None)
+    assert kept_unlabelled(outputs, {**RECORD, "max_speakers": 2}).labelled is None
+    keep_unlabelled(outputs, RECORD, TRANSCRIPT)
     # Nor does the subtitle layout change the transcript: only how it is written.
     layout = {"max_line_width": 30, "max_line_count": None}
     assert kept_unlabelled(outputs, {**RECORD, **layout}) == Kept(TRANSCRIPT, None)
@@ -157,10 +164,10 @@ def test_other_speaker_counts_label_the_kept_transcript_as_a_new_run_would(
     from app.service import TranscriptionService
     from diarize.campplus import CAMPPlus
 
-    def command(output_dir: Path, *counts: str) -> list[str]:
+    def command(output_dir: Path, *counts: str, formats: str = "txt,rttm,json") -> list[str]:
         audio = str(SAMPLES / "pyannote_sample.wav")
-        formats = ["--format", "txt,rttm,json", "--output-dir", str(output_dir)]
-        return ["transcribe", audio, "--diarize", "--language", "en", *counts, *formats]
+        written = ["--format", formats, "--output-dir", str(output_dir)]
+        return ["transcribe", audio, "--diarize", "--language", "en", *counts, *written]
 
     assert main(command(tmp_path / "again", "--num-speakers", "1")) == 0
     assert main(command(tmp_path / "fresh", "--num-speakers", "2")) == 0
@@ -188,6 +195,22 @@ def test_other_speaker_counts_label_the_kept_transcript_as_a_new_run_would(
     assert "pyannote_sample.wav has its outputs in" in capsys.readouterr().err
     assert main([*command(again, "--num-speakers", "2"), "--overwrite"]) == 1
     assert "transcribed again" in capsys.readouterr().err
+    # Another format with the counts it was labelled with: the labelled transcript is kept
+    # too, so not even the diarizer is loaded (it reran its clustering, and importing
+    # pyannote.audio took seconds).
+    monkeypatch.setattr(TranscriptionService, "diarizer", property(no_transcription))
+    made = {
+        name: (fresh / name).read_text() for name in ("pyannote_sample.txt", "pyannote_sample.json")
+    }
+    assert main(command(fresh, "--num-speakers", "2", formats="txt,rttm,json,srt")) == 0
+    told = capsys.readouterr().err
+    assert "writing its kept transcript again" in told and "srt missing" in told
+    assert (fresh / "pyannote_sample.txt").read_text() == made["pyannote_sample.txt"]
+    srt = (fresh / "pyannote_sample.srt").read_text()
+    assert "[SPEAKER_00]" in srt and "[SPEAKER_01]" in srt
+    written = json.loads((fresh / "pyannote_sample.json").read_text())
+    assert written["stats"].pop("transcript_reused") is True
+    assert written == json.loads(made["pyannote_sample.json"]) | {"stats": written["stats"]}
 
 
 @pytest.mark.slow

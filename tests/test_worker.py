@@ -115,6 +115,13 @@ def forbid_transcription(monkeypatch) -> None:
     monkeypatch.setattr(TranscriptionService, "run_keeping_unlabelled", no_transcription)
 
 
+def _forbidden(what: str):
+    def refuse(*args, **kwargs):
+        raise AssertionError(what)
+
+    return refuse
+
+
 def dummy_files(folder: Path, count: int) -> None:
     """Files the store only lists (their content is never decoded in these tests)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -737,15 +744,25 @@ def test_a_job_asking_other_speaker_counts_labels_the_kept_transcript(
     two_speakers = (tmp_path / "out" / "call.txt").read_text()
     assert "[SPEAKER_01]" in two_speakers
 
-    # The Ray engine's driver reads the kept transcript too and has an actor label it: back to
-    # one speaker, the outputs of the first job again.
-    job = submit_counting(1)
+    # The Ray engine's driver reads the kept transcript too and has an actor label it.
+    job = submit_counting(3)
     log = tmp_path / "ray-worker.log"
     args = ("worker", "--engine", "ray", "--store", store.path, "--model", MODEL, "--until-idle")
     finish(specscribe(*args, "--assistant", "none", "--poll", "0.2", log=log), log, timeout=300)
     (task,) = store.tasks(job)
     assert task.state == "done", task.error
     assert re.match(r"speakers labelled again on the kept transcript on Ray node", task.note)
+    assert "[SPEAKER_00]" in (tmp_path / "out" / "call.txt").read_text()
+
+    # Back to the first job's count: the transcript labelled with it was kept too, so the
+    # outputs of the first job are written again without the diarizer.
+    monkeypatch.setattr(TranscriptionService, "relabel", forbidden := _forbidden("relabelled"))
+    monkeypatch.setattr(TranscriptionService, "diarizer", property(forbidden))
+    job = submit_counting(1)
+    assert LocalWorker(store, service, options, log=lambda _: None).run() == 1
+    (task,) = store.tasks(job)
+    assert task.state == "done", task.error
+    assert task.note.startswith("written again from the kept transcript"), task.note
     assert (tmp_path / "out" / "call.txt").read_text() == one_speaker
 
 
