@@ -61,10 +61,10 @@ def split_at_silence(
 
 
 def _last_pause(level: torch.Tensor) -> int:
-    """Where to cut within `level` (the smoothed loudness of a chunk's last 10 s): the middle
-    of its last pause, a run of at least MIN_PAUSE_FRAMES frames within PAUSE_MARGIN of its
-    quietest level (or less, where its own level range is narrower); the quietest frame where
-    no run is that long."""
+    """Where to cut within `level` (the smoothed loudness of a chunk's 20th to 30th second):
+    the middle of its last pause, a run of at least MIN_PAUSE_FRAMES frames within
+    PAUSE_MARGIN of its quietest level (or less, where its own level range is narrower); the
+    quietest frame where no run is that long."""
     floor = level.min()
     margin = min(PAUSE_MARGIN, 0.25 * float(level.median() - floor))
     quiet = (level <= floor + margin).tolist()
