@@ -340,9 +340,10 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
                 skipped_path = path
             continue
         # Asked for other speaker counts, another layout or format (or an output lost): its
-        # transcript is kept, and only written again.
+        # transcript is kept, and only written again; --overwrite transcribes again, whatever
+        # is missing.
         kept_transcript = None
-        if plan.action in ("make", "redo"):
+        if plan.action in ("make", "redo") and not args.overwrite:
             kept_transcript = kept_unlabelled(outputs, file_record)
         relabel = options.diarize and kept_transcript and kept_transcript.labelled is None
         again = "labelling" if relabel else "writing"

@@ -172,14 +172,16 @@ class FileRun:
                 transcript = self.service.relabel(
                     audio, kept.unlabelled, self.options, passes=kept.passes
                 )
+                # Kept again, labelled with these counts: the next run asking them writes it.
+                result = Labelled(transcript, kept.unlabelled, kept.passes)
             else:  # only the outputs differ: nothing to decode, the record names the bytes
                 fingerprinted(path, record)
-                transcript = reused(kept.labelled or kept.unlabelled)
+                # None: the transcript kept beside the outputs stays as it is
+                result = Labelled(reused(kept.labelled or kept.unlabelled), None)
         except Exception as error:
             self._failed(path, error)
             return
-        # None: the transcript kept beside the outputs stays as it is
-        self._written(path, outputs, record, Labelled(transcript, None), from_kept=True)
+        self._written(path, outputs, record, result, from_kept=True)
 
     def _decoded(self, path: Path, record: dict) -> DecodedAudio:
         """The file's audio, once its record has read the bytes' digest (`fingerprinted`), from

@@ -125,7 +125,10 @@ def execute(
             unlabelled, passes = kept.unlabelled, kept.passes
             transcript = service.relabel(source, unlabelled, options, progress, passes=passes)
             seconds = time.perf_counter() - started
-            return Outcome(transcript, None, seconds, from_kept=True, relabelled=True)
+            # Kept again with the transcript labelled with these counts (`finish`).
+            return Outcome(
+                transcript, None, seconds, unlabelled, passes, from_kept=True, relabelled=True
+            )
         result = service.run_keeping_unlabelled([source], options, progress)[0]
     except Exception as error:
         return Outcome(None, describe_error(error), time.perf_counter() - started)

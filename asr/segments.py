@@ -43,7 +43,11 @@ def split_segments(
 
     Text after the last complete segment is left for the next window, which starts there
     (frames consumed < window_frames), unless `keep_unfinished`: independent windows have no
-    next window to finish it, so it becomes a segment that ends with the window.
+    next window to finish it, so it becomes a segment that ends with the window. An
+    independent window's segments also end with its audio: Whisper can time text into the
+    padding after it (an echo of the next chunk's speech), and the chunk after it, decoded
+    apart, holds that audio; a segment timed to start there is dropped, not placed out of
+    order as a cue of no length.
     """
     begin = model.special.timestamp_begin
     tokens = list(result.tokens)
@@ -54,12 +58,13 @@ def split_segments(
         len(tokens) >= 1 and is_timestamp[-1] and not (len(tokens) >= 2 and is_timestamp[-2])
     )
     window_end = time_offset + window_frames / FRAMES_PER_SECOND
+    # A window near the end holds padding: no segment may run past the recording.
+    audio_end = min(duration, window_end) if keep_unfinished else duration
 
     def segment(sliced: list[int], start: float, end: float) -> tuple[Segment, tuple[int, ...]]:
-        # A window near the end holds padding: no segment may run past the recording.
         found = Segment(
-            start=round(min(start, duration), 3),
-            end=round(min(end, duration), 3),
+            start=round(min(start, audio_end), 3),
+            end=round(min(end, audio_end), 3),
             text=model.text_of(sliced),
             avg_logprob=result.avg_logprob,
             no_speech_prob=result.no_speech_prob,
@@ -68,6 +73,8 @@ def split_segments(
         return found, tuple(sliced)
 
     def done(pieces: list[tuple[Segment, tuple[int, ...]]], consumed: int) -> WindowSplit:
+        if keep_unfinished:
+            pieces = [piece for piece in pieces if piece[0].start < round(audio_end, 3)]
         return WindowSplit(
             segments=tuple(found for found, _ in pieces),
             tokens=tuple(sliced for _, sliced in pieces),

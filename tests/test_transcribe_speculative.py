@@ -340,3 +340,31 @@ def test_prompt_options_keep_drafting_lossless(whisper_base, registry, sonnet):
     drafted = transcribe(whisper_base, sonnet, options, draft=assistant)
     assert_same_segments(drafted.segments, plain.segments)
     assert drafted.stats["target_calls"] < plain.stats["target_calls"]
+
+
+def test_an_independent_windows_segments_end_with_its_audio():
+    # A 20 s chunk at 100 s whose tokens time text to 18-22 s and 25-28 s of its window: the
+    # padding after its audio. The echo of the next chunk's speech was placed after that
+    # chunk's text, as a cue of no length.
+    from types import SimpleNamespace
+
+    from asr.segments import split_segments
+
+    begin = 1000
+    model = SimpleNamespace(
+        special=SimpleNamespace(timestamp_begin=begin),
+        text_of=lambda ids: " ".join(str(i) for i in ids if i < begin),
+    )
+    stamps = (0, 250, 900, 1100, 1250, 1400)  # 0, 5, 18, 22, 25, 28 s
+    tokens = (begin + stamps[0], 5, begin + stamps[1], begin + stamps[2], 6, begin + stamps[3])
+    tokens += (begin + stamps[4], 7, begin + stamps[5])
+    result = SimpleNamespace(tokens=tokens, avg_logprob=-0.1, no_speech_prob=0.1)
+    chunk = split_segments(model, result, 100.0, 2000, 1000.0, keep_unfinished=True)
+    assert [(s.start, s.end, s.text) for s in chunk.segments] == [
+        (100.0, 105.0, "5"),
+        (118.0, 120.0, "6"),
+    ]
+    assert len(chunk.tokens) == len(chunk.timestamp_ends) == 2
+    # A sequential window keeps them (its next window starts where its text ends).
+    window = split_segments(model, result, 100.0, 2000, 1000.0)
+    assert [s.end for s in window.segments] == [105.0, 122.0, 128.0]

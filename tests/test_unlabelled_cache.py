@@ -195,6 +195,10 @@ def test_other_speaker_counts_label_the_kept_transcript_as_a_new_run_would(
     assert "pyannote_sample.wav has its outputs in" in capsys.readouterr().err
     assert main([*command(again, "--num-speakers", "2"), "--overwrite"]) == 1
     assert "transcribed again" in capsys.readouterr().err
+    # --overwrite transcribes again where an output is missing too (it wrote the kept one).
+    (again / "pyannote_sample.rttm").unlink()
+    assert main([*command(again, "--num-speakers", "2"), "--overwrite"]) == 1
+    assert "transcribed again" in capsys.readouterr().err
     # Another format with the counts it was labelled with: the labelled transcript is kept
     # too, so not even the diarizer is loaded (it reran its clustering, and importing
     # pyannote.audio took seconds).
@@ -205,6 +209,13 @@ def test_other_speaker_counts_label_the_kept_transcript_as_a_new_run_would(
     assert main(command(fresh, "--num-speakers", "2", formats="txt,rttm,json,srt")) == 0
     told = capsys.readouterr().err
     assert "writing its kept transcript again" in told and "srt missing" in told
+    # A relabelled one is kept with its new counts too.
+    assert main(command(again, "--num-speakers", "2", formats="txt,rttm,json,srt")) == 0
+    told = capsys.readouterr().err
+    assert "writing its kept transcript again" in told and "srt missing" in told
+    assert (again / "pyannote_sample.txt").read_text() == (
+        fresh / "pyannote_sample.txt"
+    ).read_text()
     assert (fresh / "pyannote_sample.txt").read_text() == made["pyannote_sample.txt"]
     srt = (fresh / "pyannote_sample.srt").read_text()
     assert "[SPEAKER_00]" in srt and "[SPEAKER_01]" in srt

@@ -724,9 +724,9 @@ def test_a_job_asking_other_speaker_counts_labels_the_kept_transcript(
     shutil.copy(SAMPLES / "pyannote_sample.wav", folder / "call.wav")
     store = JobStore(tmp_path / "jobs.db")
 
-    def submit_counting(speakers: int) -> int:
+    def submit_counting(speakers: int, formats: tuple[str, ...] = ("txt", "rttm")) -> int:
         options = ServiceOptions(language="en", diarize=True, num_speakers=speakers)
-        return store.submit([folder], JobSpec(tmp_path / "out", ("txt", "rttm"), options, MODEL))
+        return store.submit([folder], JobSpec(tmp_path / "out", formats, options, MODEL))
 
     service = TranscriptionService(settings, asr_model=MODEL, assistant_model="none")
     options = WorkerOptions(until_idle=True, poll=0.1)
@@ -752,18 +752,20 @@ def test_a_job_asking_other_speaker_counts_labels_the_kept_transcript(
     (task,) = store.tasks(job)
     assert task.state == "done", task.error
     assert re.match(r"speakers labelled again on the kept transcript on Ray node", task.note)
-    assert "[SPEAKER_00]" in (tmp_path / "out" / "call.txt").read_text()
+    three_counted = (tmp_path / "out" / "call.txt").read_text()
+    assert "[SPEAKER_00]" in three_counted
 
-    # Back to the first job's count: the transcript labelled with it was kept too, so the
-    # outputs of the first job are written again without the diarizer.
+    # Another format with the last job's count: the transcript it labelled was kept with the
+    # count, so it is written again without the diarizer.
     monkeypatch.setattr(TranscriptionService, "relabel", forbidden := _forbidden("relabelled"))
     monkeypatch.setattr(TranscriptionService, "diarizer", property(forbidden))
-    job = submit_counting(1)
+    job = submit_counting(3, ("txt", "rttm", "srt"))
     assert LocalWorker(store, service, options, log=lambda _: None).run() == 1
     (task,) = store.tasks(job)
     assert task.state == "done", task.error
     assert task.note.startswith("written again from the kept transcript"), task.note
-    assert (tmp_path / "out" / "call.txt").read_text() == one_speaker
+    assert (tmp_path / "out" / "call.txt").read_text() == three_counted
+    assert "[SPEAKER_00]" in (tmp_path / "out" / "call.srt").read_text()
 
 
 @pytest.mark.slow
