@@ -345,7 +345,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         kept_transcript = None
         if plan.action in ("make", "redo") and not args.overwrite:
             kept_transcript = kept_unlabelled(outputs, file_record)
-        relabel = options.diarize and kept_transcript and kept_transcript.labelled is None
+        relabel = kept_transcript and kept_transcript.as_it_was(options.diarize) is None
         again = "labelling" if relabel else "writing"
         again += " its kept transcript again"
         if plan.action == "redo":
@@ -385,7 +385,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             vad=options.vad and not options.diarize,
             defer_auto_draft=True,
         )
-    elif options.diarize and any(kept.labelled is None for *_, kept in relabels):
+    elif any(kept.as_it_was(options.diarize) is None for *_, kept in relabels):
         _ = service.diarizer
 
     # 4. The files, up to --batch-files at a time: a bad one is reported and skipped, the rest

@@ -167,7 +167,8 @@ class FileRun:
         try:
             if not self._claimed(path, outputs, record, relabel=kept):
                 return
-            if self.options.diarize and kept.labelled is None:
+            as_it_was = kept.as_it_was(self.options.diarize)
+            if as_it_was is None:
                 audio = self._decoded(path, record)
                 transcript = self.service.relabel(
                     audio, kept.unlabelled, self.options, passes=kept.passes
@@ -177,7 +178,7 @@ class FileRun:
             else:  # only the outputs differ: nothing to decode, the record names the bytes
                 fingerprinted(path, record)
                 # None: the transcript kept beside the outputs stays as it is
-                result = Labelled(reused(kept.labelled or kept.unlabelled), None)
+                result = Labelled(reused(as_it_was), None)
         except Exception as error:
             self._failed(path, error)
             return

@@ -52,6 +52,11 @@ class Kept:
     # same passes with the same counts finds the same speakers.
     labelled: Transcript | None = None
 
+    def as_it_was(self, diarize: bool) -> Transcript | None:
+        """The transcript a request writes as it is kept (with diarization: labelled with the
+        request's counts), or None: its speakers are to be found again."""
+        return self.labelled if diarize else self.unlabelled
+
 
 def unlabelled_path(outputs: dict[str, Path]) -> Path:
     """Where a file's kept transcript lives: beside its record (`asr.writers.record_path`)."""

@@ -113,7 +113,7 @@ def execute(
     from asr.audio import decode_audio
 
     started = time.perf_counter()
-    as_it_was = None if kept is None else kept.labelled if options.diarize else kept.unlabelled
+    as_it_was = None if kept is None else kept.as_it_was(options.diarize)
     if as_it_was is not None:  # only the formats differ: nothing to decode
         return Outcome(reused(as_it_was), None, time.perf_counter() - started, from_kept=True)
     try:

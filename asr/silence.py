@@ -10,6 +10,7 @@ padded with silence.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -67,17 +68,14 @@ def _last_pause(level: torch.Tensor) -> int:
     quietest frame where no run is that long."""
     floor = level.min()
     margin = min(PAUSE_MARGIN, 0.25 * float(level.median() - floor))
-    quiet = (level <= floor + margin).tolist()
-    end = len(quiet)
-    while end > 0:
-        while end > 0 and not quiet[end - 1]:
-            end -= 1
-        begin = end
-        while begin > 0 and quiet[begin - 1]:
-            begin -= 1
-        if end - begin >= MIN_PAUSE_FRAMES:
-            return (begin + end) // 2
-        end = begin
+    middles, at = [], 0
+    for quiet, run in itertools.groupby((level <= floor + margin).tolist()):
+        length = len(list(run))
+        if quiet and length >= MIN_PAUSE_FRAMES:
+            middles.append(at + length // 2)
+        at += length
+    if middles:
+        return middles[-1]
     return int(level.argmin())
 
 
