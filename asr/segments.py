@@ -19,6 +19,10 @@ class WindowSplit:
     start (s); frames: its content frames (mel frames of audio, not padding).
     timestamp_ends[i]: segment i's end as its timestamps give it (s), which word timing leaves
     as it is (the segment's own times then follow its words, which often end earlier).
+    language_after: where the window's text was cut at a segment heard in another language
+    than the window was decoded in (`asr.spoken_languages`), that language: the audio from
+    `consumed` on is decoded in it. With no segment with text left, the window's first
+    segment was that one, and the whole window is decoded again in it (`decoded_again`).
     """
 
     segments: tuple[Segment, ...]
@@ -28,6 +32,33 @@ class WindowSplit:
     time_offset: float
     frames: int
     timestamp_ends: tuple[float, ...]
+    language_after: str | None = None
+
+    def before_segment(self, index: int, language: str) -> WindowSplit:
+        """This window's text up to segment `index` (exclusive), the audio from the end of the
+        last segment with text before it decoded in `language` (`language_after`)."""
+        ends = [
+            end
+            for segment, end in zip(self.segments[:index], self.timestamp_ends, strict=False)
+            if segment.text.strip()
+        ]
+        cut = round((max(ends) - self.time_offset) * FRAMES_PER_SECOND) if ends else 0
+        return replace(
+            self,
+            segments=self.segments[:index],
+            tokens=self.tokens[:index],
+            timestamp_ends=self.timestamp_ends[:index],
+            consumed=cut,
+            single_timestamp_ending=True,  # nothing unfinished: the rest is decoded again
+            language_after=language,
+        )
+
+    @property
+    def decoded_again(self) -> bool:
+        """Whether the whole window is to be decoded again in `language_after`."""
+        return self.language_after is not None and not any(
+            segment.text.strip() for segment in self.segments
+        )
 
 
 def split_segments(

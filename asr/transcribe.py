@@ -50,6 +50,7 @@ from asr.silence import (
     split_at_silence,
 )
 from asr.speech_timeline import SEAM_PAUSE, Span, SpeechTimeline
+from asr.spoken_languages import before_another_language, sot_logits
 from asr.types import DecidedWindow, ProgressHook, Segment, Transcript, WindowHook, no_progress
 from asr.whisper import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, EncodedAudio, WhisperModel
 from asr.whisper_drafters import DraftSource
@@ -244,19 +245,9 @@ def detect_language(model: WhisperModel, encoded: EncodedAudio) -> str:
     special = model.special
     if not special.multilingual:
         return "en"
-    logits = _first_sot_logits(model, encoded)[0]
+    logits = sot_logits(model, encoded)[0]
     language_ids = torch.tensor(list(special.language_ids.values()), device=model.device)
     return model.language_code(int(language_ids[logits[language_ids].argmax()]))
-
-
-def _first_sot_logits(model: WhisperModel, encoded: EncodedAudio, row: int = 0) -> torch.Tensor:
-    """The logits after <|startoftranscript|> alone (no prompt before it) in window `row` of
-    `encoded` (default: the first): Tensor, shape = (1, vocab)."""
-    first = encoded.rows(torch.tensor([row], device=encoded.features.device))
-    tokens = torch.tensor([[model.special.sot]], device=model.device)
-    positions = torch.zeros_like(tokens)
-    cache = model.new_cache(first)
-    return model.logits(model.decoder_states(tokens, positions, cache))[:, -1]
 
 
 def _odds_alone(
@@ -265,7 +256,7 @@ def _odds_alone(
     """Window `row`'s `LanguageOdds` against `language`, read at <|startoftranscript|> with no
     prompt before it (a prompt sways them toward its own language)."""
     named = torch.tensor([model.special.language_ids[language]])
-    (odds,) = language_odds(model, _first_sot_logits(model, encoded, row), named)
+    (odds,) = language_odds(model, sot_logits(model, encoded, row), named)
     return odds
 
 
@@ -412,6 +403,25 @@ class _Ledger:
     recordings: int = 1  # how many recordings decoded side by side
 
 
+@dataclass(frozen=True)
+class _WindowsView:
+    """What `_Session.split` reads of these rows of `encoded`: called with indices into `rows`,
+    those windows' rows, selected only when asked for. Selecting rows copies their
+    cross-attention keys and values, 37 MB a window in float32 (290 MB with 8 passages side by
+    side), which windows whose words are not timed never need; one window (`window`) is a
+    view."""
+
+    encoded: EncodedAudio
+    rows: list[int]
+
+    def __call__(self, indices: list[int]) -> EncodedAudio:
+        picked = torch.tensor([self.rows[i] for i in indices], device=self.encoded.features.device)
+        return self.encoded.rows(picked)
+
+    def window(self, index: int) -> EncodedAudio:
+        return self.encoded.row(self.rows[index])
+
+
 class _Session:
     """One recording's mel spectrograms, encoders, window decoder and running statistics."""
 
@@ -483,6 +493,8 @@ class _Session:
         self.dropped_in_pauses = 0  # segments timed wholly inside a cut-out pause
         self.retimed_windows = 0  # windows whose segments took their words' times (late starts)
         self.resumed_windows = 0  # windows cut short at speech their text skipped
+        # multilingual: windows decoded again, or cut short, at a segment of another language
+        self.language_switches = 0
         self._level: torch.Tensor | None = None  # `level`, computed on first use
         self.ledger = _Ledger()  # shared with the recordings decoded beside this one
         self.encoder_seconds = 0.0
@@ -596,6 +608,12 @@ class _Session:
         if self.language is None:  # the recording's: its first window's
             self.language = language
         return language
+
+    def retell(self, language: str | None) -> None:
+        """A window decoded in `language` is decoded again in the language its first segment
+        was heard in: counted once, in that one (`window_languages`)."""
+        self.window_languages[language] -= 1
+        self.window_languages += Counter()  # drops a count of 0
 
     def prompt(self, previous: list[int], language: str | None = None) -> tuple[int, ...]:
         """[<|startofprev|>, hotwords, previous text] (at most half the context), SOT sequence
@@ -776,19 +794,9 @@ class _Session:
         texts = _segment_texts(self.model, result)
         return any(guard.repeated_share(text) >= REPEATED_SHARE for text in texts)
 
-    def words_view(
-        self, encoded: EncodedAudio, rows: list[int]
-    ) -> Callable[[list[int]], EncodedAudio]:
-        """What `split` reads of these rows of `encoded`: given indices into `rows`, those
-        windows' rows, selected only when asked for. Selecting rows copies their
-        cross-attention keys and values, 37 MB a window in float32 (290 MB with 8 passages side
-        by side), which windows whose words are not timed never need."""
-
-        def windows(indices: list[int]) -> EncodedAudio:
-            picked = torch.tensor([rows[i] for i in indices], device=encoded.features.device)
-            return encoded.rows(picked)
-
-        return windows
+    def words_view(self, encoded: EncodedAudio, rows: list[int]) -> _WindowsView:
+        """What `split` reads of these rows of `encoded` (`_WindowsView`)."""
+        return _WindowsView(encoded, rows)
 
     @property
     def level(self) -> torch.Tensor:
@@ -801,23 +809,32 @@ class _Session:
 
     def split(
         self,
-        encoded: Callable[[list[int]], EncodedAudio],
+        encoded: _WindowsView,
         decoded: list[tuple[WindowResult, int, int]],
         unfinished: bool,
         guards: list[RepetitionGuard | None],
         passages: list[_Passage] | None = None,
         languages: list[str | None] | None = None,
+        told: list[bool] | None = None,
     ) -> list[WindowSplit]:
         """Spoken windows -> their segments, timed word by word when the options ask for it.
 
         decoded: per window, its result, first frame and content frames; `encoded`: the
-        target's encoding of the windows at these indices of `decoded` (`words_view`), read
-        where words are timed. guards: each window's record of what was said (its
+        target's encoding of these windows (`words_view`), read where words are timed and
+        where segments' languages are told. guards: each window's record of what was said (its
         passage's, or its stretch's between long pauses). passages: each window's passage, for
         windows of independent passages side by side: no time of a window runs past its
         passage's end, and each reads (and moves on) where its own passage's speech last ended.
         None: the windows follow each other in the recording. languages: each window's (default: the
-        recording's).
+        recording's). told: with `multilingual`, each window whose language was not told from
+        the whole window (heard in its first segment's own audio, `WindowSplit.language_after`,
+        or kept from the audio before it), whose first segment is then not asked again.
+
+        With `multilingual`, a window's text stops before its first segment heard in another
+        language (`asr.spoken_languages`), before its words are timed or its guard records
+        them: that audio is decoded again in its own language, and the text in the wrong one
+        must leave no trace (a guard that had recorded JFK's sentence, decoded as English under
+        a Spanish window, dropped it as a repeat when its own window said it again).
         """
         languages = languages or [self.language] * len(decoded)
         if passages is None:
@@ -833,6 +850,19 @@ class _Session:
             )
             for (result, start, frames), end, language in zip(decoded, ends, languages, strict=True)
         ]
+        if self.options.multilingual and self.model.special.multilingual:
+            told = told or [False] * len(splits)
+            splits = [
+                before_another_language(
+                    self.model, encoded.window(index), split, language, from_first=not given
+                )
+                if language is not None
+                else split
+                for index, (split, language, given) in enumerate(
+                    zip(splits, languages, told, strict=True)
+                )
+            ]
+            self.language_switches += sum(split.language_after is not None for split in splits)
         if splits and not self.options.word_timestamps:
             splits = self._late_starts_retimed(encoded, splits, languages, ends)
         if self.options.word_timestamps and splits:
@@ -917,6 +947,7 @@ class _Session:
                 timestamp_ends=split.timestamp_ends[: before + 1],
                 consumed=resume - start,
                 single_timestamp_ending=True,  # nothing unfinished: go on from `resume`
+                language_after=None,  # a segment heard in another language is decoded again
             )
         return split
 
@@ -1129,6 +1160,9 @@ class _Passage:
     guard: RepetitionGuard | None
     segments: list[Segment] = field(default_factory=list)  # decided, in order
     language: str | None = None  # its last spoken window's (multilingual)
+    # Its next window's language where the window before heard it in a segment of its own
+    # (`WindowSplit.language_after`, multilingual): not told from the whole window again.
+    told: str | None = None
     resumed: _Resumption | None = None  # where its next window resumes after skipped speech
 
     @property
@@ -1239,12 +1273,17 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
         owners = [r.session for r, _ in active]
         languages = [
             owner.window_language(
-                encoded, row, passage.language if end - start < TOO_SHORT_TO_TELL else None
+                encoded,
+                row,
+                passage.told or (passage.language if end - start < TOO_SHORT_TO_TELL else None),
             )
             for row, (owner, (_, passage), (start, end)) in enumerate(
                 zip(owners, active, windows, strict=True)
             )
         ]
+        told = [passage.told is not None for _, passage in active]
+        for _, passage in active:
+            passage.told = None
         prompts = [
             r.session.prompt(p.previous, language)
             for (r, p), language in zip(active, languages, strict=True)
@@ -1264,8 +1303,8 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
             rows = [row for row in spoken if active[row][0] is recording]
             if rows:
                 passages = [active[r][1] for r in rows]
-                kept_languages = [languages[r] for r in rows]
-                _decided(recording, encoded, rows, passages, windows, results, kept_languages)
+                kept = [languages[r] for r in rows], [told[r] for r in rows]
+                _decided(recording, encoded, rows, passages, windows, results, *kept)
         for recording in recordings:
             _report_decided(recording)
         progress("transcribe", total - _frames_left(recordings), total)
@@ -1341,9 +1380,11 @@ def _decided(
     windows: list[tuple[int, int]],
     results: list[WindowResult],
     languages: list[str | None],
+    told: list[bool],
 ) -> None:
     """Spoken windows of one recording (these rows of the batch, of these passages, in these
-    languages) split into segments; each passage moves on past what its window used up."""
+    languages; `told`: as `_Session.split` takes it) split into segments; each passage moves
+    on past what its window used up."""
     session, level = recording.session, recording.session.level
     options = session.options
     decoded = [(results[r], windows[r][0], windows[r][1] - windows[r][0]) for r in rows]
@@ -1354,9 +1395,16 @@ def _decided(
         guards=[passage.guard for passage in owners],
         passages=owners,
         languages=languages,
+        told=told,
     )
     spoken = zip(decoded, splits, owners, languages, strict=True)
     for (result, seek, frames), heard, passage, language in spoken:
+        # A window's first segment heard in another language: the window is decoded again in
+        # it. Text cut before a later one: the passage goes on in that language from there.
+        passage.told = heard.language_after
+        if heard.decoded_again:
+            session.retell(language)
+            continue
         split = heard  # its segments as kept; `heard`'s times say where its text ends
         if passage.resumed is not None and passage.resumed.frame == seek:
             split = passage.resumed.without_echo(heard)
@@ -1366,6 +1414,8 @@ def _decided(
         passage.language = language
         recording.decided.append((seek, result, split))
         consumed = _consumed(heard, seek, passage.end, options.word_timestamps)
+        if heard.language_after is not None:  # not from the pause before the other language
+            consumed = _speech_onset(level, (seek, seek + frames), seek + consumed) - seek
         # A window can close its text seconds before its audio ends although words follow
         # (OpenAI's rule then skips the rest of the window): a padded one (a passage's last)
         # as "silence" chunks do, above all where speech after a pause was packed behind it,
@@ -1440,11 +1490,18 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
     segments: list[Segment] = []
     decided: list[tuple[int, WindowResult, WindowSplit]] = []  # not yet reported
     resumed: dict[int, _Resumption] = {}  # the tails queued, by their first frame
+    # multilingual: windows queued in a language not told from the whole window (heard in
+    # their first segment, `WindowSplit.language_after`, or their chunk's), by first frame
+    told: dict[int, str] = {}
     reached = 0  # frames reported to `progress`: tails go back, the report does not
     while queue:
         group = [queue.popleft() for _ in range(min(options.batch_size, len(queue)))]
         encoded, draft_encoded = session.encode(group, padded=True)
-        languages = [session.window_language(encoded, row) for row in range(len(group))]
+        given = [start in told for start, _ in group]
+        languages = [
+            session.window_language(encoded, row, told.pop(start, None))
+            for row, (start, _) in enumerate(group)
+        ]
         prompts = tuple(session.prompt(session.initial_prompt, code) for code in languages)
         results = _decode_by_language(
             WindowBatch(encoded, prompts, draft_encoded),
@@ -1470,13 +1527,30 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
                 unfinished=True,
                 languages=spoken_languages,
                 guards=[guard_of(start) for _, start, _ in decoded],
+                told=[given[row] for row, _ in spoken],
             )
             tails = []
-            for (result, start, frames), heard in zip(decoded, splits, strict=True):
+            for (result, start, frames), heard, language in zip(
+                decoded, splits, spoken_languages, strict=True
+            ):
+                if heard.language_after is not None:
+                    # Its first segment heard in another language: decoded again in it. A
+                    # later one: the audio from where speech resumes after the text before it,
+                    # in its own.
+                    rest = start
+                    if not heard.decoded_again:
+                        rest = _speech_onset(level, (start, start + frames), start + heard.consumed)
+                    told[rest] = heard.language_after
+                    tails.append((rest, start + frames))
+                    if heard.decoded_again:
+                        session.retell(language)
+                        continue
                 split = resumed.pop(start).without_echo(heard) if start in resumed else heard
                 kept = _segments_with_content(split)
                 segments.extend(kept)
                 decided.append((start, result, split))
+                if heard.language_after is not None:
+                    continue
                 at_a_cut = start + frames < total and start + frames not in session.pause_cuts
                 least = MIN_TAIL_SECONDS_AT_A_CUT if at_a_cut else MIN_TAIL_SECONDS
                 tail = _skipped_tail(heard, start, frames, session.model.special.eot, least)
@@ -1488,6 +1562,8 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
                 ):
                     tails.append(rest)
                     resumed[tail] = _Resumption(tail, _segments_with_content(heard)[-1].text)
+                    if options.multilingual and rest[1] - tail < TOO_SHORT_TO_TELL:
+                        told[tail] = language  # as a passage's short last window keeps its
             queue.extendleft(reversed(tails))  # next, in time order
         # Everything before the first window still queued is final.
         decided.sort(key=lambda window: window[0])
@@ -1525,6 +1601,14 @@ def _decode_by_language(
         for row, result in zip(rows, decoded, strict=True):
             results[row] = result
     return results
+
+
+def _speech_onset(level: torch.Tensor, window: tuple[int, int], frame: int) -> int:
+    """Where speech resumes in `window` from `frame` on: just before its first loud frame
+    (`first_loud_frame`), or `frame` itself where none is. A window started in the pause
+    before speech made Whisper say "Yes, yeah." into it."""
+    loud = first_loud_frame(level, window, frame)
+    return frame if loud is None else max(loud - ONSET_MARGIN_FRAMES, frame)
 
 
 def _speech_after_a_seam(
@@ -1708,7 +1792,9 @@ def _prepare(
             options=asdict(options),
             stats={
                 "speech_seconds": 0.0,
-                **({"window_languages": {}} if options.multilingual else {}),
+                **(
+                    {"window_languages": {}, "language_switches": 0} if options.multilingual else {}
+                ),
                 "total_seconds": 0.0,
             },
             warnings=("no speech found: nothing was decoded",),
@@ -1764,7 +1850,10 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
         segments = session.timeline.restore(segments)
     stats = session.ledger.stats
     together = {"decoded_together": session.ledger.recordings}
-    languages = {"window_languages": dict(session.window_languages.most_common())}
+    languages = {
+        "window_languages": dict(session.window_languages.most_common()),
+        "language_switches": session.language_switches,
+    }
     return Transcript(
         warnings=session.prompt_warnings
         + session.language_warnings

@@ -139,12 +139,19 @@ class EncodedAudio:
         1500 frames would give."""
         if frames >= self.features.shape[1]:
             return self
+        return self.frames_between(0, frames)
+
+    def frames_between(self, start: int, end: int) -> EncodedAudio:
+        """The cross-attention of encoder frames [start, end) alone, in the stored layouts:
+        a decoder attending to it attends to that stretch of audio only (each frame's key and
+        value are projections of that frame's features alone, so this is the other frames
+        masked). `features` stay whole."""
         return EncodedAudio(
             features=self.features,
             cross=tuple(
                 (
-                    keys.transpose(-1, -2)[..., :frames].contiguous().transpose(-1, -2),
-                    values[..., :frames, :].contiguous(),
+                    keys.transpose(-1, -2)[..., start:end].contiguous().transpose(-1, -2),
+                    values[..., start:end, :].contiguous(),
                 )
                 for keys, values in self.cross
             ),
@@ -189,6 +196,14 @@ class EncodedAudio:
             keys.transpose(-1, -2)[rows] = part_keys.transpose(-1, -2)
             values[rows] = part_values
         return rows.stop
+
+    def row(self, index: int) -> EncodedAudio:
+        """Window `index` alone, as views of these tensors (no copy)."""
+        rows = slice(index, index + 1)
+        return EncodedAudio(
+            features=self.features[rows],
+            cross=tuple((keys[rows], values[rows]) for keys, values in self.cross),
+        )
 
     def rows(self, rows: torch.Tensor) -> EncodedAudio:
         """These windows, in this order. rows: Tensor, shape = (n,). The first windows are

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,11 +38,24 @@ SPANISH = SHARED_SPEECH / "non_en" / "leopard_test_es.wav"
 MULTILINGUAL = TranscribeOptions(multilingual=True, word_timestamps=True)
 
 
-def mixed_recording(pause: float) -> tuple[np.ndarray, tuple[tuple[float, float], ...]]:
-    """English, German and French speech with `pause` seconds of silence between them, and
-    the spans a VAD would keep: (samples, spans)."""
+# Speakers who switch language after a short pause: English, Spanish, English (JFK), French,
+# English, each clip a few to 17 s, so a 30 s window holds two or three languages.
+SWITCHING = (
+    ("en", SHARED_SPEECH / "en_single" / "librispeech_1221-135766-0001.wav"),
+    ("es", SPANISH),
+    CLIPS[0],
+    CLIPS[2],
+    ("en", SHARED_SPEECH / "en_single" / "librispeech_1089-134686-0002.wav"),
+)
+
+
+def mixed_recording(
+    pause: float, clips: tuple[tuple[str, Path], ...] = CLIPS
+) -> tuple[np.ndarray, tuple[tuple[float, float], ...]]:
+    """`clips` (by default English, German and French speech) with `pause` seconds of silence
+    between them, and the spans a VAD would keep: (samples, spans)."""
     pieces, spans, clock = [], [], 0.0
-    for _, path in CLIPS:
+    for _, path in clips:
         samples = load_audio(path)
         if pieces:
             pieces.append(np.zeros(int(pause * SAMPLE_RATE), np.float32))
@@ -87,6 +101,47 @@ def test_each_passage_is_decoded_in_its_own_language(whisper_base, mixed):
     assert passage_texts(english, spans)[1] != passage_texts(transcript, spans)[1]
 
 
+def segments_inside(transcript, span: tuple[float, float]) -> list:
+    """The segments whose middle falls inside `span` (s)."""
+    start, end = span
+    return [s for s in transcript.segments if start <= (s.start + s.end) / 2 < end]
+
+
+@pytest.mark.slow
+def test_a_segment_in_another_language_than_its_window_is_decoded_in_its_own(whisper_base):
+    # The window from the Spanish clip on was told as Spanish from all 30 s of it, and JFK's
+    # sentence after it came out in French ("Et donc mes meilleurs lumieres, n'a pas l'air que
+    # votre country ..."), tagged Spanish. Each segment's language is now told from its own
+    # audio, and the window's text stops before the one in another language.
+    samples, spans = mixed_recording(0.7, SWITCHING)
+    transcript = transcribe(whisper_base, samples, TranscribeOptions(multilingual=True))
+    assert transcript.stats["language_switches"] >= 1
+    for (language, path), span in zip(SWITCHING, spans, strict=True):
+        inside = segments_inside(transcript, span)
+        assert inside and {s.language for s in inside} == {language}, (path.name, inside)
+        text = " ".join(s.text for s in inside)  # whisper-base: a few words off in Spanish
+        assert word_error_rate(reference_text(path), text) <= 0.4, (path.name, text)
+
+
+@pytest.mark.slow
+def test_batched_chunks_are_cut_where_a_segment_is_in_another_language(whisper_base):
+    # JFK, the French and the last English clip were one chunk, told as English, and the
+    # French was left out ("do for your country." timed over it). Its segment over the French,
+    # heard as French on its own, now stops the chunk's text after JFK, and the rest of the
+    # chunk is decoded in French (its English tail then in English).
+    samples, spans = mixed_recording(0.7, SWITCHING)
+    options = TranscribeOptions(
+        multilingual=True, windows="silence", batch_size=8, condition_on_previous_text=False
+    )
+    transcript = transcribe(whisper_base, samples, options)
+    assert transcript.stats["language_switches"] >= 1
+    jfk = [s for s in segments_inside(transcript, spans[2]) if s.language == "en"]
+    jfk_text = " ".join(s.text for s in jfk)
+    assert word_error_rate(reference_text(CLIPS[0][1]), jfk_text) <= 0.25, jfk_text
+    french = " ".join(s.text for s in segments_inside(transcript, spans[3]) if s.language == "fr")
+    assert word_error_rate(reference_text(CLIPS[2][1]), french) <= 0.3, french
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("pause", [PAUSE_SECONDS, 3.0])
 def test_speech_after_a_seam_where_the_text_stopped_is_still_decoded(whisper_base, pause):
@@ -114,12 +169,16 @@ def test_speech_in_another_language_later_in_a_full_window_is_decoded(whisper_ba
     switch = len(english) / SAMPLE_RATE
     transcript = transcribe(whisper_base, samples, MULTILINGUAL)
     starts = [segment.start for segment in transcript.segments]
-    ends = [*starts, len(samples) / SAMPLE_RATE]
-    gaps = [b - a for a, b in zip([0.0, *starts], ends, strict=True)]
-    assert max(gaps) < 12.0, starts  # no stretch of the German left out (it was 19 s)
+    ends = [0.0, *(segment.end for segment in transcript.segments)]
+    gaps = [b - a for a, b in zip(ends, [*starts, len(samples) / SAMPLE_RATE], strict=True)]
+    assert max(gaps) < 5.0, starts  # no stretch of the German left out (it was 19 s)
     assert any(switch <= start < switch + 5.0 for start in starts), starts
     text = " ".join(s.text for s in transcript.segments if s.start >= switch)
     assert "Grimmelshausen" in text.replace(" ", ""), text  # the reading's first words
+    # The window holding both was told as German: JFK's first segment, heard as English on its
+    # own, made it decode again in English ("Und so, meine fellow Amerikaner" before).
+    assert {s.language for s in transcript.segments if s.end <= switch} == {"en"}
+    assert transcript.stats["language_switches"] == 1
 
 
 @pytest.mark.slow

@@ -123,6 +123,26 @@ def _timed(start: float, end: float, text: str) -> Segment:
     return Segment(start, end, text, words)
 
 
+def test_a_window_cut_before_a_segment_in_another_language_resumes_after_the_text_before():
+    window = WindowSplit(
+        segments=(Segment(40.0, 41.0, ""), Segment(41.0, 48.0, " Hola."), Segment(49, 55, " Hi")),
+        tokens=((1,), (2,), (3,)),
+        consumed=1500,
+        single_timestamp_ending=False,
+        time_offset=40.0,
+        frames=1500,
+        timestamp_ends=(41.0, 48.5, 55.0),
+    )
+    cut = window.before_segment(2, "en")
+    assert [s.text for s in cut.segments] == ["", " Hola."] and cut.tokens == ((1,), (2,))
+    assert cut.consumed == 850  # the last text's timestamp end, 8.5 s into the window
+    assert cut.single_timestamp_ending and cut.language_after == "en" and not cut.decoded_again
+    # Cut before its first segment with text: the whole window is decoded again.
+    again = window.before_segment(1, "es")
+    assert again.decoded_again and again.consumed == 0 and again.language_after == "es"
+    assert not window.decoded_again
+
+
 def test_a_tail_starts_after_words_timed_past_their_timestamps():
     eot = 50257  # text tokens are below it
     # A window of 10 s from 100 s. Timestamps say the text ends at 103 s, 7 s before the audio
