@@ -232,7 +232,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from asr.audio import colliding_outputs, find_audio_files
     from asr.writers import output_paths, outputs_over_recordings
 
-    from .file_run import FileRun
+    from .file_run import FileRun, stopped_summary
     from .output_plan import kept_outputs, made_from, plan_outputs
     from .service import TranscriptionService
     from .status_lines import tell
@@ -377,16 +377,21 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     # model only where a file is to be transcribed, the diarizer where speakers are found;
     # kept transcripts written in another layout or format need neither, nor do labelled
     # ones kept with the counts asked for).
-    if jobs:
-        options.transcribe_options().validate(service.model)
-        # "auto"'s draft waits until the files' speech repays its load (app.service).
-        service.load(
-            diarization=options.diarize,
-            vad=options.vad and not options.diarize,
-            defer_auto_draft=True,
-        )
-    elif any(kept.as_it_was(options.diarize) is None for *_, kept in relabels):
-        _ = service.diarizer
+    try:
+        if jobs:
+            options.transcribe_options().validate(service.model)
+            # "auto"'s draft waits until the files' speech repays its load (app.service).
+            service.load(
+                diarization=options.diarize,
+                vad=options.vad and not options.diarize,
+                defer_auto_draft=True,
+            )
+        elif any(kept.as_it_was(options.diarize) is None for *_, kept in relabels):
+            _ = service.diarizer
+    except KeyboardInterrupt:  # stopped while the models load: what was done is said too
+        left = len(jobs) + len(relabels)
+        print(stopped_summary(0, (), left, skipped, [*unlisted, *undone]), file=sys.stderr)
+        raise
 
     # 4. The files, up to --batch-files at a time: a bad one is reported and skipped, the rest
     # go on (app.file_run).

@@ -55,6 +55,20 @@ def kept_count(paths: Sequence[Path]) -> str:
     return f", {len(paths)} from {'its kept transcript' if len(paths) == 1 else 'kept transcripts'}"
 
 
+def stopped_summary(
+    finished: int,
+    kept: Sequence[Path],
+    not_done: int,
+    skipped: int,
+    failures: Sequence[tuple[Path, str]],
+) -> str:
+    """What a run stopped by Ctrl-C (or a stop signal) says it did before it re-raises."""
+    return (
+        f"\nspecscribe: {finished} transcribed{kept_count(kept)}, {not_done} not done, "
+        f"{skipped} skipped (outputs exist), {len(failures)} failed (a rerun does the rest)"
+    )
+
+
 class FileRun:
     """One run over the files. failures starts with what was refused before (folders that
     could not be listed, outputs that stand in the way); skipped with the files whose outputs
@@ -122,10 +136,11 @@ class FileRun:
             self._bar.close()
             for path in list(self._claims):
                 self._release(path)
+            left = total - self._settled
             print(
-                f"\nspecscribe: {len(self.finished)} transcribed{kept_count(self.from_kept)}, "
-                f"{total - self._settled} not done, {self.skipped} skipped (outputs exist), "
-                f"{len(self.failures)} failed (a rerun does the rest)",
+                stopped_summary(
+                    len(self.finished), self.from_kept, left, self.skipped, self.failures
+                ),
                 file=sys.stderr,
             )
             raise

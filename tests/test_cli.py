@@ -934,6 +934,31 @@ def test_ctrl_c_ends_a_transcription_with_a_line_not_a_traceback(tmp_path, stop,
 
 
 @pytest.mark.slow
+def test_ctrl_c_while_the_models_load_says_what_was_done(capsys, tmp_path, monkeypatch):
+    # It said only "interrupted": the file already done and the one left went unsaid.
+    from app.service import TranscriptionService
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("a.wav", "b.wav"):
+        shutil.copy(SAMPLES / "jfk.wav", folder / name)
+    out = tmp_path / "out"
+    flags = ["--output-dir", str(out), "--language", "en", "--assistant", "none"]
+    assert main(["transcribe", str(folder / "a.wav"), *flags]) == 0
+
+    def interrupted(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(TranscriptionService, "load", interrupted)
+    capsys.readouterr()
+    assert main(["transcribe", str(folder), *flags]) == 130
+    err = capsys.readouterr().err
+    said = "specscribe: 0 transcribed, 1 not done, 1 skipped (outputs exist), 0 failed"
+    assert said in err and "specscribe: interrupted" in err, err
+    assert not (out / "b.txt").exists()
+
+
+@pytest.mark.slow
 def test_silence_gives_an_empty_transcript_with_a_note_and_subtitles_are_shaped(capsys, tmp_path):
     import numpy as np
     import soundfile as sf
