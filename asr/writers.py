@@ -675,10 +675,11 @@ def _own_outputs_state(
     """`outputs_state` of outputs that specscribe wrote, edited or not."""
     source, wanted = _split(record)
     if isinstance(stored, dict) and not _same_source(source, stored):
-        if source.elsewhere(stored[RECORD_SOURCE]):  # whether or not all of them exist
+        # Whether or not all of them exist: a rerun asking another format of a replaced
+        # recording is told it was replaced, not just that the format was missing.
+        if source.elsewhere(stored[RECORD_SOURCE]):
             return "elsewhere", source.change(stored[RECORD_SOURCE])
-        if complete:
-            return "replaced", source.change(stored[RECORD_SOURCE])
+        return "replaced", source.change(stored[RECORD_SOURCE])
     if not complete:
         return "missing", ""
     if not isinstance(stored, dict):

@@ -290,6 +290,10 @@ def test_a_recording_piped_to_standard_input_is_transcribed_as_a_file(
     assert main(["transcribe", "-", *out]) == 0
     assert "redoing (standard input): the recording changed" in capsys.readouterr().err
     assert word_error_rate(reference_text(flac), (tmp_path / "stdin.txt").read_text()) < 0.1
+    piped(jfk)  # replaced again, and a format added: both are told
+    assert main(["transcribe", "-", *out, "--format", "txt,json"]) == 0
+    assert "redoing (standard input): the recording changed" in capsys.readouterr().err
+    assert json.loads((tmp_path / "stdin.json").read_text())["text"].startswith("And so")
     piped(b"not audio")  # fails as a file would, named as given; the rest go on
     assert main(["transcribe", "-", str(SAMPLES / "jfk.wav"), *out, "--overwrite"]) == 1
     said = capsys.readouterr().err

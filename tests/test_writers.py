@@ -381,6 +381,8 @@ def test_outputs_made_from_another_recording_are_made_again(tmp_path):
         "replaced",
         "the recording changed since its outputs were made",
     )
+    # ... and where an output asked for is missing, so that a rerun says so (it said nothing).
+    assert outputs_state(with_json, made_from(audio))[0] == "replaced"
     # Options still count, and a record from before sources were kept is taken as made from it.
     write_outputs(TRANSCRIPT, outputs, made_from(audio))
     assert outputs_state(outputs, {**made_from(audio), "language": "de"})[0] == "changed"
