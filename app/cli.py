@@ -348,11 +348,13 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         relabel = kept_transcript and kept_transcript.as_it_was(options.diarize) is None
         again = "labelling" if relabel else "writing"
         again += " its kept transcript again"
+        doing = again if kept_transcript else "redoing"
         if plan.action == "redo":
-            tell(f"specscribe: {again if kept_transcript else 'redoing'} {path}: {plan.why}")
-        elif kept_transcript is not None:
+            tell(f"specscribe: {doing} {path}: {plan.why}")
+        elif kept_transcript is not None or plan.changes:
             missing = ", ".join(fmt for fmt, output in outputs.items() if not output.exists())
-            tell(f"specscribe: {again} {path}: {missing} missing")
+            changed = f"; {plan.why}" if plan.changes else ""  # other speaker counts, say
+            tell(f"specscribe: {doing} {path}: {missing} missing{changed}")
         if kept_transcript is not None:
             relabels.append((path, outputs, file_record, kept_transcript))
         else:

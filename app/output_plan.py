@@ -27,12 +27,12 @@ Action = Literal["make", "redo", "overwrite", "skip"]
 
 @dataclass(frozen=True)
 class OutputPlan:
-    """What to do with one file. action: "make" (an output is missing), "redo" (the outputs
-    were made with other options: `changes` names them), "overwrite" (done, but the request
-    says to make them again), "skip" (done, or kept). kept: the formats of outputs that no
-    record says specscribe made, which are kept (worth telling the user: they may be someone
-    else's files); blocked: the formats asked for and not made because of them (missing, or
-    made otherwise)."""
+    """What to do with one file. action: "make" (an output is missing; `changes` names the
+    options changed too), "redo" (the outputs were made with other options: `changes` names
+    them), "overwrite" (done, but the request says to make them again), "skip" (done, or
+    kept). kept: the formats of outputs that no record says specscribe made, which are kept
+    (worth telling the user: they may be someone else's files); blocked: the formats asked for
+    and not made because of them (missing, or made otherwise)."""
 
     action: Action
     changes: str = ""
@@ -67,7 +67,7 @@ def plan_outputs(outputs: dict[str, Path], record: dict | None, overwrite: bool)
 
     state, detail = outputs_state(outputs, record)
     if state == "missing":
-        return OutputPlan("make")
+        return OutputPlan("make", detail)
     if state == "elsewhere":  # another recording's transcript: kept unless told to replace it
         if overwrite:
             return OutputPlan("redo", detail, replaced=True)

@@ -172,9 +172,9 @@ def prepare(
     plan = plan_outputs(task.outputs, record, task.spec.overwrite)
     if plan.action in ("make", "redo") and not _output_folders_ready(store, task, worker, log):
         return False
-    if plan.action == "make":
+    if plan.action == "make" and not plan.changes:
         return True
-    if plan.action == "redo":
+    if plan.action in ("make", "redo"):
         log(f"task {task.id} (job {task.job_id}): {plan.why}: {task.path}")
         return True
     outputs = list(task.outputs.values())

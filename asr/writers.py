@@ -629,7 +629,7 @@ def _shown(record: dict, key: str) -> str:
 
 
 def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[str, str]:
-    """Whether a file's outputs are done: ("missing", ""), ("done", ""), ("changed", what),
+    """Whether a file's outputs are done: ("missing", what), ("done", ""), ("changed", what),
     ("replaced", what), ("elsewhere", what), ("unrecorded", formats) or ("edited", formats).
 
     "replaced": `record` names the recording the outputs are to be made from
@@ -637,8 +637,10 @@ def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[s
     made from another recording, at another path (a recorder's REC001.WAV of another day):
     they are that one's transcript, which callers keep. `what` says which.
 
-    "changed": every output exists, but the record says other options made them (`what` names
-    them: "diarize false -> true", "multilingual true -> (default)"), or does not vouch for
+    "missing": an output asked for is missing (`what` names the options changed too, where
+    the record says other options made the others). "changed": every output exists, but the
+    record says other options made them (`what` names them: "diarize false -> true",
+    "multilingual true -> (default)"), or does not vouch for
     some of them ("srt made with other options"). "unrecorded": some outputs exist that no
     record says specscribe wrote (written by hand, a reference transcript beside its audio, or
     by a version that kept no records; `formats` names them, "txt, srt"): callers keep them,
@@ -665,6 +667,22 @@ def outputs_state(paths: dict[str, Path], record: dict | None = None) -> tuple[s
     return state
 
 
+def _option_changes(options: dict, wanted: dict) -> str:
+    """The options `wanted` changes from those a record holds ("diarize false -> true"), or
+    "" where none differ."""
+    if options == wanted:
+        return ""
+    differences = [
+        (key, _shown(options, key), _shown(wanted, key))
+        for key in sorted(set(options) | set(wanted))
+        if options.get(key, _ABSENT) != wanted.get(key, _ABSENT)
+    ]
+    # Not "max_line_count (default) -> (default)": a key only one record holds, at the
+    # value its absence means, is no change to name (unless nothing else differs).
+    named = [change for change in differences if change[1] != change[2]] or differences
+    return ", ".join(f"{key} {was} -> {now}" for key, was, now in named)
+
+
 # Why outputs whose record says they were being written are redone (not their options).
 UNFINISHED = "a run stopped or failed while it wrote them"
 
@@ -680,23 +698,15 @@ def _own_outputs_state(
         if source.elsewhere(stored[RECORD_SOURCE]):
             return "elsewhere", source.change(stored[RECORD_SOURCE])
         return "replaced", source.change(stored[RECORD_SOURCE])
-    if not complete:
-        return "missing", ""
+    if not complete:  # the options that change too, said beside the outputs missing
+        mended = isinstance(stored, dict) and not stored.get(RECORD_WRITING)
+        return "missing", _option_changes(_options(stored), wanted) if mended else ""
     if not isinstance(stored, dict):
         return "changed", "its record is unreadable"
     if stored.get(RECORD_WRITING):
         return "changed", UNFINISHED
-    options = _options(stored)
-    if options != wanted:
-        differences = [
-            (key, _shown(options, key), _shown(wanted, key))
-            for key in sorted(set(options) | set(wanted))
-            if options.get(key, _ABSENT) != wanted.get(key, _ABSENT)
-        ]
-        # Not "max_line_count (default) -> (default)": a key only one record holds, at the
-        # value its absence means, is no change to name (unless nothing else differs).
-        named = [change for change in differences if change[1] != change[2]] or differences
-        return "changed", ", ".join(f"{key} {was} -> {now}" for key, was, now in named)
+    if changes := _option_changes(_options(stored), wanted):
+        return "changed", changes
     vouched = stored.get(RECORD_FORMATS)
     if isinstance(vouched, list):
         unvouched = [fmt for fmt in paths if fmt not in vouched]

@@ -263,3 +263,9 @@ def test_another_layout_or_format_writes_the_kept_transcript_as_a_new_run_would(
     assert "jfk.wav has its outputs in" in capsys.readouterr().err
     with pytest.raises(AssertionError, match="a model was loaded"):
         main([*command(again, "srt", "42"), "--no-vad"])
+    # Both at once: the options changed are said beside the output missing (they were not).
+    assert main(command(again, "srt,vtt,json,tsv", "30")) == 0
+    told = capsys.readouterr().err
+    assert "tsv missing; options changed (max_line_width 42 -> 30)" in told, told
+    cues = (again / "jfk.srt").read_text().split("\n\n")
+    assert all(len(line) <= 30 for cue in cues for line in cue.splitlines()[2:])
