@@ -11,11 +11,13 @@ over all clips (jiwer, whisper-normalizer's basic normaliser, for every language
 line printed is one JSON object.
 
     python -m bench.multilingual [--pauses 0.3 0.7 1.5 3] [--batch-sizes 1 8] [--threads 2]
+        [--save]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pauses", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0])
     parser.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 8])
     parser.add_argument("--threads", type=positive_int, default=torch.get_num_threads())
+    parser.add_argument("--save", action="store_true", help="also write it to bench/results")
     args = parser.parse_args(argv)
     if any(not 0 <= pause < 30 for pause in args.pauses):
         parser.error("--pauses: seconds from 0 to 30")
@@ -137,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
                 for language in sorted({c["language"] for c in clips})
             },
         }
-    print(json.dumps({"benchmark": "multilingual", "runs": runs, "totals": totals}))
+    from bench.cli import publish
+
+    date = datetime.date.today().isoformat()
+    report = {"benchmark": "bench.multilingual", "date": date, "threads": args.threads}
+    publish(report | {"runs": runs, "totals": totals}, f"multilingual-{date}.json", args.save)
     return 0
 
 
