@@ -35,14 +35,18 @@ class WindowSplit:
     language_after: str | None = None
 
     def before_segment(self, index: int, language: str) -> WindowSplit:
-        """This window's text up to segment `index` (exclusive), the audio from the end of the
-        last segment with text before it decoded in `language` (`language_after`)."""
+        """This window's text up to segment `index` (exclusive), and its audio up to the end
+        of the last segment with text before it (`consumed` and `frames`); the audio from there
+        on is decoded in `language` (`language_after`)."""
         ends = [
             end
             for segment, end in zip(self.segments[:index], self.timestamp_ends, strict=False)
             if segment.text.strip()
         ]
         cut = round((max(ends) - self.time_offset) * FRAMES_PER_SECOND) if ends else 0
+        # Its words are timed in the audio before the cut: aligned over the whole window, the
+        # last ones were stretched over the other language, 23 s on.
+        frames = min(cut, self.frames) if ends else self.frames
         return replace(
             self,
             segments=self.segments[:index],
@@ -50,6 +54,7 @@ class WindowSplit:
             timestamp_ends=self.timestamp_ends[:index],
             consumed=cut,
             single_timestamp_ending=True,  # nothing unfinished: the rest is decoded again
+            frames=frames,
             language_after=language,
         )
 

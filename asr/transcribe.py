@@ -1849,6 +1849,9 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
     if session.timeline is not None:
         segments = session.timeline.restore(segments)
     stats = session.ledger.stats
+    language = session.language or "en"  # its first window's
+    if session.options.multilingual and segments:  # its first words' (a window told again)
+        language = min(segments, key=lambda s: s.start).language or language
     together = {"decoded_together": session.ledger.recordings}
     languages = {
         "window_languages": dict(session.window_languages.most_common()),
@@ -1860,7 +1863,7 @@ def _finished(session: _Session, segments: list[Segment], started: float) -> Tra
         + tuple(filter(None, [session.language_switch_warning()]))
         + _dropped_warnings(session),
         segments=tuple(segments),
-        language=session.language or "en",
+        language=language,
         duration=round(session.recording_seconds, 3),
         options=asdict(session.options),
         stats={

@@ -4,6 +4,7 @@ with other recordings as alone."""
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -142,6 +143,34 @@ def test_batched_chunks_are_cut_where_a_segment_is_in_another_language(whisper_b
     assert word_error_rate(reference_text(CLIPS[2][1]), french) <= 0.3, french
 
 
+@pytest.fixture(scope="module")
+def service(settings):
+    """The service as the CLI runs it (default precision and draft, VAD)."""
+    from app.service import TranscriptionService
+
+    return TranscriptionService(settings)
+
+
+@pytest.mark.slow
+def test_words_before_a_switch_are_timed_in_the_audio_before_it(service):
+    # German, an English sentence 0.8 s after it, German again: the window's text stopped
+    # before the English, and its last words were aligned over the whole window, the last one
+    # stretched 23 s over the English (a subtitle 0:23-0:53 over eight others).
+    german = load_audio(SHARED_SPEECH / "non_en" / "aeneas_librivox_de.mp3")
+    english = load_audio(SHARED_SPEECH / "en_single" / "librispeech_1995-1837-0001.wav")
+    gap = np.zeros(int(0.8 * SAMPLE_RATE), np.float32)
+    middle = 30 * SAMPLE_RATE
+    samples = np.concatenate([german[:middle], gap, english, gap, german[middle : 2 * middle]])
+    options = ServiceOptions(multilingual=True, word_timestamps=True)
+    transcript = service.run(samples, options)
+    assert transcript.stats["language_switches"] >= 1
+    segments = transcript.segments
+    for earlier, later in itertools.pairwise(segments):
+        assert earlier.end <= later.start + 0.01, (earlier, later)
+    english_span = (30.8, 30.8 + len(english) / SAMPLE_RATE)
+    assert {s.language for s in segments if english_span[0] <= s.start < english_span[1]} == {"en"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("pause", [PAUSE_SECONDS, 3.0])
 def test_speech_after_a_seam_where_the_text_stopped_is_still_decoded(whisper_base, pause):
@@ -179,6 +208,7 @@ def test_speech_in_another_language_later_in_a_full_window_is_decoded(whisper_ba
     # own, made it decode again in English ("Und so, meine fellow Amerikaner" before).
     assert {s.language for s in transcript.segments if s.end <= switch} == {"en"}
     assert transcript.stats["language_switches"] == 1
+    assert transcript.language == "en"  # the first words' (it said "de", the window's)
 
 
 @pytest.mark.slow

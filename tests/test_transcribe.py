@@ -135,7 +135,7 @@ def test_a_window_cut_before_a_segment_in_another_language_resumes_after_the_tex
     )
     cut = window.before_segment(2, "en")
     assert [s.text for s in cut.segments] == ["", " Hola."] and cut.tokens == ((1,), (2,))
-    assert cut.consumed == 850  # the last text's timestamp end, 8.5 s into the window
+    assert cut.consumed == cut.frames == 850  # the last text's timestamp end, 8.5 s in
     assert cut.single_timestamp_ending and cut.language_after == "en" and not cut.decoded_again
     # Cut before its first segment with text: the whole window is decoded again.
     again = window.before_segment(1, "es")
