@@ -1303,8 +1303,16 @@ def _seek_windows(sessions: list[_Session], progress: ProgressHook) -> list[list
             rows = [row for row in spoken if active[row][0] is recording]
             if rows:
                 passages = [active[r][1] for r in rows]
-                kept = [languages[r] for r in rows], [told[r] for r in rows]
-                _decided(recording, encoded, rows, passages, windows, results, *kept)
+                _decided(
+                    recording,
+                    encoded,
+                    rows,
+                    passages,
+                    windows,
+                    results,
+                    languages=[languages[r] for r in rows],
+                    told=[told[r] for r in rows],
+                )
         for recording in recordings:
             _report_decided(recording)
         progress("transcribe", total - _frames_left(recordings), total)
@@ -1549,7 +1557,7 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
                 kept = _segments_with_content(split)
                 segments.extend(kept)
                 decided.append((start, result, split))
-                if heard.language_after is not None:
+                if heard.language_after is not None:  # its rest is queued above
                     continue
                 at_a_cut = start + frames < total and start + frames not in session.pause_cuts
                 least = MIN_TAIL_SECONDS_AT_A_CUT if at_a_cut else MIN_TAIL_SECONDS
@@ -1563,7 +1571,8 @@ def _silence_windows(session: _Session, progress: ProgressHook) -> list[Segment]
                     tails.append(rest)
                     resumed[tail] = _Resumption(tail, _segments_with_content(heard)[-1].text)
                     if options.multilingual and rest[1] - tail < TOO_SHORT_TO_TELL:
-                        told[tail] = language  # as a passage's short last window keeps its
+                        # too short to tell: its chunk's, as a passage's short last window
+                        told[tail] = language
             queue.extendleft(reversed(tails))  # next, in time order
         # Everything before the first window still queued is final.
         decided.sort(key=lambda window: window[0])
@@ -1605,8 +1614,9 @@ def _decode_by_language(
 
 def _speech_onset(level: torch.Tensor, window: tuple[int, int], frame: int) -> int:
     """Where speech resumes in `window` from `frame` on: just before its first loud frame
-    (`first_loud_frame`), or `frame` itself where none is. A window started in the pause
-    before speech made Whisper say "Yes, yeah." into it."""
+    (`first_loud_frame`), or `frame` itself where none is. The audio after a language switch
+    is decoded from there, not from the pause before it, where Whisper is prone to invent
+    words."""
     loud = first_loud_frame(level, window, frame)
     return frame if loud is None else max(loud - ONSET_MARGIN_FRAMES, frame)
 
