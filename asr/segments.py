@@ -66,6 +66,11 @@ class WindowSplit:
         )
 
 
+def has_content(segment: Segment) -> bool:
+    """Whether a segment has text and a duration (OpenAI clears the others)."""
+    return bool(segment.text.strip()) and segment.end > segment.start
+
+
 def split_segments(
     model: WhisperModel,
     result: WindowResult,

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from asr.segments import WindowSplit
+from asr.segments import WindowSplit, has_content
 from asr.whisper import FRAMES_PER_SECOND, EncodedAudio, WhisperModel
 from asr.whisper_target import language_odds
 
@@ -62,7 +62,7 @@ def before_another_language(
     named = torch.tensor([model.special.language_ids[language]])
     asked = from_first
     for index, segment in enumerate(split.segments):
-        if not segment.text.strip() or segment.end <= segment.start:
+        if not has_content(segment):
             continue
         if not asked:
             asked = True

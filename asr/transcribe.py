@@ -39,7 +39,7 @@ from asr.guards import REPEATED_SHARE, RepetitionGuard, drop_isolated_anomalies,
 from asr.languages import LANGUAGES
 from asr.logit_rules import LogitRules
 from asr.passages import plan_passages
-from asr.segments import WindowSplit, split_segments, without_overlaps
+from asr.segments import WindowSplit, has_content, split_segments, without_overlaps
 from asr.silence import (
     ONSET_MARGIN_FRAMES,
     chunk_window,
@@ -928,7 +928,7 @@ class _Session:
         gaps are left as Whisper timed them: in an AMI meeting's overlapped speech a segment
         began 2 s after the one before it ended, crosstalk filling the gap, and decoding from
         there only changed the words around it."""
-        content = [i for i, segment in enumerate(split.segments) if _has_content(segment)]
+        content = [i for i, segment in enumerate(split.segments) if has_content(segment)]
         for before, after in itertools.pairwise(content):
             earlier, later = split.segments[before], split.segments[after]
             gap_start = max(split.timestamp_ends[before], earlier.end)
@@ -1023,7 +1023,7 @@ class _Session:
         keep = [not (prompted and guard.repeats(segment)) for segment in split.segments]
         self.dropped_repeats += keep.count(False)
         split = _select(split, keep)
-        guard.add(segment.text for segment in split.segments if _has_content(segment))
+        guard.add(segment.text for segment in split.segments if has_content(segment))
         return split
 
     def report(self, result: WindowResult, seek: int, split: WindowSplit) -> None:
@@ -1034,7 +1034,7 @@ class _Session:
         if self.on_window is None:
             return
         pairs = [
-            (s, t) for s, t in zip(split.segments, split.tokens, strict=True) if _has_content(s)
+            (s, t) for s, t in zip(split.segments, split.tokens, strict=True) if has_content(s)
         ]
         segments = [s for s, _ in pairs]
         if self.timeline is not None:  # times on the recording's own timeline, as returned
@@ -1106,14 +1106,9 @@ def _inside_pause(segment: Segment, pauses: tuple[tuple[float, float], ...]) -> 
     )
 
 
-def _has_content(segment: Segment) -> bool:
-    """Whether a segment has text and a duration (OpenAI clears the others)."""
-    return bool(segment.text.strip()) and segment.end > segment.start
-
-
 def _segments_with_content(split: WindowSplit) -> list[Segment]:
     """A window's segments that stay in the transcript."""
-    return [s for s in split.segments if _has_content(s)]
+    return [s for s in split.segments if has_content(s)]
 
 
 def _context(split: WindowSplit) -> list[int]:
@@ -1121,7 +1116,7 @@ def _context(split: WindowSplit) -> list[int]:
     The unfinished text after its last complete segment is not among them: the next window
     decodes that audio again, and must not find it in its prompt as already said."""
     pairs = zip(split.segments, split.tokens, strict=True)
-    return [token for segment, tokens in pairs if _has_content(segment) for token in tokens]
+    return [token for segment, tokens in pairs if has_content(segment) for token in tokens]
 
 
 def _consumed(split: WindowSplit, seek: int, total: int, word_timestamps: bool) -> int:
@@ -1191,7 +1186,7 @@ class _Resumption:
         word timestamps the text's end is its last timestamp, which can come before the word
         falls silent: JFK's closing "country." ends 0.4 s after its 10.0 s timestamp, in noise
         as loud as speech, and the next window began with "country." again."""
-        content = [i for i, segment in enumerate(split.segments) if _has_content(segment)]
+        content = [i for i, segment in enumerate(split.segments) if has_content(segment)]
         if not content:
             return split
         first = split.segments[content[0]]
@@ -1650,7 +1645,7 @@ def _skipped_tail(
     for segment, tokens, end in zip(
         split.segments, split.tokens, split.timestamp_ends, strict=True
     ):
-        if not _has_content(segment):
+        if not has_content(segment):
             continue
         spoken_end = segment.words[-1].end if segment.words else segment.end
         if _outlasts(end - segment.start, tokens, eot):
