@@ -351,6 +351,8 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
         doing = again if kept_transcript else "redoing"
         if plan.action == "redo":
             tell(f"specscribe: {doing} {path}: {plan.why}")
+            if plan.left_told:
+                tell(f"specscribe: {plan.left_told}")
         elif kept_transcript is not None or plan.changes:
             missing = ", ".join(fmt for fmt, output in outputs.items() if not output.exists())
             changed = f"; {plan.why}" if plan.changes else ""  # other speaker counts, say

@@ -41,6 +41,9 @@ class OutputPlan:
     replaced: bool = False  # a redo because the recording is not the one they were made from
     elsewhere: bool = False  # kept: made from another recording (`changes` names it)
     edited: bool = False  # kept: specscribe's outputs, changed since it wrote them
+    # A redo from another recording (`replaced`): the other outputs specscribe made from the
+    # one before, not asked for, which stay as they are (`asr.writers.left_from_earlier`).
+    left: tuple[Path, ...] = ()
 
     @property
     def why(self) -> str:
@@ -50,6 +53,19 @@ class OutputPlan:
         if self.replaced or self.changes == UNFINISHED:
             return self.changes
         return f"options changed ({self.changes})"
+
+    @property
+    def left_told(self) -> str:
+        """What the user is told of `left`: "" where nothing is left."""
+        if not self.left:
+            return ""
+        one = len(self.left) == 1
+        formats = ", ".join(path.suffix.removeprefix(".") for path in self.left)
+        return (
+            f"{', '.join(map(str, self.left))}, not asked for, {'is' if one else 'are'} left as "
+            f"the transcript of the recording before (--format {formats} makes "
+            f"{'it' if one else 'them'} again)"
+        )
 
     @property
     def unrecorded(self) -> bool:
@@ -63,18 +79,22 @@ class OutputPlan:
 def plan_outputs(outputs: dict[str, Path], record: dict | None, overwrite: bool) -> OutputPlan:
     """outputs: format -> path of one file's outputs; record: what makes them
     (`TranscriptionService.output_record`), None to take any existing outputs as done."""
-    from asr.writers import outputs_state
+    from asr.writers import left_from_earlier, outputs_state
 
     state, detail = outputs_state(outputs, record)
     if state == "missing":
         return OutputPlan("make", detail)
     if state == "elsewhere":  # another recording's transcript: kept unless told to replace it
         if overwrite:
-            return OutputPlan("redo", detail, replaced=True)
+            left = tuple(left_from_earlier(outputs, record))
+            return OutputPlan("redo", detail, replaced=True, left=left)
         existing = tuple(fmt for fmt, path in outputs.items() if path.exists())
         return OutputPlan("skip", detail, kept=existing, blocked=tuple(outputs), elsewhere=True)
-    if state in ("changed", "replaced"):
-        return OutputPlan("redo", detail, replaced=state == "replaced")
+    if state == "replaced":
+        left = tuple(left_from_earlier(outputs, record))
+        return OutputPlan("redo", detail, replaced=True, left=left)
+    if state == "changed":
+        return OutputPlan("redo", detail)
     if overwrite:
         return OutputPlan("overwrite")
     if state not in ("unrecorded", "edited"):

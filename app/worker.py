@@ -176,6 +176,8 @@ def prepare(
         return True
     if plan.action in ("make", "redo"):
         log(f"task {task.id} (job {task.job_id}): {plan.why}: {task.path}")
+        if plan.left_told:
+            log(f"task {task.id} (job {task.job_id}): {plan.left_told}")
         return True
     outputs = list(task.outputs.values())
     if plan.blocked:

@@ -448,7 +448,21 @@ def write_outputs(
             elif isinstance(vouched, list):
                 content[RECORD_FORMATS] = sorted({*paths, *map(str, vouched)})
         content[RECORD_DIGESTS] = {**_digests(stored), **digests}
+        if earlier := _made_earlier(stored, source, paths):
+            content[RECORD_EARLIER] = earlier
         write_atomically(record_path(paths), json.dumps(content, sort_keys=True, indent=1) + "\n")
+
+
+def _made_earlier(stored: object, source: Source | None, paths: dict[str, Path]) -> dict:
+    """`RECORD_EARLIER` once `paths` are written from `source`: the formats a stored record
+    says were made from another recording (this one before it changed), but those just made."""
+    if not isinstance(stored, dict):
+        return {}
+    earlier = stored.get(RECORD_EARLIER)
+    earlier = {str(k): v for k, v in earlier.items()} if isinstance(earlier, dict) else {}
+    if not _same_source(source, stored):  # the rest of what it wrote was made from that one
+        earlier |= {fmt: stored[RECORD_SOURCE] for fmt in _written(stored)}
+    return {fmt: made for fmt, made in earlier.items() if fmt not in paths}
 
 
 def _mark_writing(paths: dict[str, Path]) -> None:
@@ -514,6 +528,13 @@ def _edited(paths: dict[str, Path], existing: list[str], stored: object) -> list
     return edited
 
 
+# The record's key for outputs specscribe made from another recording than its record's
+# (this one before it changed): format -> that recording's `RECORD_SOURCE`. A run that redoes
+# some formats of a replaced recording leaves the others as they were, to be made again when
+# they are next asked for, not vouched for as the new recording's transcript.
+RECORD_EARLIER = "made_from_earlier"
+
+
 # The record's key for the recording the outputs were made from (an asr.source.Source in the
 # record a caller passes, its `stored()` in the file). Records without it are not checked.
 RECORD_SOURCE = "source"
@@ -554,7 +575,14 @@ def _same_source(source: Source | None, stored: dict) -> bool:
 def _options(stored: dict) -> dict:
     """A stored record's options, without the formats it vouches for and has written, and the
     recording it was made from."""
-    kept_apart = (RECORD_FORMATS, RECORD_WRITTEN, RECORD_WRITING, RECORD_DIGESTS, RECORD_SOURCE)
+    kept_apart = (
+        RECORD_FORMATS,
+        RECORD_WRITTEN,
+        RECORD_WRITING,
+        RECORD_DIGESTS,
+        RECORD_SOURCE,
+        RECORD_EARLIER,
+    )
     return {k: v for k, v in stored.items() if k not in kept_apart}
 
 
@@ -683,6 +711,43 @@ def _option_changes(options: dict, wanted: dict) -> str:
     return ", ".join(f"{key} {was} -> {now}" for key, was, now in named)
 
 
+def _asked_made_earlier(paths: dict[str, Path], stored: object, source: Source | None) -> str:
+    """Which existing outputs asked for were made from another recording than `source`
+    (`RECORD_EARLIER`), and from which, as a rerun says it; "" where none were."""
+    earlier = stored.get(RECORD_EARLIER) if isinstance(stored, dict) else None
+    if source is None or not isinstance(earlier, dict):
+        return ""
+    made = {fmt: earlier[fmt] for fmt, path in paths.items() if fmt in earlier and path.exists()}
+    if not made:
+        return ""
+    names, first = ", ".join(made), next(iter(made.values()))
+    was = "was" if len(made) == 1 else "were"
+    if source.elsewhere(first):
+        return f"its {names} {was} made from another recording, {first.get('path')}"
+    return f"its {names} {was} made before the recording changed"
+
+
+def left_from_earlier(paths: dict[str, Path], record: dict | None) -> list[Path]:
+    """Before `paths` are made from the recording `record` names: the other outputs
+    specscribe made from it before it was replaced (or from another recording at another
+    path), which making `paths` leaves as they are. Their record no longer vouches for them
+    (`RECORD_EARLIER`), so they are made again when next asked for; the user is told now."""
+    if not paths or record is None:
+        return []
+    source, _ = _split(record)
+    try:
+        stored = _read_record(record_path(paths))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(stored, dict):
+        return []
+    earlier = set(_made_earlier(stored, source, paths))
+    first = next(iter(paths.values()))
+    stem = first.name.removesuffix(first.suffix)
+    others = [first.with_name(f"{stem}.{fmt}") for fmt in sorted(earlier)]
+    return [path for path in others if path.exists()]
+
+
 # Why outputs whose record says they were being written are redone (not their options).
 UNFINISHED = "a run stopped or failed while it wrote them"
 
@@ -698,6 +763,8 @@ def _own_outputs_state(
         if source.elsewhere(stored[RECORD_SOURCE]):
             return "elsewhere", source.change(stored[RECORD_SOURCE])
         return "replaced", source.change(stored[RECORD_SOURCE])
+    if earlier := _asked_made_earlier(paths, stored, source):
+        return "replaced", earlier
     if not complete:  # the options that change too, said beside the outputs missing
         mended = isinstance(stored, dict) and not stored.get(RECORD_WRITING)
         return "missing", _option_changes(_options(stored), wanted) if mended else ""

@@ -294,6 +294,24 @@ def test_a_recording_piped_to_standard_input_is_transcribed_as_a_file(
     assert main(["transcribe", "-", *out, "--format", "txt,json"]) == 0
     assert "redoing (standard input): the recording changed" in capsys.readouterr().err
     assert json.loads((tmp_path / "stdin.json").read_text())["text"].startswith("And so")
+    # Replaced, and one format asked for: the other is left as the recording before's, told
+    # so now, and made again when next asked for (it was vouched for as the new one's).
+    piped(flac.read_bytes())
+    assert main(["transcribe", "-", *out, "--format", "txt"]) == 0
+    said = capsys.readouterr().err
+    assert "redoing (standard input): the recording changed" in said
+    left = f"{tmp_path / 'stdin.json'}, not asked for, is left as the transcript of the recording"
+    assert left in said and "(--format json makes it again)" in said
+    piped(flac.read_bytes())
+    assert main(["transcribe", "-", *out, "--format", "txt,json"]) == 0
+    # From the transcript the last run kept of this recording: not decoded again.
+    said = capsys.readouterr().err
+    assert "(standard input): its json was made before the recording changed" in said
+    assert "1 from its kept transcript" in said
+    assert json.loads((tmp_path / "stdin.json").read_text())["language"] == "en"
+    piped(flac.read_bytes())
+    assert main(["transcribe", "-", *out, "--format", "txt,json"]) == 0
+    assert "has its outputs in" in capsys.readouterr().err
     piped(b"not audio")  # fails as a file would, named as given; the rest go on
     assert main(["transcribe", "-", str(SAMPLES / "jfk.wav"), *out, "--overwrite"]) == 1
     said = capsys.readouterr().err

@@ -432,3 +432,40 @@ def test_a_transcript_without_segments_has_no_cues():
     layout = SubtitleLayout(max_line_width=20)
     assert write_srt(empty, "x") == write_srt(empty, "x", layout) == ""
     assert write_vtt(empty, "x") == "WEBVTT\n\n"
+
+
+def test_outputs_left_from_a_replaced_recording_are_not_vouched_for(tmp_path):
+    from asr.source import Source
+    from asr.writers import RECORD_SOURCE, left_from_earlier
+
+    audio = tmp_path / "talk.wav"
+    audio.write_bytes(b"RIFF one recording")
+    both = output_paths(tmp_path / "out", Path("talk"), ["txt", "srt"])
+    txt = {"txt": both["txt"]}
+
+    def made_from(path: Path) -> dict:
+        return {"language": "en", RECORD_SOURCE: Source.of(path)}
+
+    write_outputs(TRANSCRIPT, both, made_from(audio))
+    audio.write_bytes(b"RIFF a new recording, longer")
+    assert left_from_earlier(txt, made_from(audio)) == [both["srt"]]
+    write_outputs(TRANSCRIPT, txt, made_from(audio))  # only the txt made from the new one
+    assert outputs_state(txt, made_from(audio)) == ("done", "")
+    assert outputs_state({"srt": both["srt"]}, made_from(audio)) == (
+        "replaced",
+        "its srt was made before the recording changed",
+    )
+    assert outputs_state(both, made_from(audio))[0] == "replaced"
+    assert left_from_earlier(txt, made_from(audio)) == [both["srt"]]  # still the old one's
+    write_outputs(TRANSCRIPT, both, made_from(audio))
+    assert outputs_state(both, made_from(audio)) == ("done", "")
+    assert left_from_earlier(txt, made_from(audio)) == []
+    # Another recording at another path, written over one format with --overwrite.
+    other = tmp_path / "other" / "talk.wav"
+    other.parent.mkdir()
+    other.write_bytes(b"RIFF two")
+    write_outputs(TRANSCRIPT, txt, made_from(other))
+    assert outputs_state({"srt": both["srt"]}, made_from(other)) == (
+        "replaced",
+        f"its srt was made from another recording, {audio.resolve()}",
+    )
