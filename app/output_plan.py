@@ -63,7 +63,7 @@ class OutputPlan:
         formats = ", ".join(path.suffix.removeprefix(".") for path in self.left)
         return (
             f"{', '.join(map(str, self.left))}, not asked for, {'is' if one else 'are'} left as "
-            f"the transcript of the recording before (--format {formats} makes "
+            f"the transcript of the earlier recording (--format {formats} makes "
             f"{'it' if one else 'them'} again)"
         )
 

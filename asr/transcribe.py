@@ -644,8 +644,9 @@ class _Session:
         Plain sampling keeps the whole transcript the same with and without one, and its text
         never depends on other windows.
 
-        A window whose first pass repeats earlier text (`asr.guards`) and was prompted with
-        previous text is decoded again at once without it (the prompt is what Whisper copies);
+        A window whose first pass repeats earlier text (`asr.guards`), or with `multilingual`
+        sounds silent (`_silenced_by_prompt`), and was prompted with previous text is decoded
+        again at once without it (the prompt is what Whisper copies, or what silenced it);
         the checks above then go on from that result. A repeat left after that is dropped when
         the window is split, not sampled away: where speech really repeats, sampling only
         trades the right words for worse ones. guards: each window's record of what was said
@@ -685,7 +686,10 @@ class _Session:
                     for row in rows
                     if first
                     and batch.prompts[row] != bare
-                    and self._repeats(decoded[row], guards[row])
+                    and (
+                        self._repeats(decoded[row], guards[row])
+                        or self._silenced_by_prompt(decoded[row])
+                    )
                 ]
                 if echoes:
                     prompts = [bare if r in echoes else p for r, p in enumerate(batch.prompts)]
@@ -786,6 +790,15 @@ class _Session:
         decoded, stats = decoder.decode(subset, temperature, seed)
         self.ledger.stats = self.ledger.stats + stats
         return decoded
+
+    def _silenced_by_prompt(self, result: WindowResult) -> bool:
+        """Whether a prompted window that sounds silent may be speech its prompt silenced, and
+        is decoded again without it (`decode`'s echoes). With `multilingual` the previous text
+        may be in another language than the window: after JFK's English, told again from his
+        window, a Spanish speaker's 7 s that overlapped his last second scored as no speech
+        prompted (0.63, its text -1.06 a token) and were dropped; alone they are Spanish.
+        Windows of one language are left to OpenAI's rule, prompted, as before."""
+        return self.options.multilingual and _is_silent(result, self.options)
 
     def _repeats(self, result: WindowResult, guard: RepetitionGuard | None) -> bool:
         """Whether a segment of the window repeats text that `guard` has seen."""

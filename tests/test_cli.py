@@ -300,7 +300,7 @@ def test_a_recording_piped_to_standard_input_is_transcribed_as_a_file(
     assert main(["transcribe", "-", *out, "--format", "txt"]) == 0
     said = capsys.readouterr().err
     assert "redoing (standard input): the recording changed" in said
-    left = f"{tmp_path / 'stdin.json'}, not asked for, is left as the transcript of the recording"
+    left = f"{tmp_path / 'stdin.json'}, not asked for, is left as the transcript of the earlier"
     assert left in said and "(--format json makes it again)" in said
     piped(flac.read_bytes())
     assert main(["transcribe", "-", *out, "--format", "txt,json"]) == 0

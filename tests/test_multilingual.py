@@ -172,6 +172,24 @@ def test_words_before_a_switch_are_timed_in_the_audio_before_it(service):
 
 
 @pytest.mark.slow
+def test_speech_a_prompt_in_another_language_silenced_is_decoded_without_it(service):
+    # A Spanish speaker from JFK's 10th second on, over his last second: his window, told
+    # again in English, ends with him at 11 s, and the next window, prompted with his English,
+    # scored as no speech (0.63) and its 7 s of Spanish were dropped.
+    english, spanish = load_audio(SAMPLES / "jfk.wav"), load_audio(SPANISH)
+    start = 10 * SAMPLE_RATE
+    samples = np.zeros(start + len(spanish), np.float32)
+    samples[: len(english)] += english
+    samples[start:] += spanish
+    transcript = service.run(samples, ServiceOptions(multilingual=True))
+    later = [s for s in transcript.segments if s.start >= 10.0]
+    assert later and {s.language for s in later} == {"es"}, transcript.segments
+    text = " ".join(s.text for s in later)
+    assert word_error_rate(reference_text(SPANISH), text) <= 0.4, text
+    assert {s.language for s in transcript.segments if s.end <= 11.5} == {"en"}
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("pause", [PAUSE_SECONDS, 3.0])
 def test_speech_after_a_seam_where_the_text_stopped_is_still_decoded(whisper_base, pause):
     # Without multilingual the three short utterances are one window (packed passages, or one
