@@ -23,19 +23,21 @@ from asr.whisper_target import language_odds
 ENCODER_FRAMES_PER_SECOND = FRAMES_PER_SECOND // 2
 
 # A segment is taken for another language than its window's only when it lasts this long (s)
-# and its own odds give that language at least HEARD_PROBABILITY and the window's at most
-# NAMED_PROBABILITY. Told from a segment alone, the odds are less sure than a window's: on 132
-# segments of one language (bench.cli's English files, German, Spanish and French readings,
-# AMI, the pyannote sample) 29 led with another, 8 of them lasting 2.5 s or more, where the
-# window's language still held 0.04 to 0.31; a one-word "Yes" read as Catalan at 0.61 (the
-# window's 0.002). Segments of a second language after a pause held 0.54 to 0.97 against
-# 0.0001 to 0.013 for the window's (and once 0.025: a Spanish sentence then left translated
-# into English, `bench.multilingual`). A looser bound, the heard language 20 times as likely
-# as the window's, took English words of the mfa_acoustic_corpus reading for Hawaiian (0.78
-# against 0.034).
+# and its own odds give that language at least HEARD_PROBABILITY and HEARD_TIMES_NAMED times
+# the window's. Told from a segment alone, the odds are less sure than a window's. On 65
+# one-language recordings (bench.cli's 59 English files, German, Spanish and French readings,
+# AMI, the pyannote sample; one window at a time), 11 segments of 2.5 s or more led with
+# another language, at most 5.9 times as likely as the window's but once: English words of the
+# mfa_acoustic_corpus reading heard as Hawaiian, 0.78 against 0.034 (22.9 times); and a
+# one-word "Yes" was read as Catalan at 0.61 (the window's 0.002). Segments of a second
+# language after a pause held 0.54 to 0.97 against 0.0001 to 0.025 for the window's (38 times
+# and more), and a German reading's first 2.5 s, in a window told as Spanish, 0.42 against
+# under 0.0001: decoded in Spanish under the bound before this one (at least 0.5, the window's
+# at most 0.02; `bench.multilingual`, docs/benchmarks.md). Left: a Spanish sentence after JFK,
+# 0.92 against 0.033 (27 times), which stays translated into English.
 MIN_SECONDS_TO_TELL = 2.5
-HEARD_PROBABILITY = 0.5
-NAMED_PROBABILITY = 0.02
+HEARD_PROBABILITY = 0.4
+HEARD_TIMES_NAMED = 30
 
 
 def sot_logits(model: WhisperModel, encoded: EncodedAudio, row: int = 0) -> torch.Tensor:
@@ -79,7 +81,7 @@ def before_another_language(
         if (
             odds.heard != language
             and odds.heard_probability >= HEARD_PROBABILITY
-            and odds.named_probability <= NAMED_PROBABILITY
+            and odds.named_probability * HEARD_TIMES_NAMED <= odds.heard_probability
         ):
             return split.before_segment(index, odds.heard)
     return split

@@ -172,6 +172,27 @@ def test_words_before_a_switch_are_timed_in_the_audio_before_it(service):
 
 
 @pytest.mark.slow
+def test_a_first_segment_plainly_not_its_windows_language_is_told_by_the_odds_ratio(service):
+    # German, then JFK, Spanish, French and English after 0.7 s pauses: the first window was
+    # told as Spanish, and the German's first segment, alone, as German at 0.42 against
+    # under 0.0001 for Spanish, short of a 0.5 floor, so the German came out in Spanish
+    # ("Deer hinter de ese portal").
+    clips = (
+        ("de", SHARED_SPEECH / "non_en" / "leopard_test_de.wav"),
+        CLIPS[0],
+        ("es", SPANISH),
+        CLIPS[2],
+        ("en", SHARED_SPEECH / "en_single" / "librispeech_1995-1837-0001.wav"),
+    )
+    samples, spans = mixed_recording(0.7, clips)
+    transcript = service.run(samples, ServiceOptions(multilingual=True))
+    german = segments_inside(transcript, spans[0])
+    assert german and {s.language for s in german} == {"de"}, german
+    text = " ".join(s.text for s in german)
+    assert word_error_rate(reference_text(clips[0][1]), text) <= 0.4, text
+
+
+@pytest.mark.slow
 def test_speech_a_prompt_in_another_language_silenced_is_decoded_without_it(service):
     # A Spanish speaker from JFK's 10th second on, over his last second: his window, told
     # again in English, ends with him at 11 s, and the next window, prompted with his English,
