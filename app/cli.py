@@ -1067,6 +1067,11 @@ def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         )
     tasks = "task" if finished == 1 else "tasks"
     print(f"specscribe worker: stopped after {finished} {tasks}{summary}", file=sys.stderr)
+    if worker.stopped_by is not None and options.until_idle:
+        # A batch stopped before its queue was done (`worker --until-idle && publish` must not
+        # publish it), as a shell reports a command a signal ended. A service's worker stops
+        # this way when it is done with (docker stop, systemd): 0.
+        return 128 + worker.stopped_by
     # Run as a batch (until idle), a file it ran that failed fails the run, as in `transcribe`.
     return 1 if failed and options.until_idle else 0
 

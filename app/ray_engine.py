@@ -21,6 +21,7 @@ from typing import Any
 
 from .config import Settings
 from .jobs import ClaimedTask, JobStore, WorkerId
+from .output_claim import OutputClaim
 from .output_plan import fingerprinted, made_from
 from .ray_actor import ActorSpec, NodeInfo
 from .ray_pool import ActorPool, ActorStartError, first_line
@@ -36,6 +37,7 @@ from .worker import (
     log_to_stderr,
     prepare,
     stop_on_signals,
+    stopped_by,
 )
 
 
@@ -62,6 +64,7 @@ class Dispatch:
     actor: Any
     node: NodeInfo
     record: dict  # the option record its outputs will carry (the actor's)
+    claim: OutputClaim  # this driver's on its outputs, until they are written (app.worker)
 
 
 class RayWorker:
@@ -86,6 +89,7 @@ class RayWorker:
         self.worker = WorkerId.this_process("ray")
         self.model = self.spec.asr_model
         self.finished = 0  # tasks finished here (done or failed)
+        self.stopped_by: int | None = None  # the signal that stopped it, if one did
 
     def run(self) -> int:
         """Starts (or joins) Ray, works until stopped or idle, shuts Ray down. Returns the number
@@ -154,12 +158,16 @@ class RayWorker:
                 stop = _stop_signal(error)
                 if stop is None:
                     raise
+                self.stopped_by = stopped_by(stop)
                 reason = f"worker stopped ({stop or 'interrupt'})"
                 self._hand_back([*held, *(d.task for d in in_flight.values())], reason)
                 return self.finished
             except ActorStartError as error:
                 self._hand_back([d.task for d in in_flight.values()], f"worker stopped: {error}")
                 raise
+            finally:
+                for dispatch in in_flight.values():
+                    dispatch.claim.release()
 
     def _hand_back(self, tasks: list[ClaimedTask], reason: str) -> None:
         """Releases tasks this worker will not finish (a release that lost its claim, or of a
@@ -191,7 +199,7 @@ class RayWorker:
             pool.replace(actor)
             return None
         record = made_from(task.path, task.spec.record(record))
-        if not prepare(self.store, task, self.worker, self.log, record):
+        if (claim := prepare(self.store, task, self.worker, self.log, record)) is None:
             pool.give_back(actor)
             self.finished += 1
             return None
@@ -199,10 +207,14 @@ class RayWorker:
             audio = fingerprinted(task.path, record).read_bytes()
         except OSError as error:
             reason = f"{task.path}: cannot read it ({error.strerror})"
+            claim.release()
             finish(self.store, task, self.worker, Outcome(None, reason, 0.0), self.log)
             pool.give_back(actor)
             self.finished += 1
             return None
+        except BaseException:
+            claim.release()
+            raise
         # other speaker counts or formats than its outputs': the actor takes the kept transcript
         kept = None
         if not task.spec.overwrite:
@@ -211,11 +223,21 @@ class RayWorker:
             f"task {task.id} (job {task.job_id}) running on Ray node {node.label}, "
             f"attempt {task.attempt}: {task.path}"
         )
-        ref = actor.transcribe.remote(audio, str(task.path), task.spec.options, kept)
-        return Dispatch(ref, task, actor, node, record)
+        try:
+            ref = actor.transcribe.remote(audio, str(task.path), task.spec.options, kept)
+        except BaseException:
+            claim.release()
+            raise
+        return Dispatch(ref, task, actor, node, record, claim)
 
     def _collect(self, ray, pool: ActorPool, dispatch: Dispatch) -> None:
         """Records one answer; the actor goes back to the pool, or is replaced if it died."""
+        try:
+            self._record_answer(ray, pool, dispatch)
+        finally:
+            dispatch.claim.release()
+
+    def _record_answer(self, ray, pool: ActorPool, dispatch: Dispatch) -> None:
         task = dispatch.task
         try:
             outcome = ray.get(dispatch.ref)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 from asr.types import ProgressHook, Transcript, no_progress
 
 from .jobs import ClaimedTask, JobStore, JobStoreError, WorkerId
+from .output_claim import OutputClaim
 from .output_plan import made_from
 from .service import ServiceOptions, TranscriptionService
 from .status_lines import one_line
@@ -84,8 +85,17 @@ class Outcome:
 
 
 class Shutdown(BaseException):
-    """SIGTERM or SIGINT: hand the current task back and stop. A BaseException, like
+    """SIGTERM, SIGINT or SIGHUP: hand the current task back and stop. A BaseException, like
     KeyboardInterrupt, so that `except Exception` around decoding does not swallow it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def stopped_by(stop: BaseException) -> int:
+    """The signal a worker's stop (Shutdown, or KeyboardInterrupt: Ctrl-C) came from."""
+    return stop.signum if isinstance(stop, Shutdown) else signal.SIGINT
 
 
 # -- the steps every engine shares --------------------------------------------------------------
@@ -160,40 +170,89 @@ def _output_folders_ready(store: JobStore, task: ClaimedTask, worker: WorkerId, 
 
 def prepare(
     store: JobStore, task: ClaimedTask, worker: WorkerId, log: Log, record: dict | None = None
-) -> bool:
-    """Step 2. True when the task still needs decoding; False when it was finished here.
+) -> OutputClaim | None:
+    """Step 2. The task's claim on its outputs (`app.output_claim`) when it still needs
+    decoding, which the caller releases once `finish` has run; None when it was finished here.
 
     record: what makes this task's outputs (TranscriptionService.output_record); outputs
-    whose record says they were made otherwise are made again (app.output_plan, as the CLI)."""
-    from .output_claim import remove_dead_runs_temporaries
+    whose record says they were made otherwise are made again (app.output_plan, as the CLI).
+    The claim is the one `specscribe transcribe` runs take: a run writing these outputs is
+    waited for (the plan is made again after it), and temporaries beside the outputs are only
+    removed once no run can be writing them."""
     from .output_plan import kept_outputs, plan_outputs
 
-    remove_dead_runs_temporaries(task.outputs)  # half an output from an attempt that was killed
     plan = plan_outputs(task.outputs, record, task.spec.overwrite)
-    if plan.action in ("make", "redo") and not _output_folders_ready(store, task, worker, log):
-        return False
-    if plan.action == "make" and not plan.changes:
-        return True
+    claim = None
+    if plan.decode:  # made again once no other run writes them: planned as that run left them
+        if (claim := _claimed(store, task, worker, log)) is None:
+            return None
+        plan = plan_outputs(task.outputs, record, task.spec.overwrite)
     if plan.action in ("make", "redo"):
-        log(f"task {task.id} (job {task.job_id}): {plan.why}: {task.path}")
+        if plan.action == "redo" or plan.changes:
+            log(f"task {task.id} (job {task.job_id}): {plan.why}: {task.path}")
         if plan.left_told:
             log(f"task {task.id} (job {task.job_id}): {plan.left_told}")
-        return True
+        return claim
     outputs = list(task.outputs.values())
-    if plan.blocked:
+    if plan.action == "overwrite":
+        if task.attempt == 1 or min(p.stat().st_mtime for p in outputs) < task.first_started:
+            return claim
+        note = "outputs written by an earlier attempt"  # it died after writing, before recording
+    elif plan.blocked:
         reason = kept_outputs(plan, task.outputs)  # asked for, and not made: theirs are kept
+        _released(claim, task.outputs)
         if store.fail(task, worker, reason):
             log(f"task {task.id} (job {task.job_id}) failed: {reason}")
-        return False
-    if plan.action == "skip":
-        note = kept_outputs(plan, task.outputs) if plan.unrecorded else "outputs existed"
-    elif task.attempt > 1 and min(p.stat().st_mtime for p in outputs) >= task.first_started:
-        note = "outputs written by an earlier attempt"  # it died after writing, before recording
+        return None
     else:
-        return True
+        note = kept_outputs(plan, task.outputs) if plan.unrecorded else "outputs existed"
+    _released(claim, task.outputs)
     if store.complete(task, worker, 0.0, note):
         log(f"task {task.id} (job {task.job_id}) done: {note}: {task.path}")
-    return False
+    return None
+
+
+def _claimed(store: JobStore, task: ClaimedTask, worker: WorkerId, log: Log) -> OutputClaim | None:
+    """The task's claim on its outputs, once no other run holds it (waited for, said so), in
+    folders made for them and with room (`_output_folders_ready`); None where the task failed
+    because they cannot be written."""
+    from .output_claim import claim_outputs, wait_until_unclaimed
+
+    if not _output_folders_ready(store, task, worker, log):
+        return None
+    told = False
+    while True:
+        try:
+            claim = claim_outputs(task.outputs)
+        except OSError as error:
+            from asr.writers import why_unwritten
+
+            reason = why_unwritten(error, task.outputs)
+            if store.fail(task, worker, reason):
+                log(f"task {task.id} (job {task.job_id}) failed: {reason}")
+            return None
+        if claim is not None:
+            return claim
+        if not told:
+            log(
+                f"task {task.id} (job {task.job_id}): another specscribe run is writing its "
+                f"outputs; waiting for it: {task.path}"
+            )
+            told = True
+        wait_until_unclaimed(task.outputs)
+
+
+def _released(claim: OutputClaim | None, outputs: dict[str, Path] | None = None) -> None:
+    """Ends `claim`. Without one, with `outputs`: removes a killed run's temporaries beside
+    them where no run is writing them (a claim taken and ended at once removes them), and
+    leaves them where one is or the folder cannot take a claim (read-only: nothing to tidy)."""
+    from .output_claim import claim_outputs
+
+    if claim is None and outputs is not None:
+        with contextlib.suppress(OSError):
+            claim = claim_outputs(outputs)
+    if claim is not None:
+        claim.release()
 
 
 def finish(
@@ -315,10 +374,9 @@ def progress_recorder(store: JobStore, task: ClaimedTask, every: float = 1.0) ->
 
 
 def stop_on_signals() -> AbstractContextManager[None]:
-    """SIGTERM (docker stop, systemd) and SIGINT raise Shutdown in the main thread."""
-    return raising_on(
-        (signal.SIGTERM, signal.SIGINT), lambda signum: Shutdown(signal.Signals(signum).name)
-    )
+    """SIGTERM (docker stop, systemd), SIGINT (Ctrl-C) and SIGHUP (the terminal closed) raise
+    Shutdown in the main thread, so that the task in hand is handed back."""
+    return raising_on((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), Shutdown)
 
 
 # -- the embedded engine ------------------------------------------------------------------------
@@ -336,10 +394,12 @@ class LocalWorker:
     ) -> None:
         self.store, self.service, self.options, self.log = store, service, options.validate(), log
         self.worker = WorkerId.this_process("local")
+        self.stopped_by: int | None = None  # the signal that stopped it, if one did
 
     def run(self) -> int:
         """Works until stopped (or, with until_idle, until the queue is empty). Returns the
-        number of tasks this worker finished (done or failed)."""
+        number of tasks this worker finished (done or failed); `stopped_by` says whether a
+        signal stopped it."""
         self.service.load()
         self.log(f"{self.worker.name} ready ({self.service.asr_model_name}) on {self.store.path}")
         finished = 0
@@ -350,6 +410,7 @@ class LocalWorker:
                         self._run_one(task)
                     finished += 1
             except (Shutdown, KeyboardInterrupt) as stop:
+                self.stopped_by = stopped_by(stop)
                 self.log(f"stopped ({stop or 'interrupt'})")
         return finished
 
@@ -373,8 +434,9 @@ class LocalWorker:
         record = made_from(
             task.path, task.spec.record(self.service.output_record(task.spec.options))
         )
+        claim = None
         try:
-            if not prepare(self.store, task, self.worker, self.log, record):
+            if (claim := prepare(self.store, task, self.worker, self.log, record)) is None:
                 return
             kept = None  # other speaker counts or formats than its outputs': its transcript
             if not task.spec.overwrite:
@@ -392,3 +454,5 @@ class LocalWorker:
             self.store.release(task, self.worker, f"worker stopped ({stop or 'interrupt'})")
             self.log(f"task {task.id} handed back: worker stopped")
             raise
+        finally:
+            _released(claim)

@@ -310,9 +310,46 @@ def test_two_jobs_writing_the_same_outputs_never_run_at_once(tmp_path):
     assert store.complete(first, one, 1.0, "transcribed")
     second = store.claim(two, MODEL, lease=60)
     assert second.job_id != first.job_id
-    assert prepare(store, second, two, log=lambda message: None) is False  # outputs existed
+    assert prepare(store, second, two, log=lambda message: None) is None  # outputs existed
     assert not leftover.exists()
     assert [t.note for t in store.tasks(second.job_id)] == ["outputs existed"]
+
+
+def test_a_task_waits_for_a_transcribe_run_writing_its_outputs(tmp_path):
+    # A `specscribe transcribe` run holding the file's outputs (app.output_claim): the worker
+    # had neither waited nor looked, removed the run's pending temporary and wrote its own
+    # outputs over the run's, both saying they succeeded.
+    import threading
+
+    from app.output_claim import claim_outputs
+    from app.worker import prepare
+    from asr.writers import write_outputs
+
+    dummy_files(tmp_path / "in", 1)
+    store = JobStore(tmp_path / "jobs.db")
+    submit(store, tmp_path / "in", tmp_path / "out")
+    one = WorkerId("h", 1, "one")
+    task = store.claim(one, MODEL, lease=60)
+    running = claim_outputs(task.outputs)
+    pending = task.spec.output_dir / f".{task.stem}.json.abc123.tmp"
+    pending.write_text("the run's output, half written")
+    seen = []
+
+    def the_run_finishes() -> None:
+        time.sleep(0.5)
+        seen.append(pending.exists())  # the worker waits meanwhile, its temporary untouched
+        pending.unlink()
+        write_outputs(Transcript((), "en", 1.0), task.outputs, {"model": MODEL})
+        running.release()
+
+    run = threading.Thread(target=the_run_finishes)
+    run.start()
+    said = []
+    assert prepare(store, task, one, said.append, {"model": MODEL}) is None
+    run.join()
+    assert seen == [True]
+    assert "another specscribe run is writing its outputs; waiting for it" in said[0]
+    assert [t.note for t in store.tasks(task.job_id)] == ["outputs existed"]
 
 
 def test_outputs_made_with_other_options_are_made_again(tmp_path):
@@ -327,9 +364,11 @@ def test_outputs_made_with_other_options_are_made_again(tmp_path):
     transcript = Transcript((), "en", 1.0)
     write_outputs(transcript, task.outputs, {"model": MODEL, "diarize": False})
     said = []
-    assert prepare(store, task, one, said.append, {"model": MODEL, "diarize": True}) is True
+    claim = prepare(store, task, one, said.append, {"model": MODEL, "diarize": True})
+    assert claim is not None
+    claim.release()
     assert said and "options changed (diarize false -> true)" in said[0]
-    assert prepare(store, task, one, said.append, {"model": MODEL, "diarize": False}) is False
+    assert prepare(store, task, one, said.append, {"model": MODEL, "diarize": False}) is None
 
 
 def test_a_file_someone_else_wrote_is_kept_and_its_task_fails_naming_it(tmp_path):
@@ -343,7 +382,7 @@ def test_a_file_someone_else_wrote_is_kept_and_its_task_fails_naming_it(tmp_path
     task.outputs["txt"].parent.mkdir(parents=True)
     task.outputs["txt"].write_text("a reference transcript someone wrote\n")
     said = []
-    assert prepare(store, task, one, said.append, {"model": MODEL}) is False
+    assert prepare(store, task, one, said.append, {"model": MODEL}) is None
     (failed,) = store.tasks(task.job_id)
     assert failed.state == "failed"
     assert str(task.outputs["txt"]) in failed.error and str(task.outputs["json"]) in failed.error
@@ -493,7 +532,10 @@ def test_ctrl_c_stops_a_worker_cleanly_and_hands_its_task_back(tmp_path):
     store = JobStore(tmp_path / "jobs.db")
     job = submit(store, tmp_path / "in", tmp_path / "out")
     log = tmp_path / "worker.log"
-    worker = specscribe("worker", "--store", store.path, "--model", MODEL, log=log)
+    # Run as a batch (--until-idle): stopped before the queue is done, it exits as a shell
+    # reports Ctrl-C (it said 0, and `worker --until-idle && publish` published half a job).
+    # A service's worker stopped so exits 0 (tests/test_ray_cluster.py, SIGTERM).
+    worker = specscribe("worker", "--store", store.path, "--model", MODEL, "--until-idle", log=log)
     try:
 
         def decoding():
@@ -506,7 +548,7 @@ def test_ctrl_c_stops_a_worker_cleanly_and_hands_its_task_back(tmp_path):
         worker.kill()
         worker.wait()
     output = log.read_text()
-    assert code == 0, output[-3000:]  # a worker takes SIGINT as a request to stop
+    assert code == 130, output[-3000:]  # a worker takes SIGINT as a request to stop
     assert "stopped (SIGINT)" in output and "Traceback" not in output
     (task,) = store.tasks(job)
     assert task.state == "pending" and "worker stopped" in task.note
@@ -691,13 +733,26 @@ def test_the_ray_engine_processes_a_folder_on_a_local_instance(tmp_path):
     assert "Ray actors (whisper-tiny.en)" in log.read_text()
 
 
+def test_a_closed_terminal_stops_a_worker_as_ctrl_c_does():
+    # SIGHUP killed the worker where it stood: its task stayed running until its lease ran
+    # out and counted as a crashed attempt.
+    from app.worker import Shutdown, stop_on_signals, stopped_by
+
+    for sent in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        with pytest.raises(Shutdown) as stop, stop_on_signals():
+            os.kill(os.getpid(), sent)
+            time.sleep(5)  # the handler raises before this ends
+        assert stopped_by(stop.value) == sent and str(stop.value) == sent.name
+    assert stopped_by(KeyboardInterrupt()) == signal.SIGINT
+
+
 def test_a_signal_inside_a_ray_call_still_stops_the_ray_driver_cleanly():
     """Ray re-raises a signal handler's exception from its compiled wait as a SystemError
     caused by it; the driver must still read it as the stop request it is."""
     from app.ray_engine import _stop_signal
     from app.worker import Shutdown
 
-    stop = Shutdown("SIGTERM")
+    stop = Shutdown(signal.SIGTERM)
     try:
         try:
             raise stop
