@@ -1157,10 +1157,15 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _status_code(asked: list[int], jobs: list) -> int:
-    """`status JOB...`'s exit status: 1 when a file of the jobs asked for failed (a script's
-    `specscribe status 3 && publish` must not publish half a job), else 0; listing every job
-    reports, whatever failed before."""
-    return 1 if asked and any(job.counts.get("failed", 0) for job in jobs) else 0
+    """`status JOB...`'s exit status, so that a script's `specscribe status 3 && publish`
+    never publishes half a job: 1 when a file of the jobs asked for failed, 3 when none did
+    but some are still queued or running, 0 when every file is done. Listing every job
+    reports, whatever its state: 0."""
+    if not asked:
+        return 0
+    if any(job.counts.get("failed", 0) for job in jobs):
+        return 1
+    return 3 if any(job.state in ("queued", "running") for job in jobs) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

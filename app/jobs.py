@@ -269,18 +269,21 @@ class PlannedJob:
     """A job checked and listed, before it touches a store: what `JobStore.enqueue` queues."""
 
     spec: JobSpec
-    sources: tuple[Path, ...]  # the paths given, resolved
+    sources: tuple[Path, ...]  # the paths given, absolute (links kept)
     output_dir: Path  # resolved
     files: tuple[tuple[Path, Path], ...]  # (audio file, its outputs' stem under output_dir)
 
 
-def _resolved(path: Path) -> Path:
-    """`path` resolved; a loop of symbolic links is a ValueError naming it (pathlib raises
-    RuntimeError on Python 3.11, OSError on later ones)."""
+def _absolute(path: Path) -> Path:
+    """`path` made absolute, its symbolic links kept: a link's outputs are named after the
+    link, as `transcribe` names them (`links/monday.wav` -> `REC001.wav` makes monday.txt). A
+    loop of symbolic links is a ValueError naming it (pathlib raises RuntimeError on Python
+    3.11, OSError on later ones)."""
     try:
-        return path.resolve()
+        path.resolve()
     except (RuntimeError, OSError):
         raise ValueError(f"{path}: a loop of symbolic links") from None
+    return Path(os.path.abspath(path))
 
 
 def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
@@ -294,7 +297,7 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     from asr.writers import outputs_over_recordings, short_of_room
 
     spec.validate()
-    sources = [_resolved(Path(p).expanduser()) for p in paths]
+    sources = [_absolute(Path(p).expanduser()) for p in paths]
     if not sources:
         raise ValueError("nothing to submit: give at least one file or folder")
     missing = [str(p) for p in sources if not p.exists()]
@@ -310,11 +313,15 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     output_dir = spec.output_dir.expanduser().resolve()
     # A file where a folder must go can never be written to (the folder itself is made by
     # the worker, which may run elsewhere): refused now, not after each file is decoded.
-    blocking = next((p for p in (output_dir, *output_dir.parents) if p.is_file()), None)
-    if blocking is not None:
+    ancestry = (output_dir, *output_dir.parents)
+    blocking = next((p for p in ancestry if p.exists() and not p.is_dir()), None)
+    if blocking is not None:  # a file, or a device (/dev/null/out)
         raise ValueError(f"--output-dir {output_dir}: {blocking} is a file, not a folder")
     if output_dir.is_dir() and not os.access(output_dir, os.W_OK | os.X_OK):
         raise ValueError(f"--output-dir {output_dir}: not writable")  # read-only, immutable
+    nearest = next(p for p in ancestry if p.is_dir())
+    if nearest != output_dir and not os.access(nearest, os.W_OK | os.X_OK):
+        raise ValueError(f"--output-dir {output_dir}: cannot be made: {nearest} is not writable")
     if full := short_of_room(output_dir):
         raise ValueError(f"--output-dir {output_dir}: {full}")
     check_distinct_outputs(files, output_dir)
@@ -358,6 +365,13 @@ class JobStore:
             raise JobStoreError(f"{self.path} is a folder; the job store is an SQLite file")
         if not create and not self.path.is_file():
             raise JobStoreError(f"no job store at {self.path}")
+        if self.path.is_file() and self.path.stat().st_size == 0:
+            # SQLite takes an empty file for an empty database and writes one into it: a
+            # mistyped --store naming some empty file would become a store.
+            raise JobStoreError(
+                f"{self.path} is an empty file, not a job store (an SQLite file); name another "
+                "--store, or remove it"
+            )
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -749,6 +763,21 @@ class JobStore:
             .fetchone()
         )
         return row is not None
+
+    def waiting_for_other_models(self, model: str) -> dict[int, str]:
+        """The jobs with files pending for workers of another model than `model`: job id ->
+        the model it asks for (`submit --model`), which a worker of `model` never runs."""
+        rows = (
+            self._connection()
+            .execute(
+                "SELECT DISTINCT j.id, j.model FROM tasks t JOIN jobs j ON j.id = t.job_id"
+                " WHERE t.state = 'pending' AND j.model IS NOT NULL AND j.model != ?"
+                " ORDER BY j.id",
+                (model,),
+            )
+            .fetchall()
+        )
+        return {row[0]: row[1] for row in rows}
 
     def jobs(self, ids: Sequence[int] = ()) -> list[JobStatus]:
         """Jobs (all, or those with these ids) with their task counts, oldest first."""

@@ -38,6 +38,7 @@ from .worker import (
     prepare,
     stop_on_signals,
     stopped_by,
+    tell_of_other_models,
 )
 
 
@@ -139,6 +140,7 @@ class RayWorker:
                         held.remove(task)
                     idle = not in_flight and self.options.until_idle
                     if idle and not self.store.has_work(self.model):
+                        tell_of_other_models(self.store, self.model, self.log)
                         return self.finished
                     # 2. Wait for an answer: a file decoded, or an actor started.
                     waiting = [*in_flight, *pool.waiting]

@@ -373,6 +373,12 @@ def progress_recorder(store: JobStore, task: ClaimedTask, every: float = 1.0) ->
     return record
 
 
+def tell_of_other_models(store: JobStore, model: str, log: Log) -> None:
+    """An idle worker's word on the jobs it leaves queued for workers of another model."""
+    for job, wanted in store.waiting_for_other_models(model).items():
+        log(f"job {job} waits for a worker of model {wanted} (this one runs {model})")
+
+
 def stop_on_signals() -> AbstractContextManager[None]:
     """SIGTERM (docker stop, systemd), SIGINT (Ctrl-C) and SIGHUP (the terminal closed) raise
     Shutdown in the main thread, so that the task in hand is handed back."""
@@ -426,6 +432,7 @@ class LocalWorker:
             if task is not None:
                 return task
             if self.options.until_idle and not self.store.has_work(self.service.asr_model_name):
+                tell_of_other_models(self.store, self.service.asr_model_name, self.log)
                 return None
             time.sleep(self.options.poll)
 

@@ -272,7 +272,7 @@ def _status(capsys, store: JobStore, job: int) -> str:
     from app.cli import main
 
     capsys.readouterr()
-    assert main(["status", str(job), "--store", str(store.path)]) == 0
+    assert main(["status", str(job), "--store", str(store.path)]) == 3  # still running
     return capsys.readouterr().out
 
 

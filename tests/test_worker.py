@@ -186,7 +186,7 @@ def test_status_sees_at_once_that_a_worker_on_this_machine_is_gone(tmp_path, cap
     store.claim(WorkerId(host, ended.pid, f"local@{host}:{ended.pid}"), MODEL, lease=600)
     alive, gone = store.tasks(job)
     assert gone.stalled(time.time()) and not alive.stalled(time.time())
-    assert main(["status", str(job), "--store", str(store.path)]) == 0
+    assert main(["status", str(job), "--store", str(store.path)]) == 3  # not done yet
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].endswith("alive")
     assert f"stalled: local@{host}:{ended.pid} is no longer running; the next" in lines[3]
@@ -246,7 +246,7 @@ def test_status_reads_a_store_in_a_folder_it_cannot_write(tmp_path, capsys):
     if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode:
         pytest.skip("this file system cannot make a folder immutable")
     try:
-        assert main(["status", str(job), "--store", str(store.path)]) == 0
+        assert main(["status", str(job), "--store", str(store.path)]) == 3  # queued
         shown = capsys.readouterr().out
         assert re.search(rf"{job}\s+queued\s+2\s+0\s+0\s+0\s+2", shown)
         assert len(re.findall(r"task\s+\d+ pending", shown)) == 2
@@ -313,6 +313,68 @@ def test_two_jobs_writing_the_same_outputs_never_run_at_once(tmp_path):
     assert prepare(store, second, two, log=lambda message: None) is None  # outputs existed
     assert not leftover.exists()
     assert [t.note for t in store.tasks(second.job_id)] == ["outputs existed"]
+
+
+def test_status_of_a_job_says_by_its_exit_whether_it_is_done(tmp_path, capsys):
+    # `status JOB && publish`: it exited 0 for a job still queued or running.
+    from app.cli import main
+
+    dummy_files(tmp_path / "in", 2)
+    store = JobStore(tmp_path / "jobs.db")
+    job = submit(store, tmp_path / "in", tmp_path / "out")
+    status = ["status", str(job), "--store", str(store.path)]
+    one = WorkerId("h", 1, "one")
+    assert main(status) == 3  # queued
+    first = store.claim(one, MODEL, lease=60)
+    assert store.complete(first, one, 1.0, "transcribed")
+    assert main(status) == 3  # one left
+    second = store.claim(one, MODEL, lease=60)
+    assert store.complete(second, one, 1.0, "transcribed")
+    assert main(status) == 0
+    assert main(["status", "--store", str(store.path)]) == 0  # every job listed: a report
+    failing = submit(store, tmp_path / "in", tmp_path / "out2")
+    task = store.claim(one, MODEL, lease=60)
+    assert store.fail(task, one, "ffmpeg could not decode it")
+    assert main(["status", str(failing), "--store", str(store.path)]) == 1  # failed first
+    capsys.readouterr()
+
+
+def test_a_submitted_link_names_its_outputs_as_transcribe_does(tmp_path):
+    # Links to two days' REC001.wav were refused as writing the same outputs (their targets'
+    # names), and a lone link's outputs took its target's name; `transcribe` names them after
+    # the links.
+    from app.jobs import plan_job
+
+    for day in ("dayA", "dayB"):
+        dummy_files(tmp_path / day, 1)
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "monday.wav").symlink_to(tmp_path / "dayA" / "a000.wav")
+    (links / "tuesday.wav").symlink_to(tmp_path / "dayB" / "a000.wav")
+    spec = JobSpec(tmp_path / "out")
+    planned = plan_job([links / "monday.wav", links / "tuesday.wav"], spec)
+    assert [stem for _, stem in planned.files] == [Path("monday"), Path("tuesday")]
+    assert [path for path, _ in planned.files] == [links / "monday.wav", links / "tuesday.wav"]
+    assert [stem for _, stem in plan_job([links], spec).files] == [Path("monday"), Path("tuesday")]
+
+
+def test_an_idle_worker_names_the_jobs_it_leaves_to_another_model(tmp_path):
+    # `worker --until-idle` said "stopped after 0 tasks" and left a job for another model
+    # queued without a word.
+    from app.worker import tell_of_other_models
+
+    dummy_files(tmp_path / "in", 2)
+    store = JobStore(tmp_path / "jobs.db")
+    ours = submit(store, tmp_path / "in", tmp_path / "out")
+    spec = JobSpec(tmp_path / "out2", ("txt",), ServiceOptions(language="en"), "whisper-base")
+    theirs = store.submit([tmp_path / "in"], spec)
+    assert store.waiting_for_other_models(MODEL) == {theirs: "whisper-base"}
+    assert store.waiting_for_other_models("whisper-base") == {ours: MODEL}
+    said = []
+    tell_of_other_models(store, MODEL, said.append)
+    assert said == [
+        f"job {theirs} waits for a worker of model whisper-base (this one runs {MODEL})"
+    ]
 
 
 def test_a_task_waits_for_a_transcribe_run_writing_its_outputs(tmp_path):
@@ -396,6 +458,13 @@ def test_a_store_path_that_is_a_folder_or_missing_is_a_clear_error(tmp_path, cap
 
     assert main(["status", "--store", str(tmp_path)]) == 2
     assert "is a folder; the job store is an SQLite file" in capsys.readouterr().err
+    empty = tmp_path / "notes.log"  # an empty file was made a store of 32 KB
+    empty.touch()
+    submitted = ["submit", str(SAMPLES / "jfk.wav"), "-o", str(tmp_path / "out")]
+    for command in (["status"], ["worker", "--until-idle"], submitted):
+        assert main([*command, "--store", str(empty)]) == 2
+        assert "is an empty file, not a job store" in capsys.readouterr().err
+    assert empty.stat().st_size == 0
     missing = tmp_path / "typo.db"
     for command in (["status"], ["worker", "--until-idle"]):
         assert main([*command, "--store", str(missing)]) == 2
@@ -440,6 +509,11 @@ def test_submit_names_what_is_wrong(tmp_path, monkeypatch):
         patched.setattr(os, "access", lambda path, mode: Path(path) != readonly)
         with pytest.raises(ValueError, match=r"readonly: not writable"):
             store.submit([tmp_path / "a"], JobSpec(readonly))
+        # a folder to be made inside it: each file failed once decoded
+        with pytest.raises(ValueError, match=r"out: cannot be made: .*readonly is not writable"):
+            store.submit([tmp_path / "a"], JobSpec(readonly / "out"))
+    with pytest.raises(ValueError, match=r"/dev/null is a file, not a folder"):
+        store.submit([tmp_path / "a"], JobSpec(Path("/dev/null/out")))
     with monkeypatch.context() as patched:  # a full disk: each file would fail once decoded
         usage = shutil.disk_usage(tmp_path)._replace(free=1000)
         patched.setattr(shutil, "disk_usage", lambda path: usage)
