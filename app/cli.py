@@ -1020,7 +1020,7 @@ def _cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     store = _store(args)
     job_id = store.enqueue(planned)
     (job,) = store.jobs([job_id])
-    print(f"job {job_id}: {job.total} files queued in {store.path}")
+    print(f"job {job_id}: {job.total} file{'' if job.total == 1 else 's'} queued in {store.path}")
     return 0
 
 
@@ -1062,7 +1062,7 @@ def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     if failed:
         jobs = " ".join(map(str, failed))
         summary = (
-            f", {sum(failed.values())} of them failed (`specscribe status {jobs} --store "
+            f"; {sum(failed.values())} failed (`specscribe status {jobs} --store "
             f"{shlex.quote(str(store.path))}` says why)"
         )
     tasks = "task" if finished == 1 else "tasks"
@@ -1142,8 +1142,9 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                     )
                 detail = f"stalled: {task.worker} {gone}; the next worker started takes it"
             elif task.state == "running":
-                step = f"{task.stage} {task.completed}/{task.total}, " if task.stage else ""
-                detail = f"{step}{task.worker}"
+                detail = task.worker
+                if task.stage:
+                    detail = f"{_stage_shown(task.stage, task.completed, task.total)}, {detail}"
             elif task.state == "failed":
                 detail = (task.error or "").replace("\n", " / ")
             seconds = f"{task.seconds:.1f}s" if task.seconds else ""
@@ -1154,6 +1155,16 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
                 )
             )
     return _status_code(args.jobs, jobs)
+
+
+def _stage_shown(stage: str, completed: int, total: int) -> str:
+    """A running task's progress as `status` shows it: transcription in seconds of audio
+    (`asr.transcribe` counts log-mel frames), other stages in their own steps."""
+    if stage == "transcribe":
+        from asr.types import TRANSCRIBE_STEPS_PER_SECOND as STEPS
+
+        return f"transcribe {completed / STEPS:.0f}/{total / STEPS:.0f} s"
+    return f"{stage} {completed}/{total}"
 
 
 def _status_code(asked: list[int], jobs: list) -> int:

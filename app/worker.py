@@ -160,7 +160,11 @@ def _output_folders_ready(store: JobStore, task: ClaimedTask, worker: WorkerId, 
                 reason = f"cannot write its outputs in {folder}: {full}"
                 break
     except OSError as error:
-        reason = f"cannot make the output folder: {describe_error(error)}"
+        folders = {path.parent for path in task.outputs.values()}
+        ancestry = [p for folder in folders for p in (folder, *folder.parents)]
+        blocking = next((p for p in ancestry if p.exists() and not p.is_dir()), None)
+        made = f"{blocking} is a file, not a folder" if blocking else describe_error(error)
+        reason = f"cannot make the output folder: {made}"
     if reason is None:
         return True
     if store.fail(task, worker, reason):
@@ -302,6 +306,8 @@ def finish(
     note = "; ".join((done, *outcome.transcript.warnings))
     if store.complete(task, worker, outcome.seconds, note):
         log(f"task {task.id} (job {task.job_id}) done in {outcome.seconds:.1f} s: {task.path}")
+        for warning in outcome.transcript.warnings:  # as `transcribe` says them, beside `status`
+            log(f"task {task.id} (job {task.job_id}): warning: {warning}")
     else:
         store.record_lost(task, worker, "lease lost after writing outputs")
 

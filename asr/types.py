@@ -14,6 +14,11 @@ def no_progress(stage: str, completed: int, total: int) -> None:
     """The default hook: report nothing."""
 
 
+# The "transcribe" stage's steps a second of audio: it counts log-mel frames
+# (`asr.whisper.FRAMES_PER_SECOND`, which imports torch; a reader showing progress need not).
+TRANSCRIBE_STEPS_PER_SECOND = 100
+
+
 @dataclass(frozen=True)
 class Word:
     start: float

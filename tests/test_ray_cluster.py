@@ -218,7 +218,7 @@ def test_a_killed_actor_or_node_loses_nothing_and_a_returning_node_is_used_again
         # Its stage, relayed from the actor, is what `specscribe status` shows for it.
         wait_for(lambda: _task(store, first).stage, 10, "the file's stage", **watch)
         status = _status(capsys, store, job)
-        assert re.search(rf"task +{first} running .*  transcribe \d+/\d+, ray@", status), status
+        assert re.search(rf"task +{first} running .*  transcribe \d+/\d+ s, ray@", status), status
         os.kill(pid_b, signal.SIGKILL)
         replacement = actors(3)[2]
         assert replacement[0] == label_b and replacement[1] != pid_b

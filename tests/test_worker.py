@@ -326,6 +326,10 @@ def test_status_of_a_job_says_by_its_exit_whether_it_is_done(tmp_path, capsys):
     one = WorkerId("h", 1, "one")
     assert main(status) == 3  # queued
     first = store.claim(one, MODEL, lease=60)
+    store.progress(first, "transcribe", 1200, 2771)  # log-mel frames: shown as seconds
+    capsys.readouterr()
+    assert main(status) == 3  # running
+    assert "transcribe 12/28 s, " in capsys.readouterr().out
     assert store.complete(first, one, 1.0, "transcribed")
     assert main(status) == 3  # one left
     second = store.claim(one, MODEL, lease=60)
@@ -337,6 +341,13 @@ def test_status_of_a_job_says_by_its_exit_whether_it_is_done(tmp_path, capsys):
     assert store.fail(task, one, "ffmpeg could not decode it")
     assert main(["status", str(failing), "--store", str(store.path)]) == 1  # failed first
     capsys.readouterr()
+
+
+def test_transcription_progress_is_counted_in_log_mel_frames():
+    from asr.types import TRANSCRIBE_STEPS_PER_SECOND
+    from asr.whisper import FRAMES_PER_SECOND
+
+    assert TRANSCRIBE_STEPS_PER_SECOND == FRAMES_PER_SECOND
 
 
 def test_a_submitted_link_names_its_outputs_as_transcribe_does(tmp_path):
@@ -721,6 +732,23 @@ def test_a_corrupt_file_fails_with_its_reason_and_the_others_complete(tmp_path, 
 
 
 @pytest.mark.slow
+def test_the_worker_log_says_a_files_warnings_as_transcribe_does(tmp_path, settings):
+    # Only `status` showed them; the worker's log said "done" alone.
+    from app.service import TranscriptionService
+    from app.worker import LocalWorker, WorkerOptions
+
+    (tmp_path / "in").mkdir()
+    whole = (SAMPLES / "jfk.wav").read_bytes()
+    (tmp_path / "in" / "cut.wav").write_bytes(whole[: len(whole) // 2])  # its header says 11 s
+    store = JobStore(tmp_path / "jobs.db")
+    submit(store, tmp_path / "in", tmp_path / "out")
+    service = TranscriptionService(settings, asr_model=MODEL, assistant_model="none")
+    said: list[str] = []
+    LocalWorker(store, service, WorkerOptions(until_idle=True, poll=0.1), said.append).run()
+    assert any(re.search(r"\): warning: the file ends after 5\.\d\d s of the 11", m) for m in said)
+
+
+@pytest.mark.slow
 def test_outputs_that_cannot_be_written_fail_their_task_and_the_worker_goes_on(
     tmp_path, settings, monkeypatch
 ):
@@ -764,7 +792,9 @@ def test_outputs_that_cannot_be_written_fail_their_task_and_the_worker_goes_on(
         "late/f00.wav": "failed",
     }
     # refused before their audio was decoded
-    assert tasks["sub/f00.wav"].error.startswith("cannot make the output folder: ")
+    assert tasks["sub/f00.wav"].error == (  # was "FileExistsError: [Errno 17] File exists"
+        f"cannot make the output folder: {tmp_path / 'out' / 'sub'} is a file, not a folder"
+    )
     assert tasks["full/f00.wav"].error == (
         f"cannot write its outputs in {tmp_path / 'out' / 'full'}: "
         "only 4 kB free, less than the 1 MB a run needs for its outputs (the disk is nearly full)"
@@ -793,7 +823,7 @@ def test_the_ray_engine_processes_a_folder_on_a_local_instance(tmp_path):
     # run until idle, a failed file fails the run, as `transcribe` does
     finish(specscribe(*args, "--poll", "0.2", log=log), log, timeout=480, code=1)
     said = (
-        f"stopped after 4 tasks, 1 of them failed (`specscribe status {job} --store {store.path}`"
+        f"stopped after 4 tasks; 1 failed (`specscribe status {job} --store {store.path}`"
     )
     assert said in log.read_text()
 
