@@ -822,9 +822,7 @@ def test_the_ray_engine_processes_a_folder_on_a_local_instance(tmp_path):
     args = ("worker", "--engine", "ray", "--store", store.path, "--model", MODEL, "--until-idle")
     # run until idle, a failed file fails the run, as `transcribe` does
     finish(specscribe(*args, "--poll", "0.2", log=log), log, timeout=480, code=1)
-    said = (
-        f"stopped after 4 tasks; 1 failed (`specscribe status {job} --store {store.path}`"
-    )
+    said = f"stopped after 4 tasks; 1 failed (`specscribe status {job} --store {store.path}`"
     assert said in log.read_text()
 
     tasks = {t.path.name: t for t in store.tasks(job)}
