@@ -1055,6 +1055,10 @@ def _cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         worker = RayWorker(store, settings, models, options, ray_options)
     else:
         service = TranscriptionService(settings, **models, progress=_print_progress)
+        if args.diarization_pipeline is not None:
+            # Named to be used: a pipeline that cannot load is refused now, not after each
+            # --diarize file is transcribed (it is loaded lazily otherwise).
+            _ = service.diarizer
         worker = LocalWorker(store, service, options)
     finished = worker.run()
     failed = store.failed_by(worker.worker)

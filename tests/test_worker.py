@@ -732,6 +732,20 @@ def test_a_corrupt_file_fails_with_its_reason_and_the_others_complete(tmp_path, 
 
 
 @pytest.mark.slow
+def test_a_worker_refuses_a_diarization_pipeline_it_cannot_load_before_any_task(tmp_path, capsys):
+    # It started, and transcribed each --diarize file before failing it on the pipeline.
+    from app.cli import main
+
+    dummy_files(tmp_path / "in", 1)
+    store = JobStore(tmp_path / "jobs.db")
+    submit(store, tmp_path / "in", tmp_path / "out")
+    worker = ["worker", "--until-idle", "--store", str(store.path), "--model", MODEL]
+    assert main([*worker, "--diarization-pipeline", "pyannote/typo"]) == 2
+    assert "pyannote pipeline 'pyannote/typo' could not be loaded" in capsys.readouterr().err
+    assert [t.state for t in store.tasks()] == ["pending"]
+
+
+@pytest.mark.slow
 def test_the_worker_log_says_a_files_warnings_as_transcribe_does(tmp_path, settings):
     # Only `status` showed them; the worker's log said "done" alone.
     from app.service import TranscriptionService
