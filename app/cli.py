@@ -233,6 +233,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from asr.writers import output_paths, outputs_over_recordings
 
     from .file_run import FileRun, stopped_summary
+    from .output_claim import names_too_long
     from .output_plan import kept_outputs, made_from, plan_outputs
     from .service import TranscriptionService
     from .status_lines import tell
@@ -322,6 +323,11 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             tell(f"specscribe: skipping {reason}; choose another --output-dir")
             undone.append((path, reason))
         files = [(path, stem) for path, stem in files if path not in over]
+        for path, stem in files:
+            if too_long := names_too_long(output_paths(args.output_dir, stem, formats)):
+                tell(f"specscribe: skipping {path}: {too_long}")
+                undone.append((path, f"{path}: {too_long}"))
+        files = [(path, stem) for path, stem in files if path not in dict(undone)]
     jobs, relabels, skipped = [], [], 0
     skipped_path = None  # the last file skipped, named where it is the only one
     for path, stem in files:

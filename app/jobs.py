@@ -325,7 +325,13 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     if full := short_of_room(output_dir):
         raise ValueError(f"--output-dir {output_dir}: {full}")
     check_distinct_outputs(files, output_dir)
-    for path, _ in files:
+    from asr.writers import output_paths
+
+    from .output_claim import names_too_long
+
+    for path, stem in files:
+        if too_long := names_too_long(output_paths(output_dir, stem, list(spec.formats))):
+            raise ValueError(f"{path}: {too_long}")
         try:  # the store keeps paths as SQLite text, which is UTF-8
             str(path).encode("utf-8")
         except UnicodeEncodeError:

@@ -101,3 +101,36 @@ def remove_dead_runs_temporaries(outputs: dict[str, Path]) -> None:
         if name.parent.is_dir():
             for leftover in name.parent.glob(f".{glob.escape(name.name)}.*.tmp"):
                 leftover.unlink(missing_ok=True)
+
+
+# write_atomically's temporaries: ".NAME." + 8 random characters + ".tmp".
+_TEMPORARY_EXTRA = len("..") + 8 + len(".tmp")
+
+
+def names_too_long(outputs: dict[str, Path]) -> str | None:
+    """Why a file's outputs cannot be written under their names, or None: the longest name
+    written beside them (an output's or a hidden companion's temporary, the claim's lock)
+    exceeds what the folder's file system takes (255 bytes on most). Said before the file is
+    decoded: a long recording's name (a downloaded video's title in a script of three bytes a
+    letter) failed only once its transcript was to be written."""
+    if not outputs:
+        return None
+    companions = (record_path(outputs), unlabelled_path(outputs), passes_path(outputs))
+    temporaries = [
+        len(os.fsencode(p.name)) + _TEMPORARY_EXTRA for p in (*outputs.values(), *companions)
+    ]
+    longest = max(*temporaries, len(os.fsencode(claim_path(outputs).name)))
+    folder = next(iter(outputs.values())).parent
+    existing = next((p for p in (folder, *folder.parents) if p.is_dir()), Path("/"))
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if longest <= limit:
+        return None
+    over = longest - limit
+    return (
+        f"its outputs' names would be too long for {folder} ({longest} bytes, more than the "
+        f"{limit} its file system takes); rename the recording, shorter by {over} "
+        f"byte{'' if over == 1 else 's'} or more"
+    )

@@ -220,8 +220,12 @@ def _claimed(store: JobStore, task: ClaimedTask, worker: WorkerId, log: Log) -> 
     """The task's claim on its outputs, once no other run holds it (waited for, said so), in
     folders made for them and with room (`_output_folders_ready`); None where the task failed
     because they cannot be written."""
-    from .output_claim import claim_outputs, wait_until_unclaimed
+    from .output_claim import claim_outputs, names_too_long, wait_until_unclaimed
 
+    if too_long := names_too_long(task.outputs):  # queued before `submit` refused such names
+        if store.fail(task, worker, too_long):
+            log(f"task {task.id} (job {task.job_id}) failed: {too_long}")
+        return None
     if not _output_folders_ready(store, task, worker, log):
         return None
     told = False

@@ -5,6 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
 
 from app.output_claim import claim_outputs, claim_path, wait_until_unclaimed
 from tests.conftest import REPO
@@ -95,3 +98,23 @@ def test_a_lock_file_removed_between_open_and_lock_is_not_held(tmp_path, monkeyp
     monkeypatch.setattr(module.fcntl, "flock", real_flock)
     assert claim_outputs(outputs) is None  # and it is the claim others see
     claim.release()
+
+
+def test_names_too_long_for_the_folder_are_said_before_a_file_is_decoded(tmp_path):
+    # A 220-byte name decoded, then failed: its kept transcript's temporary,
+    # .STEM.specscribe-unlabelled.json.XXXXXXXX.tmp, is 42 bytes longer than the stem.
+    from app.jobs import JobSpec, plan_job
+    from app.output_claim import names_too_long
+    from asr.writers import output_paths
+
+    formats = ["txt", "srt", "json"]
+    assert names_too_long(output_paths(tmp_path, Path("a" * 213), formats)) is None
+    told = names_too_long(output_paths(tmp_path / "new", Path("a" * 214), formats))
+    assert told == (
+        f"its outputs' names would be too long for {tmp_path / 'new'} (256 bytes, more than the "
+        "255 its file system takes); rename the recording, shorter by 1 byte or more"
+    )
+    recording = tmp_path / f"{'é' * 107}.wav"  # 214 bytes of UTF-8
+    recording.write_bytes(b"RIFF")
+    with pytest.raises(ValueError, match=r"outputs. names would be too long"):
+        plan_job([recording], JobSpec(tmp_path / "out"))
