@@ -294,7 +294,9 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     keep. Reads no store, so a refused job leaves none behind (`specscribe submit` makes its
     store only after this)."""
     from asr.audio import check_distinct_outputs, find_audio_files
-    from asr.writers import outputs_over_recordings, short_of_room
+    from asr.writers import output_paths, outputs_over_recordings, short_of_room
+
+    from .output_claim import names_too_long
 
     spec.validate()
     sources = [_absolute(Path(p).expanduser()) for p in paths]
@@ -325,10 +327,6 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     if full := short_of_room(output_dir):
         raise ValueError(f"--output-dir {output_dir}: {full}")
     check_distinct_outputs(files, output_dir)
-    from asr.writers import output_paths
-
-    from .output_claim import names_too_long
-
     for path, stem in files:
         if too_long := names_too_long(output_paths(output_dir, stem, list(spec.formats))):
             raise ValueError(f"{path}: {too_long}")
