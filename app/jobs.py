@@ -348,6 +348,15 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     )
 
 
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file at `path`, or None where there is none."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
 class JobStore:
     """The queue. One object may be shared by threads: each thread gets its own connection."""
 
@@ -386,6 +395,13 @@ class JobStore:
         if not read_only:
             with self._write(connection) as db:
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self._identity = _file_identity(self.path)
+
+    def replaced(self) -> bool:
+        """Whether the path no longer names the file this store opened (removed, or another
+        moved over it: a backup restored): its connections still read the old one, and jobs
+        submitted to the path since would wait for a worker that never sees them."""
+        return _file_identity(self.path) != self._identity
 
     # -- connection and transactions ----------------------------------------------------------
 

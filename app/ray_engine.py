@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import Settings
-from .jobs import ClaimedTask, JobStore, WorkerId
+from .jobs import ClaimedTask, JobStore, JobStoreError, WorkerId
 from .output_claim import OutputClaim
 from .output_plan import fingerprinted, made_from
 from .ray_actor import ActorSpec, NodeInfo
@@ -38,6 +38,7 @@ from .worker import (
     prepare,
     stop_on_signals,
     stopped_by,
+    store_replaced,
     tell_of_other_models,
 )
 
@@ -142,6 +143,8 @@ class RayWorker:
                     if idle and not self.store.has_work(self.model):
                         tell_of_other_models(self.store, self.model, self.log)
                         return self.finished
+                    if not in_flight and self.store.replaced():
+                        raise JobStoreError(store_replaced(self.store))
                     # 2. Wait for an answer: a file decoded, or an actor started.
                     waiting = [*in_flight, *pool.waiting]
                     if not waiting:

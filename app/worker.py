@@ -383,6 +383,14 @@ def progress_recorder(store: JobStore, task: ClaimedTask, every: float = 1.0) ->
     return record
 
 
+def store_replaced(store: JobStore) -> str:
+    """Why an idle worker stops (a JobStoreError) once its store's file was replaced."""
+    return (
+        f"{store.path} is no longer the job store this worker opened (removed, or another file "
+        "moved over it); start the worker again to run the jobs it holds"
+    )
+
+
 def tell_of_other_models(store: JobStore, model: str, log: Log) -> None:
     """An idle worker's word on the jobs it leaves queued for workers of another model."""
     for job, wanted in store.waiting_for_other_models(model).items():
@@ -444,6 +452,8 @@ class LocalWorker:
             if self.options.until_idle and not self.store.has_work(self.service.asr_model_name):
                 tell_of_other_models(self.store, self.service.asr_model_name, self.log)
                 return None
+            if self.store.replaced():
+                raise JobStoreError(store_replaced(self.store))
             time.sleep(self.options.poll)
 
     def _run_one(self, task: ClaimedTask) -> None:

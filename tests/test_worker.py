@@ -369,6 +369,23 @@ def test_a_submitted_link_names_its_outputs_as_transcribe_does(tmp_path):
     assert [stem for _, stem in plan_job([links], spec).files] == [Path("monday"), Path("tuesday")]
 
 
+def test_a_worker_whose_store_file_was_replaced_stops_saying_so(tmp_path, settings):
+    # It polled the file it had opened for good, and a job submitted to the store now at that
+    # path (a backup moved over it, or a new store after `rm`) waited without a word.
+    from app.service import TranscriptionService
+    from app.worker import LocalWorker, WorkerOptions
+
+    store = JobStore(tmp_path / "jobs.db")
+    service = TranscriptionService(settings, asr_model=MODEL)  # not loaded: no task runs
+    worker = LocalWorker(store, service, WorkerOptions(poll=0.1), log=lambda _: None)
+    assert not store.replaced()
+    JobStore(tmp_path / "restored.db").close()
+    os.replace(tmp_path / "restored.db", tmp_path / "jobs.db")
+    assert store.replaced()
+    with pytest.raises(JobStoreError, match=r"is no longer the job store this worker opened"):
+        worker._next_task()
+
+
 def test_an_idle_worker_names_the_jobs_it_leaves_to_another_model(tmp_path):
     # `worker --until-idle` said "stopped after 0 tasks" and left a job for another model
     # queued without a word.
