@@ -39,3 +39,16 @@ def test_the_check_sees_imports_inside_functions(tmp_path):
     source = tmp_path / "late.py"
     source.write_text("def f():\n    from app.llm import load_language_model\n")
     assert imported_modules(source) == ["app.llm"]
+
+
+def test_the_fronts_import_each_other_relatively():
+    # app/api/errors.py imported `app.out_of_memory`: in the installed server there is no `app`
+    # package, so its handler of unexpected errors raised ModuleNotFoundError and every such
+    # error reached the client as Starlette's plain-text 500, not OpenAI's JSON shape.
+    offending = [
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in sorted((ROOT / "app").rglob("*.py"))
+        for module in imported_modules(path)
+        if module.split(".")[0] == "app"
+    ]
+    assert not offending, offending

@@ -27,6 +27,7 @@ import pytest
 from app.api.audio_request import parse_form
 from app.api.errors import ApiError
 from app.api.text_front import StopScanner, TextFront, draft_options
+from app.api.text_routes import MAX_TEXT_REQUEST_BYTES
 from app.api.work_queue import Abandoned, QueueFull, WorkQueue
 from app.service import ServiceOptions
 from tests.conftest import (
@@ -46,6 +47,7 @@ SHORT = SAMPLES / "librispeech_1089-134686-0002.wav"  # 6.6 s
 TWO_SPEAKERS = SAMPLES / "pyannote_sample.wav"
 GERMAN = SHARED_SPEECH / "non_en" / "leopard_test_de.wav"
 TEXT_MODEL = "smollm2-135m"
+JSON_BODY = {"content-type": "application/json"}
 API_KEY = "test-key-0123456789"
 LOCKED_MAX_BYTES = 400_000  # jfk.wav (352 kB) fits, pyannote_sample.wav (960 kB) does not
 LOCKED_MAX_SECONDS = 8  # the 6.6 s LibriSpeech clip fits, jfk (11 s) does not
@@ -225,6 +227,15 @@ def test_stop_scanner_cuts_at_a_stop_and_holds_back_what_could_start_one():
     assert scanner.stopped and scanner.text == "One, two"
     # "One," could begin ", th": its comma waits until the next token shows it does not.
     assert sent == ["One", ", two", "", ""]
+
+
+def test_stop_scanner_counts_the_tokens_up_to_the_one_that_completes_a_stop():
+    # A drafted block comes whole: its tokens past the stop were counted in usage.
+    pieces = {1: "One,", 2: " two", 3: ", thr", 4: "ee, END", 5: " four"}
+    scanner = StopScanner(lambda ids: "".join(pieces[i] for i in ids), ["END"])
+    assert not scanner.feed([1])
+    assert scanner.feed([2, 3, 4, 5])
+    assert scanner.text == "One, two, three, " and scanner.stopped_after == 4
 
 
 def test_stop_scanner_holds_back_an_incomplete_character():
@@ -1307,6 +1318,22 @@ def test_streamed_completion_is_the_same_text_and_stops_at_a_stop_string(client,
 
 
 @pytest.mark.slow
+def test_usage_counts_the_completion_up_to_its_stop_whatever_the_drafter(client):
+    # Prompt lookup drafts the repeated list a block at a time: the tokens accepted past
+    # "cherry, apple" were counted (6 where the stop came with the 3rd).
+    prompt = "The list: " + "apple banana cherry, " * 4 + "apple banana"
+    stop = "cherry, apple"
+
+    def complete(**asked):
+        return client.completions.create(model=TEXT_MODEL, prompt=prompt, temperature=0, **asked)
+
+    reached = next(n for n in range(1, 9) if stop in complete(max_tokens=n).choices[0].text)
+    stopped = complete(max_tokens=30, stop=[stop])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.usage.completion_tokens == reached
+
+
+@pytest.mark.slow
 def test_seeded_sampling_repeats_and_differs_from_greedy(client):
     def sample(seed: int) -> str:
         result = client.completions.create(
@@ -1408,14 +1435,34 @@ def test_text_request_errors(open_server):
     _error(httpx.post(url, json={"model": TEXT_MODEL}), 400)  # no prompt
     assert _error(httpx.post(url, json={**base, "top_p": 0}), 422)["param"] == "top_p"
     assert _error(httpx.post(url, json={**base, "n": 2}), 422)["param"] == "n"
-    too_long = httpx.post(url, json={**base, "max_tokens": 9000})
-    assert "context" in _error(too_long, 422, "context_length_exceeded")["message"]
+    too_long = _error(httpx.post(url, json={**base, "max_tokens": 9000}), 422)
+    assert "and max_tokens (9000) exceed smollm2-135m's context" in too_long["message"]
+    assert (too_long["code"], too_long["param"]) == ("context_length_exceeded", "max_tokens")
+    # Messages past the context, max_tokens not given: the messages are named, not max_tokens.
+    chat = open_server.url + "/v1/chat/completions"
+    talk = {"model": TEXT_MODEL, "messages": [{"role": "user", "content": "word " * 9000}]}
+    filled = _error(httpx.post(chat, json=talk), 422, "context_length_exceeded")
+    assert filled["param"] == "messages" and "fill smollm2-135m's context" in filled["message"]
     _error(httpx.post(url, content=b"{", headers={"content-type": "application/json"}), 400)
     assert _error(httpx.post(url, json={**base, "prompt": ""}), 422)["param"] == "prompt"
     assert _error(httpx.post(url, json={**base, "seed": 2**80}), 422)["param"] == "seed"
     nested = b"[" * 100_000 + b"]" * 100_000  # deeper than the parser's stack
     _error(httpx.post(url, content=nested, headers={"content-type": "application/json"}), 400)
     _error(httpx.post(url, data={"prompt": "Hi"}), 415)
+    # A media type is case-insensitive (Application/JSON was a 415).
+    cased = {"content-type": "Application/JSON; charset=utf-8"}
+    assert httpx.post(url, content=json.dumps(base), headers=cased).status_code == 200
+    # A body past the limit is refused before it is read and tokenized (10 MB held every
+    # request for 8 s; 300 MB ended the server), with or without its length said.
+    huge = json.dumps({**base, "prompt": "a" * MAX_TEXT_REQUEST_BYTES}).encode()
+    error = _error(httpx.post(url, content=huge, headers=JSON_BODY), 413, "request_too_large")
+    assert f"more than the {MAX_TEXT_REQUEST_BYTES} a text request may hold" in error["message"]
+    chunked = httpx.post(url, content=iter([huge[:1000], huge[1000:]]), headers=JSON_BODY)
+    assert "went past" in _error(chunked, 413, "request_too_large")["message"]
+    assert httpx.get(url.replace("/v1/completions", "/health")).status_code == 200
+    # Half an emoji (a lone surrogate, escaped in JSON) reads as U+FFFD: it was a plain-text 500.
+    cut = b'{"model": "%s", "prompt": "caf\\ud83d", "max_tokens": 2}' % TEXT_MODEL.encode()
+    assert httpx.post(url, content=cut, headers=JSON_BODY).status_code == 200
 
 
 def test_chat_on_a_model_without_a_chat_template_is_a_404_not_a_retried_5xx(gemma):

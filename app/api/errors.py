@@ -96,7 +96,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, error: Exception) -> JSONResponse:
-        from app.out_of_memory import out_of_memory, said
+        from ..out_of_memory import out_of_memory, said
 
         log.exception("%s %s failed", request.method, request.url.path)
         if out_of_memory(error):  # the server's limit, not the request: it may pass later

@@ -89,17 +89,29 @@ class StopScanner:
         self.tokens: list[int] = []
         self.text = ""
         self.stopped = False
+        self.stopped_after = 0  # once stopped: how many tokens it took for a stop to appear
         self.sent = 0
 
     def feed(self, tokens: Sequence[int]) -> bool:
         """Adds tokens; True once a stop string appeared (the text then ends before it)."""
+        before = len(self.tokens)
         self.tokens.extend(tokens)
         text = self.decode(self.tokens)
-        found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
-        if found:
-            text, self.stopped = text[: min(found)], True
+        if cut := self._stop_at(text):
+            text, self.stopped = text[: cut[0]], True
+            # A drafted block comes whole: the first of its tokens that completes a stop.
+            self.stopped_after = next(
+                count
+                for count in range(before + 1, len(self.tokens) + 1)
+                if self._stop_at(self.decode(self.tokens[:count]))
+            )
         self.text = text
         return self.stopped
+
+    def _stop_at(self, text: str) -> list[int]:
+        """Where a stop string starts in `text` (the first), or [] where none does."""
+        found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
+        return [min(found)] if found else []
 
     def fresh(self, final: bool = False) -> str:
         """Text not sent yet that no later token can change (all of it when `final`)."""
@@ -215,6 +227,10 @@ class TextFront:
                 on_step=on_step,
             )
         tokens = result.tokens[0]
+        if scanner.stopped:
+            # A drafted block is committed whole: tokens after the one that completed a stop
+            # string are not the completion's (usage counted them, so a drafter changed it).
+            tokens = tokens[: scanner.stopped_after]
         ended = scanner.stopped or (bool(tokens) and tokens[-1] == tokenizer.eos_token_id)
         if not ended:
             scanner.cut_short()

@@ -264,11 +264,18 @@ class TextApi:
         max_tokens = asked.token_limit or _default_max_tokens(front, len(prompt), kind)
         context = front.context
         if context is not None and len(prompt) + max_tokens > context:
+            given = "prompt" if kind == "text" else "messages"
+            if asked.token_limit is None:  # the default fits what is left: nothing is
+                message = f"the {given} ({len(prompt)} tokens) fill {front.name}'s context"
+                param = given
+            else:
+                message = f"the {given} ({len(prompt)} tokens) and max_tokens ({max_tokens})"
+                message += f" exceed {front.name}'s context"
+                param = "max_tokens"
             raise ApiError(
                 422,
-                f"the prompt ({len(prompt)} tokens) and max_tokens ({max_tokens}) exceed "
-                f"{front.name}'s context of {context} tokens",
-                param="max_tokens",
+                f"{message} of {context} tokens",
+                param=param,
                 code="context_length_exceeded",
             )
         sampling = asked.sampling()
@@ -411,20 +418,64 @@ async def _chunks(
     yield "data: [DONE]\n\n"
 
 
+# The largest text request read (its JSON body): far more than any embedded model's context
+# holds (32k tokens of text escaped as JSON is under 300 kB). An unbounded body was read whole
+# and tokenized on the event loop: 10 MB held every request (/health too) for 8 s, 300 MB
+# grew the server past its memory.
+MAX_TEXT_REQUEST_BYTES = 1 << 20
+
+
 async def _json(request: Request) -> Any:
     content_type = request.headers.get("content-type", "")
-    if not content_type.startswith("application/json"):
+    if content_type.partition(";")[0].strip().lower() != "application/json":
         raise ApiError(
             415,
             f"send the request as application/json (got {content_type or 'none'})",
             code="unsupported_media_type",
         )
+    body = await _body_within(request, MAX_TEXT_REQUEST_BYTES)
     try:
-        return json.loads(await request.body())
+        return _without_lone_surrogates(json.loads(body))
     except ValueError as error:
         raise ApiError(400, f"the body is not valid JSON: {error}") from None
     except RecursionError:  # nesting deeper than the parser's stack
         raise ApiError(400, "the body is not valid JSON: nested too deeply") from None
+
+
+async def _body_within(request: Request, limit: int) -> bytes:
+    """The request's body, or a 413 once it says or sends more than `limit` bytes."""
+
+    def too_large(size: int, sent: bool) -> ApiError:
+        has = "went past" if sent else "has"
+        return ApiError(
+            413,
+            f"the request {has} {size} bytes, more than the {limit} a text request may hold",
+            code="request_too_large",
+        )
+
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(int(declared), sent=False)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large(len(body), sent=True)
+    return bytes(body)
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    """`value` (parsed JSON) with each unpaired UTF-16 surrogate in its strings as U+FFFD:
+    JSON may escape one (\\ud83d, half an emoji a client cut), which Python keeps in a str but
+    no tokenizer takes (a 500 before); `specscribe generate` reads bytes that are not UTF-8
+    the same way."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [_without_lone_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _without_lone_surrogates(item) for key, item in value.items()}
+    return value
 
 
 def _parse(model: type[BaseModel], body: Any):
