@@ -715,6 +715,18 @@ def test_clip_ranges_past_the_end_are_named_in_the_warnings(service):
 
 
 @pytest.mark.slow
+def test_a_window_hotwords_lead_astray_is_decoded_without_them(service):
+    # The MFA reading clipped from 3 s (inside a word) with hotwords it never says: every
+    # window failed at every temperature with them in its prompt, and 17 s of clear speech
+    # came out "the here.". Without them the window passes.
+    mfa = SHARED_SPEECH / "en_single" / "mfa_acoustic_corpus.wav"
+    clipped = ServiceOptions(clip_timestamps="3,20", hotwords="Montreal aligner")
+    words = normalised_words(service.run(mfa, clipped).text)
+    assert len(words) >= 30, words
+    assert "this is me talking really slow" in " ".join(words)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "options",
     [
