@@ -97,21 +97,21 @@ class StopScanner:
         before = len(self.tokens)
         self.tokens.extend(tokens)
         text = self.decode(self.tokens)
-        if cut := self._stop_at(text):
-            text, self.stopped = text[: cut[0]], True
+        if (cut := self._stop_at(text)) is not None:
+            text, self.stopped = text[:cut], True
             # A drafted block comes whole: the first of its tokens that completes a stop.
             self.stopped_after = next(
                 count
                 for count in range(before + 1, len(self.tokens) + 1)
-                if self._stop_at(self.decode(self.tokens[:count]))
+                if self._stop_at(self.decode(self.tokens[:count])) is not None
             )
         self.text = text
         return self.stopped
 
-    def _stop_at(self, text: str) -> list[int]:
-        """Where a stop string starts in `text` (the first), or [] where none does."""
+    def _stop_at(self, text: str) -> int | None:
+        """Where the first stop string in `text` starts, or None where none does."""
         found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
-        return [min(found)] if found else []
+        return min(found) if found else None
 
     def fresh(self, final: bool = False) -> str:
         """Text not sent yet that no later token can change (all of it when `final`)."""
