@@ -323,11 +323,13 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             tell(f"specscribe: skipping {reason}; choose another --output-dir")
             undone.append((path, reason))
         files = [(path, stem) for path, stem in files if path not in over]
+        unnamed = set()
         for path, stem in files:
             if too_long := names_too_long(output_paths(args.output_dir, stem, formats)):
                 tell(f"specscribe: skipping {path}: {too_long}")
                 undone.append((path, f"{path}: {too_long}"))
-        files = [(path, stem) for path, stem in files if path not in dict(undone)]
+                unnamed.add(path)
+        files = [(path, stem) for path, stem in files if path not in unnamed]
     jobs, relabels, skipped = [], [], 0
     skipped_path = None  # the last file skipped, named where it is the only one
     for path, stem in files:

@@ -294,7 +294,7 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     keep. Reads no store, so a refused job leaves none behind (`specscribe submit` makes its
     store only after this)."""
     from asr.audio import check_distinct_outputs, find_audio_files
-    from asr.writers import output_paths, outputs_over_recordings, short_of_room
+    from asr.writers import file_in_the_way, output_paths, outputs_over_recordings, short_of_room
 
     from .output_claim import names_too_long
 
@@ -315,13 +315,11 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     output_dir = spec.output_dir.expanduser().resolve()
     # A file where a folder must go can never be written to (the folder itself is made by
     # the worker, which may run elsewhere): refused now, not after each file is decoded.
-    ancestry = (output_dir, *output_dir.parents)
-    blocking = next((p for p in ancestry if p.exists() and not p.is_dir()), None)
-    if blocking is not None:  # a file, or a device (/dev/null/out)
+    if (blocking := file_in_the_way(output_dir)) is not None:
         raise ValueError(f"--output-dir {output_dir}: {blocking} is a file, not a folder")
     if output_dir.is_dir() and not os.access(output_dir, os.W_OK | os.X_OK):
         raise ValueError(f"--output-dir {output_dir}: not writable")  # read-only, immutable
-    nearest = next(p for p in ancestry if p.is_dir())
+    nearest = next(p for p in (output_dir, *output_dir.parents) if p.is_dir())
     if nearest != output_dir and not os.access(nearest, os.W_OK | os.X_OK):
         raise ValueError(f"--output-dir {output_dir}: cannot be made: {nearest} is not writable")
     if full := short_of_room(output_dir):
@@ -388,7 +386,9 @@ class JobStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            blocking = next((p for p in self.path.parents if p.exists() and not p.is_dir()), None)
+            from asr.writers import file_in_the_way
+
+            blocking = file_in_the_way(self.path.parent)
             reason = f"{blocking} is a file, not a folder" if blocking else error.strerror or error
             raise JobStoreError(f"{self.path}: {reason}") from None
         connection = self._connection()  # creates the schema, and fails now on a bad file

@@ -84,13 +84,10 @@ def plan_outputs(outputs: dict[str, Path], record: dict | None, overwrite: bool)
     state, detail = outputs_state(outputs, record)
     if state == "missing":
         return OutputPlan("make", detail)
-    if state == "elsewhere":  # another recording's transcript: kept unless told to replace it
-        if overwrite:
-            left = tuple(left_from_earlier(outputs, record))
-            return OutputPlan("redo", detail, replaced=True, left=left)
+    if state == "elsewhere" and not overwrite:  # another recording's transcript: kept
         existing = tuple(fmt for fmt, path in outputs.items() if path.exists())
         return OutputPlan("skip", detail, kept=existing, blocked=tuple(outputs), elsewhere=True)
-    if state == "replaced":
+    if state in ("elsewhere", "replaced"):
         left = tuple(left_from_earlier(outputs, record))
         return OutputPlan("redo", detail, replaced=True, left=left)
     if state == "changed":

@@ -150,7 +150,7 @@ def _output_folders_ready(store: JobStore, task: ClaimedTask, worker: WorkerId, 
     """Makes the folders the task's outputs go to; a folder that cannot be made, or whose disk
     is full (`asr.writers.short_of_room`), fails the task before its audio is decoded rather
     than after (False)."""
-    from asr.writers import short_of_room
+    from asr.writers import file_in_the_way, short_of_room
 
     reason = None
     try:
@@ -161,8 +161,7 @@ def _output_folders_ready(store: JobStore, task: ClaimedTask, worker: WorkerId, 
                 break
     except OSError as error:
         folders = {path.parent for path in task.outputs.values()}
-        ancestry = [p for folder in folders for p in (folder, *folder.parents)]
-        blocking = next((p for p in ancestry if p.exists() and not p.is_dir()), None)
+        blocking = next(filter(None, map(file_in_the_way, folders)), None)
         made = f"{blocking} is a file, not a folder" if blocking else describe_error(error)
         reason = f"cannot make the output folder: {made}"
     if reason is None:

@@ -341,6 +341,12 @@ def outputs_over_recordings(
 MIN_FREE_BYTES = 1 << 20
 
 
+def file_in_the_way(folder: Path) -> Path | None:
+    """What stands where `folder` or one of its parents must be a folder: a file (or a
+    device: /dev/null/out), or None."""
+    return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+
+
 def short_of_room(folder: Path) -> str | None:
     """Why outputs cannot go to `folder` (or, where it does not exist yet, the folder it would
     be made in) for want of space: "only N kB free, less than the 1 MB a run needs for its
@@ -741,11 +747,10 @@ def left_from_earlier(paths: dict[str, Path], record: dict | None) -> list[Path]
         return []
     if not isinstance(stored, dict):
         return []
-    earlier = set(_made_earlier(stored, source, paths))
     first = next(iter(paths.values()))
-    stem = first.name.removesuffix(first.suffix)
-    others = [first.with_name(f"{stem}.{fmt}") for fmt in sorted(earlier)]
-    return [path for path in others if path.exists()]
+    stem = Path(first.name.removesuffix(first.suffix))
+    others = output_paths(first.parent, stem, sorted(_made_earlier(stored, source, paths)))
+    return [path for path in others.values() if path.exists()]
 
 
 # Why outputs whose record says they were being written are redone (not their options).

@@ -105,6 +105,15 @@ def submit(store: JobStore, folder: Path, output_dir: Path, *formats: str) -> in
     return store.submit([folder], spec)
 
 
+def one_claimed_task(tmp_path: Path, *formats: str):
+    """One file queued in a store under `tmp_path`, claimed by a worker: (store, worker, task)."""
+    dummy_files(tmp_path / "in", 1)
+    store = JobStore(tmp_path / "jobs.db")
+    submit(store, tmp_path / "in", tmp_path / "out", *formats)
+    worker = WorkerId("h", 1, "one")
+    return store, worker, store.claim(worker, MODEL, lease=60)
+
+
 def forbid_transcription(monkeypatch) -> None:
     """From here on, a worker that decodes a file fails the test: only kept transcripts."""
     from app.service import TranscriptionService
@@ -415,11 +424,7 @@ def test_a_task_waits_for_a_transcribe_run_writing_its_outputs(tmp_path):
     from app.worker import prepare
     from asr.writers import write_outputs
 
-    dummy_files(tmp_path / "in", 1)
-    store = JobStore(tmp_path / "jobs.db")
-    submit(store, tmp_path / "in", tmp_path / "out")
-    one = WorkerId("h", 1, "one")
-    task = store.claim(one, MODEL, lease=60)
+    store, one, task = one_claimed_task(tmp_path)
     running = claim_outputs(task.outputs)
     pending = task.spec.output_dir / f".{task.stem}.json.abc123.tmp"
     pending.write_text("the run's output, half written")
@@ -446,11 +451,7 @@ def test_outputs_made_with_other_options_are_made_again(tmp_path):
     from app.worker import prepare
     from asr.writers import write_outputs
 
-    dummy_files(tmp_path / "in", 1)
-    store = JobStore(tmp_path / "jobs.db")
-    submit(store, tmp_path / "in", tmp_path / "out")
-    one = WorkerId("h", 1, "one")
-    task = store.claim(one, MODEL, lease=60)
+    store, one, task = one_claimed_task(tmp_path)
     transcript = Transcript((), "en", 1.0)
     write_outputs(transcript, task.outputs, {"model": MODEL, "diarize": False})
     said = []
@@ -464,11 +465,7 @@ def test_outputs_made_with_other_options_are_made_again(tmp_path):
 def test_a_file_someone_else_wrote_is_kept_and_its_task_fails_naming_it(tmp_path):
     from app.worker import prepare
 
-    dummy_files(tmp_path / "in", 1)
-    store = JobStore(tmp_path / "jobs.db")
-    submit(store, tmp_path / "in", tmp_path / "out", "txt", "json")
-    one = WorkerId("h", 1, "one")
-    task = store.claim(one, MODEL, lease=60)
+    store, one, task = one_claimed_task(tmp_path, "txt", "json")
     task.outputs["txt"].parent.mkdir(parents=True)
     task.outputs["txt"].write_text("a reference transcript someone wrote\n")
     said = []
