@@ -127,6 +127,14 @@ def test_form_fields_become_service_options():
     asked, _ = parse_form(_form(beam_size="4", patience="1.5"))
     beam = asked.service_options("transcribe").transcribe_options().beam
     assert (beam.beam_size, beam.patience) == (4, 1.5)
+    # Fields sent empty are not sent, numbers as text: `temperature=` was a 422 where
+    # `language=` was taken as detected.
+    blank = {"model": "", "language": "", "temperature": "", "beam_size": " ", "diarize": ""}
+    asked, _ = parse_form(_form(**blank, response_format="", timestamp_granularities__=""))
+    assert asked == parse_form(_form())[0]
+    with pytest.raises(ApiError) as caught:
+        parse_form(_form(colour=""))  # an unknown field is still named, empty or not
+    assert (caught.value.status, caught.value.param) == (400, "colour")
 
 
 @pytest.mark.parametrize(
@@ -809,6 +817,11 @@ def test_a_model_is_retrieved_by_id_and_other_paths_answer_in_openais_shape(clie
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.models.retrieve("whisper-large-v9")
     url = open_server.url
+    # a trailing slash lists them (it was a 404), and HEAD answers where GET does (was a 405)
+    listed = httpx.get(url + "/v1/models/").json()
+    assert {m["id"] for m in listed["data"]} == {"whisper-base", TEXT_MODEL}
+    assert httpx.head(url + "/v1/models").status_code == 200
+    assert httpx.head(url + "/v1/models/whisper-base").status_code == 200
     _error(httpx.get(url + "/v1/nothing/here"), 404, "unknown_url")
     _error(httpx.get(url + "/v1"), 404, "unknown_url")  # not the web page's 404
     _error(httpx.post(url + "/health"), 405, "method_not_allowed")
@@ -1020,14 +1033,15 @@ def test_streaming_sends_each_window_then_the_whole_text(client, open_server):
     assert done[0].usage.seconds == pytest.approx(53.3, abs=0.2)
 
 
-@pytest.mark.slow
-def test_raw_event_stream_is_openai_shaped(open_server):
+def _streamed_events(url: str, path: Path) -> list[dict]:
+    """The server-sent events of a streamed request for `path`, each checked to be OpenAI's
+    `data: ` line."""
     with (
-        JFK.open("rb") as audio,
+        path.open("rb") as audio,
         httpx.stream(
             "POST",
-            open_server.url + "/v1/audio/transcriptions",
-            files={"file": ("jfk.wav", audio)},
+            url,
+            files={"file": (path.name, audio)},
             data={"stream": "true", "response_format": "text"},
             timeout=300,
         ) as response,
@@ -1035,10 +1049,16 @@ def test_raw_event_stream_is_openai_shaped(open_server):
         assert response.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in response.iter_lines() if line]
     assert all(line.startswith("data: ") for line in lines)
-    events = [json.loads(line.removeprefix("data: ")) for line in lines]
+    return [json.loads(line.removeprefix("data: ")) for line in lines]
+
+
+@pytest.mark.slow
+def test_raw_event_stream_is_openai_shaped(open_server):
+    events = _streamed_events(open_server.url + "/v1/audio/transcriptions", JFK)
     assert [e["type"] for e in events] == ["transcript.text.delta", "transcript.text.done"]
     assert events[0]["delta"] == events[1]["text"] == JFK_TEXT
     assert events[1]["warnings"] == []
+    assert (events[1]["language"], events[1]["language_code"]) == ("english", "en")
 
 
 @pytest.mark.slow
@@ -1067,7 +1087,7 @@ def test_diarized_verbose_json_labels_segments_words_and_turns(open_server):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not GERMAN.is_file(), reason="../shared/speech is not present")
-def test_translation_turns_german_speech_into_english(client):
+def test_translation_turns_german_speech_into_english(client, open_server):
     with GERMAN.open("rb") as audio:
         german = client.audio.transcriptions.create(
             model="whisper-1", file=audio, response_format="verbose_json"
@@ -1086,6 +1106,12 @@ def test_translation_turns_german_speech_into_english(client):
     assert english.text != german.text
     english_words = {"the", "was", "as", "used", "this", "behind"}
     assert len(english_words & set(normalised_words(english.text))) >= 2, english.text
+    # streamed, the last event names the languages alike (it gave the speech's code as the
+    # text's language)
+    done = _streamed_events(open_server.url + "/v1/audio/translations", GERMAN)[-1]
+    assert done["type"] == "transcript.text.done" and done["text"] == english.text
+    assert (done["language"], done["language_code"]) == ("english", "en")
+    assert (done["source_language"], done["source_language_code"]) == ("german", "de")
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -1174,6 +1200,10 @@ def test_auth_refuses_a_missing_or_wrong_key_on_every_route(locked_server):
     wrong = {"Authorization": "Bearer not-the-key"}
     _error(httpx.get(url + "/v1/models"), 401, "missing_api_key")
     _error(httpx.get(url + "/v1/models", headers=wrong), 401, "invalid_api_key")
+    # the key without "Bearer ": named as the header's form, not as a missing key
+    unschemed = _error(httpx.get(url + "/v1/models", headers={"Authorization": API_KEY}), 401)
+    assert unschemed["code"] == "invalid_api_key" and "'Bearer KEY'" in unschemed["message"]
+    assert API_KEY not in unschemed["message"]
     _error(_post_audio(url, SHORT), 401, "missing_api_key")
     _error(_post_audio(url, SHORT, headers=wrong), 401, "invalid_api_key")
     body = {"model": TEXT_MODEL, "prompt": "Hi"}

@@ -1,11 +1,11 @@
 """build_api: the OpenAI-compatible FastAPI app over the loaded models.
 
-Routes: `GET /health` (no key: for load balancers and container probes), `GET /v1/models`,
-`GET /v1/models/{id}`, `POST /v1/audio/transcriptions`, `POST /v1/audio/translations`,
-`POST /v1/completions`, `POST /v1/chat/completions`. With an API key, every `/v1` route wants
-`Authorization: Bearer KEY` (401 otherwise); any other `/v1` path is a 404 (405 for a route's
-other methods, `/health`'s too) in OpenAI's error shape. All model work goes through one
-`WorkQueue`.
+Routes: `GET /health` (no key: for load balancers and container probes), `GET /v1/models`
+(and `/v1/models/`), `GET /v1/models/{id}` (each with HEAD), `POST /v1/audio/transcriptions`,
+`POST /v1/audio/translations`, `POST /v1/completions`, `POST /v1/chat/completions`. With an
+API key, every `/v1` route wants `Authorization: Bearer KEY` (401 otherwise); any other `/v1`
+path is a 404 (405 for a route's other methods, `/health`'s too) in OpenAI's error shape. All
+model work goes through one `WorkQueue`.
 """
 
 from __future__ import annotations
@@ -33,12 +33,23 @@ def bearer_check(api_key: str | None):
     async def check(request: Request) -> None:
         if api_key is None:
             return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        header = request.headers.get("authorization", "").strip()
+        scheme, _, token = header.partition(" ")
+        if not header:
             raise ApiError(
                 401,
                 "missing API key: send the header 'Authorization: Bearer KEY'",
                 code="missing_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if scheme.lower() != "bearer" or not token.strip():
+            # The header is there, so "missing" would mislead; its value is not echoed (it
+            # may be the key itself).
+            raise ApiError(
+                401,
+                "the Authorization header must read 'Bearer KEY' (the word Bearer, a space, "
+                "then the key)",
+                code="invalid_api_key",
                 headers={"WWW-Authenticate": "Bearer"},
             )
         if not hmac.compare_digest(token.strip().encode(), api_key.encode()):
@@ -99,12 +110,14 @@ def build_api(
             headers={"Allow": "GET, HEAD"},
         )
 
-    @app.get("/v1/models", dependencies=auth)
+    @app.api_route("/v1/models", methods=["GET", "HEAD"], dependencies=auth)
     async def models() -> dict:
         return {"object": "list", "data": model_entries()}
 
-    @app.get("/v1/models/{model_id:path}", dependencies=auth)
+    @app.api_route("/v1/models/{model_id:path}", methods=["GET", "HEAD"], dependencies=auth)
     async def model(model_id: str) -> dict:
+        if not model_id:  # "/v1/models/": the list, as a client joining paths asks for it
+            return await models()
         for entry in model_entries():
             if entry["id"] == model_id:
                 return entry

@@ -58,6 +58,24 @@ def render(
 WARNINGS_HEADER = "X-Specscribe-Warnings"
 
 
+def language_fields(transcript: Transcript, task: str) -> dict[str, str]:
+    """The text's language as verbose_json and the streamed `transcript.text.done` give it:
+    `language` (its English name, as OpenAI gives it) and `language_code`; a translation's text
+    is English, always, and the speech's own language goes in `source_language(_code)`."""
+    spoken = {
+        "language": LANGUAGES.get(transcript.language, transcript.language),
+        "language_code": transcript.language,
+    }
+    if task != "translate":
+        return spoken
+    return {
+        "language": LANGUAGES["en"],
+        "language_code": "en",
+        "source_language": spoken["language"],
+        "source_language_code": spoken["language_code"],
+    }
+
+
 def verbose_json(
     transcript: Transcript, request: AudioRequest, task: str, windows: list[DecidedWindow]
 ) -> dict[str, Any]:
@@ -68,22 +86,9 @@ def verbose_json(
     source_language_code, speakers
     (the diarizer's turns, when diarized), stats (decode statistics: target and draft calls,
     tokens per target call, seconds per stage), warnings."""
-    spoken = {
-        "language": LANGUAGES.get(transcript.language, transcript.language),
-        "language_code": transcript.language,
-    }
-    if task == "translate":
-        # OpenAI's translation gives the language of its text, always English; the speech's
-        # own language stays in source_language(_code).
-        spoken = {
-            "language": LANGUAGES["en"],
-            "language_code": "en",
-            "source_language": spoken["language"],
-            "source_language_code": spoken["language_code"],
-        }
     body: dict[str, Any] = {
         "task": task,
-        **spoken,
+        **language_fields(transcript, task),
         "duration": round(transcript.duration, 3),
         "text": transcript.text,
     }

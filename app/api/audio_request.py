@@ -159,7 +159,9 @@ def _param_of(message: str) -> str | None:
 
 def parse_form(form: FormData) -> tuple[AudioRequest, UploadFile]:
     """The multipart form -> (AudioRequest, the upload). ApiError 400 for a missing or repeated
-    field, an unknown one, or a `file` that is text; 422 for a value out of range."""
+    field, an unknown one, or a `file` that is text; 422 for a value out of range. A field sent
+    empty (`-F temperature=`, as a form or script leaves an unset input) is taken as not sent,
+    whatever its type: a text field's empty value and a number's alike."""
     fields: dict[str, Any] = {}
     upload: UploadFile | None = None
     for key, value in form.multi_items():
@@ -173,6 +175,8 @@ def parse_form(form: FormData) -> tuple[AudioRequest, UploadFile]:
         name = key.removesuffix("[]")
         if isinstance(value, UploadFile):
             raise ApiError(400, f"{name} must be a text field, not a file", param=name)
+        if not value.strip() and name in AudioRequest.model_fields:
+            continue
         if name in LIST_FIELDS:
             fields.setdefault(name, []).append(value)
         elif name in fields:

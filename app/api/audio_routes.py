@@ -25,7 +25,7 @@ from asr.types import DecidedWindow, Transcript
 
 from ..request import echoed
 from ..service import ServiceOptions, TranscriptionService
-from .audio_formats import render, usage
+from .audio_formats import language_fields, render, usage
 from .audio_request import WHISPER_ALIAS, AudioRequest, parse_form
 from .errors import ApiError, error_body
 from .events import sse
@@ -101,7 +101,7 @@ class AudioApi:
             samples = await asyncio.to_thread(self._decode, audio, options.audio_stream)
             # 3. The model work, in the queue.
             if asked.stream:
-                return self._stream(samples, options, place)
+                return self._stream(samples, options, place, task)
             windows: list[DecidedWindow] = []
             stop = threading.Event()
             on_window = until_stopped(stop, windows.append)
@@ -221,7 +221,7 @@ class AudioApi:
         except ValueError as error:
             raise ApiError(422, str(error)) from None
 
-    def _stream(self, samples: DecodedAudio, options: ServiceOptions, place: Place):
+    def _stream(self, samples: DecodedAudio, options: ServiceOptions, place: Place, task: Task):
         """Server-sent events. A client that leaves cancels the response's generator, which
         cancels the job: one waiting gives its place back, one running stops at its next
         window."""
@@ -233,7 +233,7 @@ class AudioApi:
         done, windows = self.work.submit_streaming(job, place)
         done.add_done_callback(lambda d: stop.set() if d.cancelled() else None)
         return ClosingStream(
-            _transcript_events(done, windows),
+            _transcript_events(done, windows, task),
             on_close=done.cancel,  # a no-op once it is done; else its place is given back
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
@@ -260,11 +260,12 @@ def _capped(request: Request, limit: int, too_large: Callable[..., ApiError]) ->
 
 
 async def _transcript_events(
-    done: asyncio.Future[Transcript], windows: AsyncIterator[DecidedWindow]
+    done: asyncio.Future[Transcript], windows: AsyncIterator[DecidedWindow], task: Task
 ) -> AsyncIterator[str]:
     """OpenAI's transcription events: deltas whose concatenation is the final text (leading
-    and trailing spaces held back), then `transcript.text.done`; an error becomes one
-    `{"error": ...}` event, which the SDKs raise."""
+    and trailing spaces held back), then `transcript.text.done`, which names the text's
+    language as verbose_json does; an error becomes one `{"error": ...}` event, which the SDKs
+    raise."""
     sent = ""
     raw = ""
     try:
@@ -295,7 +296,7 @@ async def _transcript_events(
             "type": "transcript.text.done",
             "text": transcript.text,
             "usage": usage(transcript),
-            "language": transcript.language,
+            **language_fields(transcript, task),
             "stats": transcript.stats,
             "warnings": list(transcript.warnings),
         }
