@@ -379,9 +379,9 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     if not jobs and not relabels:
         return _summary(0, skipped, [*unlisted, *undone])
     if args.output_dir:  # room for what is left to write (a rerun with nothing to do needs none)
-        from asr.writers import short_of_room
+        from asr.writers import no_room_for_outputs
 
-        if full := short_of_room(args.output_dir):
+        if full := no_room_for_outputs(args.output_dir):
             _remove_if_empty(made_folder, args.output_dir)  # a refused run leaves nothing
             raise ValueError(f"--output-dir {args.output_dir}: {full}")
 
@@ -463,7 +463,11 @@ def _check_output_dir(output_dir: Path) -> Path | None:
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise ValueError(f"--output-dir {output_dir}: {error.strerror or error}") from error
+        from asr.writers import no_room_for_outputs
+
+        # a folder refused under /proc reads "No such file or directory": the cause is named
+        why = no_room_for_outputs(output_dir) or error.strerror or error
+        raise ValueError(f"--output-dir {output_dir}: {why}") from error
     if not os.access(output_dir, os.W_OK | os.X_OK):
         raise ValueError(f"--output-dir {output_dir}: not writable")
     return missing[-1] if missing else None

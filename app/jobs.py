@@ -294,7 +294,12 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     keep. Reads no store, so a refused job leaves none behind (`specscribe submit` makes its
     store only after this)."""
     from asr.audio import check_distinct_outputs, find_audio_files
-    from asr.writers import file_in_the_way, output_paths, outputs_over_recordings, short_of_room
+    from asr.writers import (
+        file_in_the_way,
+        no_room_for_outputs,
+        output_paths,
+        outputs_over_recordings,
+    )
 
     from .output_claim import names_too_long
 
@@ -322,7 +327,7 @@ def plan_job(paths: Sequence[Path | str], spec: JobSpec) -> PlannedJob:
     nearest = next(p for p in (output_dir, *output_dir.parents) if p.is_dir())
     if nearest != output_dir and not os.access(nearest, os.W_OK | os.X_OK):
         raise ValueError(f"--output-dir {output_dir}: cannot be made: {nearest} is not writable")
-    if full := short_of_room(output_dir):
+    if full := no_room_for_outputs(output_dir):
         raise ValueError(f"--output-dir {output_dir}: {full}")
     check_distinct_outputs(files, output_dir)
     for path, stem in files:

@@ -148,15 +148,15 @@ def execute(
 
 def _output_folders_ready(store: JobStore, task: ClaimedTask, worker: WorkerId, log: Log) -> bool:
     """Makes the folders the task's outputs go to; a folder that cannot be made, or whose disk
-    is full (`asr.writers.short_of_room`), fails the task before its audio is decoded rather
+    is full (`asr.writers.no_room_for_outputs`), fails the task before its audio is decoded rather
     than after (False)."""
-    from asr.writers import file_in_the_way, short_of_room
+    from asr.writers import file_in_the_way, no_room_for_outputs
 
     reason = None
     try:
         for folder in {path.parent for path in task.outputs.values()}:
             folder.mkdir(parents=True, exist_ok=True)
-            if full := short_of_room(folder):
+            if full := no_room_for_outputs(folder):
                 reason = f"cannot write its outputs in {folder}: {full}"
                 break
     except OSError as error:

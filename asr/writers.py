@@ -347,17 +347,21 @@ def file_in_the_way(folder: Path) -> Path | None:
     return next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
 
 
-def short_of_room(folder: Path) -> str | None:
+def no_room_for_outputs(folder: Path) -> str | None:
     """Why outputs cannot go to `folder` (or, where it does not exist yet, the folder it would
     be made in) for want of space: "only N kB free, less than the 1 MB a run needs for its
-    outputs (the disk is nearly full)", or None where there is room or it cannot be told."""
+    outputs (the disk is nearly full)", or that no disk is behind it (/proc, /sys: 0 bytes in
+    all, once read as a full disk), or None where there is room or it cannot be told."""
     existing = next((p for p in (folder, *folder.parents) if p.is_dir()), None)
     if existing is None:
         return None
     try:
-        free = shutil.disk_usage(existing).free
+        usage = shutil.disk_usage(existing)
     except OSError:
         return None
+    free = usage.free
+    if usage.total == 0:
+        return f"{existing} is on a virtual file system (0 bytes in all): files cannot be kept"
     if free >= MIN_FREE_BYTES:
         return None
     if free < 1024:

@@ -170,6 +170,9 @@ def test_bad_output_folders_and_devices_are_refused_before_any_work(capsys, tmp_
     said = capsys.readouterr().err
     assert f"--output-dir {tmp_path / 'out' / 'jfk'}: only 195 kB free, less than the 1 MB" in said
     assert not (tmp_path / "out").exists()  # the refused run leaves no folder behind
+    if Path("/proc/self").is_dir():  # no disk behind it: said so, not "No such file"
+        assert main([*jfk, "--output-dir", "/proc/x"]) == 2
+        assert "/proc is on a virtual file system" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert main([*jfk, "--device", "cuda"]) == 2
         assert "device 'cuda': torch sees 0 CUDA device(s)" in capsys.readouterr().err

@@ -544,6 +544,9 @@ def test_submit_names_what_is_wrong(tmp_path, monkeypatch):
         patched.setattr(shutil, "disk_usage", lambda path: usage)
         with pytest.raises(ValueError, match=r"out/new: no space left \(the disk is full\)"):
             store.submit([tmp_path / "a"], JobSpec(out / "new"))
+    if Path("/proc/self").is_dir():  # /proc: no disk, not a full one (it said "no space left")
+        with pytest.raises(ValueError, match=r"/proc/x: /proc is on a virtual file system"):
+            store.submit([tmp_path / "a"], JobSpec(Path("/proc/x")))
     (tmp_path / "l1.wav").symlink_to("l2.wav")
     (tmp_path / "l2.wav").symlink_to("l1.wav")
     with pytest.raises(ValueError, match=r"l1.wav: a loop of symbolic links"):
