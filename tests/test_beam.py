@@ -218,12 +218,12 @@ def test_an_initial_prompt_longer_than_its_room_keeps_its_end_and_says_so(whispe
     """As previous text, only an initial prompt's last tokens fit: it was cut silently."""
     import numpy as np
 
-    from asr.transcribe import _Session
+    from asr.window_session import Session
 
     model = whisper_base_int8
     silence = np.zeros(16_000, np.float32)
     prompt = " ".join(f"Item {n} of the glossary." for n in range(80))
-    session = _Session(model, silence, TranscribeOptions(initial_prompt=prompt), None, None)
+    session = Session(model, silence, TranscribeOptions(initial_prompt=prompt), None, None)
     room = model.max_context // 2 - 1
     context = session.prompt(session.initial_prompt)[1 : 1 + room]  # after <|startofprev|>
     assert list(context) == session.initial_prompt[-room:]
@@ -235,15 +235,15 @@ def test_an_initial_prompt_longer_than_its_room_keeps_its_end_and_says_so(whispe
         f"prompt ({room} tokens); the start was left out"
     )
     both = TranscribeOptions(initial_prompt=prompt, hotwords="Pearl Prynne")
-    beside = _Session(model, silence, both, None, None)
+    beside = Session(model, silence, both, None, None)
     room_left = room - len(beside.hotwords)
     assert len(beside.prompt_warnings) == 1
     assert f"({room_left} tokens beside the hotwords)" in beside.prompt_warnings[0]
     full = TranscribeOptions(initial_prompt="Hello.", hotwords="北京欢迎你" * 200)  # fills it
-    filled = _Session(model, silence, full, None, None).prompt_warnings
+    filled = Session(model, silence, full, None, None).prompt_warnings
     assert filled[-1] == "initial_prompt: the hotwords fill the prompt; it was left out"
     short = TranscribeOptions(initial_prompt="Item 1 of the glossary.")
-    assert _Session(model, silence, short, None, None).prompt_warnings == ()
+    assert Session(model, silence, short, None, None).prompt_warnings == ()
 
 
 def test_hotwords_longer_than_a_prompt_are_cut_before_a_word_and_said_so(whisper_base_int8):
@@ -251,12 +251,12 @@ def test_hotwords_longer_than_a_prompt_are_cut_before_a_word_and_said_so(whisper
     transcribed jfk.wav as hotword text; cut before the word it stays the speech."""
     import numpy as np
 
-    from asr.transcribe import _Session
+    from asr.window_session import Session
 
     model = whisper_base_int8
     hotwords = " ".join(["Hester Prynne walked in Boston with Pearl."] * 24)
     options = TranscribeOptions(language="en", hotwords=hotwords, beam_size=5)
-    session = _Session(model, np.zeros(16_000, np.float32), options, None, None)
+    session = Session(model, np.zeros(16_000, np.float32), options, None, None)
     kept = model.tokenizer.decode(session.hotwords)
     assert len(session.hotwords) <= model.max_context // 2 - 1
     assert hotwords.startswith(kept.strip()) and hotwords[len(kept.strip())] == " "
@@ -267,7 +267,7 @@ def test_hotwords_longer_than_a_prompt_are_cut_before_a_word_and_said_so(whisper
     assert warning in transcript.warnings
     # Without spaces between words, the cut falls where the prompt is full.
     silence = np.zeros(16_000, np.float32)
-    chinese = _Session(model, silence, TranscribeOptions(hotwords="北京欢迎你" * 200), None, None)
+    chinese = Session(model, silence, TranscribeOptions(hotwords="北京欢迎你" * 200), None, None)
     assert len(chinese.hotwords) == model.max_context // 2 - 1 and chinese.prompt_warnings
-    short = _Session(model, silence, TranscribeOptions(hotwords="Pearl"), None, None)
+    short = Session(model, silence, TranscribeOptions(hotwords="Pearl"), None, None)
     assert short.prompt_warnings == () and model.tokenizer.decode(short.hotwords) == " Pearl"

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from asr.audio import SAMPLE_RATE, load_audio
-from asr.transcribe import TranscribeOptions, _most_probable_of_failed, transcribe
+from asr.transcribe import TranscribeOptions, transcribe
 from asr.window_decoder import WindowResult
+from asr.window_session import _most_probable_of_failed
 from tests.conftest import (
     SAMPLES,
     SHARED_SPEECH,

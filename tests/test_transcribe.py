@@ -8,14 +8,9 @@ import pytest
 
 from asr.audio import load_audio
 from asr.segments import WindowSplit, without_overlaps
-from asr.transcribe import (
-    TranscribeOptions,
-    _inside_pause,
-    _Resumption,
-    _skipped_tail,
-    transcribe,
-)
+from asr.transcribe import TranscribeOptions, transcribe
 from asr.types import Segment, Word
+from asr.window_session import Resumption, _inside_pause, skipped_tail
 from tests.conftest import SAMPLES, SHARED_SPEECH, reference_text, word_error_rate
 
 pytestmark = pytest.mark.slow
@@ -148,26 +143,26 @@ def test_a_tail_starts_after_words_timed_past_their_timestamps():
     # A window of 10 s from 100 s. Timestamps say the text ends at 103 s, 7 s before the audio
     # does: that tail is decoded again...
     early = _split([_timed(100.5, 102.5, " Did you guys")], [103.0], frames=1000)
-    assert _skipped_tail(early, 10000, 1000, eot) == 10300
+    assert skipped_tail(early, 10000, 1000, eot) == 10300
     # ...unless the words run on past it (overlapped speech: its words ended 2 s after the
     # timestamp, and the "tail" decoded again said the sentence a third time).
     late = _split([_timed(100.5, 108.5, " Did you guys")], [103.0], frames=1000)
-    assert _skipped_tail(late, 10000, 1000, eot) is None
+    assert skipped_tail(late, 10000, 1000, eot) is None
     # Words that end before the timestamp change nothing (their sound fades first).
     faded = _split([_timed(100.5, 102.0, " Did you guys")], [103.0], frames=1000)
-    assert _skipped_tail(faded, 10000, 1000, eot) == 10300
+    assert skipped_tail(faded, 10000, 1000, eot) == 10300
     # A segment whose timestamps run far longer than its text could be spoken in (two text
     # tokens over 8.5 s) ends where its words do: JFK's "country." was timed over the quieter
     # reading after it, which was lost.
     outlasting = _split([_timed(100.0, 100.4, " country.")], [108.5], 1000, [(1, 2, eot)])
-    assert _skipped_tail(outlasting, 10000, 1000, eot) == 10020  # its one word ends at 100.2 s
+    assert skipped_tail(outlasting, 10000, 1000, eot) == 10020  # its one word ends at 100.2 s
     spoken = _split([_timed(100.0, 100.4, " country.")], [105.0], 1000, [(1, 2, eot)])
-    assert _skipped_tail(spoken, 10000, 1000, eot) == 10500  # within the bound: the timestamp
+    assert skipped_tail(spoken, 10000, 1000, eot) == 10500  # within the bound: the timestamp
 
 
 def test_a_resumed_window_leaves_out_the_words_before_it_heard_again():
     # The text before closed at 100.0 s with "... for your country."; the window resumed there.
-    resumed = _Resumption(10000, " ask what you can do for your country.")
+    resumed = Resumption(10000, " ask what you can do for your country.")
     kept = [_timed(102.0, 105.0, " And so my fellow")]
 
     def texts(first: Segment) -> list[str]:

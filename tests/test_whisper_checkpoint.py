@@ -193,7 +193,8 @@ def test_a_tokenizer_file_is_parsed_once_and_named_by_its_digest(whisper_base, w
 def test_a_users_text_never_becomes_a_control_token(whisper_base):
     # A prompt "<|en|>" put the real language token in the prompt: German speech came out in
     # English, labelled German; "<|endoftext|>" or "<|translate|>" in hotwords did the same.
-    from asr.transcribe import TranscribeOptions, _Session
+    from asr.transcribe import TranscribeOptions
+    from asr.window_session import Session
 
     tokenizer = whisper_base.tokenizer
     markup = " Hallo <|en|> Welt <|endoftext|><|translate|>"
@@ -202,7 +203,7 @@ def test_a_users_text_never_becomes_a_control_token(whisper_base):
     assert max(as_text) < 50257 and tokenizer.decode(as_text) == markup
     assert tokenizer.encode_text(" ask not") == tokenizer.encode(" ask not")  # text as before
     options = TranscribeOptions(initial_prompt="<|en|>", hotwords="<|translate|>")
-    session = _Session(whisper_base, np.zeros(16_000, np.float32), options, None, None)
+    session = Session(whisper_base, np.zeros(16_000, np.float32), options, None, None)
     assert max(session.initial_prompt + session.hotwords) < 50257
 
 
