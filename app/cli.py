@@ -35,7 +35,7 @@ DISTILL_OPTIONS = (
 )
 
 
-# `transcribe --batch-files`: files decoded side by side (asr.transcribe.PASSAGES_PER_PASS
+# `transcribe --batch-files`: files decoded side by side (asr.seek_windows.PASSAGES_PER_PASS
 # windows at a time); app.file_run bounds the audio one batch holds.
 DEFAULT_BATCH_FILES = 8
 
@@ -501,7 +501,12 @@ def _drafter_words(args: argparse.Namespace) -> argparse.Namespace:
 
     field = kind.replace("-", "_")  # its own flag is unset: the flags exclude each other
     value = getattr(draft_options(spec, flag="--assistant"), field)
-    return argparse.Namespace(**{**vars(args), "assistant": None, field: value})
+    moved = {"assistant": None, field: value}
+    if kind == "prompt-lookup" and args.k is not None:
+        if spec != kind:  # prompt-lookup:N and --k both name the length
+            raise ValueError(f"--assistant {spec} sets the draft length ({value}): leave --k out")
+        moved.update(prompt_lookup=args.k, k=None)  # the length it leaves to --k
+    return argparse.Namespace(**{**vars(args), **moved})
 
 
 def _as_text(prompt: str) -> str:

@@ -92,10 +92,16 @@ class ModelDrafter:
     It remembers which token it fed at each position; after verification its cache keeps the
     longest prefix that still agrees with the committed tokens (never the last committed token,
     whose logits the next block needs), so rollback needs no knowledge of what was accepted.
+
+    context: the most positions its model can hold (its context, or a sliding window its cache
+    cannot roll back; None: no limit). A block is cut to fit, and once the sequence fills it the
+    drafter proposes nothing: the target decodes on alone, its output unchanged (a draft with a
+    shorter context than its target's ended the generation with an error).
     """
 
-    def __init__(self, model: Target) -> None:
+    def __init__(self, model: Target, context: int | None = None) -> None:
         self.model = model
+        self.context = context
         self._fed: torch.Tensor | None = None  # (batch, positions): token fed at each position
         self._cached: torch.Tensor | None = None  # (batch,): positions cached and valid
 
@@ -106,6 +112,12 @@ class ModelDrafter:
 
     def propose(self, request: DraftRequest) -> Draft:
         committed, lengths = request.committed, request.lengths
+        if self.context is not None:
+            # A block of k feeds the committed tokens and k - 1 drafted ones.
+            room = self.context - int(lengths.max())
+            if room < 1:
+                return Draft(tokens=committed.new_full((len(lengths), 0), NO_TOKEN))
+            request = replace(request, k=min(request.k, room))
         if self._cached is None:
             self._cached = torch.zeros_like(lengths)
         draft = draft_block(self.model, request, self._cached)

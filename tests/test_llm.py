@@ -148,10 +148,28 @@ def test_cli_refuses_draft_options_that_would_change_nothing(capsys):
         ("--policy", "adaptive", "--k", "7"): "--k and --policy only apply with a drafter",
         ("--ngram", "2"): "--ngram only applies with --prompt-lookup",
         ("--prompt-lookup", "4", "--k", "9"): "--prompt-lookup N sets the draft length",
+        # named as given (it spoke of --prompt-lookup N, which a user of this form never wrote)
+        ("--assistant", "prompt-lookup:4", "--k", "9"): "--assistant prompt-lookup:4 sets the "
+        "draft length (4): leave --k out",
+        # a block far past any draft's agreement ran 20 times slower than plain decoding
+        ("--early-exit", "6", "--k", "100"): "k must be from 1 to 32 tokens (got 100)",
+        ("--prompt-lookup", "33"): "--prompt-lookup must be from 1 to 32 tokens (got 33)",
     }
     for extra, message in refused.items():
         assert main(["generate", "Once upon a time", *extra]) == 2, extra
         assert message in capsys.readouterr().err, extra
+
+
+def test_bare_prompt_lookup_takes_its_length_from_k():
+    import argparse
+
+    from app.cli import _drafter_words
+
+    given = argparse.Namespace(assistant="prompt-lookup", k=6, prompt_lookup=None, early_exit=None)
+    moved = _drafter_words(given)
+    assert (moved.assistant, moved.prompt_lookup, moved.k) == (None, 6, None)
+    given = argparse.Namespace(assistant="prompt-lookup", k=None, prompt_lookup=None)
+    assert _drafter_words(given).prompt_lookup == 4  # its default
 
 
 @pytest.mark.slow
@@ -210,7 +228,7 @@ def test_cli_takes_a_prompt_that_is_not_utf8_and_refuses_a_model_it_cannot_have(
 def test_conflicting_draft_options_are_refused():
     with pytest.raises(ValueError, match="choose one drafter, not assistant and prompt_lookup"):
         DraftOptions(assistant="x", prompt_lookup=3).validate()
-    with pytest.raises(ValueError, match="k must be >= 1"):
+    with pytest.raises(ValueError, match="k must be from 1 to 32 tokens"):
         DraftOptions(k=0).validate()
 
 
@@ -231,6 +249,18 @@ def test_a_sequence_may_fill_the_sliding_window_exactly(gemma):
     new = 512 - len(prompt)  # its last token is never fed: the cache holds at most 511
     result = run_generation_ids(gemma, [prompt], DraftOptions(), max_new_tokens=new)
     assert 0 < len(result.tokens[0]) <= new
+
+
+def test_a_draft_with_a_shorter_context_stops_drafting_where_it_fills(smollm2, gemma):
+    # SmolLM2 holds 8192 positions, a Gemma 3 draft 512 (its sliding window): the generation
+    # ended in NotImplementedError once the draft's re-encoded sequence reached 512 tokens.
+    prompt = prompt_ids(smollm2, "The quick brown fox jumps over the lazy dog. " * 50)
+    assert len(prompt) + 40 > 512
+    plain = run_generation_ids(smollm2, [prompt], DraftOptions(), max_new_tokens=40)
+    options = DraftOptions(assistant=gemma.name, policy="constant", k=4)
+    drafted = run_generation_ids(smollm2, [prompt], options, gemma, max_new_tokens=40)
+    assert drafted.tokens == plain.tokens
+    assert drafted.stats.draft_calls > 0  # it drafted while the draft had room
 
 
 @pytest.mark.slow
