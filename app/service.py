@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
-from asr.audio import AudioStream, DecodedAudio
+from asr.audio import SAMPLE_RATE, AudioStream, DecodedAudio
 from asr.types import (
     DecidedWindow,
     ProgressHook,
@@ -389,9 +390,7 @@ class TranscriptionService:
         decoded = _decoded(audio, options.audio_stream)
         with self._lock:
             started = time.perf_counter()
-            diarization = self.diarizer.diarization(
-                decoded.samples, options.speaker_options(), progress=progress, passes=passes
-            )
+            diarization = self._diarization(decoded.samples, options, progress, passes)
             seconds = time.perf_counter() - started
             transcript = self._labelled(reused(unlabelled), diarization, options, seconds)
         return _with_audio_warnings(transcript, decoded)
@@ -477,12 +476,28 @@ class TranscriptionService:
         diarization, diarize_seconds = None, 0.0
         if options.diarize:
             started = time.perf_counter()
-            diarization = self.diarizer.diarization(
-                samples, options.speaker_options(), progress=progress
-            )
+            diarization = self._diarization(samples, options, progress)
             diarize_seconds = time.perf_counter() - started
         spans, vad = self._spans(samples, options, diarization)
         return _Prepared(samples, spans, vad, diarization, diarize_seconds)
+
+    def _diarization(
+        self,
+        samples: np.ndarray,
+        options: ServiceOptions,
+        progress: ProgressHook,
+        passes: SpeakerPasses | None = None,
+    ) -> Diarization:
+        """The speakers of the audio a request transcribes, on the recording's timeline: with
+        clip ranges, those of the stretch from the first range's start to the last one's end,
+        so that speaker counts describe what is transcribed (the whole file's were counted,
+        and two speakers asked for in a clip of a meeting went to two people mostly outside
+        it). passes: the same stretch's, from an earlier run."""
+        first, last = _clipped_stretch(options, len(samples))
+        diarization = self.diarizer.diarization(
+            samples[first:last], options.speaker_options(), progress=progress, passes=passes
+        )
+        return diarization.shifted(first / SAMPLE_RATE)
 
     def _unlabelled(
         self, transcript: Transcript, prepared: _Prepared, options: ServiceOptions, drafted: bool
@@ -547,7 +562,6 @@ class TranscriptionService:
     ) -> tuple[tuple[tuple[float, float], ...] | None, dict]:
         """The spans to decode (None: all of it), and the VAD's statistics (source, seconds).
         With diarization, the VAD reads its segmentation pass instead of running Silero."""
-        from asr.audio import SAMPLE_RATE
         from asr.speech_timeline import intersect
         from asr.vad import speech_regions
 
@@ -709,6 +723,18 @@ def _cut_out(options: ServiceOptions) -> dict:
         "clip_timestamps": options.clip_timestamps,
         "vad": vad,
     }
+
+
+def _clipped_stretch(options: ServiceOptions, length: int) -> tuple[int, int]:
+    """[first, last) samples from the first clip range's start to the last one's end, within
+    the recording; all of it without clip ranges, or where they lie past its end (the
+    transcript is then empty, and the turns are cut to nothing)."""
+    clips = options.clip_spans()
+    if not clips:
+        return 0, length
+    first = round(clips[0][0] * SAMPLE_RATE)
+    last = length if math.isinf(clips[-1][1]) else min(round(clips[-1][1] * SAMPLE_RATE), length)
+    return (first, last) if first < last else (0, length)
 
 
 def _clip_starts(options: ServiceOptions) -> tuple[float, ...]:

@@ -423,10 +423,39 @@ class Diarization:
     def within(self, spans: tuple[tuple[float, float], ...] | None) -> Diarization:
         """The turns cut to `spans` (sorted, disjoint seconds; an end may be inf), as for a
         request that transcribes only its clip ranges: its rttm and its speaker counts are
-        then about the audio transcribed. None: all of it."""
+        then about the audio transcribed, and its speakers are named SPEAKER_00, 01, ... in
+        order of first speech inside them (a speaker heard only outside left a gap in the
+        names). None: all of it."""
         if spans is None:
             return self
-        return replace(self, turns=_cut(self.turns, spans), exclusive=_cut(self.exclusive, spans))
+        turns, exclusive = _cut(self.turns, spans), _cut(self.exclusive, spans)
+        first_speech: dict[str, float] = {}
+        for turn in sorted(turns + exclusive, key=lambda turn: turn.start):
+            first_speech.setdefault(turn.speaker, turn.start)
+        names = {speaker: f"SPEAKER_{index:02d}" for index, speaker in enumerate(first_speech)}
+
+        def renamed(cut: tuple[SpeakerTurn, ...]) -> tuple[SpeakerTurn, ...]:
+            return tuple(replace(turn, speaker=names[turn.speaker]) for turn in cut)
+
+        return replace(self, turns=renamed(turns), exclusive=renamed(exclusive))
+
+    def shifted(self, seconds: float) -> Diarization:
+        """The same speakers `seconds` later: the diarization of a stretch of a recording put
+        on the recording's timeline (`passes` stay the stretch's, to cluster it again)."""
+        if seconds == 0:
+            return self
+
+        def moved(turns: tuple[SpeakerTurn, ...]) -> tuple[SpeakerTurn, ...]:
+            return tuple(
+                replace(turn, start=turn.start + seconds, end=turn.end + seconds) for turn in turns
+            )
+
+        speech = self.speech
+        if speech is not None:
+            speech = replace(speech, offset=speech.offset + seconds)
+        return replace(
+            self, turns=moved(self.turns), exclusive=moved(self.exclusive), speech=speech
+        )
 
 
 def _cut(turns: tuple[SpeakerTurn, ...], spans: tuple[tuple[float, float], ...]) -> tuple:

@@ -22,7 +22,7 @@ from diarize.pipeline import (
     turns_from_annotation,
 )
 from diarize.scoring import read_rttm, score, to_annotation
-from tests.conftest import SAMPLES, SHARED_SPEECH
+from tests.conftest import SAMPLES, SHARED_SPEECH, needs_speech
 
 SAMPLE = SAMPLES / "pyannote_sample.wav"
 AMI = SHARED_SPEECH / "multi" / "ami_es2004_1min_mixture.wav"
@@ -327,6 +327,51 @@ def test_a_clipped_request_keeps_only_the_turns_of_its_clip_ranges():
     )
     assert clipped.exclusive == (SpeakerTurn(1.0, 2.5, "SPEAKER_00"),)
     assert diarization.within(((20.0, 30.0),)).turns == ()
+    # Named again in order of first speech inside the ranges: SPEAKER_00 is heard only before
+    # them, and the names had a gap (SPEAKER_01, SPEAKER_03 and no SPEAKER_02 in a clip).
+    later = Diarization(
+        (*turns, SpeakerTurn(9.0, 12.0, "SPEAKER_03")), (SpeakerTurn(10.0, 12.0, "SPEAKER_03"),)
+    )
+    assert later.within(((8.5, 20.0),)).turns == (
+        SpeakerTurn(8.5, 9.0, "SPEAKER_00"),
+        SpeakerTurn(9.0, 12.0, "SPEAKER_01"),
+    )
+    assert later.within(((8.5, 20.0),)).exclusive == (SpeakerTurn(10.0, 12.0, "SPEAKER_01"),)
+
+
+def test_a_stretchs_diarization_moves_onto_the_recordings_timeline():
+    from asr.vad import SpeechProbability
+    from diarize.pipeline import Diarization
+
+    turn = SpeakerTurn(1.0, 3.0, "SPEAKER_00")
+    stretch = Diarization((turn,), (turn,), SpeechProbability(np.zeros(3), 0.02, 0.01))
+    assert stretch.shifted(0.0) is stretch
+    moved = stretch.shifted(20.0)
+    assert moved.turns == moved.exclusive == (SpeakerTurn(21.0, 23.0, "SPEAKER_00"),)
+    assert moved.speech.offset == pytest.approx(20.01)
+
+
+@pytest.mark.slow
+@needs_speech
+def test_speaker_counts_describe_the_clip_ranges_transcribed(settings):
+    # Two speakers asked for in 20-45 s of the AMI meeting (FEE013 until 29.8 s, then FEE016)
+    # were counted over the whole minute: both went to people mostly outside the clip, and
+    # every word of it to one speaker.
+    from app.service import ServiceOptions, TranscriptionService
+
+    service = TranscriptionService(settings)
+    options = ServiceOptions(
+        language="en", num_speakers=2, clip_timestamps="20-45", word_timestamps=True
+    )
+    transcript = service.run(load_audio(AMI), options)
+    words = [w for segment in transcript.segments for w in segment.words]
+    assert words and words[0].start >= 20.0 and words[-1].end <= 45.0
+    assert {w.speaker for w in words} == {"SPEAKER_00", "SPEAKER_01"}
+    before = {w.speaker for w in words if w.end < 29.0}
+    after = {w.speaker for w in words if w.start > 31.0}
+    assert before == {"SPEAKER_00"} and after == {"SPEAKER_01"}
+    assert {t.speaker for t in transcript.turns} == {"SPEAKER_00", "SPEAKER_01"}
+    assert all(t.start >= 20.0 and t.end <= 45.0 for t in transcript.turns)
 
 
 def test_speakers_without_words_are_named():
