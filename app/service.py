@@ -494,6 +494,8 @@ class TranscriptionService:
         and two speakers asked for in a clip of a meeting went to two people mostly outside
         it). passes: the same stretch's, from an earlier run."""
         first, last = _clipped_stretch(options, len(samples))
+        if passes is not None and not passes.cover((last - first) / SAMPLE_RATE):
+            passes = None  # another stretch's: the networks run again
         diarization = self.diarizer.diarization(
             samples[first:last], options.speaker_options(), progress=progress, passes=passes
         )

@@ -25,6 +25,14 @@ class SpeakerPasses:
     chunk_window: tuple[float, float, float]
     embeddings: np.ndarray
 
+    def cover(self, seconds: float) -> bool:
+        """Whether these passes could be over audio of `seconds`: their chunks, one every
+        `step` seconds (the last one padded), span it. Passes over other audio (a kept file's,
+        made before its clip ranges were diarized apart) are not to be clustered for it."""
+        _, duration, step = self.chunk_window
+        expected = max(seconds - duration, 0.0) / step + 1
+        return abs(len(self.segmentations) - expected) <= 1.5
+
     def save(self, stream) -> None:
         """Writes the passes to a binary stream (numpy's compressed npz)."""
         binary = bool(np.isin(self.segmentations, (0.0, 1.0)).all())

@@ -351,6 +351,17 @@ def test_a_stretchs_diarization_moves_onto_the_recordings_timeline():
     assert moved.speech.offset == pytest.approx(20.01)
 
 
+def test_passes_tell_the_audio_they_were_made_over():
+    # A kept file's passes over the whole minute must not be clustered for a clip of it.
+    from diarize.passes import SpeakerPasses
+
+    def passes(chunks: int) -> SpeakerPasses:
+        return SpeakerPasses(np.zeros((chunks, 589, 3)), (0.0, 10.0, 1.0), np.zeros((chunks, 3, 2)))
+
+    assert passes(51).cover(60.0) and not passes(51).cover(25.0)
+    assert passes(16).cover(25.0) and passes(4).cover(12.5) and passes(1).cover(3.0)
+
+
 @pytest.mark.slow
 @needs_speech
 def test_speaker_counts_describe_the_clip_ranges_transcribed(settings):
