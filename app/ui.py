@@ -20,6 +20,7 @@ fonts that Gradio serves itself, and server-side rendering (which needs a Node s
 from __future__ import annotations
 
 import html
+import itertools
 import logging
 import re
 import shutil
@@ -255,17 +256,33 @@ class WebApp:
         # Each browser session's running transcription (its audio's path, its stop signal),
         # told to stop when its page asks for another recording, presses Stop or closes.
         self._running: dict[str, tuple[str, threading.Event]] = {}
+        # Presses of Transcribe still in the queue, by ticket (`requested`): their page and
+        # recording. Stop, another recording or the page closed takes a page's tickets back,
+        # and a transcription whose ticket is gone ends as it starts.
+        self._queued: dict[int, tuple[str, str | None]] = {}
+        self._tickets = itertools.count(1)
         self._lock = threading.Lock()
 
     @property
     def has_draft(self) -> bool:
         return self.service.draft is not None
 
+    def requested(self, audio: str | None, other_file: str | None, request: gr.Request) -> int:
+        """A press of Transcribe, as it is made (not queued): the ticket its transcription
+        starts with. Until it starts, Stop or another recording takes the ticket back (a
+        request waiting behind another page's stayed queued, then ran and showed the
+        replaced recording's text under the new one)."""
+        ticket = next(self._tickets)
+        with self._lock:
+            self._queued[ticket] = (request.session_hash, audio or other_file)
+        return ticket
+
     def stop(self, request: gr.Request) -> None:
-        """Stops this browser session's transcription, if one runs: it ends after the window
-        being decoded (or the diarization stage under way) with the message "Stopped.",
-        freeing the service for the requests behind it. Without it a closed tab kept the
-        service busy to the end of its recording (Gradio cannot stop an event's thread)."""
+        """Stops this browser session's transcription: one running ends after the window
+        being decoded (or the diarization stage under way), one waiting in the queue as it
+        starts, each with the message "Stopped.", freeing the service for the requests behind
+        it. Without it a closed tab kept the service busy to the end of its recording (Gradio
+        cannot stop an event's thread)."""
         self._stop(request.session_hash, unless_audio=None)
 
     def new_recording(
@@ -282,6 +299,9 @@ class WebApp:
 
     def _stop(self, session: str, unless_audio: str | None) -> None:
         with self._lock:
+            for ticket, (page, audio) in list(self._queued.items()):
+                if page == session and (unless_audio is None or audio != unless_audio):
+                    del self._queued[ticket]
             audio, running = self._running.get(session, (None, None))
             if running is None or (unless_audio is not None and audio == unless_audio):
                 return
@@ -306,10 +326,17 @@ class WebApp:
         audio_stream: str | None = None,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's way to ask for a bar)
+        ticket: int | None = None,
     ) -> tuple[str, str, list[str]]:
         """One click: returns (transcript text, stats Markdown, download file paths).
         other_file: the form's file of any format (a video), read where `audio` is empty.
-        request: the browser session's (Gradio's), whose `stop` ends this transcription."""
+        request: the browser session's (Gradio's), whose `stop` ends this transcription.
+        ticket: the page's press (`requested`; None: a call through the API), taken back
+        while it waited if the page stopped it or moved to another recording."""
+        if ticket is not None:
+            with self._lock:
+                if self._queued.pop(ticket, None) is None:
+                    raise gr.Error("Stopped.", print_exception=False)
         # 1. Check the request before any work.
         audio = audio or other_file
         if not audio:
@@ -544,7 +571,16 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
             queue=False,
             api_visibility="private",
         )
-        button.click(
+        ticket = gr.State(None)
+        pressed = button.click(
+            app.requested,
+            [audio, other_file],
+            [ticket],
+            queue=False,
+            api_visibility="private",
+            trigger_mode="multiple",
+        )
+        pressed.then(
             app.transcribe,
             [
                 audio,
@@ -561,6 +597,7 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                 other_file,
                 beam_search,
                 audio_stream,
+                ticket,
             ],
             [transcript, stats, downloads],
             api_name="transcribe",

@@ -330,6 +330,42 @@ def test_a_page_that_stops_frees_the_service_after_the_window_it_decodes(tmp_pat
     assert "fellow Americans" in text and files  # the service is free, the page's next works
 
 
+@pytest.mark.slow
+def test_a_press_waiting_in_the_queue_is_taken_back_by_stop_or_another_recording(
+    tmp_path, settings
+):
+    # A page that pressed Stop, or replaced its recording, while its request waited behind
+    # another page's saw that request run later anyway, the old recording's text under the
+    # new one (hunt).
+    from types import SimpleNamespace
+
+    app = WebApp(TranscriptionService(settings, assistant_model="none"), tmp_path)
+    page, other = SimpleNamespace(session_hash="a page"), SimpleNamespace(session_hash="other")
+    form = ("en", "transcribe", False, False, False, 0, 0, 0, True, None, None, False, None)
+
+    def quiet(fraction: float, desc: str = "") -> None:
+        pass
+
+    def run(ticket: int | None, who=page) -> str:
+        return app.transcribe(str(JFK), *form, who, quiet, ticket)[0]
+
+    stopped, kept, elsewhere = (app.requested(str(JFK), None, p) for p in (page, page, other))
+    app.stop(page)  # both of this page's waiting presses; the other page's stays
+    for ticket in (stopped, kept):
+        with pytest.raises(gr.Error, match=r"Stopped\."):
+            run(ticket)
+    assert "fellow Americans" in run(elsewhere, other)
+    replaced = app.requested(str(JFK), None, page)
+    app.new_recording(str(SONNET), None, page)  # another recording in the form
+    with pytest.raises(gr.Error, match=r"Stopped\."):
+        run(replaced)
+    # Gradio may report the upload after the press that transcribes it: that press stays.
+    same = app.requested(str(JFK), None, page)
+    app.new_recording(str(JFK), None, page)
+    assert "fellow Americans" in run(same)
+    assert "fellow Americans" in run(None)  # through the API: no ticket
+
+
 def test_serve_refuses_a_bad_port_before_loading_anything(capsys):
     assert main(["serve", "--port", "70000"]) == 2
     assert "--port must be in 1..65535, not 70000" in capsys.readouterr().err
@@ -340,6 +376,9 @@ def test_the_app_queues_transcriptions_one_at_a_time(tmp_path, settings):
     demo = build_app(TranscriptionService(settings, assistant_model="none"), tmp_path, 5)
     (transcribe,) = [fn for fn in demo.fns.values() if fn.api_name == "transcribe"]
     assert transcribe.concurrency_limit == 1 and transcribe.queue
+    # The press is ticketed as it is made, outside the queue, so that Stop can take it back.
+    (press,) = [fn for fn in demo.fns.values() if fn.name == "requested"]
+    assert not press.queue and transcribe.trigger_after == press._id
     assert demo._queue.max_size == 5
     assert not demo.analytics_enabled
 
