@@ -74,6 +74,10 @@ DECIMAL_FIELDS = (
     "patience",
 )
 
+# The parameters that take text, which a query string's digits reach as numbers (the toolkit
+# makes `?hotwords=1984` an int; `?clip_timestamps=5` means from 5 s).
+TEXT_FIELDS = ("language", "initial_prompt", "hotwords", "clip_timestamps")
+
 
 class EndpointParameters(BaseModel):
     """The request's "parameters". Names from the asr-diarization blog handler are accepted
@@ -136,6 +140,26 @@ class EndpointParameters(BaseModel):
             except ValueError:
                 return value
         return value
+
+    @field_validator(*TEXT_FIELDS, mode="before")
+    @classmethod
+    def _text_from_query(cls, value: Any) -> Any:
+        """A number where text is taken is its digits (`?hotwords=1984`, `?clip_timestamps=5`
+        were refused: "input should be a valid string (got 5)"); clip timestamps also come as
+        openai-whisper's list of seconds, [start, end, start, ...]."""
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        if isinstance(value, list) and all(
+            isinstance(item, int | float) and not isinstance(item, bool) for item in value
+        ):
+            return ",".join(str(item) for item in value)
+        return value
+
+    @field_validator("repetition_ngram", mode="before")
+    @classmethod
+    def _off_from_query(cls, value: Any) -> Any:
+        """off / none / null turns the repetition guard off, as it does passage_pause."""
+        return off_is_none(value)
 
     @property
     def guards_silence(self) -> bool:

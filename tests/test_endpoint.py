@@ -341,6 +341,17 @@ def test_decimals_from_a_query_string_are_read_as_numbers():
     for strict in ({"num_speakers": "2"}, {"vad": "false"}, {"vad": 0}):
         with pytest.raises(EndpointError, match="invalid parameters"):
             parse_parameters(strict)
+    # Text the toolkit made a number (all digits) is its digits again; they were refused.
+    digits = parse_parameters({"clip_timestamps": 5, "hotwords": 1984, "initial_prompt": 2024})
+    assert (digits.clip_timestamps, digits.hotwords, digits.initial_prompt) == ("5", "1984", "2024")
+    assert digits.service_options().clip_spans() == ((5.0, float("inf")),)
+    with pytest.raises(EndpointError, match="invalid parameters"):
+        parse_parameters({"hotwords": True})  # a boolean is no text
+    # off turns the repetition guard off, as it does the other optional settings
+    assert parse_parameters({"repetition_ngram": "off"}).repetition_ngram is None
+    # openai-whisper's list form of clip timestamps, in JSON
+    listed = parse_parameters({"clip_timestamps": [0, 5.5, 10]}).service_options()
+    assert listed.clip_spans() == ((0.0, 5.5), (10.0, float("inf")))
 
 
 @pytest.mark.slow
