@@ -238,9 +238,9 @@ def make_drafter(
         return EarlyExitDrafter(wrapped_target.early_exit(options.early_exit))
     if assistant is None:
         return None
-    # `is` first: building and comparing two 262k-entry vocabularies costs most of a second.
     # The draft's own limit: a Gemma 3 draft holds 512 positions for a target that holds 8192.
     drafter = ModelDrafter(CausalLM(assistant.model), context=context_limit(assistant)[0])
+    # `is` first: building and comparing two 262k-entry vocabularies costs most of a second.
     if assistant.tokenizer is target.tokenizer or assistant.vocabulary == target.vocabulary:
         return drafter
     return CrossTokenizerDrafter(
