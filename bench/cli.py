@@ -61,8 +61,8 @@ class Config:
 CONFIGS: dict[str, Config] = {
     c.name: c
     for c in (
-        Config("default", (), "default, no draft"),
-        Config("default, no draft", ("--assistant", "none")),
+        Config("default", (), "default --assistant none"),
+        Config("default --assistant none", ("--assistant", "none")),
         Config("default --no-vad", ("--no-vad",)),
         # Free heap pages kept by the process instead of handed back (app.malloc)
         Config("default (no heap trim)", (), None, (("SPECSCRIBE_HEAP_TRIM_SECONDS", "0"),)),
@@ -134,7 +134,7 @@ CONFIGS: dict[str, Config] = {
         # falls back to sampling, the best of 5 samples (its transcribe's best_of=5 default;
         # its beam-1 rows above sample 5 too).
         Config("beam5", ("--beam-size", "5", "--best-of", "5")),
-        Config("default --best-of 5", ("--best-of", "5"), "default, no draft"),
+        Config("default --best-of 5", ("--best-of", "5"), "default --assistant none"),
         Config(f"{BASELINE} beam5", ("--beam-size", "5")),
     )
 }

@@ -98,8 +98,16 @@ def test_unknown_configurations_are_refused(capsys):
 
 def test_the_default_is_checked_against_itself_without_the_draft():
     default = bench_cli.CONFIGS["default"]
-    assert default.plain == "default, no draft"
+    assert default.plain == "default --assistant none"
     assert bench_cli.CONFIGS[default.plain].options == ("--assistant", "none")
+
+
+def test_every_configuration_can_be_named_in_configs():
+    # --configs is split on commas: "default, no draft" could not be named, and the default
+    # list, joined and split again, named "no draft" (the README's command exited 2).
+    assert not [name for name in bench_cli.CONFIGS if "," in name]
+    defaults = ",".join(bench_cli.DEFAULT_CONFIGS).split(",")
+    assert defaults == list(bench_cli.DEFAULT_CONFIGS)
 
 
 def test_a_speech_folder_without_references_is_refused_before_any_pass(tmp_path, capsys):
