@@ -319,9 +319,10 @@ def _check_regular_file(path: Path, label: str) -> None:
     except FileNotFoundError:
         if path.is_symlink():
             raise AudioLoadError(f"{label}: a symbolic link to a file that is gone") from None
-        if str(path) == "-":
+        if str(path) == "-":  # `./-` on the command line, or "-" given to load_audio
             raise AudioLoadError(
-                "-: specscribe does not read audio from stdin: save it to a file first"
+                "-: no such file (a file named -; standard input is read by `specscribe "
+                "transcribe -`, not by load_audio)"
             ) from None
         raise AudioLoadError(f"{label}: no such file") from None
     except OSError as error:  # a symbolic link loop (ELOOP), a name too long, ...
