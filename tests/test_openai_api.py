@@ -497,7 +497,7 @@ def test_a_streamed_request_stopped_by_a_shutdown_gets_a_shutting_down_event():
             return
             yield
 
-        return [event async for event in _transcript_events(done, no_windows())]
+        return [event async for event in _transcript_events(done, no_windows(), "transcribe")]
 
     (event,) = asyncio.run(events())
     error = json.loads(event.removeprefix("data: "))["error"]
