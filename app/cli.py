@@ -1101,8 +1101,17 @@ def _cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     import json
     import time
 
+    from .jobs import default_store_path
     from .status_lines import one_line
 
+    if args.store is None and not args.jobs and not default_store_path().exists():
+        # Nothing submitted on this account yet: an empty queue, not an error (a --store
+        # named and missing stays one: it may be mistyped).
+        if args.json:
+            print(json.dumps({"store": str(default_store_path()), "jobs": []}, indent=2))
+        else:
+            print(f"no jobs yet (`specscribe submit` makes the job store, {default_store_path()})")
+        return 0
     store = _store(args, create=False, read_only=True)
     jobs = store.jobs(args.jobs)
     missing = sorted(set(args.jobs) - {job.id for job in jobs})

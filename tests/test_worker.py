@@ -495,9 +495,14 @@ def test_a_store_path_that_is_a_folder_or_missing_is_a_clear_error(tmp_path, cap
         assert main([*command, "--store", str(missing)]) == 2
         assert f"no job store at {missing}" in capsys.readouterr().err
     assert not missing.exists()  # nothing was made of the typo
-    # nor by status when there is no --store: it only reads
+    # nor by status when there is no --store: it only reads. Before any submit, the default
+    # queue is empty (not an error); a job asked for in it does not exist.
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
-    assert main(["status"]) == 2
+    assert main(["status"]) == 0
+    assert "no jobs yet (`specscribe submit` makes the job store" in capsys.readouterr().out
+    assert main(["status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs"] == []
+    assert main(["status", "1"]) == 2
     assert "no job store at" in capsys.readouterr().err
     assert not (tmp_path / "data").exists()
     JobStore(missing)  # submit makes it
