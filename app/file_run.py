@@ -29,7 +29,7 @@ from .output_claim import OutputClaim, claim_outputs, wait_until_unclaimed
 from .output_plan import fingerprinted, plan_outputs
 from .service import Labelled, TranscriptionService
 from .status_lines import one_line, tell
-from .unlabelled_cache import Kept, keep_unlabelled, reused
+from .unlabelled_cache import Kept, journal_path, keep_unlabelled, reused
 
 # Write errors that every later file's outputs would meet too: a full disk or quota, a
 # file system mounted read-only.
@@ -209,7 +209,11 @@ class FileRun:
         name = group[0][0].name + more
         self._bar.set_postfix_str(name)
         progress = shown_progress(self._bar, name)
-        results = _transcribe_batch(self.service, group, self.options, progress)
+        (_, first_outputs, *_), *others = group
+        # A file decoded alone keeps its decoded windows as it goes (a long one: the service
+        # decides), in case this run is stopped before it is done.
+        journal = journal_path(first_outputs) if first_outputs and not others else None
+        results = _transcribe_batch(self.service, group, self.options, progress, journal)
         together = [  # whose decoding costs the stats of these files are (files with speech)
             str(path)
             for (path, *_), result in zip(group, results, strict=True)
@@ -224,6 +228,8 @@ class FileRun:
                 transcript = dataclasses.replace(result.transcript, stats=stats)
                 result = dataclasses.replace(result, transcript=transcript)
             self._written(path, outputs, record, result)
+            if journal is not None and path in self.finished:  # its outputs are written
+                journal.unlink(missing_ok=True)
 
     def _batches(self, jobs: list[Job]) -> Iterator[list]:
         """The jobs in order, their audio loaded, in batches of up to `batch_files` files and
@@ -415,10 +421,15 @@ def shown_progress(
 
 
 def _transcribe_batch(
-    service: TranscriptionService, batch: list, options, progress: ProgressHook
+    service: TranscriptionService,
+    batch: list,
+    options,
+    progress: ProgressHook,
+    journal: Path | None = None,
 ) -> list:
     """Each file's app.service.Labelled, or the exception it raised. A batch whose decoding
-    fails is decoded again one file at a time, so that only the file at fault fails."""
+    fails is decoded again one file at a time, so that only the file at fault fails.
+    journal: a one-file batch's window journal (`journal_path`)."""
     audios = [audio for *_, audio in batch]
     if len(batch) > 1:
         try:
@@ -428,7 +439,7 @@ def _transcribe_batch(
     results: list = []
     for audio in audios:
         try:
-            results.append(service.run_keeping_unlabelled([audio], options, progress)[0])
+            results.append(service.run_keeping_unlabelled([audio], options, progress, journal)[0])
         except Exception as error:
             results.append(error)
     return results

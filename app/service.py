@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import json
 import math
 import threading
 import time
@@ -61,6 +62,11 @@ __all__ = [
 ]
 
 AudioInput = str | Path | bytes | BinaryIO | np.ndarray | DecodedAudio
+
+# A recording this long (s) or longer keeps a journal of its decoded windows where the caller
+# offers one (`run_keeping_unlabelled`): a run stopped part-way is taken up where it stopped.
+# Shorter ones cost little to decode again.
+JOURNAL_MIN_SECONDS = 120.0
 """A path, the bytes of an audio file, an open binary file, samples at 16 kHz (float in
 [-1, 1] or integer PCM, mono or channels: `asr.audio.samples_audio`), or a file decoded
 already (`asr.audio.decode_audio`: its warnings join the transcript's)."""
@@ -364,11 +370,47 @@ class TranscriptionService:
         audios: list[AudioInput],
         options: ServiceOptions | Mapping[str, object] | None = None,
         progress: ProgressHook = no_progress,
+        journal: Path | None = None,
     ) -> list[Labelled]:
         """`run_many`, each transcript with the one it was before speakers were assigned
         (`Labelled.unlabelled`), which `relabel` labels again for other speaker options
-        without transcribing again."""
-        return self._run(audios, options, progress, None)
+        without transcribing again.
+
+        journal: for one recording of JOURNAL_MIN_SECONDS or more, a file that keeps its
+        decoded windows as they are decoded (`asr.window_journal`), so that a run stopped
+        part-way and run again with the same audio, model, precision and options reads them
+        back instead of decoding them again. The caller removes it once the transcript is
+        kept."""
+        return self._run(audios, options, progress, None, journal)
+
+    def _journal(
+        self,
+        path: Path,
+        samples: np.ndarray,
+        spans,
+        turn_starts: tuple[float, ...],
+        transcribe_options,
+        options: ServiceOptions,
+    ):
+        """The window journal at `path` for this recording decoded this way: its identity
+        names everything a window's result depends on besides the window itself."""
+        import torch
+
+        from asr.window_journal import WindowJournal, audio_digest
+
+        identity = {
+            "torch": torch.__version__,  # its kernels decide the bits
+            "model": self.asr_model_name,
+            "weights": self.model.name,
+            "precision": self.precision,
+            "device": str(self.device),
+            "audio": audio_digest(samples),
+            "spans": None if spans is None else [list(span) for span in spans],
+            "turn_starts": list(turn_starts),
+            "passage_starts": list(_clip_starts(options)),
+            "options": json.loads(json.dumps(dataclasses.asdict(transcribe_options), default=str)),
+        }
+        return WindowJournal(path, identity)
 
     def relabel(
         self,
@@ -401,6 +443,7 @@ class TranscriptionService:
         options: ServiceOptions | Mapping[str, object] | None,
         progress: ProgressHook,
         on_window: WindowHook | None,
+        journal: Path | None = None,
     ) -> list[Labelled]:
         from asr.transcribe import Recording, transcribe, transcribe_many
 
@@ -431,19 +474,29 @@ class TranscriptionService:
             drafted = options.use_assistant and options.beam_size == 1
             draft = self._draft_for(speech) if drafted else None
             if len(prepared) == 1:
-                transcripts = [
-                    transcribe(
-                        self.model,
-                        prepared[0].samples,
-                        transcribe_options,
-                        progress=progress,
-                        draft=draft,
-                        on_window=on_window,
-                        spans=prepared[0].spans,
-                        turn_starts=_turn_starts(prepared[0], options),
-                        passage_starts=_clip_starts(options),
-                    )
-                ]
+                turn_starts = _turn_starts(prepared[0], options)
+                windows = None
+                if journal is not None and len(recordings[0]) >= JOURNAL_MIN_SECONDS * SAMPLE_RATE:
+                    recording = (prepared[0].samples, prepared[0].spans, turn_starts)
+                    windows = self._journal(journal, *recording, transcribe_options, options)
+                try:
+                    transcripts = [
+                        transcribe(
+                            self.model,
+                            prepared[0].samples,
+                            transcribe_options,
+                            progress=progress,
+                            draft=draft,
+                            on_window=on_window,
+                            spans=prepared[0].spans,
+                            turn_starts=turn_starts,
+                            passage_starts=_clip_starts(options),
+                            journal=windows,
+                        )
+                    ]
+                finally:
+                    if windows is not None:
+                        windows.close()
             else:
                 transcripts = transcribe_many(
                     self.model,

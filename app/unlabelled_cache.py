@@ -64,6 +64,15 @@ def unlabelled_path(outputs: dict[str, Path]) -> Path:
     return record.with_name(record.name.removesuffix(".json") + "-unlabelled.json")
 
 
+def journal_path(outputs: dict[str, Path]) -> Path:
+    """Where a long file's decoded windows are kept while it is transcribed
+    (`asr.window_journal`, `TranscriptionService.run_keeping_unlabelled`): beside its record,
+    hidden, and removed once its outputs are written. A run stopped part-way leaves it, and
+    the next run on the file goes on from it."""
+    record = record_path(outputs)
+    return record.with_name(record.name.removesuffix(".json") + "-windows.jsonl")
+
+
 def passes_path(outputs: dict[str, Path]) -> Path:
     """Where the diarizer's passes over a file live, beside its kept transcript."""
     return unlabelled_path(outputs).with_suffix(".npz")

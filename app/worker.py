@@ -37,7 +37,7 @@ from .output_plan import made_from
 from .service import ServiceOptions, TranscriptionService
 from .status_lines import one_line
 from .stop_signals import raising_on
-from .unlabelled_cache import Kept, keep_unlabelled, kept_unlabelled, reused
+from .unlabelled_cache import Kept, journal_path, keep_unlabelled, kept_unlabelled, reused
 
 if TYPE_CHECKING:
     from diarize.passes import SpeakerPasses
@@ -115,11 +115,14 @@ def execute(
     options: ServiceOptions,
     progress: ProgressHook = no_progress,
     kept: Kept | None = None,
+    journal: Path | None = None,
 ) -> Outcome:
     """Decodes one file (a path, or its bytes named `label` in errors). Any error becomes a
     failed Outcome: one bad file must not stop the worker. kept: the file's kept transcript
     (`app.unlabelled_cache.kept_unlabelled`), labelled again (with diarization) or taken as
-    it is instead of transcribing (labelled with the counts asked for: as it was)."""
+    it is instead of transcribing (labelled with the counts asked for: as it was). journal:
+    where a long file keeps its decoded windows (`app.unlabelled_cache.journal_path`), for a
+    worker that takes the task up again after this one stopped."""
     from asr.audio import decode_audio
 
     started = time.perf_counter()
@@ -139,7 +142,7 @@ def execute(
             return Outcome(
                 transcript, None, seconds, unlabelled, passes, from_kept=True, relabelled=True
             )
-        result = service.run_keeping_unlabelled([source], options, progress)[0]
+        result = service.run_keeping_unlabelled([source], options, progress, journal)[0]
     except Exception as error:
         return Outcome(None, describe_error(error), time.perf_counter() - started)
     seconds = time.perf_counter() - started
@@ -270,11 +273,13 @@ def finish(
     log: Log,
     record: dict | None = None,
     place: str | None = None,
+    journal: Path | None = None,
 ) -> None:
     """Step 4: outputs first, then the record, so `done` always means the outputs exist.
 
     record: the option record the outputs carry (see `prepare`); place: where the file was
-    decoded, when not in this process (a Ray node), named in the task's note."""
+    decoded, when not in this process (a Ray node), named in the task's note; journal: the
+    file's window journal, removed once its outputs are written."""
     from asr.writers import why_unwritten, write_outputs
 
     if outcome.transcript is None:
@@ -291,6 +296,8 @@ def finish(
             labelled = outcome.transcript if task.spec.options.diarize else None
             keep_unlabelled(task.outputs, record, outcome.unlabelled, outcome.passes, labelled)
         write_outputs(outcome.transcript, task.outputs, record, task.spec.layout)
+        if journal is not None:
+            journal.unlink(missing_ok=True)
     except OSError as error:  # a full disk, a file where a folder must go: this task's failure
         reason = why_unwritten(error, task.outputs)
         if store.fail(task, worker, reason, outcome.seconds):
@@ -467,6 +474,7 @@ class LocalWorker:
             kept = None  # other speaker counts or formats than its outputs': its transcript
             if not task.spec.overwrite:
                 kept = kept_unlabelled(task.outputs, record)
+            journal = journal_path(task.outputs)
             outcome = execute(
                 self.service,
                 task.path,
@@ -474,8 +482,9 @@ class LocalWorker:
                 task.spec.options,
                 progress_recorder(self.store, task),
                 kept,
+                journal,
             )
-            finish(self.store, task, self.worker, outcome, self.log, record)
+            finish(self.store, task, self.worker, outcome, self.log, record, journal=journal)
         except (Shutdown, KeyboardInterrupt) as stop:
             self.store.release(task, self.worker, f"worker stopped ({stop or 'interrupt'})")
             self.log(f"task {task.id} handed back: worker stopped")

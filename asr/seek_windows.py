@@ -20,6 +20,7 @@ from asr.window_session import (
     consumed_frames,
     decode_by_language,
     encode_together,
+    encoded_when_needed,
     is_silent,
     segments_with_content,
     skipped_tail,
@@ -120,7 +121,10 @@ def seek_windows(sessions: list[Session], progress: ProgressHook) -> list[list[S
             if not pieces or pieces[-1][0] is not recording.session:
                 pieces.append((recording.session, []))
             pieces[-1][1].append(window)
-        encoded, draft_encoded = encode_together(pieces, padded=False)
+        if all(session.encoding_can_wait() for session, _ in pieces):
+            encoded, draft_encoded = encoded_when_needed(pieces, padded=False)
+        else:
+            encoded, draft_encoded = encode_together(pieces, padded=False)
         owners = [r.session for r, _ in active]
         languages = [
             owner.window_language(
@@ -140,7 +144,7 @@ def seek_windows(sessions: list[Session], progress: ProgressHook) -> list[list[S
             for (r, p), language in zip(active, languages, strict=True)
         ]
         results = decode_by_language(
-            WindowBatch(encoded, tuple(prompts), draft_encoded),
+            WindowBatch(encoded, tuple(prompts), draft_encoded, tuple(windows)),
             languages,
             seeds=[options.seed + start for start, _ in windows],
             guards=[p.guard for _, p in active],

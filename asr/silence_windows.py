@@ -68,7 +68,7 @@ def silence_windows(session: Session, progress: ProgressHook) -> list[Segment]:
         ]
         prompts = tuple(session.prompt(session.initial_prompt, code) for code in languages)
         results = decode_by_language(
-            WindowBatch(encoded, prompts, draft_encoded),
+            WindowBatch(encoded, prompts, draft_encoded, tuple(group)),
             languages,
             seeds=[options.seed + s for s, _ in group],
             guards=[guard_of(start) for start, _ in group],

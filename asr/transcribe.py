@@ -40,6 +40,7 @@ from asr.types import ProgressHook, Segment, Transcript, WindowHook, no_progress
 from asr.whisper import WhisperModel
 from asr.whisper_drafters import DraftSource
 from asr.window_decoder import WindowResult, compression_ratio
+from asr.window_journal import WindowJournal
 from asr.window_session import Ledger, Session, detect_language
 from decoding import LookaheadPolicy
 
@@ -82,6 +83,7 @@ def transcribe(
     spans: tuple[Span, ...] | None = None,
     turn_starts: tuple[float, ...] = (),
     passage_starts: tuple[float, ...] = (),
+    journal: WindowJournal | None = None,
 ) -> Transcript:
     """samples: float32 mono 16 kHz, shape = (n_samples,).
 
@@ -97,9 +99,12 @@ def transcribe(
     on_window: called with each window's kept segments as soon as they are decided (a server
     streams them): in time order for "seek" windows; a "silence" chunk's tail may come after a
     later chunk. The returned Transcript holds the same segments, sorted.
+    journal: the windows an earlier run of this recording with these options decoded, read
+    back rather than decoded again; each window decoded now is added to it
+    (`asr.window_journal`: the transcript is the one an uninterrupted run gives).
     """
     recording = Recording(samples, spans, turn_starts, passage_starts)
-    return _transcribe([recording], options, model, progress, draft, policy, on_window)[0]
+    return _transcribe([recording], options, model, progress, draft, policy, on_window, journal)[0]
 
 
 def transcribe_many(
@@ -133,7 +138,9 @@ def _transcribe(
     draft: DraftSource | None,
     policy: LookaheadPolicy | None,
     on_window: WindowHook | None,
+    journal: WindowJournal | None = None,
 ) -> list[Transcript]:
+    """journal: one recording's (`transcribe`)."""
     # 1. Check the request; mel spectrograms for the target and a draft that needs its own.
     options.validate(model)
     if draft is not None and draft.target is not model:
@@ -144,7 +151,8 @@ def _transcribe(
         policy = draft.default_policy()  # one for the whole run: Adaptive learns the pair
     started = time.perf_counter()
     prepared = [
-        _prepare(model, recording, options, draft, policy, on_window) for recording in recordings
+        _prepare(model, recording, options, draft, policy, on_window, journal)
+        for recording in recordings
     ]
     sessions = [session for session in prepared if isinstance(session, Session)]
 
@@ -176,6 +184,7 @@ def _prepare(
     draft: DraftSource | None,
     policy: LookaheadPolicy | None,
     on_window: WindowHook | None,
+    journal: WindowJournal | None = None,
 ) -> Session | Transcript:
     """A recording's decoding session, or its (empty) transcript when it has nothing to decode."""
     samples = recording.samples
@@ -211,7 +220,7 @@ def _prepare(
         inside = {start for start in starts if 0 < start < len(decoded)}
         resumptions = sorted(inside.union(resumptions or ()))
     return Session(
-        model, decoded, options, draft, policy, on_window, timeline, resumptions, duration
+        model, decoded, options, draft, policy, on_window, timeline, resumptions, duration, journal
     )
 
 
@@ -241,6 +250,12 @@ def _dropped_warnings(session: Session) -> tuple[str, ...]:
             f"(hallucination silence threshold {threshold:g} s)"
         )
     return tuple(warnings)
+
+
+def _journal_stats(session: Session) -> dict:
+    """How many windows' decoder results were read back from an interrupted run's journal."""
+    journal = session.journal
+    return {} if journal is None else {"journal_windows": journal.read_back}
 
 
 def _finished(session: Session, segments: list[Segment], started: float) -> Transcript:
@@ -276,6 +291,7 @@ def _finished(session: Session, segments: list[Segment], started: float) -> Tran
             "dropped_in_pauses": session.dropped_in_pauses,
             "retimed_windows": session.retimed_windows,
             "resumed_windows": session.resumed_windows,
+            **_journal_stats(session),
             "beam_size": session.options.beam_size,  # 1: greedy
             "best_of": session.options.best_of,
             "target_calls": stats.target_calls,

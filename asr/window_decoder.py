@@ -79,12 +79,15 @@ def compression_ratio(text: str) -> float:
 class WindowBatch:
     """Windows decoded together, one row each; every prompt ends in the same SOT sequence.
 
-    encoded: the target's view of the windows; draft_encoded: the draft's (None without one).
+    encoded: the target's view of the windows; draft_encoded: the draft's (None without one);
+    windows: each row's (first, end) frames in its recording, where a transcription knows them
+    (`asr.window_journal` keys results by them).
     """
 
     encoded: EncodedAudio
     prompts: tuple[tuple[int, ...], ...]
     draft_encoded: EncodedAudio | None = None
+    windows: tuple[tuple[int, int], ...] | None = None
 
     def rows(self, rows: list[int]) -> WindowBatch:
         """These windows, in this order."""
@@ -94,6 +97,7 @@ class WindowBatch:
             encoded=self.encoded.rows(index),
             prompts=tuple(self.prompts[row] for row in rows),
             draft_encoded=None if draft is None else draft.rows(index),
+            windows=None if self.windows is None else tuple(self.windows[row] for row in rows),
         )
 
 

