@@ -11,6 +11,7 @@ unwinds: outputs are written atomically, so a rerun does the rest.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import sys
@@ -228,8 +229,6 @@ class FileRun:
                 transcript = dataclasses.replace(result.transcript, stats=stats)
                 result = dataclasses.replace(result, transcript=transcript)
             self._written(path, outputs, record, result)
-            if journal is not None and path in self.finished:  # its outputs are written
-                journal.unlink(missing_ok=True)
 
     def _batches(self, jobs: list[Job]) -> Iterator[list]:
         """The jobs in order, their audio loaded, in batches of up to `batch_files` files and
@@ -338,6 +337,9 @@ class FileRun:
                 labelled = transcript if self.options.diarize else None
                 keep_unlabelled(outputs, record, unlabelled, result.passes, labelled)
             write_outputs(transcript, outputs, record, self.layout)
+            if outputs:  # its decoded windows, kept in case this run or one before stopped
+                with contextlib.suppress(OSError):
+                    journal_path(outputs).unlink(missing_ok=True)
         except OSError as error:
             self._bar.write(
                 f"{one_line(f'== {path} (its outputs could not be written)')}\n{shown(transcript)}"

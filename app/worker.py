@@ -273,13 +273,12 @@ def finish(
     log: Log,
     record: dict | None = None,
     place: str | None = None,
-    journal: Path | None = None,
 ) -> None:
-    """Step 4: outputs first, then the record, so `done` always means the outputs exist.
+    """Step 4: outputs first, then the record, so `done` always means the outputs exist; the
+    file's window journal (`app.unlabelled_cache.journal_path`), if a run left one, goes then.
 
     record: the option record the outputs carry (see `prepare`); place: where the file was
-    decoded, when not in this process (a Ray node), named in the task's note; journal: the
-    file's window journal, removed once its outputs are written."""
+    decoded, when not in this process (a Ray node), named in the task's note."""
     from asr.writers import why_unwritten, write_outputs
 
     if outcome.transcript is None:
@@ -296,8 +295,8 @@ def finish(
             labelled = outcome.transcript if task.spec.options.diarize else None
             keep_unlabelled(task.outputs, record, outcome.unlabelled, outcome.passes, labelled)
         write_outputs(outcome.transcript, task.outputs, record, task.spec.layout)
-        if journal is not None:
-            journal.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            journal_path(task.outputs).unlink(missing_ok=True)
     except OSError as error:  # a full disk, a file where a folder must go: this task's failure
         reason = why_unwritten(error, task.outputs)
         if store.fail(task, worker, reason, outcome.seconds):
@@ -484,7 +483,7 @@ class LocalWorker:
                 kept,
                 journal,
             )
-            finish(self.store, task, self.worker, outcome, self.log, record, journal=journal)
+            finish(self.store, task, self.worker, outcome, self.log, record)
         except (Shutdown, KeyboardInterrupt) as stop:
             self.store.release(task, self.worker, f"worker stopped ({stop or 'interrupt'})")
             self.log(f"task {task.id} handed back: worker stopped")

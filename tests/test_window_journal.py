@@ -185,3 +185,21 @@ def test_a_killed_cli_run_goes_on_from_its_journal_and_removes_it_when_done(tmp_
     assert resumed["stats"]["journal_windows"] >= 1
     assert whole["stats"]["journal_windows"] == 0
     assert not journal.exists()
+
+
+@pytest.mark.slow
+def test_a_journal_left_by_a_stopped_run_goes_once_the_files_outputs_are_written(tmp_path):
+    """However the file is decoded this time (here beside another file, which keeps no
+    journal), a journal an earlier stopped run left beside its outputs is removed with them
+    written."""
+    from app.cli import main
+    from tests.conftest import SAMPLES
+
+    out = tmp_path / "out"
+    out.mkdir()
+    left = out / ".jfk.specscribe-windows.jsonl"
+    left.write_text('{"format": "window-journal-1"}\n')
+    files = [str(SAMPLES / "jfk.wav"), str(SAMPLES / "librispeech_1089-134686-0002.wav")]
+    command = ["transcribe", *files, "-o", str(out), "--model", "whisper-tiny.en"]
+    assert main([*command, "--assistant", "none", "--language", "en"]) == 0
+    assert (out / "jfk.txt").is_file() and not left.exists()
