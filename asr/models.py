@@ -391,7 +391,8 @@ class ModelRegistry:
         if manifest is not None and stamp == _file_stamps(directory, manifest["files"]):
             return []
         if damaged := _damaged_files(directory):
-            self.progress(f"{directory.name}: damaged in the cache ({', '.join(damaged)})", 0, 1)
+            named = ", ".join(damaged)
+            self.progress(f"{directory.name}: damaged in the cache ({named}), fetching again", 0, 1)
             return damaged
         _write_checked_stamp(directory)
         return []
