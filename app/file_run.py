@@ -210,10 +210,15 @@ class FileRun:
         name = group[0][0].name + more
         self._bar.set_postfix_str(name)
         progress = shown_progress(self._bar, name)
-        (_, first_outputs, *_), *others = group
+        (first, first_outputs, *_), *others = group
         # A file decoded alone keeps its decoded windows as it goes (a long one: the service
         # decides), in case this run is stopped before it is done.
         journal = journal_path(first_outputs) if first_outputs and not others else None
+        if journal is not None and journal.is_file():
+            self._say(
+                f"specscribe: {first}: an earlier run stopped part-way through it; the windows "
+                "it decoded are read back where the model and options are the same"
+            )
         results = _transcribe_batch(self.service, group, self.options, progress, journal)
         together = [  # whose decoding costs the stats of these files are (files with speech)
             str(path)

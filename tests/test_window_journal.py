@@ -177,7 +177,10 @@ def test_a_killed_cli_run_goes_on_from_its_journal_and_removes_it_when_done(tmp_
         run.wait()
     assert not (killed_out / "sonnets.json").exists()
 
-    subprocess.run([*command, "-o", str(killed_out)], cwd=REPO, env=env, check=True)
+    again = subprocess.run(
+        [*command, "-o", str(killed_out)], cwd=REPO, env=env, check=True, capture_output=True
+    )
+    assert "an earlier run stopped part-way through it" in again.stderr.decode()
     subprocess.run([*command, "-o", str(tmp_path / "whole")], cwd=REPO, env=env, check=True)
     resumed = json.loads((killed_out / "sonnets.json").read_text())
     whole = json.loads((tmp_path / "whole" / "sonnets.json").read_text())
