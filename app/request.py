@@ -378,7 +378,6 @@ class ServiceOptions(BaseModel):
             no_speech_threshold=self.no_speech_threshold,
             repetition_ngram=self.repetition_ngram,
             passage_pause=self.passage_pause,
-            pack_passages=self.clip_timestamps is None,
             hallucination_silence_threshold=self.hallucination_silence_threshold,
             beam_size=self.beam_size,
             patience=self.patience,

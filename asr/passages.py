@@ -5,8 +5,9 @@ one after another. Across a long pause that the VAD (or a clip range) cut out, t
 text helps little and is what Whisper copies into the next window when it invents text; the
 speech after such a pause starts a new passage. Passages decode side by side (a batch holds
 one window of each), and each is decoded OpenAI's way on its own, prompted with its own text
-only. Short passages are packed together, whole, while they fit one window: a window of
-several short utterances costs what a window of one does.
+only. Short passages may be packed together, whole, while they fit one window
+(`TranscribeOptions.pack_passages`, off by default): a window of several short utterances
+then costs what a window of one does, but Whisper reads it as one stretch of speech.
 """
 
 from __future__ import annotations

@@ -59,10 +59,12 @@ class TranscribeOptions:
     # cut out starts a passage of its own, decoded side by side with the others and prompted
     # with its own text only (`asr.passages`). None: all spans are one passage.
     passage_pause: float | None = 5.0
-    # Short passages packed, whole, into one window while they fit. False: each passage has
-    # windows of its own; for clip ranges, which OpenAI decodes one by one and which may start
-    # mid-word (packed behind another, such a range's words were lost).
-    pack_passages: bool = True
+    # Short passages packed, whole, into one window while they fit: fewer windows to encode,
+    # but Whisper reads a packed window as one stretch of speech, so it detects the language
+    # of a mix, may write an utterance said again after the pause once, and times segments
+    # across the pause (docs/vad.md). False: each passage has windows of its own, as OpenAI
+    # decodes clip ranges one by one.
+    pack_passages: bool = False
 
     def checked(self) -> TranscribeOptions:
         """Checks what needs no model (the guards' settings); returns self."""

@@ -208,12 +208,13 @@ def test_speech_a_prompt_in_another_language_silenced_is_decoded_without_it(serv
 @pytest.mark.slow
 @pytest.mark.parametrize("pause", [PAUSE_SECONDS, 3.0])
 def test_speech_after_a_seam_where_the_text_stopped_is_still_decoded(whisper_base, pause):
-    # Without multilingual the three short utterances are one window (packed passages, or one
-    # passage across pauses shorter than passage_pause), read as German (detected from the
-    # whole window), and Whisper closes its text after the English: the window goes on from
-    # the next loud frame instead of dropping 11 s of speech.
+    # Without multilingual the three short utterances are one window (passages packed, as the
+    # Python API still may, or one passage across pauses shorter than passage_pause), read as
+    # German (detected from the whole window), and Whisper closes its text after the English:
+    # the window goes on from the next loud frame instead of dropping 11 s of speech.
     samples, spans = mixed_recording(pause)
-    transcript = transcribe(whisper_base, samples, spans=spans)
+    packed = TranscribeOptions(pack_passages=True)
+    transcript = transcribe(whisper_base, samples, packed, spans=spans)
     assert transcript.stats["passages"] == 1
     assert all(text.strip() for text in passage_texts(transcript, spans))
     german = passage_texts(transcript, spans)[1]

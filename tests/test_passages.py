@@ -187,11 +187,11 @@ def test_a_passage_that_repeats_an_earlier_one_is_kept(whisper_tiny_en, monkeypa
 
 
 @pytest.mark.slow
-def test_speech_packed_after_a_pause_is_not_skipped(settings):
-    """JFK, 10 s of silence, a LibriSpeech sentence, 20 s, the sonnet: the first two are packed
-    into one passage whose window is padded with silence. whisper-base (int8, the default)
-    closes that window's text after JFK with a final timestamp; the passage must go on with
-    the sentence instead of taking the whole window as read, or the sentence is lost."""
+def test_speech_after_a_pause_is_not_skipped(settings):
+    """JFK, 10 s of silence, a LibriSpeech sentence, 20 s, the sonnet: three passages, each
+    decoded in windows of its own. When the first two were packed into one passage, whose
+    window is padded with silence, whisper-base (int8, the default) closed that window's text
+    after JFK with a final timestamp, and the sentence was lost unless the passage went on."""
     from app.service import ServiceOptions, TranscriptionService
 
     def pause(seconds: float) -> np.ndarray:
@@ -205,7 +205,7 @@ def test_speech_packed_after_a_pause_is_not_skipped(settings):
     service = TranscriptionService(settings, assistant_model="auto")
     for words in (False, True):
         transcript = service.run(samples, ServiceOptions(language="en", word_timestamps=words))
-        assert transcript.stats["passages"] == 2
+        assert transcript.stats["passages"] == 3
         text = transcript.text.lower()
         assert "ask not what your country" in text and "glutton be" in text
         assert "the yellow lamps would light up" in text
@@ -220,9 +220,9 @@ def test_speech_packed_after_a_pause_is_not_skipped(settings):
 @pytest.mark.slow
 @needs_speech
 def test_one_word_utterances_after_long_pauses_are_each_timed_and_decoded_once(settings):
-    """Nine one-word recordings (an4), 6 s apart: the VAD's spans are packed into one window.
-    Laid end to end without silence between them, whisper-base gave every word a 1 s segment
-    from the window's start (times up to 14 s early) and decoded the last two words twice."""
+    """Nine one-word recordings (an4), 6 s apart: nine passages, decoded side by side. Laid end
+    to end without silence between them, whisper-base gave every word a 1 s segment from the
+    window's start (times up to 14 s early) and decoded the last two words twice."""
     from app.service import ServiceOptions, TranscriptionService
 
     clips = sorted((SHARED_SPEECH / "en_single" / "an4").glob("*.txt"))
@@ -237,7 +237,7 @@ def test_one_word_utterances_after_long_pauses_are_each_timed_and_decoded_once(s
     samples = np.concatenate(pieces)
     service = TranscriptionService(settings, assistant_model="auto")
     transcript = service.run(samples, ServiceOptions(language="en"))
-    assert transcript.stats["passages"] == 1
+    assert transcript.stats["passages"] == 9
     decoded = [s for s in transcript.segments if s.text.strip()]
     assert [s.text.strip(" .!?,").lower() for s in decoded] == words
     for segment, (start, end) in zip(decoded, bounds, strict=True):
@@ -312,3 +312,40 @@ def test_clip_ranges_a_few_seconds_apart_still_decode_apart(settings):
     words = [w for s in transcript.segments for w in s.words]
     assert all(w.end <= 4.5 or w.start >= 7.0 for w in words), words
     assert "ask what you can do for your country" in " ".join(s.text for s in second).lower()
+
+
+@pytest.mark.slow
+@needs_speech
+def test_passages_are_not_read_as_one_stretch_of_speech(settings):
+    """Short passages were packed into one window, which Whisper reads as one stretch of
+    speech (hunt): an English sentence with French 40 s later was detected as French and its
+    English written as French nonsense, with no warning; one sentence read three times 10 s
+    apart came out once, as one segment over all three, when a prompt was given; a segment
+    was timed over the 40 s pause after it. Each passage now has windows of its own."""
+    from app.service import ServiceOptions, TranscriptionService
+
+    def pause(seconds: float) -> np.ndarray:
+        return np.zeros(int(seconds * SAMPLE_RATE), np.float32)
+
+    english = load_audio(SAMPLES / "librispeech_1089-134686-0002.wav")
+    french = load_audio(SHARED_SPEECH / "non_en" / "leopard_test_fr.wav")
+    service = TranscriptionService(settings, assistant_model="auto")
+
+    transcript = service.run(np.concatenate([english, pause(40), french]), ServiceOptions())
+    french_start = len(english) / SAMPLE_RATE + 40
+    assert transcript.language == "en"
+    first = transcript.segments[0]
+    assert "yellow lamps" in first.text.lower()
+    assert first.end <= len(english) / SAMPLE_RATE + 0.5  # not across the pause
+    [warning] = [w for w in transcript.warnings if "sounds like French" in w]
+    minutes, seconds = warning.removeprefix("from ").split(" ")[0].split(":")
+    assert abs(int(minutes) * 60 + int(seconds) - french_start) <= 1.0, warning
+
+    thrice = np.concatenate([english, pause(10), english, pause(10), english])
+    spoken = len(english) / SAMPLE_RATE
+    options = ServiceOptions(language="en", initial_prompt="Yellow lamps at nightfall.")
+    readings = [s for s in service.run(thrice, options).segments if "lamps" in s.text.lower()]
+    assert len(readings) == 3, readings
+    for index, segment in enumerate(readings):
+        start = index * (spoken + 10)
+        assert start - 0.5 <= segment.start and segment.end <= start + spoken + 0.5, segment
