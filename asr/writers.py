@@ -288,10 +288,15 @@ SUBTITLE_FORMATS = ("srt", "vtt")
 
 @writer("tsv")
 def write_tsv(transcript: Transcript, stem: str) -> str:
-    """Seconds with millisecond precision; tabs and newlines in text become spaces."""
-    lines = ["start\tend\tspeaker\ttext"]
+    """openai-whisper's TSV: `start`, `end` in whole milliseconds and `text`, with a `speaker`
+    column before the text where segments have speakers; tabs and newlines in text become
+    spaces, and the text loses its leading space, as openai-whisper writes it."""
+    speakers = any(s.speaker for s in transcript.segments)
+    lines = ["start\tend\tspeaker\ttext" if speakers else "start\tend\ttext"]
     for s in transcript.segments:
-        lines.append(f"{s.start:.3f}\t{s.end:.3f}\t{s.speaker or ''}\t{_one_line(s.text)}")
+        speaker = f"{s.speaker or ''}\t" if speakers else ""
+        text = _one_line(s.text).strip()
+        lines.append(f"{round(1000 * s.start)}\t{round(1000 * s.end)}\t{speaker}{text}")
     return "\n".join(lines) + "\n"
 
 

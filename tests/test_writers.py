@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -469,3 +470,18 @@ def test_outputs_left_from_a_replaced_recording_are_not_vouched_for(tmp_path):
         "replaced",
         f"its srt was made from another recording, {audio.resolve()}",
     )
+
+
+def test_tsv_is_openai_whispers_without_speakers():
+    """openai-whisper's writer: a header of start, end and text, times in whole milliseconds,
+    the text stripped; a speaker column only where segments have speakers (hunt: seconds and
+    an empty speaker column broke readers made for openai-whisper's files)."""
+    unlabelled = replace(
+        TRANSCRIPT, segments=tuple(replace(s, speaker=None) for s in TRANSCRIPT.segments)
+    )
+    assert WRITERS["tsv"](unlabelled, "meeting").splitlines() == [
+        "start\tend\ttext",
+        "0\t2500\tHello there.",
+        "3661042\t3663500\tTabs and newlines, «unicode».",
+        "3664000\t3665999\tNo speaker here.",
+    ]
