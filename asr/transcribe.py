@@ -243,6 +243,12 @@ def _dropped_warnings(session: Session) -> tuple[str, ...]:
             f"{_segments(session.dropped_in_pauses)} left out: timed inside a pause where voice "
             "activity detection found no speech (text Whisper repeated or made up)"
         )
+    if session.dropped_words_past_audio:
+        count = session.dropped_words_past_audio
+        warnings.append(
+            f"{count} word{'s' if count != 1 else ''} left out at the end of the audio: Whisper "
+            "went on past where the recording stops, and no sound was found for them"
+        )
     if session.dropped_anomalies:
         threshold = session.options.hallucination_silence_threshold
         warnings.append(
@@ -289,6 +295,7 @@ def _finished(session: Session, segments: list[Segment], started: float) -> Tran
             "dropped_repeats": session.dropped_repeats,
             "dropped_anomalies": session.dropped_anomalies,
             "dropped_in_pauses": session.dropped_in_pauses,
+            "dropped_words_past_audio": session.dropped_words_past_audio,
             "retimed_windows": session.retimed_windows,
             "resumed_windows": session.resumed_windows,
             **_journal_stats(session),

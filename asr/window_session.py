@@ -26,7 +26,7 @@ from asr.silence import ONSET_MARGIN_FRAMES, chunk_window, first_loud_frame, lou
 from asr.speech_timeline import SpeechTimeline
 from asr.spoken_languages import before_another_language, sot_logits
 from asr.transcribe_options import TranscribeOptions
-from asr.types import DecidedWindow, Segment, WindowHook
+from asr.types import DecidedWindow, Segment, WindowHook, Word
 from asr.whisper import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, EncodedAudio, WhisperModel
 from asr.whisper_drafters import DraftSource
 from asr.whisper_target import LanguageOdds, language_odds
@@ -312,6 +312,7 @@ class Session:
         self.reprompted = 0  # windows decoded again without previous text (repeats)
         self.dropped_anomalies = 0
         self.dropped_in_pauses = 0  # segments timed wholly inside a cut-out pause
+        self.dropped_words_past_audio = 0  # words timed with no sound at the audio's end
         self.retimed_windows = 0  # windows whose segments took their words' times (late starts)
         self.resumed_windows = 0  # windows cut short at speech their text skipped
         # multilingual: windows decoded again, or cut short, at a segment of another language
@@ -789,6 +790,10 @@ class Session:
                     word_ends = [s.words[-1].end for s in split.segments if s.words]
                     passage.last_speech = word_ends[-1] if word_ends else passage.last_speech
             self.word_seconds += time.perf_counter() - started
+            splits = [
+                self._without_words_past_the_audio(split, end)
+                for split, end in zip(splits, ends, strict=True)
+            ]
             threshold = self.options.hallucination_silence_threshold
             if threshold is not None:
                 splits = [
@@ -885,6 +890,12 @@ class Session:
         self.retimed_windows += len(late)
         return splits
 
+    def _without_words_past_the_audio(self, split: WindowSplit, end: float) -> WindowSplit:
+        """`without_words_past_the_audio`, counted."""
+        split, dropped = without_words_past_the_audio(split, end)
+        self.dropped_words_past_audio += dropped
+        return split
+
     def _without_text_in_pauses(self, split: WindowSplit) -> WindowSplit:
         """The split without segments whose words are timed wholly inside the silence of a
         cut-out pause (`seam_silences`): voice activity found no speech there, so their text
@@ -968,6 +979,46 @@ def encode_together(
     for session, session_windows in pieces:  # each recording its share of the batch's
         session.encoder_seconds += elapsed * len(session_windows) / windows
     return encoded, draft_encoded
+
+
+# Words timed with no length this close to where a window's audio ends (s) are words the
+# alignment found no sound for; this many or more at a window's end are Whisper's own.
+PAST_THE_AUDIO_SECONDS = 0.05
+MIN_WORDS_PAST_THE_AUDIO = 2
+
+
+def _past_the_audio(word: Word, end: float) -> bool:
+    return word.end - word.start <= 0.0 and word.start >= end - PAST_THE_AUDIO_SECONDS
+
+
+def without_words_past_the_audio(split: WindowSplit, end: float) -> tuple[WindowSplit, int]:
+    """The split without the words at its end that word timing found no sound for, and how
+    many went: where a recording stops mid-sentence, Whisper may go on with words of its own,
+    which the alignment stacks at the audio's end with no length (LJ001's clips with pauses
+    between them: "and it was natural therefore that the name of the book is a way of life.",
+    the audio ending at "therefore"). MIN_WORDS_PAST_THE_AUDIO or more such words are left
+    out (one may be a word the recording cut off); a segment left with none goes. end: where
+    the split's audio ends (s)."""
+    segments, dropped = list(split.segments), 0
+    while segments and segments[-1].words:
+        words = segments[-1].words
+        past = 0
+        while past < len(words) and _past_the_audio(words[-1 - past], end):
+            past += 1
+        if past == len(words):
+            dropped += past
+            segments.pop()
+            continue
+        if past >= MIN_WORDS_PAST_THE_AUDIO or (dropped and past):
+            dropped += past
+            kept = words[:-past]
+            text = "".join(word.text for word in kept)
+            segments[-1] = replace(segments[-1], words=kept, text=text, end=kept[-1].end)
+        break
+    if dropped < MIN_WORDS_PAST_THE_AUDIO:
+        return split, 0
+    kept = _select(split, [index < len(segments) for index in range(len(split.segments))])
+    return replace(kept, segments=tuple(segments)), dropped
 
 
 def encoded_when_needed(

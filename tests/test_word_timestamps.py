@@ -390,3 +390,48 @@ def test_speakers_are_assigned_per_word_end_to_end(whisper_base, diarizer):
         right = [mapping[w.speaker] in speaking((w.start + w.end) / 2) for w in words]
         agreement = max(agreement, float(np.mean(right)))
     assert agreement >= 0.95  # measured 0.971 (68 of 70 words; 69 by the per-word rule)
+
+
+def _split(*segments: Segment):
+    from asr.segments import WindowSplit
+
+    return WindowSplit(
+        segments=segments,
+        tokens=tuple((1, 2) for _ in segments),
+        consumed=3000,
+        single_timestamp_ending=True,
+        time_offset=0.0,
+        frames=2000,
+        timestamp_ends=tuple(s.end for s in segments),
+    )
+
+
+def test_words_timed_with_no_sound_where_the_audio_stops_are_left_out():
+    """Where a recording stops mid-sentence Whisper may go on, and word timing stacks those
+    words at the audio's end with no length (hunt: an LJ Speech clip ending "...natural
+    therefore" got "that the name of the book is a way of life." at 202.456 s, each word 0 s
+    long). Two or more go, across segments too; one alone may be a word cut off, and stays."""
+    from asr.types import Word
+    from asr.window_session import without_words_past_the_audio
+
+    end = 20.0
+    spoken = [Word(17.0, 17.5, " natural", 0.98), Word(17.5, 19.9, " therefore", 0.44)]
+    past = [Word(20.0, 20.0, text, 0.05) for text in (" that", " the", " name", " of", " life.")]
+    words = (*spoken, *past)
+    segment = Segment(16.0, 20.0, "".join(w.text for w in words), words=words)
+    trimmed, dropped = without_words_past_the_audio(_split(segment), end)
+    assert dropped == 5
+    [kept] = trimmed.segments
+    assert kept.text == " natural therefore" and kept.words == tuple(spoken) and kept.end == 19.9
+    assert trimmed.tokens == ((1, 2),)
+
+    whole = Segment(19.99, 20.0, " Thank you.", words=(Word(20.0, 20.0, " Thank", 0.1),))
+    lone = Segment(16.0, 20.0, " natural therefore that", words=(*spoken, past[0]))
+    trimmed, dropped = without_words_past_the_audio(_split(lone, whole), end)
+    assert dropped == 2 and [s.text for s in trimmed.segments] == [" natural therefore"]
+    assert len(trimmed.tokens) == 1
+
+    alone = _split(lone)  # one word with no sound: perhaps a word the recording cut off
+    assert without_words_past_the_audio(alone, end) == (alone, 0)
+    early = Segment(10.0, 12.0, " short", words=(Word(12.0, 12.0, " short", 0.9),) * 2)
+    assert without_words_past_the_audio(_split(early), end)[1] == 0  # not at the audio's end
