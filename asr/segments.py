@@ -110,6 +110,10 @@ def split_segments(
             avg_logprob=result.avg_logprob,
             no_speech_prob=result.no_speech_prob,
             language=language,
+            seek=round(time_offset * FRAMES_PER_SECOND),
+            tokens=tuple(sliced),
+            temperature=result.temperature,
+            compression_ratio=round(result.compression_ratio, 6),
         )
         return found, tuple(sliced)
 

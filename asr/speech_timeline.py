@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from asr.audio import SAMPLE_RATE
-from asr.types import Segment, Word
+from asr.types import TRANSCRIBE_STEPS_PER_SECOND, Segment, Word
 
 Span = tuple[float, float]
 # How far past a seam of the compacted audio a segment's end may fall and still belong to the
@@ -218,7 +218,11 @@ class SpeechTimeline:
                 if end_span > start_span and segment.end - offsets[end_span] <= END_SEAM_GRACE:
                     end_span -= 1  # an end just past a seam: the speech before it, not the pause
                 end = self._mapped(segment.end, end_span, offsets)
-            restored.append(replace(segment, start=start, end=max(end, start), words=words))
+            steps = TRANSCRIBE_STEPS_PER_SECOND  # a window's seek: its first mel frame
+            seek = round(self.original(segment.seek / steps) * steps)
+            restored.append(
+                replace(segment, start=start, end=max(end, start), words=words, seek=seek)
+            )
         return restored
 
     def _word(self, word: Word, offsets: list[float]) -> Word:

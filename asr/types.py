@@ -31,7 +31,12 @@ class Word:
 @dataclass(frozen=True)
 class Segment:
     """language: the code of the language its window was decoded in (with `multilingual`,
-    each window's own; otherwise the recording's)."""
+    each window's own; otherwise the recording's). As openai-whisper's segments: seek, its
+    window's first mel frame (100 per second, on the recording's timeline); tokens, its own
+    tokens, timestamps included (none where its text is not theirs: a segment diarization
+    split between speakers, or cut where Whisper went on past the audio); temperature, the one
+    its window's text was decoded at (above 0 after a fallback); compression_ratio, of its
+    window's text."""
 
     start: float
     end: float
@@ -41,6 +46,10 @@ class Segment:
     no_speech_prob: float = 0.0
     speaker: str | None = None
     language: str | None = None
+    seek: int = 0
+    tokens: tuple[int, ...] = ()
+    temperature: float = 0.0
+    compression_ratio: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -109,8 +118,9 @@ class Transcript:
         KeyError or TypeError where `data` is not one."""
         segments = tuple(
             Segment(
-                **{k: v for k, v in s.items() if k not in ("id", "words")},
+                **{k: v for k, v in s.items() if k not in ("id", "words", "tokens")},
                 words=tuple(map(_word, s["words"])),
+                tokens=tuple(s.get("tokens", ())),
             )
             for s in data["segments"]
         )

@@ -1013,7 +1013,8 @@ def without_words_past_the_audio(split: WindowSplit, end: float) -> tuple[Window
             dropped += past
             kept = words[:-past]
             text = "".join(word.text for word in kept)
-            segments[-1] = replace(segments[-1], words=kept, text=text, end=kept[-1].end)
+            cut = replace(segments[-1], words=kept, text=text, end=kept[-1].end, tokens=())
+            segments[-1] = cut  # its tokens say what was left out
         break
     if dropped < MIN_WORDS_PAST_THE_AUDIO:
         return split, 0

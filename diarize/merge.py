@@ -233,6 +233,7 @@ def _split(segment: Segment, words: list[Word]) -> list[Segment]:
                 text="".join(word.text for word in run),
                 words=tuple(run),
                 speaker=run[0].speaker,
+                tokens=(),  # its window's tokens hold the other pieces' text too
             )
         )
     return pieces
