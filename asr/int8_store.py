@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from asr.checked_tensors import DIGEST, intact, record_checked, tensors_digest
 from asr.int8 import Int8Linear
 
 # Part of every file's fingerprint: change it whenever Int8Linear quantizes differently.
@@ -45,8 +46,11 @@ class Int8Store:
 
             unreadable = contextlib.suppress(OSError, ValueError, RuntimeError, SafetensorError)
             with unreadable, safe_open(str(path), "pt") as stored:
-                if (stored.metadata() or {}).get("source") == source:
-                    self._saved = {name: stored.get_tensor(name) for name in stored.keys()}  # noqa: SIM118
+                metadata = stored.metadata() or {}
+                if metadata.get("source") == source:
+                    saved = {name: stored.get_tensor(name) for name in stored.keys()}  # noqa: SIM118
+                    # damaged since it was written: quantized again (and written again)
+                    self._saved = saved if intact(path, saved, metadata) else {}
         self._made: dict[str, torch.Tensor] = {}
         self._count = 0
         self._new = False
@@ -85,8 +89,10 @@ class Int8Store:
             os.close(handle)
             try:
                 tensors = {k: v.contiguous().cpu() for k, v in self._made.items()}
-                save_file(tensors, staged, metadata={"source": self.source})
+                metadata = {"source": self.source, DIGEST: tensors_digest(tensors)}
+                save_file(tensors, staged, metadata=metadata)
                 os.replace(staged, self.path)
+                record_checked(self.path)
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(staged)

@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from asr.checked_tensors import DIGEST, intact, record_checked, tensors_digest
+
 # The archive's STFT: a 256-point real transform as a convolution, hop 128, the frame's last
 # 64 samples reflected on its right.
 FILTER_LENGTH = 256
@@ -98,9 +100,11 @@ def load_silero(cache: Path | None = None) -> SileroNetwork:
 
         unreadable = contextlib.suppress(OSError, ValueError, RuntimeError, SafetensorError)
         with unreadable, safe_open(str(cache), "pt") as stored:
-            if (stored.metadata() or {}).get("source") == source:
-                names = list(stored.keys())
-                return SileroNetwork.of_tensors({k: stored.get_tensor(k) for k in names})
+            metadata = stored.metadata() or {}
+            if metadata.get("source") == source:
+                tensors = {k: stored.get_tensor(k) for k in stored.keys()}  # noqa: SIM118
+                if intact(cache, tensors, metadata):  # else damaged: made again
+                    return SileroNetwork.of_tensors(tensors)
     network = _of_archive()
     if cache is not None:
         _save(network, cache, source)
@@ -159,8 +163,9 @@ def _save(network: SileroNetwork, path: Path, source: str) -> None:
         os.close(handle)
         try:
             tensors = {k: v.contiguous() for k, v in network.tensors().items()}
-            save_file(tensors, staged, metadata={"source": source})
+            save_file(tensors, staged, metadata={"source": source, DIGEST: tensors_digest(tensors)})
             os.replace(staged, path)
+            record_checked(path)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(staged)
