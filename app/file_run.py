@@ -210,15 +210,10 @@ class FileRun:
         name = group[0][0].name + more
         self._bar.set_postfix_str(name)
         progress = shown_progress(self._bar, name)
-        (first, first_outputs, *_), *others = group
+        (_, first_outputs, *_), *others = group
         # A file decoded alone keeps its decoded windows as it goes (a long one: the service
         # decides), in case this run is stopped before it is done.
         journal = journal_path(first_outputs) if first_outputs and not others else None
-        if journal is not None and journal.is_file():
-            self._say(
-                f"specscribe: {first}: an earlier run stopped part-way through it; the windows "
-                "it decoded are read back where the model and options are the same"
-            )
         results = _transcribe_batch(self.service, group, self.options, progress, journal)
         together = [  # whose decoding costs the stats of these files are (files with speech)
             str(path)
@@ -229,6 +224,11 @@ class FileRun:
             if isinstance(result, Exception):
                 self._failed(path, result)
                 continue
+            if read_back := result.transcript.stats.get("journal_windows"):
+                self._say(
+                    f"specscribe: {path}: went on from an earlier run that stopped part-way "
+                    f"({read_back} decoded window{'s' if read_back != 1 else ''} read back)"
+                )
             if "decoded_together" in result.transcript.stats:
                 stats = {**result.transcript.stats, "decoded_with": together}
                 transcript = dataclasses.replace(result.transcript, stats=stats)

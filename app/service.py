@@ -391,15 +391,28 @@ class TranscriptionService:
         turn_starts: tuple[float, ...],
         transcribe_options,
         options: ServiceOptions,
+        draft: DraftSource | None,
     ):
         """The window journal at `path` for this recording decoded this way: its identity
-        names everything a window's result depends on besides the window itself."""
+        names everything a window's result depends on besides the window itself. The draft
+        is named only where it may change the text: in a half-precision decoder
+        (`asr.precision`), not in float32 or int8, where a run stopped with the draft goes on
+        without it, or the other way round."""
         import torch
 
-        from asr.window_journal import WindowJournal, audio_digest
+        from asr.window_journal import WindowJournal, audio_digest, code_digest
 
+        drafted = None
+        if draft is not None and self.dtypes.decoder != torch.float32:
+            drafted = {
+                "name": self.draft_model_name,
+                "branches": getattr(draft, "branches", 1),
+                "lookup_branch": getattr(draft, "lookup_branch", False),
+            }
         identity = {
+            "code": code_digest(),  # the decoder's code, as this checkout or install has it
             "torch": torch.__version__,  # its kernels decide the bits
+            "draft": drafted,
             "model": self.asr_model_name,
             "weights": self.model.name,
             "precision": self.precision,
@@ -478,7 +491,7 @@ class TranscriptionService:
                 windows = None
                 if journal is not None and len(recordings[0]) >= JOURNAL_MIN_SECONDS * SAMPLE_RATE:
                     recording = (prepared[0].samples, prepared[0].spans, turn_starts)
-                    windows = self._journal(journal, *recording, transcribe_options, options)
+                    windows = self._journal(journal, *recording, transcribe_options, options, draft)
                 try:
                     transcripts = [
                         transcribe(

@@ -61,11 +61,12 @@ class WindowJournal:
         self.kept = 0  # windows found in the file when it was opened
         self.read_back = 0  # windows whose result came from the file
         unreadable = contextlib.suppress(OSError, UnicodeDecodeError)
-        with unreadable, open(self.path, encoding="utf-8") as lines:
+        # O_NOFOLLOW: a link put where the journal goes is not the journal
+        with unreadable, _opened(self.path, os.O_RDONLY) as lines:
             if lines.readline().rstrip("\n") != self._header:
                 return
             for line in lines:
-                entry = _parsed(line)
+                entry = _parsed(line, self._header)
                 if entry is not None:
                     self._results[entry[0]] = entry[1]
             self.kept = len(self._results)
@@ -84,20 +85,23 @@ class WindowJournal:
         try:
             if self._stream is None:
                 self._stream = self._opened()
-            self._stream.write(json.dumps(_entry(key, result)) + "\n")
+            self._stream.write(json.dumps(_entry(key, result, self._header)) + "\n")
             self._stream.flush()
         except OSError:
             self._stream = None
 
     def _opened(self):
         """The file to append to: this one where it holds the same identity (no line of it
-        cut short: `_parsed` skipped any), else a new one with the header."""
+        cut short: `_parsed` skipped any), else a new one with the header. Whatever stood at
+        the path (a journal of other options, a link) is replaced, never written through."""
         if self.kept:
-            stream = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open)
+            stream = _opened(self.path, os.O_WRONLY | os.O_APPEND)
             stream.write("\n")  # ends a line a crash may have cut short
             return stream
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        stream = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 (held open)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        stream = _opened(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         stream.write(self._header + "\n")
         return stream
 
@@ -114,15 +118,33 @@ class WindowJournal:
             os.unlink(self.path)
 
 
-def _entry(key: WindowKey, result: WindowResult) -> dict:
+def _opened(path: Path, flags: int):
+    """`path` opened as text with os.open's `flags`, never through a symbolic link."""
+    handle = os.open(path, flags | os.O_NOFOLLOW, 0o644)
+    mode = "r" if flags & (os.O_WRONLY | os.O_RDWR) == 0 else "a"
+    return os.fdopen(handle, mode, encoding="utf-8")
+
+
+def _check(key: list, result: dict, header: str) -> str:
+    """A line's check: a line changed since it was written (a flipped bit, an edit) or
+    written under another header is not read back."""
+    content = json.dumps([header, key, result], sort_keys=True).encode()
+    return hashlib.blake2b(content, digest_size=12).hexdigest()
+
+
+def _entry(key: WindowKey, result: WindowResult, header: str) -> dict:
+    stored = [*key[:2], list(key[2]), *key[3:]]
     fields = asdict(result)
-    return {"key": [*key[:2], list(key[2]), *key[3:]], "result": fields}
+    return {"key": stored, "result": fields, "check": _check(stored, fields, header)}
 
 
-def _parsed(line: str) -> tuple[WindowKey, WindowResult] | None:
-    """A line's (key, result), or None for a blank line or one cut short."""
+def _parsed(line: str, header: str) -> tuple[WindowKey, WindowResult] | None:
+    """A line's (key, result), or None for a blank line, one cut short, or one whose check
+    fails."""
     try:
         entry = json.loads(line)
+        if entry["check"] != _check(entry["key"], entry["result"], header):
+            return None
         start, end, prompt, language, temperature, seed = entry["key"]
         fields = dict(entry["result"])
         fields["tokens"] = tuple(fields["tokens"])
@@ -132,3 +154,18 @@ def _parsed(line: str) -> tuple[WindowKey, WindowResult] | None:
     except (ValueError, KeyError, TypeError):
         return None
     return window_key((start, end), tuple(prompt), language, temperature, seed), result
+
+
+def code_digest() -> str:
+    """A digest of the decoding code (`asr` and `decoding`, as this install has them), for
+    `identity`: a journal made by other code is not read, whatever its format says."""
+    import asr
+    import decoding
+
+    digest = hashlib.blake2b(digest_size=16)
+    for package in (asr, decoding):
+        root = Path(package.__file__).parent
+        for source in sorted(root.rglob("*.py")):
+            digest.update(source.relative_to(root).as_posix().encode())
+            digest.update(source.read_bytes())
+    return digest.hexdigest()

@@ -80,6 +80,35 @@ def test_a_line_cut_short_by_a_crash_is_skipped_and_the_journal_goes_on(tmp_path
     assert not path.exists()
 
 
+def test_an_edited_line_is_not_read_back_and_a_link_is_never_written_through(tmp_path):
+    """Hunt: a token edited to 999999 failed every later run of the file (IndexError), one
+    set to [] changed its transcript silently, and a link put where the journal goes had its
+    target overwritten. A line whose check fails is skipped; a link is replaced, not followed."""
+    path = tmp_path / "j.jsonl"
+    keys = [window_key((start, start + 3000), (1, 2), "en", 0.0, 0) for start in (0, 3000)]
+    journal = WindowJournal(path, {"audio": "abc"})
+    journal.record(keys[0], _result(" One."))
+    journal.record(keys[1], _result(" Two."))
+    journal.close()
+    lines = path.read_text().splitlines()
+    lines[1] = lines[1].replace("440", "999999")
+    path.write_text("\n".join(lines) + "\n")
+    edited = WindowJournal(path, {"audio": "abc"})
+    assert edited.kept == 1 and edited.result(keys[0]) is None
+    assert edited.result(keys[1]) == _result(" Two.")
+
+    victim = tmp_path / "notes.txt"
+    victim.write_text("precious notes")
+    linked = tmp_path / "linked.jsonl"
+    linked.symlink_to(victim)
+    journal = WindowJournal(linked, {"audio": "abc"})
+    assert journal.kept == 0  # a link is not read either
+    journal.record(keys[0], _result(" One."))
+    journal.close()
+    assert victim.read_text() == "precious notes"
+    assert not linked.is_symlink() and WindowJournal(linked, {"audio": "abc"}).kept == 1
+
+
 class _Stop(Exception):
     pass
 
@@ -180,7 +209,7 @@ def test_a_killed_cli_run_goes_on_from_its_journal_and_removes_it_when_done(tmp_
     again = subprocess.run(
         [*command, "-o", str(killed_out)], cwd=REPO, env=env, check=True, capture_output=True
     )
-    assert "an earlier run stopped part-way through it" in again.stderr.decode()
+    assert "went on from an earlier run that stopped part-way" in again.stderr.decode()
     subprocess.run([*command, "-o", str(tmp_path / "whole")], cwd=REPO, env=env, check=True)
     resumed = json.loads((killed_out / "sonnets.json").read_text())
     whole = json.loads((tmp_path / "whole" / "sonnets.json").read_text())
