@@ -116,6 +116,13 @@ def test_a_cached_model_changed_since_its_check_is_rehashed_and_a_damaged_one_fe
         copied.pull("whisper-tiny.en")
     assert fetches == ["whisper-tiny.en"]
 
+    def read_only(*args, **kwargs):  # a cache on a read-only mount (hunt: a traceback)
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(asr.models.tempfile, "TemporaryDirectory", read_only)
+    with pytest.raises(ModelFetchError, match=r"damaged .* cannot be written \(Read-only"):
+        copied.pull("whisper-tiny.en")
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EMBEDDED))
