@@ -111,12 +111,6 @@ class WindowJournal:
                 self._stream.close()
             self._stream = None
 
-    def discard(self) -> None:
-        """Closes and removes the file: its transcript is written."""
-        self.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
-
 
 def _opened(path: Path, flags: int):
     """`path` opened as text with os.open's `flags`, never through a symbolic link."""
