@@ -62,14 +62,14 @@ __all__ = [
 ]
 
 AudioInput = str | Path | bytes | BinaryIO | np.ndarray | DecodedAudio
+"""A path, the bytes of an audio file, an open binary file, samples at 16 kHz (float in
+[-1, 1] or integer PCM, mono or channels: `asr.audio.samples_audio`), or a file decoded
+already (`asr.audio.decode_audio`: its warnings join the transcript's)."""
 
 # A recording this long (s) or longer keeps a journal of its decoded windows where the caller
 # offers one (`run_keeping_unlabelled`): a run stopped part-way is taken up where it stopped.
 # Shorter ones cost little to decode again.
 JOURNAL_MIN_SECONDS = 120.0
-"""A path, the bytes of an audio file, an open binary file, samples at 16 kHz (float in
-[-1, 1] or integer PCM, mono or channels: `asr.audio.samples_audio`), or a file decoded
-already (`asr.audio.decode_audio`: its warnings join the transcript's)."""
 
 
 def _choose_draft(requested: str, asr_model: str) -> str:
