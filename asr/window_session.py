@@ -1014,7 +1014,7 @@ def without_words_past_the_audio(split: WindowSplit, end: float) -> tuple[Window
             kept = words[:-past]
             text = "".join(word.text for word in kept)
             cut = replace(segments[-1], words=kept, text=text, end=kept[-1].end, tokens=())
-            segments[-1] = cut  # its tokens say what was left out
+            segments[-1] = cut  # no tokens: its window's hold the words left out
         break
     if dropped < MIN_WORDS_PAST_THE_AUDIO:
         return split, 0
