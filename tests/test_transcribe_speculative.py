@@ -358,7 +358,9 @@ def test_an_independent_windows_segments_end_with_its_audio():
     stamps = (0, 250, 900, 1100, 1250, 1400)  # 0, 5, 18, 22, 25, 28 s
     tokens = (begin + stamps[0], 5, begin + stamps[1], begin + stamps[2], 6, begin + stamps[3])
     tokens += (begin + stamps[4], 7, begin + stamps[5])
-    result = SimpleNamespace(tokens=tokens, avg_logprob=-0.1, no_speech_prob=0.1)
+    result = SimpleNamespace(
+        tokens=tokens, avg_logprob=-0.1, no_speech_prob=0.1, temperature=0.0, compression_ratio=1.0
+    )
     chunk = split_segments(model, result, 100.0, 2000, 1000.0, keep_unfinished=True)
     assert [(s.start, s.end, s.text) for s in chunk.segments] == [
         (100.0, 105.0, "5"),
