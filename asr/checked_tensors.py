@@ -9,13 +9,12 @@ matched, so that an unchanged file costs a stat, not a hash, at each load.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
-import os
 from pathlib import Path
 
 import torch
+
+from asr.file_stamps import read_stamp, stamp_of, write_stamp
 
 DIGEST = "digest"  # the metadata key
 
@@ -38,7 +37,8 @@ def intact(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str
     expected = metadata.get(DIGEST)
     if expected is None:
         return False
-    if _stamp_of(path) is not None and _stamp_of(path) == _read_stamp(path):
+    stamp = stamp_of(path)
+    if stamp is not None and stamp == read_stamp(_stamp_file(path)):
         return True
     if tensors_digest(tensors) != expected:
         return False
@@ -47,31 +47,10 @@ def intact(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str
 
 
 def record_checked(path: Path) -> None:
-    """Records `path` as checked now (best effort: a read-only cache only costs the next load
-    a hash)."""
-    stamp = _stamp_of(path)
-    if stamp is None:
-        return
-    with contextlib.suppress(OSError):
-        staged = _stamp_path(path).with_name(f"{_stamp_path(path).name}.{os.getpid()}")
-        staged.write_text(json.dumps(stamp))
-        os.replace(staged, _stamp_path(path))
+    """Records `path` as checked now."""
+    if (stamp := stamp_of(path)) is not None:
+        write_stamp(_stamp_file(path), stamp)
 
 
-def _stamp_path(path: Path) -> Path:
+def _stamp_file(path: Path) -> Path:
     return path.with_name(f".{path.name}.checked")
-
-
-def _stamp_of(path: Path) -> list[int] | None:
-    try:
-        status = path.stat()
-    except OSError:
-        return None
-    return [status.st_size, status.st_mtime_ns]
-
-
-def _read_stamp(path: Path) -> list[int] | None:
-    try:
-        return json.loads(_stamp_path(path).read_text())
-    except (OSError, ValueError):
-        return None

@@ -11,7 +11,6 @@ Three kinds of name resolve here:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from asr.file_stamps import read_stamp, stamp_of, write_stamp
 from asr.types import ProgressHook, no_progress
 
 MANIFEST = "specscribe-model.json"
@@ -384,11 +384,12 @@ class ModelRegistry:
         a damaged model is fetched again rather than loaded as garbage. Bits that rot without
         a write keep their stamp: `ensure` re-hashes everything for caches nobody here made."""
         try:
-            manifest = json.loads((directory / MANIFEST).read_text())
-            stamp = json.loads((directory / CHECKED_STAMP).read_text())
-        except (OSError, ValueError):
-            manifest, stamp = None, None
-        if manifest is not None and stamp == _file_stamps(directory, manifest["files"]):
+            files = json.loads((directory / MANIFEST).read_text())["files"]
+        except (OSError, ValueError, KeyError):
+            files = None  # re-hashed below, which names the manifest as damaged
+        if files is not None and read_stamp(directory / CHECKED_STAMP) == _file_stamps(
+            directory, files
+        ):
             return []
         if damaged := _damaged_files(directory):
             named = ", ".join(damaged)
@@ -487,32 +488,14 @@ def _damaged_files(directory: Path) -> list[str]:
 
 def _file_stamps(directory: Path, relatives) -> dict[str, list[int]] | None:
     """{file: [size, mtime_ns]} of the named files, None where one is gone."""
-    stamps = {}
-    for relative in relatives:
-        try:
-            status = (directory / relative).stat()
-        except OSError:
-            return None
-        stamps[relative] = [status.st_size, status.st_mtime_ns]
-    return stamps
+    stamps = {relative: stamp_of(directory / relative) for relative in relatives}
+    return None if None in stamps.values() else stamps
 
 
 def _write_checked_stamp(directory: Path) -> None:
-    """Records the manifest's files as checked now (atomically; best effort, as a read-only
-    cache only costs the next load a re-hash)."""
+    """Records the manifest's files as checked now."""
     manifest = json.loads((directory / MANIFEST).read_text())
-    stamps = _file_stamps(directory, manifest["files"])
-    try:
-        handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{CHECKED_STAMP}.")
-    except OSError:
-        return
-    try:
-        with os.fdopen(handle, "w") as out:
-            json.dump(stamps, out)
-        os.replace(temporary, directory / CHECKED_STAMP)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
+    write_stamp(directory / CHECKED_STAMP, _file_stamps(directory, manifest["files"]))
 
 
 def _remove_abandoned_staging(cache_dir: Path, name: str) -> None:

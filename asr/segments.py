@@ -102,6 +102,8 @@ def split_segments(
     # A window near the end holds padding: no segment may run past the recording.
     audio_end = min(duration, window_end) if keep_unfinished else duration
 
+    ratio = round(result.compression_ratio, 6)  # the window's text's: once, not per segment
+
     def segment(sliced: list[int], start: float, end: float) -> tuple[Segment, tuple[int, ...]]:
         found = Segment(
             start=round(min(start, audio_end), 3),
@@ -113,7 +115,7 @@ def split_segments(
             seek=round(time_offset * FRAMES_PER_SECOND),
             tokens=tuple(sliced),
             temperature=result.temperature,
-            compression_ratio=round(result.compression_ratio, 6),
+            compression_ratio=ratio,
         )
         return found, tuple(sliced)
 

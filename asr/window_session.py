@@ -653,9 +653,9 @@ class Session:
         results: dict[int, WindowResult] = {}
         keys = {}
         if self.journal is not None and batch.windows is not None:
+            # A greedy batch is called with its first row's seed, which decides nothing.
+            seeded = seed if temperature > 0 else 0
             for row in rows:
-                # A greedy batch is called with its first row's seed, which decides nothing.
-                seeded = seed if temperature > 0 else 0
                 key = window_key(
                     batch.windows[row], batch.prompts[row], decoder.language, temperature, seeded
                 )
