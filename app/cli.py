@@ -923,7 +923,9 @@ def _add_layout_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-line-count",
         type=int,
         metavar="N",
-        help="srt/vtt: at most N lines per cue (turns on --word-timestamps)",
+        help="srt/vtt: at most N lines per cue; with --max-line-width, a cue's words run on "
+        "into the next segment of the same speaker, as openai-whisper lays them out (turns on "
+        "--word-timestamps)",
     )
 
 

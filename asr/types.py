@@ -99,6 +99,7 @@ class Transcript:
 
     @property
     def text(self) -> str:
+        """The segments' texts joined, without the space the first one leads with."""
         return "".join(segment.text for segment in self.segments).strip()
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,7 +110,9 @@ class Transcript:
         result["segments"] = [{"id": index, **s} for index, s in enumerate(result["segments"])]
         for segment in result["segments"]:
             segment["words"] = [{"word": word.pop("text"), **word} for word in segment["words"]]
-        result["text"] = self.text
+        # Its segments' texts joined as they are, leading space included, as openai-whisper
+        # writes it (`text`, for people, is stripped).
+        result["text"] = "".join(segment.text for segment in self.segments)
         return result
 
     @classmethod

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -66,9 +66,10 @@ class SubtitleLayout:
     lines of at most `max_line_width` characters (a longer word gets a line of its own), and a
     cue holds at most `max_line_count` lines, or starts anew after a pause of MAX_CUE_GAP s;
     a cue runs from its first word's start to its last word's end (at least MIN_CUE_SECONDS
-    where there is room) and never spans two segments (speakers stay apart); a line never
-    breaks inside a hyphenated word. A segment without word times is wrapped the same way and
-    its time shared among its cues by characters."""
+    where there is room). With both limits, as openai-whisper shapes them, a cue's words flow
+    on from one segment into the next of the same speaker; with one, a cue never spans two
+    segments. A line never breaks inside a hyphenated word. A segment without word times is
+    wrapped the same way and its time shared among its cues by characters."""
 
     max_line_width: int | None = None
     max_line_count: int | None = None
@@ -135,14 +136,38 @@ def _cues(
         cues = [_Cue(s.start, s.end, (_one_line(s.text),), s.speaker) for s in transcript.segments]
         return _lasting(cues, transcript.duration)
     cues: list[_Cue] = []
-    for segment in transcript.segments:
-        shown = len(label(segment.speaker)) if label and segment.speaker else 0
-        words = [w for w in segment.words if w.text.strip()]
+    for run in _cue_runs(transcript.segments, layout):
+        speaker = run[0].speaker
+        shown = len(label(speaker)) if label and speaker else 0
+        words = [w for segment in run for w in segment.words if w.text.strip()]
         if words:
-            cues += _word_cues(words, layout, segment.speaker, shown)
-        elif segment.text.strip():
-            cues += _text_cues(segment, layout, shown)
+            cues += _word_cues(words, layout, speaker, shown)
+        elif run[0].text.strip():
+            cues += _text_cues(run[0], layout, shown)
     return _lasting(cues, transcript.duration)
+
+
+def _cue_runs(segments: Sequence[Segment], layout: SubtitleLayout) -> list[list[Segment]]:
+    """The segments whose words share cues. With both a width and a line count, as
+    openai-whisper lays them out, words flow from one segment into the next, so that a cue
+    fills its lines rather than ending with each segment; but never from one speaker to
+    another, nor into or out of a segment without word times. Otherwise a run is one
+    segment."""
+    runs: list[list[Segment]] = []
+    flowing = layout.max_line_width is not None and layout.max_line_count is not None
+    for segment in segments:
+        previous = runs[-1][-1] if runs else None
+        if (
+            flowing
+            and previous is not None
+            and previous.words
+            and segment.words
+            and previous.speaker == segment.speaker
+        ):
+            runs[-1].append(segment)
+        else:
+            runs.append([segment])
+    return runs
 
 
 def _lasting(cues: list[_Cue], duration: float) -> list[_Cue]:

@@ -227,7 +227,7 @@ def test_downloads_are_the_writers_output_with_rttm_only_for_speakers(tmp_path, 
     assert plain[0].parent != labelled[0].parent  # one folder per request
     for path in labelled:
         assert path.read_text() == WRITERS[path.suffix[1:]](transcript, "talk")
-    assert json.loads(labelled[3].read_text())["text"] == "Hi there."
+    assert json.loads(labelled[3].read_text())["text"] == " Hi there."
 
 
 def test_bad_audio_and_missing_audio_are_messages_without_server_paths(tmp_path, settings):

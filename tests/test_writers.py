@@ -309,6 +309,34 @@ def test_a_cue_is_never_left_with_one_word_by_the_line_count():
     assert srt.endswith("00:00:10,000 --> 00:00:10,400\nfive\n")
 
 
+def test_with_width_and_count_a_cue_fills_its_lines_across_segments_of_one_speaker():
+    # Whisper's segments of two and three words: openai-whisper's layout flows them into
+    # full cues; another speaker's words start a cue of their own; one limit alone keeps
+    # each segment's cues apart.
+    first, second = _spoken("one two"), _spoken("three four five", 1.0)
+    third = _spoken("six seven", 2.5)
+
+    def segment(words, speaker):
+        text = "".join(w.text for w in words)
+        return Segment(words[0].start, words[-1].end, text, words, speaker=speaker)
+
+    one_voice = Transcript(
+        (segment(first, None), segment(second, None), segment(third, None)), "en", 4.0
+    )
+    srt = write_srt(one_voice, "x", SubtitleLayout(max_line_width=14, max_line_count=2))
+    assert srt == (
+        "1\n00:00:00,000 --> 00:00:02,400\none two three\nfour five\n\n"
+        "2\n00:00:02,500 --> 00:00:03,400\nsix seven\n"
+    )
+    apart = write_srt(one_voice, "x", SubtitleLayout(max_line_width=14))
+    assert apart.count("-->") == 3
+    two_voices = Transcript(
+        (segment(first, "A"), segment(second, "A"), segment(third, "B")), "en", 4.0
+    )
+    srt = write_srt(two_voices, "x", SubtitleLayout(max_line_width=20, max_line_count=2))
+    assert srt.count("-->") == 2 and "[B] six seven" in srt and "seven" not in srt.split("[B]")[0]
+
+
 def test_a_long_pause_starts_a_new_cue_and_text_without_words_is_wrapped():
     words = _spoken("before", 0.0) + _spoken("after", 10.0)
     timed = Segment(0.0, 10.4, " before after", words)
