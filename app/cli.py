@@ -233,7 +233,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
     from asr.writers import output_paths, outputs_over_recordings
 
     from .file_run import FileRun, stopped_summary
-    from .output_claim import names_too_long
+    from .output_claim import names_too_long, remove_stale_journal
     from .output_plan import kept_outputs, made_from, plan_outputs
     from .service import TranscriptionService
     from .status_lines import tell
@@ -346,6 +346,7 @@ def _cmd_transcribe(args: argparse.Namespace, settings: Settings) -> int:
             else:
                 skipped += 1
                 skipped_path = path
+                remove_stale_journal(outputs)
             continue
         # Asked for other speaker counts, another layout or format (or an output lost): its
         # transcript is kept, and only written again; --overwrite transcribes again, whatever

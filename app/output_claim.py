@@ -26,7 +26,7 @@ from pathlib import Path
 
 from asr.writers import record_path
 
-from .unlabelled_cache import passes_path, unlabelled_path
+from .unlabelled_cache import journal_path, passes_path, unlabelled_path
 
 
 class OutputClaim:
@@ -101,6 +101,26 @@ def remove_dead_runs_temporaries(outputs: dict[str, Path]) -> None:
         if name.parent.is_dir():
             for leftover in name.parent.glob(f".{glob.escape(name.name)}.*.tmp"):
                 leftover.unlink(missing_ok=True)
+
+
+def remove_stale_journal(outputs: dict[str, Path]) -> None:
+    """Removes the window journal beside outputs a run skips as made: one left by a run
+    stopped part-way (an --overwrite run, or one whose file another run then finished) that
+    nothing would read again. Kept where another run holds the outputs: it may be writing it.
+    Costs one stat where there is none."""
+    if not outputs or not (journal := journal_path(outputs)).exists():
+        return
+    try:
+        claim = claim_outputs(outputs)
+    except OSError:
+        return  # a read-only folder: nothing to tidy
+    if claim is not None:
+        try:
+            journal.unlink(missing_ok=True)
+        except OSError:
+            pass
+        finally:
+            claim.release()
 
 
 # write_atomically's temporaries: ".NAME." + 8 random characters + ".tmp".

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -221,7 +222,7 @@ def test_a_killed_cli_run_goes_on_from_its_journal_and_removes_it_when_done(tmp_
 def test_a_journal_left_by_a_stopped_run_goes_once_the_files_outputs_are_written(tmp_path):
     """However the file is decoded this time (here beside another file, which keeps no
     journal), a journal an earlier stopped run left beside its outputs is removed with them
-    written."""
+    written, or by a later run that skips the file as made."""
     from app.cli import main
     from tests.conftest import SAMPLES
 
@@ -231,5 +232,19 @@ def test_a_journal_left_by_a_stopped_run_goes_once_the_files_outputs_are_written
     left.write_text('{"format": "window-journal-1"}\n')
     files = [str(SAMPLES / "jfk.wav"), str(SAMPLES / "librispeech_1089-134686-0002.wav")]
     command = ["transcribe", *files, "-o", str(out), "--model", "whisper-tiny.en"]
+    assert main([*command, "--assistant", "none", "--language", "en"]) == 0
+    assert (out / "jfk.txt").is_file() and not left.exists()
+    # A journal beside outputs a later run skips as made (an --overwrite run stopped
+    # part-way) goes too, unless another run holds the outputs and may be writing it.
+    from app.output_claim import claim_outputs
+    from asr.writers import output_paths
+
+    left.write_text('{"format": "window-journal-1"}\n')
+    held = claim_outputs(output_paths(out, Path("jfk"), ["txt"]))
+    try:
+        assert main([*command, "--assistant", "none", "--language", "en"]) == 0
+        assert left.exists()
+    finally:
+        held.release()
     assert main([*command, "--assistant", "none", "--language", "en"]) == 0
     assert (out / "jfk.txt").is_file() and not left.exists()
