@@ -118,11 +118,34 @@ class PipedRecording:
                 "- reads a recording from standard input, which is a terminal here: pipe one "
                 "in (cat talk.mp3 | specscribe transcribe -)"
             )
-        self._folder = tempfile.TemporaryDirectory(prefix="specscribe-stdin-")
+        _remove_dead_runs_spools(Path(tempfile.gettempdir()))
+        self._folder = tempfile.TemporaryDirectory(prefix=f"{_SPOOL_PREFIX}{os.getpid()}-")
         self.path = Path(self._folder.name) / "stdin"
         with open(self.path, "wb") as spooled:
             shutil.copyfileobj(sys.stdin.buffer, spooled, 1 << 20)
         show_as(self.path, STDIN_SHOWN)
+
+
+# A spool's folder: this prefix, the pid of the run that made it, "-", random characters.
+_SPOOL_PREFIX = "specscribe-stdin-"
+
+
+def _remove_dead_runs_spools(temporary: Path) -> None:
+    """Removes the spools that runs killed before they could remove their own left (SIGKILL,
+    a power cut): a piped recording may be gigabytes. A spool whose run is alive, or that
+    belongs to another user, is left."""
+    import shutil
+
+    for folder in temporary.glob(f"{_SPOOL_PREFIX}*-*"):
+        pid = folder.name.removeprefix(_SPOOL_PREFIX).split("-", 1)[0]
+        try:
+            if not pid.isdigit() or folder.lstat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # its run is gone
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # alive as another user's process, or the folder went meanwhile
+            continue
 
 
 def _print_progress(stage: str, completed: int, total: int) -> None:

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
@@ -265,6 +266,21 @@ def test_a_format_asked_for_without_an_output_folder_is_printed_as_the_file_woul
     assert printed.count("== ") == 2 and printed.count("WEBVTT") == 2
 
 
+def test_spools_left_by_killed_piped_runs_are_removed_and_live_ones_kept(tmp_path):
+    from app.cli import _remove_dead_runs_spools
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])  # a run that has ended
+    ended.wait()
+    dead = tmp_path / f"specscribe-stdin-{ended.pid}-x1y2"
+    live = tmp_path / f"specscribe-stdin-{os.getpid()}-a3b4"
+    other = tmp_path / "specscribe-stdin-notapid-c5"
+    for folder in (dead, live, other):
+        folder.mkdir()
+        (folder / "stdin").write_bytes(b"RIFF")
+    _remove_dead_runs_spools(tmp_path)
+    assert not dead.exists() and live.exists() and other.exists()
+
+
 def test_a_recording_piped_to_standard_input_is_transcribed_as_a_file(
     capsys, tmp_path, monkeypatch
 ):
@@ -284,7 +300,8 @@ def test_a_recording_piped_to_standard_input_is_transcribed_as_a_file(
         word_error_rate(reference_text(SAMPLES / "jfk.wav"), (tmp_path / "stdin.txt").read_text())
         < 0.1
     )
-    assert not list(Path(tempfile.gettempdir()).glob("specscribe-stdin-*"))  # spool removed
+    spools = Path(tempfile.gettempdir()).glob(f"specscribe-stdin-{os.getpid()}-*")
+    assert not list(spools)  # the spool removed
     piped(jfk)  # the same recording again: its outputs exist
     assert main(["transcribe", "-", *out]) == 0
     assert "(standard input) has its outputs in" in capsys.readouterr().err
