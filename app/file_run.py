@@ -210,11 +210,10 @@ class FileRun:
         name = group[0][0].name + more
         self._bar.set_postfix_str(name)
         progress = shown_progress(self._bar, name)
-        (_, first_outputs, *_), *others = group
-        # A file decoded alone keeps its decoded windows as it goes (a long one: the service
-        # decides), in case this run is stopped before it is done.
-        journal = journal_path(first_outputs) if first_outputs and not others else None
-        results = _transcribe_batch(self.service, group, self.options, progress, journal)
+        # Each file keeps its decoded windows as it goes (a long one: the service decides), in
+        # case this run is stopped before it is done.
+        journals = [journal_path(outputs) if outputs else None for _, outputs, *_ in group]
+        results = _transcribe_batch(self.service, group, self.options, progress, journals)
         together = [  # whose decoding costs the stats of these files are (files with speech)
             str(path)
             for (path, *_), result in zip(group, results, strict=True)
@@ -432,21 +431,21 @@ def _transcribe_batch(
     batch: list,
     options,
     progress: ProgressHook,
-    journal: Path | None = None,
+    journals: list[Path | None],
 ) -> list:
     """Each file's app.service.Labelled, or the exception it raised. A batch whose decoding
-    fails is decoded again one file at a time, so that only the file at fault fails.
-    journal: a one-file batch's window journal (`journal_path`)."""
+    fails is decoded again one file at a time, so that only the file at fault fails, each
+    going on from the windows its journal (`journal_path`) kept in the batch's try."""
     audios = [audio for *_, audio in batch]
     if len(batch) > 1:
         try:
-            return service.run_keeping_unlabelled(audios, options, progress)
+            return service.run_keeping_unlabelled(audios, options, progress, journals)
         except Exception:
             pass
     results: list = []
-    for audio in audios:
+    for audio, journal in zip(audios, journals, strict=True):
         try:
-            results.append(service.run_keeping_unlabelled([audio], options, progress, journal)[0])
+            results.append(service.run_keeping_unlabelled([audio], options, progress, [journal])[0])
         except Exception as error:
             results.append(error)
     return results

@@ -14,7 +14,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -45,6 +45,7 @@ from .unlabelled_cache import reused
 
 if TYPE_CHECKING:
     from asr.models import ModelRegistry
+    from asr.transcribe import Recording
     from asr.vad import VoiceActivityDetector
     from asr.whisper import WhisperModel
     from asr.whisper_drafters import DraftSource
@@ -370,25 +371,24 @@ class TranscriptionService:
         audios: list[AudioInput],
         options: ServiceOptions | Mapping[str, object] | None = None,
         progress: ProgressHook = no_progress,
-        journal: Path | None = None,
+        journals: Sequence[Path | None] | None = None,
     ) -> list[Labelled]:
         """`run_many`, each transcript with the one it was before speakers were assigned
         (`Labelled.unlabelled`), which `relabel` labels again for other speaker options
         without transcribing again.
 
-        journal: for one recording of JOURNAL_MIN_SECONDS or more, a file that keeps its
-        decoded windows as they are decoded (`asr.window_journal`), so that a run stopped
-        part-way and run again with the same audio, model, precision and options reads them
-        back instead of decoding them again. The caller removes it once the transcript is
-        kept."""
-        return self._run(audios, options, progress, None, journal)
+        journals: one per recording, or None: for a recording of JOURNAL_MIN_SECONDS or more,
+        a file that keeps its decoded windows as they are decoded (`asr.window_journal`), so
+        that a run stopped part-way and run again with the same audio, model, precision and
+        options reads them back instead of decoding them again, whether the recording is
+        decoded alone or beside others either time. The caller removes each once its
+        transcript is kept."""
+        return self._run(audios, options, progress, None, journals)
 
     def _journal(
         self,
         path: Path,
-        samples: np.ndarray,
-        spans,
-        turn_starts: tuple[float, ...],
+        recording: Recording,
         transcribe_options,
         options: ServiceOptions,
         draft: DraftSource | None,
@@ -417,10 +417,10 @@ class TranscriptionService:
             "weights": self.model.name,
             "precision": self.precision,
             "device": str(self.device),
-            "audio": audio_digest(samples),
-            "spans": None if spans is None else [list(span) for span in spans],
-            "turn_starts": list(turn_starts),
-            "passage_starts": list(_clip_starts(options)),
+            "audio": audio_digest(recording.samples),
+            "spans": None if recording.spans is None else [list(span) for span in recording.spans],
+            "turn_starts": list(recording.turn_starts),
+            "passage_starts": list(recording.passage_starts),
             "options": json.loads(json.dumps(dataclasses.asdict(transcribe_options), default=str)),
         }
         return WindowJournal(path, identity)
@@ -456,10 +456,12 @@ class TranscriptionService:
         options: ServiceOptions | Mapping[str, object] | None,
         progress: ProgressHook,
         on_window: WindowHook | None,
-        journal: Path | None = None,
+        journals: Sequence[Path | None] | None = None,
     ) -> list[Labelled]:
         from asr.transcribe import Recording, transcribe, transcribe_many
 
+        if journals is not None and len(journals) != len(audios):
+            raise ValueError(f"{len(journals)} journals for {len(audios)} recordings")
         options = _service_options(options)
         if self.settings.heap_trim_seconds > 0:  # long recordings: free pages back as it goes
             progress = trimming(progress, self.settings.heap_trim_seconds)
@@ -486,43 +488,45 @@ class TranscriptionService:
             speech = sum(_speech_seconds(p.samples, p.spans) for p in prepared)
             drafted = options.use_assistant and options.beam_size == 1
             draft = self._draft_for(speech) if drafted else None
-            if len(prepared) == 1:
-                turn_starts = _turn_starts(prepared[0], options)
-                windows = None
-                if journal is not None and len(recordings[0]) >= JOURNAL_MIN_SECONDS * SAMPLE_RATE:
-                    recording = (prepared[0].samples, prepared[0].spans, turn_starts)
-                    windows = self._journal(journal, *recording, transcribe_options, options, draft)
-                try:
+            kept = [
+                Recording(p.samples, p.spans, _turn_starts(p, options), _clip_starts(options))
+                for p in prepared
+            ]
+            windows = [
+                self._journal(path, recording, transcribe_options, options, draft)
+                if path is not None and len(recording.samples) >= JOURNAL_MIN_SECONDS * SAMPLE_RATE
+                else None
+                for path, recording in zip(journals or [None] * len(kept), kept, strict=True)
+            ]
+            try:
+                if len(kept) == 1:
                     transcripts = [
                         transcribe(
                             self.model,
-                            prepared[0].samples,
+                            kept[0].samples,
                             transcribe_options,
                             progress=progress,
                             draft=draft,
                             on_window=on_window,
-                            spans=prepared[0].spans,
-                            turn_starts=turn_starts,
-                            passage_starts=_clip_starts(options),
-                            journal=windows,
+                            spans=kept[0].spans,
+                            turn_starts=kept[0].turn_starts,
+                            passage_starts=kept[0].passage_starts,
+                            journal=windows[0],
                         )
                     ]
-                finally:
-                    if windows is not None:
-                        windows.close()
-            else:
-                transcripts = transcribe_many(
-                    self.model,
-                    [
-                        Recording(
-                            p.samples, p.spans, _turn_starts(p, options), _clip_starts(options)
-                        )
-                        for p in prepared
-                    ],
-                    transcribe_options,
-                    progress=progress,
-                    draft=draft,
-                )
+                else:
+                    transcripts = transcribe_many(
+                        self.model,
+                        kept,
+                        transcribe_options,
+                        progress=progress,
+                        draft=draft,
+                        journals=windows,
+                    )
+            finally:
+                for journal in windows:
+                    if journal is not None:
+                        journal.close()
             results = []
             for transcript, p, d in zip(transcripts, prepared, decoded, strict=True):
                 unlabelled = self._unlabelled(transcript, p, options, draft is not None)

@@ -142,7 +142,7 @@ def execute(
             return Outcome(
                 transcript, None, seconds, unlabelled, passes, from_kept=True, relabelled=True
             )
-        result = service.run_keeping_unlabelled([source], options, progress, journal)[0]
+        result = service.run_keeping_unlabelled([source], options, progress, [journal])[0]
     except Exception as error:
         return Outcome(None, describe_error(error), time.perf_counter() - started)
     seconds = time.perf_counter() - started

@@ -26,6 +26,7 @@ This module is the entry (options checked, recordings prepared, transcripts asse
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -104,7 +105,9 @@ def transcribe(
     (`asr.window_journal`: the transcript is the one an uninterrupted run gives).
     """
     recording = Recording(samples, spans, turn_starts, passage_starts)
-    return _transcribe([recording], options, model, progress, draft, policy, on_window, journal)[0]
+    return _transcribe([recording], options, model, progress, draft, policy, on_window, [journal])[
+        0
+    ]
 
 
 def transcribe_many(
@@ -114,6 +117,7 @@ def transcribe_many(
     progress: ProgressHook = no_progress,
     draft: DraftSource | None = None,
     policy: LookaheadPolicy | None = None,
+    journals: Sequence[WindowJournal | None] | None = None,
 ) -> list[Transcript]:
     """Several recordings with the same options, one Transcript each, in order; each is the
     transcript `transcribe` gives it alone (its windows, text and times: a window decodes the
@@ -126,8 +130,14 @@ def transcribe_many(
     calls, tokens, seconds), with `decoded_together` the number of recordings in it.
     ("silence" windows decode one recording at a time.) Without `options.language`, each
     recording's language is detected from its first window.
+
+    journals: each recording's, or None (`transcribe`'s `journal`): a window of a recording
+    decodes the same beside any others, so what one run recorded of it side by side is read
+    back by a run that decodes it beside others or alone.
     """
-    return _transcribe(recordings, options, model, progress, draft, policy, None)
+    if journals is not None and len(journals) != len(recordings):
+        raise ValueError(f"{len(journals)} journals for {len(recordings)} recordings")
+    return _transcribe(recordings, options, model, progress, draft, policy, None, journals)
 
 
 def _transcribe(
@@ -138,9 +148,9 @@ def _transcribe(
     draft: DraftSource | None,
     policy: LookaheadPolicy | None,
     on_window: WindowHook | None,
-    journal: WindowJournal | None = None,
+    journals: Sequence[WindowJournal | None] | None = None,
 ) -> list[Transcript]:
-    """journal: one recording's (`transcribe`)."""
+    """journals: each recording's, or None (`transcribe_many`)."""
     # 1. Check the request; mel spectrograms for the target and a draft that needs its own.
     options.validate(model)
     if draft is not None and draft.target is not model:
@@ -150,9 +160,10 @@ def _transcribe(
     if draft is not None and policy is None:
         policy = draft.default_policy()  # one for the whole run: Adaptive learns the pair
     started = time.perf_counter()
+    journals = journals if journals is not None else [None] * len(recordings)
     prepared = [
         _prepare(model, recording, options, draft, policy, on_window, journal)
-        for recording in recordings
+        for recording, journal in zip(recordings, journals, strict=True)
     ]
     sessions = [session for session in prepared if isinstance(session, Session)]
 

@@ -518,7 +518,9 @@ class Session:
                 chosen = decoder if temperature == 0 else plain
                 seed = seeds[rows[0]]
                 decoded = dict(
-                    zip(rows, self._run(chosen, batch, rows, temperature, seed), strict=True)
+                    zip(
+                        rows, self._run(chosen, batch, rows, temperature, seed, owners), strict=True
+                    )
                 )
                 echoes = [
                     row
@@ -533,7 +535,7 @@ class Session:
                 if echoes:
                     prompts = [bare if r in echoes else p for r, p in enumerate(batch.prompts)]
                     batch = replace(batch, prompts=tuple(prompts))
-                    again = self._run(chosen, batch, echoes, temperature, seeds[echoes[0]])
+                    again = self._run(chosen, batch, echoes, temperature, seeds[echoes[0]], owners)
                     decoded.update(zip(echoes, again, strict=True))
                     for row in echoes:
                         (owners[row] if owners is not None else self).reprompted += 1
@@ -545,9 +547,8 @@ class Session:
                         continue
                     failed[row].append(result)
                     if temperature == options.temperatures[-1]:
-                        if (alone := self._without_hotwords(decoder, batch, row, seeds)) and (
-                            not _needs_fallback(alone, options)
-                        ):
+                        alone = self._without_hotwords(decoder, batch, row, seeds, owners)
+                        if alone and (not _needs_fallback(alone, options)):
                             results[row] = alone
                             continue
                         results[row] = _most_probable_of_failed(
@@ -558,7 +559,12 @@ class Session:
         return [self._unswayed(batch, row, result) for row, result in enumerate(results)]
 
     def _without_hotwords(
-        self, decoder: WindowDecoder, batch: WindowBatch, row: int, seeds: list[int]
+        self,
+        decoder: WindowDecoder,
+        batch: WindowBatch,
+        row: int,
+        seeds: list[int],
+        owners: list[Session] | None = None,
     ) -> WindowResult | None:
         """A window that failed at every temperature with the hotwords in its prompt, decoded
         greedily without them (its previous text kept), or None where it had none. Words
@@ -574,7 +580,7 @@ class Session:
         rest = prompt[1 + len(hotwords) :]
         bare = rest if rest[:1] == (self.model.special.sot,) else (prompt[0], *rest)
         alone = replace(batch, prompts=(*batch.prompts[:row], bare, *batch.prompts[row + 1 :]))
-        (result,) = self._run(decoder, alone, [row], 0.0, seeds[row])
+        (result,) = self._run(decoder, alone, [row], 0.0, seeds[row], owners)
         return replace(result, prompted=bare[:1] != (self.model.special.sot,))
 
     def _unswayed(self, batch: WindowBatch, row: int, result: WindowResult) -> WindowResult:
@@ -647,20 +653,23 @@ class Session:
         rows: list[int],
         temperature: float,
         seed: int,
+        owners: list[Session] | None = None,
     ) -> list[WindowResult]:
-        """These rows of the batch, decoded at one temperature; rows the journal holds are
-        read back from it, and the others recorded there."""
+        """These rows of the batch, decoded at one temperature; rows whose recording's journal
+        holds them are read back from it, and the others recorded in their recording's.
+        owners: each row's recording (`decode`'s; default: this one)."""
         results: dict[int, WindowResult] = {}
         keys = {}
-        if self.journal is not None and batch.windows is not None:
+        journals = {row: (owners[row] if owners is not None else self).journal for row in rows}
+        if batch.windows is not None:
             # A greedy batch is called with its first row's seed, which decides nothing.
             seeded = seed if temperature > 0 else 0
-            for row in rows:
+            for row in (row for row in rows if journals[row] is not None):
                 key = window_key(
                     batch.windows[row], batch.prompts[row], decoder.language, temperature, seeded
                 )
                 keys[row] = key
-                if (kept := self.journal.result(key)) is not None:
+                if (kept := journals[row].result(key)) is not None:
                     results[row] = kept
         if pending := [row for row in rows if row not in results]:
             subset = batch if len(pending) == len(batch.prompts) else batch.rows(pending)
@@ -669,7 +678,7 @@ class Session:
             for row, result in zip(pending, decoded, strict=True):
                 results[row] = result
                 if row in keys:
-                    self.journal.record(keys[row], result)
+                    journals[row].record(keys[row], result)
         return [results[row] for row in rows]
 
     def _silenced_by_prompt(self, result: WindowResult) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from asr.audio import SAMPLE_RATE, load_audio
-from asr.transcribe import transcribe
+from asr.transcribe import Recording, transcribe, transcribe_many
 from asr.transcribe_options import TranscribeOptions
 from asr.whisper_target import LanguageOdds
 from asr.window_decoder import WindowResult
@@ -172,6 +172,59 @@ def test_a_transcription_stopped_part_way_resumes_to_the_uninterrupted_transcrip
     else:
         assert sum(encoded_windows) <= whole_encoded - 2
     assert WindowJournal(path, identity).kept > resumed_journal.kept  # the rest recorded too
+
+
+@needs_speech
+@pytest.mark.slow
+def test_recordings_decoded_side_by_side_each_keep_a_journal_read_back_beside_others_or_alone(
+    tmp_path, whisper_base_int8
+):
+    """Two recordings decoded side by side (`transcribe_many`, as the CLI decodes a folder's
+    files), stopped after their first windows: each one's journal holds its own windows, and a
+    run beside the other or alone reads them back to the uninterrupted transcripts."""
+    model = whisper_base_int8
+    sonnets = load_audio(SONNETS)
+    recordings = [sonnets[: 50 * SAMPLE_RATE], sonnets[60 * SAMPLE_RATE : 110 * SAMPLE_RATE]]
+    options = TranscribeOptions(language="en")
+    whole = transcribe_many(model, [Recording(samples) for samples in recordings], options)
+    paths = [tmp_path / "first.jsonl", tmp_path / "second.jsonl"]
+    identities = [{"audio": audio_digest(samples)} for samples in recordings]
+
+    def journals() -> list[WindowJournal]:
+        return [WindowJournal(p, i) for p, i in zip(paths, identities, strict=True)]
+
+    stopped = journals()
+
+    def stop_after_a_window_each(stage, completed, total):
+        if all(journal._results for journal in stopped):
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        transcribe_many(
+            model,
+            [Recording(samples) for samples in recordings],
+            options,
+            progress=stop_after_a_window_each,
+            journals=stopped,
+        )
+    for journal in stopped:
+        journal.close()
+    assert all(WindowJournal(p, i).kept >= 1 for p, i in zip(paths, identities, strict=True))
+
+    together = journals()
+    resumed = transcribe_many(
+        model, [Recording(samples) for samples in recordings], options, journals=together
+    )
+    for journal in together:
+        journal.close()
+    for resumed_one, whole_one in zip(resumed, whole, strict=True):
+        assert resumed_one.segments == whole_one.segments
+        assert resumed_one.stats["journal_windows"] >= 1
+    alone_journal = WindowJournal(paths[1], identities[1])
+    alone = transcribe(model, recordings[1], options, journal=alone_journal)
+    alone_journal.close()
+    assert alone.segments == whole[1].segments
+    assert alone.stats["journal_windows"] >= 2  # every window of it, recorded side by side
 
 
 @needs_speech
