@@ -105,9 +105,10 @@ def transcribe(
     (`asr.window_journal`: the transcript is the one an uninterrupted run gives).
     """
     recording = Recording(samples, spans, turn_starts, passage_starts)
-    return _transcribe([recording], options, model, progress, draft, policy, on_window, [journal])[
-        0
-    ]
+    (transcript,) = _transcribe(
+        [recording], options, model, progress, draft, policy, on_window, [journal]
+    )
+    return transcript
 
 
 def transcribe_many(
