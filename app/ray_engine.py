@@ -21,6 +21,7 @@ from typing import Any
 
 from .config import Settings
 from .jobs import ClaimedTask, JobStore, JobStoreError, WorkerId
+from .orphan_reaper import reaping_orphans
 from .output_claim import OutputClaim
 from .output_plan import fingerprinted, made_from
 from .ray_actor import ActorSpec, NodeInfo
@@ -98,13 +99,7 @@ class RayWorker:
         of tasks finished here."""
         import ray
 
-        if self.ray_options.address is None:
-            ray.init(
-                num_cpus=self.ray_options.actors * self.ray_options.cpus_per_actor,
-                include_dashboard=False,
-                configure_logging=False,
-            )
-        else:
+        if self.ray_options.address is not None:
             try:
                 ray.init(address=self.ray_options.address, configure_logging=False)
             except ConnectionError as error:  # no cluster at that address
@@ -112,6 +107,18 @@ class RayWorker:
                     f"--ray-address {self.ray_options.address}: {error} (start one with "
                     f"`ray start --head`, or leave --ray-address out for a private one)"
                 ) from None
+            return self._run_started(ray)
+        # A private instance's processes are this one's to clean up, even where it is killed
+        # (`app.orphan_reaper`): watched from before they start.
+        with reaping_orphans():
+            ray.init(
+                num_cpus=self.ray_options.actors * self.ray_options.cpus_per_actor,
+                include_dashboard=False,
+                configure_logging=False,
+            )
+            return self._run_started(ray)
+
+    def _run_started(self, ray) -> int:
         try:
             with stop_on_signals():
                 return self._loop(ray)

