@@ -238,6 +238,23 @@ def _decided(
         if heard.decoded_again:
             session.retell(language)
             continue
+        if heard.language_after is None and (
+            skipped := session.skipped_before_first_segment(heard, seek, frames)
+        ):
+            # Speech Whisper skipped before the window's first segment: the passage ends
+            # there, its next window decoding only the skipped speech, and a new passage
+            # (without the text before as its prompt) goes on from that segment.
+            after = Passage(
+                end=passage.end,
+                seek=skipped,
+                previous=list(session.initial_prompt),
+                last_speech=skipped / FRAMES_PER_SECOND,
+                guard=session.new_guard(),
+            )
+            at = next(i for i, p in enumerate(recording.passages) if p is passage)
+            recording.passages.insert(at + 1, after)
+            passage.end = skipped
+            continue
         split = heard  # its segments as kept; `heard`'s times say where its text ends
         if passage.resumed is not None and passage.resumed.frame == seek:
             split = passage.resumed.without_echo(heard)

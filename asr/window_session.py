@@ -858,6 +858,29 @@ class Session:
             )
         return split
 
+    def skipped_before_first_segment(
+        self, split: WindowSplit, start: int, frames: int
+    ) -> int | None:
+        """The frame where a sequential window's first segment starts when Whisper skipped
+        loud audio before it (MIN_SKIPPED_SECONDS or more of window, its audio at the window's
+        median level MIN_TAIL_SECONDS or more before that segment), or None. Whisper times a
+        window's first text from 1 s at the latest, so a start that late is one word timing
+        found (`_late_starts_retimed`, or word timestamps): in a reading joined from clips, a
+        window over 17 s of spoken commands ("Repeat. Yes. Start. ...") gave only the speech
+        after them, JFK's sentence, timed from the window's start, and the commands were lost.
+        The caller decodes the audio before that frame apart (`asr.seek_windows`)."""
+        said = segments_with_content(split)
+        if not said:
+            return None
+        first = round(said[0].start * FRAMES_PER_SECOND)
+        if first - start < MIN_SKIPPED_SECONDS * FRAMES_PER_SECOND or first >= start + frames:
+            return None
+        loud = first_loud_frame(self.level, (start, start + frames), start)
+        if loud is None or loud + MIN_TAIL_SECONDS * FRAMES_PER_SECOND > first:
+            return None
+        self.resumed_windows += 1
+        return first
+
     def _late_starts_retimed(
         self,
         encoded: Callable[[list[int]], EncodedAudio],
@@ -1167,7 +1190,7 @@ def audio_frames(session: Session, window: tuple[int, int]) -> int:
 
 
 LATE_START_SLACK = 4.0  # seconds
-LATE_START_PER_TOKEN = 1.0  # seconds
+LATE_START_PER_TOKEN = 0.7  # seconds
 
 
 def _narrowed(segment: Segment, timed: Segment) -> Segment:

@@ -1,0 +1,77 @@
+"""Speech Whisper skips inside a "seek" window is decoded all the same: a window whose first
+segment starts seconds into it, after loud audio, has that audio decoded apart
+(`Session.skipped_before_first_segment`, `asr.seek_windows`)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from asr.silence import loudness
+from asr.types import Segment
+from asr.whisper import FRAMES_PER_SECOND
+from asr.window_session import Session
+from bench import cli as bench_cli
+from bench.asr_data import user_files
+from tests.conftest import needs_speech
+
+
+class _Level:
+    """What `skipped_before_first_segment` reads of a session: its loudness per frame."""
+
+    def __init__(self, loud_from: float, frames: int) -> None:
+        import torch
+
+        level = torch.full((frames,), -1.0)
+        level[round(loud_from * FRAMES_PER_SECOND) :] = 0.5
+        self.level = loudness(level.expand(80, -1), frames)
+        self.resumed_windows = 0
+
+
+def _split(first_start: float):
+    from asr.segments import WindowSplit
+
+    segment = Segment(first_start, first_start + 8.0, " And so my fellow Americans.")
+    return WindowSplit(
+        segments=(segment,),
+        tokens=((440, 370),),
+        consumed=3000,
+        single_timestamp_ending=True,
+        time_offset=0.0,
+        frames=3000,
+        timestamp_ends=(first_start + 8.0,),
+    )
+
+
+@pytest.mark.parametrize(
+    ("loud_from", "first_start", "skipped"),
+    [
+        (1.0, 18.0, 1800),  # 17 s of speech before the segment: decoded apart from there
+        (1.0, 3.0, None),  # a first segment 3 s in: Whisper's own timing
+        (16.5, 18.0, None),  # loud only 1.5 s before it: the start of its own speech
+    ],
+)
+def test_a_first_segment_after_seconds_of_loud_audio_marks_them_skipped(
+    loud_from, first_start, skipped
+):
+    session = _Level(loud_from, 3000)
+    found = Session.skipped_before_first_segment(session, _split(first_start), 0, 3000)
+    assert found == skipped
+    assert session.resumed_windows == (skipped is not None)
+
+
+@needs_speech
+@pytest.mark.slow
+def test_spoken_commands_before_a_sentence_are_not_skipped_in_a_long_recording(tmp_path, settings):
+    """bench.cli's 59 files joined (515 s; `--joined 1`), as users transcribe them: the window
+    over the spoken commands after the sonnets gave only JFK's sentence that follows them,
+    timed from the window's start (its commands lost; faster-whisper kept them)."""
+    from app.service import TranscriptionService
+
+    joined = bench_cli.joined_recording(user_files(), 1.0, tmp_path / "joined")
+    transcript = TranscriptionService(settings).run(joined.audio, {"language": "en"})
+    words = " ".join(re.findall(r"[a-z']+", transcript.text.lower()))
+    before = words[words.index("dies with thee") : words.index("and so my fellow americans")]
+    assert "repeat yes start yes repeat stop yes" in before, before
+    assert transcript.stats["resumed_windows"] >= 1
