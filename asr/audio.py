@@ -133,8 +133,9 @@ def samples_audio(samples: np.ndarray, name: str = "<samples>") -> DecodedAudio:
     they are (in [-1, 1]); integer PCM is scaled by its type's range (int16 by 32768, uint8
     around 128), as a WAV of that type decodes. Channels, on either axis of a 2-D array
     (soundfile's (frames, channels) or librosa's (channels, frames)), mix as a file's do:
-    stereo at -3 dB a channel, more channels averaged. Raises AudioLoadError for an empty
-    array, one with NaN or infinite samples, or one that is not real-valued audio."""
+    stereo at -3 dB a channel, more channels averaged; NaN and infinite samples are read as
+    silence, with a warning. Raises AudioLoadError for an empty array or one that is not
+    real-valued audio."""
     array = np.asarray(samples)
     if array.size == 0:
         raise AudioLoadError(f"{name}: contains no audio samples")
@@ -167,10 +168,24 @@ def samples_audio(samples: np.ndarray, name: str = "<samples>") -> DecodedAudio:
     else:
         mono = array[:, 0]
     mono = np.ascontiguousarray(mono, dtype=np.float32)
-    if not np.isfinite(mono).all():
-        raise AudioLoadError(f"{name}: contains NaN or infinite samples")
+    mono, damaged = _finite(mono)
+    if damaged:  # the channels too, which `_unless_cancelled` compares
+        array = np.nan_to_num(array, nan=0.0, posinf=0.0, neginf=0.0)
     mono, warnings = _unless_cancelled(mono, array)
-    return _in_full_scale(DecodedAudio(mono, warnings))
+    return _in_full_scale(DecodedAudio(mono, (*damaged, *warnings)))
+
+
+def _finite(samples: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
+    """`samples` with NaN and infinite values (a damaged float recording; every later stage
+    would fail on them) read as silence, and the warning that says so, or none."""
+    bad = ~np.isfinite(samples)
+    if not bad.any():
+        return samples, ()
+    count = int(bad.sum())
+    return np.where(bad, np.float32(0), samples).astype(np.float32), (
+        f"{count} sample{'s' if count != 1 else ''} NaN or infinite (damaged float audio) "
+        "read as silence",
+    )
 
 
 def _in_full_scale(audio: DecodedAudio) -> DecodedAudio:
@@ -285,8 +300,9 @@ def decode_audio(
         raise AudioTooLongError(f"{label}: the audio lasts more than the {max_seconds:g} s allowed")
     if samples.size == 0:
         raise AudioLoadError(f"{label}: contains no audio samples")
-    if not np.isfinite(samples).all():  # float files can hold them; every later stage would fail
-        raise AudioLoadError(f"{label}: contains NaN or infinite samples")
+    samples, damaged = _finite(samples)  # float files can hold them
+    if damaged:
+        decoded = DecodedAudio(samples, (*damaged, *decoded.warnings))
     return _in_full_scale(decoded)
 
 
