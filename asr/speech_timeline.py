@@ -207,7 +207,7 @@ class SpeechTimeline:
         offsets = self._offsets()
         restored = []
         for segment in segments:
-            words = tuple(self._word(word, offsets) for word in segment.words)
+            words = self._words(segment.words, offsets)
             if words:
                 start, end = words[0].start, words[-1].end
             else:
@@ -225,10 +225,29 @@ class SpeechTimeline:
             )
         return restored
 
-    def _word(self, word: Word, offsets: list[float]) -> Word:
-        span = self._nearest_span((word.start + word.end) / 2, offsets)
-        start = self._mapped(word.start, span, offsets)
-        return replace(word, start=start, end=max(self._mapped(word.end, span, offsets), start))
+    def _words(self, words: tuple[Word, ...], offsets: list[float]) -> tuple[Word, ...]:
+        """A segment's words, each placed in the span its middle is nearest; but a word that
+        runs past its span's seam, where the word after it is in the next span and none before
+        it in its own, goes with the word after: the words that start a sentence after a
+        cut-out pause, which word timing began in the silence before the seam (the 4th of one
+        sentence said 4 times with 3 s between them: its "He" was timed 3 s early, over the
+        end of the 3rd, and "began" stretched across the pause)."""
+        spans = [self._nearest_span((w.start + w.end) / 2, offsets) for w in words]
+        for index in range(len(words) - 2, -1, -1):
+            span = spans[index]
+            if (
+                spans[index + 1] == span + 1
+                and span + 1 not in self.passage_spans
+                and words[index].end > self._seam(span, offsets)
+                and (index == 0 or spans[index - 1] != span)
+            ):
+                spans[index] = span + 1
+        placed = []
+        for word, span in zip(words, spans, strict=True):
+            start = self._mapped(word.start, span, offsets)
+            end = max(self._mapped(word.end, span, offsets), start)
+            placed.append(replace(word, start=start, end=end))
+        return tuple(placed)
 
 
 def intersect(first: tuple[Span, ...], second: tuple[Span, ...]) -> tuple[Span, ...]:

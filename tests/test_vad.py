@@ -127,17 +127,40 @@ def test_silence_stands_between_spans_where_audio_was_cut_out():
 
 def test_times_in_the_silence_between_spans_go_to_the_speech_beside_them():
     timeline = SpeechTimeline(((10.0, 12.0), (40.0, 43.0)), pause=1.0)  # 2nd span at 3.0
-    # a word is placed in the nearer span; a segment starting in the silence, or in the last
+    # a word is placed in the nearer span, but a segment's first words that run past a seam
+    # go with the words after them; a segment starting in the silence, or in the last
     # END_SEAM_GRACE of a span and running past it, starts where the next span starts
     words = (Word(2.0, 2.4, " early", 0.9), Word(2.6, 3.2, " late", 0.9))
     [worded] = timeline.restore([Segment(2.0, 3.2, " early late", words)])
-    assert [(w.start, w.end) for w in worded.words] == [(12.0, 12.0), (40.0, 40.2)]
+    assert [(w.start, w.end) for w in worded.words] == [(40.0, 40.0), (40.0, 40.2)]
+    ending = (
+        Word(1.0, 1.5, " my", 0.9),
+        Word(1.6, 2.2, " country.", 0.9),
+        Word(3.2, 3.4, " a", 0.9),
+    )
+    [ended] = timeline.restore([Segment(1.0, 3.4, " my country. a", ending)])
+    assert [(w.start, w.end) for w in ended.words][:2] == [(11.0, 11.5), (11.6, 12.0)]
     plain = timeline.restore(
         [Segment(0.0, 2.5, " a"), Segment(2.5, 4.0, " b"), Segment(1.7, 4.0, " c")]
     )
     assert [(s.start, s.end) for s in plain] == [(10.0, 12.0), (40.0, 41.0), (40.0, 41.0)]
     # a segment well inside the first span that runs across the seam keeps its start
     assert timeline.restore([Segment(1.0, 4.0, " d")])[0].start == 11.0
+
+
+def test_a_sentence_after_a_cut_pause_starts_after_it_though_its_first_word_began_before():
+    """One sentence said 4 times, 3 s apart: word timing began the 4th's "He" in the silence
+    laid before its span (its middle still before the seam) and stretched "began" over the
+    pause; "He" was placed 3 s early, over the end of the 3rd sentence."""
+    timeline = SpeechTimeline(((0.0, 5.0), (10.0, 15.0)), pause=1.0)  # 2nd span at 6.0
+    left = Segment(
+        3.0, 4.4, " the left.", (Word(3.0, 4.0, " the", 0.9), Word(4.0, 4.4, " left.", 0.9))
+    )
+    words = (Word(4.5, 5.1, " He", 0.9), Word(5.1, 6.7, " began", 0.9), Word(6.7, 6.8, " a", 0.9))
+    second = Segment(4.5, 6.8, " He began a", words)
+    first, restored = timeline.restore([left, second])
+    assert [(w.start, w.end) for w in restored.words] == [(10.0, 10.0), (10.0, 10.7), (10.7, 10.8)]
+    assert restored.start == 10.0 and first.end == 4.4
 
 
 def test_no_time_is_placed_across_the_start_of_a_passage():
