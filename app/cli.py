@@ -1537,7 +1537,19 @@ def _parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argp
     for index in range(len(words) - 1, 0, -1):
         if words[index - 1] == "--clip-timestamps" and _OPEN_START.match(words[index]):
             words[index - 1 : index + 1] = [f"--clip-timestamps={words[index]}"]
-    return parser.parse_args(words)
+    try:
+        return parser.parse_args(words)
+    except SystemExit as exit:
+        options = words[: words.index("--")] if "--" in words else words
+        if exit.code == 2 and (
+            dashed := [w for w in options if w.startswith("-") and w != "-" and os.path.exists(w)]
+        ):  # argparse took the file for an unknown option
+            print(
+                f"specscribe: {dashed[0]} is a file whose name starts with a dash: put -- before "
+                f"it (specscribe transcribe -- {dashed[0]}) or write ./{dashed[0]}",
+                file=sys.stderr,
+            )
+        raise
 
 
 _OPEN_START = re.compile(r"-[\d:.]+(,|$)")

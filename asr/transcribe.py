@@ -258,8 +258,8 @@ def _dropped_warnings(session: Session) -> tuple[str, ...]:
     if session.dropped_words_past_audio:
         count = session.dropped_words_past_audio
         warnings.append(
-            f"{count} word{'s' if count != 1 else ''} left out at the end of the audio: Whisper "
-            "went on past where the recording stops, and no sound was found for them"
+            f"{count} word{'s' if count != 1 else ''} left out where the audio ends: word "
+            "timing found no sound for them (text Whisper went on with past the speech)"
         )
     if session.dropped_anomalies:
         threshold = session.options.hallucination_silence_threshold

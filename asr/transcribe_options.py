@@ -69,7 +69,10 @@ class TranscribeOptions:
     def checked(self) -> TranscribeOptions:
         """Checks what needs no model (the guards' settings); returns self."""
         if self.repetition_ngram is not None and not 2 <= self.repetition_ngram <= 50:
-            raise ValueError(f"repetition_ngram must be in 2..50, not {self.repetition_ngram}")
+            raise ValueError(
+                f"repetition_ngram must be in 2..50, or 0 to turn the guard off (None in "
+                f"Python), not {self.repetition_ngram}"
+            )
         threshold = self.hallucination_silence_threshold
         if threshold is not None:
             if not 0 < threshold < float("inf"):

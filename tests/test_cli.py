@@ -1267,3 +1267,18 @@ def test_vad_settings_with_no_vad_are_refused_and_left_out_take_the_defaults(cap
     assert options.vad_threshold == 0.3 and options.vad_speech_pad == defaults.vad_speech_pad
     assert options.vad_min_silence_duration == defaults.vad_min_silence_duration
     assert _request_options(_parsed(build_parser(), [*jfk, "--no-vad"])).vad is False
+
+
+def test_a_file_named_with_a_leading_dash_is_told_how_to_be_given(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(SAMPLES / "jfk.wav", tmp_path / "-talk.wav")
+    with pytest.raises(SystemExit) as exit:
+        main(["transcribe", "-talk.wav"])
+    assert exit.value.code == 2
+    said = capsys.readouterr().err
+    assert "put -- before it (specscribe transcribe -- -talk.wav) or write ./-talk.wav" in said
+
+
+def test_a_repetition_ngram_out_of_range_names_the_value_that_turns_the_guard_off(capsys):
+    assert main(["transcribe", str(SAMPLES / "jfk.wav"), "--repetition-ngram", "-1"]) == 2
+    assert "2..50, or 0 to turn the guard off" in capsys.readouterr().err
