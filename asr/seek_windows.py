@@ -198,13 +198,6 @@ def _frames_left(recordings: list[_SeekState]) -> int:
     return sum(p.end - min(p.seek, p.end) for r in recordings for p in r.passages)
 
 
-# A segment lasting longer than this plus this much a text token is taken for one whose start
-# Whisper could not place (`Session._late_starts_retimed`). Speech runs at 2-5 tokens
-# a second in English (JFK's slow delivery: about 2), a token a syllable or a character where
-# there are no spaces (Japanese, Chinese: 4-8 characters a second), so only a silence of several
-# seconds inside the segment reaches the bound.
-
-
 def _decided(
     recording: _SeekState,
     encoded: EncodedAudio,

@@ -1189,6 +1189,12 @@ def audio_frames(session: Session, window: tuple[int, int]) -> int:
     return min(end, session.content_frames) - start
 
 
+# A segment lasting longer than this plus this much a text token is taken for one whose start
+# Whisper could not place (`Session._late_starts_retimed`). Speech runs at 2-5 tokens a second
+# in English (JFK's slow delivery: about 2), a token a syllable or a character where there are
+# no spaces (Japanese, Chinese: 4-8 characters a second), so only a silence of several seconds
+# inside the segment reaches the bound. At 1 s a token JFK's sentence timed over 29 s (26
+# tokens, 17 s of other speech skipped before it) stayed under it.
 LATE_START_SLACK = 4.0  # seconds
 LATE_START_PER_TOKEN = 0.7  # seconds
 
