@@ -22,7 +22,7 @@ from asr.languages import LANGUAGES
 from asr.logit_rules import LogitRules
 from asr.passages import plan_passages
 from asr.segments import WindowSplit, has_content, split_segments
-from asr.silence import ONSET_MARGIN_FRAMES, chunk_window, first_loud_frame, loudness
+from asr.silence import MIN_RISE, ONSET_MARGIN_FRAMES, chunk_window, first_loud_frame, loudness
 from asr.speech_timeline import SpeechTimeline
 from asr.spoken_languages import before_another_language, sot_logits
 from asr.transcribe_options import TranscribeOptions
@@ -862,8 +862,8 @@ class Session:
         self, split: WindowSplit, start: int, frames: int
     ) -> int | None:
         """The frame where a sequential window's first segment starts when Whisper skipped
-        loud audio before it (MIN_SKIPPED_SECONDS or more of window, its audio at the window's
-        median level MIN_TAIL_SECONDS or more before that segment), or None. Whisper times a
+        loud audio before it (MIN_SKIPPED_SECONDS or more of window, MIN_TAIL_SECONDS of them
+        at the window's median level), or None. Whisper times a
         window's first text from 1 s at the latest, so a start that late is one word timing
         found (`_late_starts_retimed`, or word timestamps): in a reading joined from clips, a
         window over 17 s of spoken commands ("Repeat. Yes. Start. ...") gave only the speech
@@ -875,8 +875,14 @@ class Session:
         first = round(said[0].start * FRAMES_PER_SECOND)
         if first - start < MIN_SKIPPED_SECONDS * FRAMES_PER_SECOND or first >= start + frames:
             return None
-        loud = first_loud_frame(self.level, (start, start + frames), start)
-        if loud is None or loud + MIN_TAIL_SECONDS * FRAMES_PER_SECOND > first:
+        # Loud for MIN_TAIL_SECONDS in all, not only from that long before: a window that
+        # begins on the last word of the text before (transcribed already) then holds a pause
+        # is no skipped speech, and decoded apart the pause made Whisper say "He was a very
+        # serious person." twice.
+        whole = self.level[start : start + frames]
+        before = self.level[start:first]
+        loud = (before >= whole.median()) & (before >= whole.min() + MIN_RISE)
+        if int(loud.sum()) < MIN_TAIL_SECONDS * FRAMES_PER_SECOND:
             return None
         self.resumed_windows += 1
         return first
