@@ -170,6 +170,38 @@ def _most_probable_of_failed(
     return replace(best, fallback_exhausted_at=results[-1].temperature)
 
 
+def _said_again_over(
+    failed: list[WindowResult],
+    passed: WindowResult,
+    options: TranscribeOptions,
+    segment_texts: Callable[[WindowResult], list[str]],
+) -> WindowResult:
+    """`passed`, a hotter sample that passed the checks after cooler ones failed (`failed`,
+    coolest first), unless the greedy text failed only for repeating itself, is speech said
+    again as `_most_probable_of_failed` keeps it (`segment_texts` gives its segments), and is
+    SAID_AGAIN_MARGIN or more more probable: then the greedy text. A sentence said three
+    times in a row came out twice, as the 0.8 sample that dropped a copy (and misheard words:
+    "brophales") passed the compression check at -0.50 a token, where the greedy text was
+    right at -0.11."""
+    limit = options.compression_ratio_threshold
+    if not failed or limit is None or failed[0].temperature > 0:
+        return passed
+    greedy = failed[0]
+    if (
+        greedy.avg_logprob < passed.avg_logprob + SAID_AGAIN_MARGIN
+        or not _clearly_speech(greedy, options)
+        or not _timed_repeats(segment_texts(greedy), limit)
+    ):
+        return passed
+    return greedy
+
+
+# How much more probable (average log-probability a token) the greedy text said again must be
+# than the sample that passed for it to be kept (`_said_again_over`): its sample lost a copy
+# of the sentence at -0.50 against -0.11.
+SAID_AGAIN_MARGIN = 0.3
+
+
 # A text said again is kept over improbable ones only where its average log-probability is
 # at least this share of `logprob_threshold` (-0.5 for -1) and its window's no-speech
 # probability under this share of `no_speech_threshold` (0.3 for 0.6): sentences said four
@@ -543,7 +575,12 @@ class Session:
                     result = replace(result, prompted=batch.prompts[row] != bare)
                     (owners[row] if owners is not None else self).check_language(result)
                     if not _needs_fallback(result, options):
-                        results[row] = result
+                        results[row] = _said_again_over(
+                            failed[row],
+                            result,
+                            options,
+                            functools.partial(_segment_texts, self.model),
+                        )
                         continue
                     failed[row].append(result)
                     if temperature == options.temperatures[-1]:

@@ -1,4 +1,5 @@
-"""Which text a window keeps when every temperature of the fallback schedule fails the checks."""
+"""Which text a window keeps when temperatures of the fallback schedule fail the checks: every
+one, or the greedy text of speech said again before a much less probable sample that passed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from asr.audio import SAMPLE_RATE, load_audio
 from asr.transcribe import TranscribeOptions, transcribe
 from asr.window_decoder import WindowResult
-from asr.window_session import _most_probable_of_failed
+from asr.window_session import _most_probable_of_failed, _said_again_over
 from tests.conftest import (
     SAMPLES,
     SHARED_SPEECH,
@@ -86,6 +87,27 @@ def test_a_sentence_said_again_and_again_is_kept_over_improbable_samples():
     )
 
 
+def test_a_sentence_said_again_is_kept_over_a_much_less_probable_sample_that_passed():
+    """The greedy text failed only for repeating itself and is speech said again; a hotter
+    sample that passed (a copy dropped) is SAID_AGAIN_MARGIN or more less probable."""
+    said = result("|".join([SENTENCE] * 3), -0.11, 0.0)
+    dropped = result("|".join([SENTENCE] * 2), -0.50, 0.8)
+    assert dropped.compression_ratio <= OPTIONS.compression_ratio_threshold
+    kept = _said_again_over(
+        [said, replace(said, temperature=0.2)], dropped, OPTIONS, segments_by_bar
+    )
+    assert kept is said
+    close = replace(dropped, avg_logprob=-0.3)  # about as probable: the sample stands
+    assert _said_again_over([said], close, OPTIONS, segments_by_bar) is close
+    for greedy in (
+        replace(said, text=said.text.replace("|", "")),  # untimed: one segment
+        replace(said, no_speech_prob=0.54),  # maybe no speech
+        replace(said, temperature=0.2),  # no greedy text among the failures
+    ):
+        assert _said_again_over([greedy], dropped, OPTIONS, segments_by_bar) is dropped
+    assert _said_again_over([], dropped, OPTIONS, segments_by_bar) is dropped  # passed at once
+
+
 def test_of_texts_said_again_the_one_that_repeats_least_is_kept():
     # A loop says the sentence more often than the audio does: it compresses better, and a
     # more probable loop loses to the text that repeats least (within SAME_REPETITION).
@@ -131,4 +153,17 @@ def test_a_sentence_said_seven_times_is_transcribed_seven_times(whisper_base_int
     clip = SHARED_SPEECH / "en_single" / "librispeech_61-70968-0000.flac"
     transcript = transcribe(whisper_base_int8, np.tile(load_audio(clip), 7))
     expected = " ".join([reference_text(clip)] * 7)
+    assert word_error_rate(expected, transcript.text) < 0.05, transcript.text
+
+
+def test_a_sentence_said_three_times_in_a_row_is_transcribed_three_times(whisper_base_int8):
+    """One sentence three times, half a second apart (21 s): the greedy text (three copies,
+    -0.11 a token) failed the compression check, and the 0.8 sample that passed it had dropped
+    a copy and misheard words (-0.50)."""
+    clip = SAMPLES / "librispeech_1089-134686-0002.wav"
+    sentence, pause = load_audio(clip), np.zeros(SAMPLE_RATE // 2, dtype=np.float32)
+    transcript = transcribe(
+        whisper_base_int8, np.concatenate([sentence, pause, sentence, pause, sentence])
+    )
+    expected = " ".join([reference_text(clip)] * 3)
     assert word_error_rate(expected, transcript.text) < 0.05, transcript.text
