@@ -1470,7 +1470,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="local",
         help="local: decode in this process; ray: on Ray actors (a local instance or a cluster)",
     )
-    worker.add_argument("--ray-address", help="join this Ray cluster (default: start one here)")
+    worker.add_argument(
+        "--ray-address",
+        default=os.environ.get("RAY_ADDRESS") or None,
+        help="join this Ray cluster (default: $RAY_ADDRESS where set, else a private instance "
+        "started here, even beside a cluster `ray start` left on this machine)",
+    )
     worker.add_argument("--actors", type=int, default=1, help="Ray actors, each with the models")
     worker.add_argument("--cpus-per-actor", type=int, default=1, help="CPUs per Ray actor")
     worker.add_argument(

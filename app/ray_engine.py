@@ -109,9 +109,12 @@ class RayWorker:
                 ) from None
             return self._run_started(ray)
         # A private instance's processes are this one's to clean up, even where it is killed
-        # (`app.orphan_reaper`): watched from before they start.
+        # (`app.orphan_reaper`): watched from before they start. "local": without an address
+        # Ray joins the cluster a `ray start` left on this machine, and refused this call's
+        # num_cpus ("When connecting to an existing cluster, num_cpus ... must not be provided").
         with reaping_orphans():
             ray.init(
+                address="local",
                 num_cpus=self.ray_options.actors * self.ray_options.cpus_per_actor,
                 include_dashboard=False,
                 configure_logging=False,

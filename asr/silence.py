@@ -140,13 +140,16 @@ def sounds_like_speech(level: torch.Tensor, chunk: tuple[int, int], tail_start: 
 ONSET_MARGIN_FRAMES = 20
 
 
+def loud_frames(level: torch.Tensor, chunk: tuple[int, int], part: tuple[int, int]) -> torch.Tensor:
+    """Which frames of `part` (within `chunk`) are loud: at the chunk's median level and above
+    its quietest level by MIN_RISE, the mark of speech against the chunk's own floor."""
+    whole = level[chunk[0] : chunk[1]]
+    inside = level[part[0] : part[1]]
+    return (inside >= whole.median()) & (inside >= whole.min() + MIN_RISE)
+
+
 def first_loud_frame(level: torch.Tensor, chunk: tuple[int, int], tail_start: int) -> int | None:
-    """The first frame of [tail_start, chunk end) at the chunk's median level and above its
-    quietest level by MIN_RISE (where words the decoder skipped begin), or None: a pause."""
-    start, end = chunk
-    whole = level[start:end]
-    loud = (level[tail_start:end] >= whole.median()) & (
-        level[tail_start:end] >= whole.min() + MIN_RISE
-    )
-    found = loud.nonzero()
+    """The first loud frame (`loud_frames`) of [tail_start, chunk end), where words the decoder
+    skipped begin, or None: a pause."""
+    found = loud_frames(level, chunk, (tail_start, chunk[1])).nonzero()
     return tail_start + int(found[0, 0]) if len(found) else None

@@ -22,7 +22,13 @@ from asr.languages import LANGUAGES
 from asr.logit_rules import LogitRules
 from asr.passages import plan_passages
 from asr.segments import WindowSplit, has_content, split_segments
-from asr.silence import MIN_RISE, ONSET_MARGIN_FRAMES, chunk_window, first_loud_frame, loudness
+from asr.silence import (
+    ONSET_MARGIN_FRAMES,
+    chunk_window,
+    first_loud_frame,
+    loud_frames,
+    loudness,
+)
 from asr.speech_timeline import SpeechTimeline
 from asr.spoken_languages import before_another_language, sot_logits
 from asr.transcribe_options import TranscribeOptions
@@ -916,9 +922,7 @@ class Session:
         # begins on the last word of the text before (transcribed already) then holds a pause
         # is no skipped speech, and decoded apart the pause made Whisper say "He was a very
         # serious person." twice.
-        whole = self.level[start : start + frames]
-        before = self.level[start:first]
-        loud = (before >= whole.median()) & (before >= whole.min() + MIN_RISE)
+        loud = loud_frames(self.level, (start, start + frames), (start, first))
         if int(loud.sum()) < MIN_TAIL_SECONDS * FRAMES_PER_SECOND:
             return None
         self.resumed_windows += 1

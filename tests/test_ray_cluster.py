@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -286,3 +287,53 @@ def _text(output_dir: Path, stem: str) -> str:
     cues = (output_dir / f"{stem}.srt").read_text(encoding="utf-8").strip().split("\n\n")
     assert len(cues) == len(data["segments"]) > 0
     return data["text"]
+
+
+def test_a_private_worker_starts_its_own_instance_beside_a_cluster_and_ray_address_joins_it(
+    tmp_path, settings
+):
+    # `ray start --head` leaves its address in $TMPDIR/ray/ray_current_cluster, where a bare
+    # `ray.init()` finds and joins it, and the private instance's CPU count made that a refusal:
+    # "When connecting to an existing cluster, num_cpus and num_gpus must not be provided."
+    cluster = LocalCluster(tmp_path)
+    user_tmp = Path(tempfile.mkdtemp(prefix="ss-tmp-", dir="/tmp"))  # short: Ray's sockets
+    try:
+        node_cache = hard_linked_cache(settings.cache_dir, tmp_path / "node" / "models", (MODEL,))
+        cluster.start_node("node_a", node_cache, head=True)
+        (user_tmp / "ray").mkdir()
+        (user_tmp / "ray" / "ray_current_cluster").write_text(cluster.address)
+        store = JobStore(tmp_path / "jobs.db")
+        spec = JobSpec(tmp_path / "out", ("txt",), ServiceOptions(language="en"), MODEL)
+        env = cluster.env(TMPDIR=str(user_tmp), OMP_NUM_THREADS="1")
+        env.pop("RAY_ADDRESS", None)
+
+        def worker(log: Path, env: dict[str, str]) -> str:
+            args = ["worker", "--engine", "ray", "--store", str(store.path), "--model", MODEL]
+            args += ["--until-idle", "--poll", "0.2"]
+            run = subprocess.run(
+                [sys.executable, "-m", "specscribe.cli", *args],
+                cwd=REPO,
+                env=env,
+                stdout=log.open("wb"),
+                stderr=subprocess.STDOUT,
+                timeout=300,
+            )
+            assert run.returncode == 0, log.read_text()[-3000:]
+            return log.read_text()
+
+        # 1. No --ray-address: a private instance, its actor on this process's model cache.
+        store.submit([SAMPLES / "jfk.wav"], spec)
+        text = worker(tmp_path / "private.log", env)
+        assert [cache for *_, cache in READY.findall(text)] == [str(settings.cache_dir)], text
+        assert [task.state for task in store.tasks(1)] == ["done"]
+
+        # 2. $RAY_ADDRESS, as Ray's own tools read it: the worker joins that cluster, whose
+        #    node loads the models from its own cache.
+        (tmp_path / "out" / "jfk.txt").unlink()
+        store.submit([SAMPLES / "jfk.wav"], spec)
+        text = worker(tmp_path / "joined.log", {**env, "RAY_ADDRESS": cluster.address})
+        assert [cache for *_, cache in READY.findall(text)] == [str(node_cache)], text
+        assert [task.state for task in store.tasks(2)] == ["done"]
+    finally:
+        cluster.close()
+        shutil.rmtree(user_tmp, ignore_errors=True)

@@ -66,7 +66,10 @@ def test_a_first_segment_after_seconds_of_loud_audio_marks_them_skipped(
 def test_spoken_commands_before_a_sentence_are_not_skipped_in_a_long_recording(tmp_path, settings):
     """bench.cli's 59 files joined (515 s; `--joined 1`), as users transcribe them: the window
     over the spoken commands after the sonnets gave only JFK's sentence that follows them,
-    timed from the window's start (its commands lost; faster-whisper kept them)."""
+    timed from the window's start (its commands lost; faster-whisper kept them). That was on
+    an AMD EPYC (AVX512-VNNI), where the window is split (`resumed_windows`); on an Intel Xeon
+    with AMX the bfloat16 encoder's products round otherwise and Whisper says the commands
+    in the window unsplit, so the user's outcome is checked, and the split by the test above."""
     from app.service import TranscriptionService
 
     joined = bench_cli.joined_recording(user_files(), 1.0, tmp_path / "joined")
@@ -74,4 +77,3 @@ def test_spoken_commands_before_a_sentence_are_not_skipped_in_a_long_recording(t
     words = " ".join(re.findall(r"[a-z']+", transcript.text.lower()))
     before = words[words.index("dies with thee") : words.index("and so my fellow americans")]
     assert "repeat yes start yes repeat stop yes" in before, before
-    assert transcript.stats["resumed_windows"] >= 1
