@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from asr.flac import holds_several_streams, stream_starts
 from asr.ogg import ends_without_end_of_stream, is_chained, is_ogg
 
 SAMPLE_RATE = 16_000
@@ -83,9 +84,10 @@ _FFMPEG_COMPONENT = re.compile(r"^\[[^\]]* @ 0x[0-9a-f]+\]\s*")
 # "[error] ": how "-loglevel level+warning" tags a line, after the component's prefix.
 _FFMPEG_LEVEL = re.compile(r"^\[(\w+)\]\s*")
 _FFMPEG_ERROR_LEVELS = frozenset({"error", "fatal", "panic"})
-# What ffmpeg says as "errors" where one stream of a chained Ogg file ends and the next begins
-# (a new stream's header, a timestamp going back to 0): every sample is still decoded.
-_OGG_CHAIN_SEAMS = ("failed to create or replace stream", "non monotonically increasing dts")
+# What ffmpeg says as "errors" where one stream of a chained Ogg file (or a joined FLAC file)
+# ends and the next begins (a new stream's header, a timestamp going back to 0): every sample
+# is still decoded.
+_CHAIN_SEAMS = ("failed to create or replace stream", "non monotonically increasing dts")
 # What mp3's demuxer says where the frame count its header (Xing/Info) gives does not match
 # the file's size by more than a tenth: most often a download or copy cut short. It is only
 # a warning, so the decode succeeds with half the audio and nothing else said.
@@ -375,6 +377,10 @@ def _decode_with_soundfile(
         # libsndfile reads a chained Ogg's first stream only (or takes its length for
         # millions of hours); ffmpeg reads every stream in turn.
         return None
+    if info.format == "FLAC":
+        starts = stream_starts(Path(path))
+        if len(starts) > 1:  # files joined with cat: libsndfile reads the first alone
+            return _decode_flac_streams(Path(path), starts, label, limit)
     rate = info.samplerate
     if rate < MIN_SAMPLE_RATE:
         raise AudioLoadError(
@@ -405,6 +411,29 @@ def _decode_with_soundfile(
 
         mono = soxr.resample(mono, rate, SAMPLE_RATE, quality=_SOXR_QUALITY)
     return DecodedAudio(np.ascontiguousarray(mono, dtype=np.float32), warnings)
+
+
+def _decode_flac_streams(
+    path: Path, starts: list[int], label: str, limit: int | None
+) -> DecodedAudio | None:
+    """A FLAC file of several streams (`asr.flac`), each read apart through
+    `_decode_with_soundfile` and joined at 16 kHz; None (ffmpeg) where one cannot be read."""
+    pieces, warnings = [], []
+    with path.open("rb") as stream, tempfile.TemporaryDirectory(prefix="specscribe-") as folder:
+        for index, (start, end) in enumerate(zip(starts, [*starts[1:], None], strict=True)):
+            stream.seek(start)
+            part = Path(folder) / f"stream{index}.flac"
+            part.write_bytes(stream.read(None if end is None else end - start))
+            left = None if limit is None else limit - sum(piece.size for piece in pieces)
+            decoded = _decode_with_soundfile(part, label, left)
+            part.unlink()
+            if decoded is None:
+                return None
+            pieces.append(decoded.samples)
+            warnings.extend(w for w in decoded.warnings if w not in warnings)
+            if left is not None and decoded.samples.size > left:
+                break  # too long already: the caller refuses it
+    return DecodedAudio(np.concatenate(pieces), tuple(warnings))
 
 
 def _unless_cancelled(mono: np.ndarray, channels: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
@@ -574,9 +603,11 @@ def _with_cut_short(decoded: DecodedAudio, path: Path, header: _WavHeader | None
     return DecodedAudio(decoded.samples, decoded.warnings + cut)
 
 
-def _chained_ogg(path: str) -> bool:
+def _chained(path: str) -> bool:
+    """Whether `path` is a chained Ogg file or a FLAC file of several streams (False for
+    other files, whatever their name says)."""
     try:
-        return is_chained(Path(path))  # False for a file that is not Ogg pages
+        return is_chained(Path(path)) or holds_several_streams(Path(path))
     except OSError:
         return False
 
@@ -630,8 +661,8 @@ def _decode_with_ffmpeg(
         chosen, told = _asked_stream(probed, audio_stream, label)
         warnings.extend(told)
     samples, said, cautions = _run_ffmpeg(path, label, max_seconds, 1, chosen, ignore_length)
-    if said and _chained_ogg(path):
-        said = [line for line in said if not any(seam in line for seam in _OGG_CHAIN_SEAMS)]
+    if said and _chained(path):
+        said = [line for line in said if not any(seam in line for seam in _CHAIN_SEAMS)]
     # Whatever ffmpeg reports as an error on a run that succeeds is damage it decoded past.
     if said:
         last = _ffmpeg_said(said[-1], path, label)

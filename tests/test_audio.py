@@ -699,6 +699,45 @@ def test_a_chained_ogg_is_read_to_its_end(tmp_path, codec, suffix, second_rate):
         assert decoded.warnings == ()
 
 
+def test_flac_files_joined_with_cat_are_read_to_their_end(tmp_path):
+    """`cat a.flac b.flac`: libsndfile read the first stream alone without a word (its
+    STREAMINFO counts only its own samples); ffmpeg lost 0.2 s at the seam, and stopped there
+    where the second stream's sample rate differs. Each stream is read in full."""
+    from asr.audio import AudioTooLongError, decode_audio
+    from asr.flac import holds_several_streams
+
+    parts = []
+    for index, (source, rate) in enumerate(
+        ((JFK, 16000), (SAMPLES / "librispeech_1089-134686-0002.wav", 44100))
+    ):
+        part = tmp_path / f"part{index}.flac"
+        _ffmpeg("-i", str(source), "-ar", str(rate), "-c:a", "flac", str(part))
+        parts.append(part.read_bytes())
+    joined = tmp_path / "joined.flac"
+    joined.write_bytes(b"".join(parts))
+    assert holds_several_streams(joined) and not holds_several_streams(tmp_path / "part0.flac")
+    seconds = 11.0 + 6.625  # jfk.wav, then the LibriSpeech clip
+    alone = [decode_audio(tmp_path / f"part{index}.flac").samples for index in (0, 1)]
+    for decoded in (decode_audio(joined), decode_audio(b"".join(parts), name="upload")):
+        assert abs(len(decoded.samples) / SAMPLE_RATE - seconds) < 0.01
+        assert np.array_equal(decoded.samples, np.concatenate(alone))
+        assert decoded.warnings == ()
+    with pytest.raises(AudioTooLongError):
+        decode_audio(joined, max_seconds=15)  # counted over both streams
+
+
+def test_a_flac_marker_inside_audio_data_is_not_taken_for_a_stream(tmp_path):
+    from asr.flac import holds_several_streams
+
+    single = tmp_path / "single.flac"
+    _ffmpeg("-i", str(JFK), "-c:a", "flac", str(single))
+    data = single.read_bytes()
+    decoy = tmp_path / "decoy.flac"  # "fLaC" then no STREAMINFO header: audio data by chance
+    decoy.write_bytes(data[:-100] + b"fLaC\x01\x02\x03\x04" + data[-92:])
+    assert not holds_several_streams(decoy)
+    assert not holds_several_streams(JFK)  # not FLAC at all
+
+
 def test_ogg_pages_are_followed_not_searched(tmp_path):
     """A capture pattern inside a page's data does not pass for a page of its own."""
     from asr.ogg import ends_without_end_of_stream
