@@ -823,6 +823,12 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: the stream marked default, else the first)",
     )
     parser.add_argument(
+        "--channel",
+        metavar="N|left|right",
+        help="transcribe one channel alone, counted from 0 (a call with each side on its own "
+        "channel; default: every channel mixed)",
+    )
+    parser.add_argument(
         "--clip-timestamps",
         metavar="RANGES",
         help='transcribe only these ranges: "600,1200" or "10:00-20:00,1:05:00-" (seconds or '

@@ -105,6 +105,7 @@ class EndpointParameters(BaseModel):
     condition_on_previous_text: bool = True
     hotwords: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
     audio_stream: int | str | None = None  # an index counted from 0, or a language
+    channel: int | str | None = None  # an index counted from 0, left, right; None: mixed
     clip_timestamps: str | None = Field(None, max_length=1000)
     vad: bool = True
     vad_threshold: float = Field(0.4, gt=0, lt=1)
@@ -375,6 +376,7 @@ class EndpointHandler:
         Raises EndpointError (400/413/422) for a request that cannot be served."""
         from asr.audio import (
             SAMPLE_RATE,
+            AudioChannelError,
             AudioLoadError,
             AudioStreamError,
             AudioTooLongError,
@@ -401,10 +403,11 @@ class EndpointHandler:
                 name="inputs",
                 max_seconds=self.settings.max_audio_seconds,
                 audio_stream=options.audio_stream,
+                channel=options.channel,
             )
         except AudioTooLongError as error:
             raise EndpointError(413, str(error)) from None
-        except AudioStreamError as error:  # audio, but without the stream asked for
+        except (AudioStreamError, AudioChannelError) as error:  # no such stream or channel
             raise EndpointError(422, str(error)) from None
         except AudioLoadError as error:
             raise EndpointError(422, f"not decodable audio: {error}") from None

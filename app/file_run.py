@@ -202,8 +202,12 @@ class FileRun:
 
     def _decoded(self, path: Path, record: dict) -> DecodedAudio:
         """The file's audio, once its record has read the bytes' digest (`fingerprinted`), from
-        the audio stream the request names where the file holds several."""
-        return decode_audio(fingerprinted(path, record), audio_stream=self.options.audio_stream)
+        the audio stream (and channel) the request names where the file holds several."""
+        return decode_audio(
+            fingerprinted(path, record),
+            audio_stream=self.options.audio_stream,
+            channel=self.options.channel,
+        )
 
     def _transcribe(self, group: list) -> None:
         more = f" +{len(group) - 1}" if len(group) > 1 else ""

@@ -38,6 +38,8 @@ FALLBACK_SETTINGS = (
     "no_speech_threshold",
 )
 OFF_WORDS = ("off", "none", "null")
+# Channels by name (`ServiceOptions.channel`): a stereo file's, as players name them.
+CHANNEL_NAMES = {"left": 0, "right": 1}
 # The smallest step of the fallback's schedule: at most 21 temperatures from 0 to 1.
 MIN_FALLBACK_INCREMENT = 0.05
 
@@ -45,6 +47,7 @@ MIN_FALLBACK_INCREMENT = 0.05
 # parameters, API form fields): `decoding_choices` copies them from a front's request.
 DECODING_CHOICES = (
     "audio_stream",
+    "channel",
     "multilingual",
     "hotwords",
     "clip_timestamps",
@@ -133,6 +136,10 @@ class ServiceOptions(BaseModel):
     # with this language (a code, as `language`); None: the one a player would play
     # (asr.audio.AudioStream).
     audio_stream: int | str | None = None
+    # One channel of it alone, counted from 0 (0: left, 1: right; "left" and "right" are
+    # read as those): a call with each side on its own channel; None: every channel mixed
+    # (asr.audio.AudioChannel).
+    channel: int | None = None
     language: str | None = None  # None: detected
     # Each window's language detected from the window (recordings that change language);
     # without it the first window's language holds. Not with `language`.
@@ -254,6 +261,23 @@ class ServiceOptions(BaseModel):
                 "count from 0) nor a language (eng, de, German)"
             )
         return code
+
+    @field_validator("channel", mode="before")
+    @classmethod
+    def _channel(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return value
+        text = value.strip().lower() if isinstance(value, str) else None
+        if text in ("", "mix", "all"):
+            return None
+        if text in CHANNEL_NAMES:
+            return CHANNEL_NAMES[text]
+        if text is not None and text.isascii() and text.isdigit():
+            return int(text)
+        raise ValueError(
+            f"channel {echoed(value)} is none of a channel's index (0, 1, ...: they count "
+            "from 0), left, right or mix"
+        )
 
     @field_validator("initial_prompt", "hotwords", "clip_timestamps", mode="before")
     @classmethod

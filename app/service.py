@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
-from asr.audio import SAMPLE_RATE, AudioStream, DecodedAudio
+from asr.audio import SAMPLE_RATE, DecodedAudio
 from asr.types import (
     DecidedWindow,
     ProgressHook,
@@ -442,7 +442,7 @@ class TranscriptionService:
         options = _service_options(options)
         if not options.diarize:
             raise ValueError("relabel needs diarize")
-        decoded = _decoded(audio, options.audio_stream)
+        decoded = _decoded(audio, options)
         with self._lock:
             started = time.perf_counter()
             diarization = self._diarization(decoded.samples, options, progress, passes)
@@ -468,7 +468,7 @@ class TranscriptionService:
         # 1. Check everything that can be checked before any work (the options were checked
         # when they were made; what depends on the model is checked once it is loaded).
         transcribe_options = options.transcribe_options()
-        decoded = [_decoded(audio, options.audio_stream) for audio in audios]
+        decoded = [_decoded(audio, options) for audio in audios]
         recordings = [d.samples for d in decoded]
         with self._lock:
             transcribe_options.validate(self.model)
@@ -704,16 +704,18 @@ def _service_options(options: ServiceOptions | Mapping[str, object] | None) -> S
     raise TypeError(f"options must be a ServiceOptions or a dict, not {type(options).__name__}")
 
 
-def _decoded(audio: AudioInput, audio_stream: AudioStream = None) -> DecodedAudio:
-    """Any AudioInput as float32 mono samples, from `audio_stream` where a file holds several
-    (asr.audio.AudioStream); AudioLoadError for what is not audio (TypeError for what is not
-    an AudioInput). Decoded audio and samples are taken as they are."""
+def _decoded(audio: AudioInput, options: ServiceOptions) -> DecodedAudio:
+    """Any AudioInput as float32 mono samples, from the options' `audio_stream` where a file
+    holds several (asr.audio.AudioStream), their `channel` alone where they name one (of an
+    array's channels too); AudioLoadError for what is not audio (TypeError for what is not an
+    AudioInput). Decoded audio is taken as it is."""
+    audio_stream, channel = options.audio_stream, options.channel
     from asr.audio import decode_audio, samples_audio
 
     if isinstance(audio, DecodedAudio):
         return audio
     if isinstance(audio, np.ndarray):
-        return samples_audio(audio)
+        return samples_audio(audio, channel=channel)
     if hasattr(audio, "read"):  # an open binary file, as faster-whisper takes one
         binary_only = "a file object must be opened in binary mode ('rb')"
         if isinstance(audio, io.TextIOBase):  # reading audio as text fails to decode it
@@ -725,13 +727,13 @@ def _decoded(audio: AudioInput, audio_stream: AudioStream = None) -> DecodedAudi
         if not isinstance(data, bytes | bytearray | memoryview):
             raise TypeError(binary_only)
         name = str(getattr(audio, "name", "<file object>"))
-        return decode_audio(data, name=name, audio_stream=audio_stream)
+        return decode_audio(data, name=name, audio_stream=audio_stream, channel=channel)
     if not isinstance(audio, str | Path | bytes | bytearray | memoryview):
         raise TypeError(
             f"audio must be a path, a file's bytes, an open binary file or a numpy array of "
             f"samples, not {type(audio).__name__}"
         )
-    return decode_audio(audio, audio_stream=audio_stream)
+    return decode_audio(audio, audio_stream=audio_stream, channel=channel)
 
 
 def _with_audio_warnings(transcript: Transcript, audio: DecodedAudio) -> Transcript:
@@ -787,11 +789,12 @@ def _turn_starts(prepared: _Prepared, options: ServiceOptions) -> tuple[float, .
 
 def _cut_out(options: ServiceOptions) -> dict:
     """What decided which audio was decoded, for a transcript's options: the audio stream
-    asked for (None: the one a player plays), the clip ranges in their one spelling (None: the
-    whole file) and the VAD's settings (False: no VAD)."""
+    asked for (None: the one a player plays), its channel (None: all mixed), the clip ranges
+    in their one spelling (None: the whole file) and the VAD's settings (False: no VAD)."""
     vad = dataclasses.asdict(options.vad_options()) if options.vad else False
     return {
         "audio_stream": options.audio_stream,
+        "channel": options.channel,
         "clip_timestamps": options.clip_timestamps,
         "vad": vad,
     }

@@ -32,7 +32,13 @@ from pathlib import Path
 
 import gradio as gr
 
-from asr.audio import AudioLoadError, AudioStreamError, AudioTooLongError, decode_audio
+from asr.audio import (
+    AudioChannelError,
+    AudioLoadError,
+    AudioStreamError,
+    AudioTooLongError,
+    decode_audio,
+)
 from asr.types import ProgressHook, Transcript
 from asr.writers import output_paths, write_outputs
 
@@ -50,6 +56,13 @@ AUTO_LANGUAGE = "auto"
 PER_WINDOW_LANGUAGE = "per-window"
 # The form's beam search: faster-whisper's default decoding (beam_size=5, best_of=5).
 BEAM_SEARCH_SIZE = 5
+# The form's channel choices (label, `ServiceOptions.channel`): a file's channels mixed, or
+# one side of a call recorded with each party on its own channel.
+CHANNEL_CHOICES = [
+    ("Both, mixed", ""),
+    ("Left only (channel 0)", "left"),
+    ("Right only (channel 1)", "right"),
+]
 KEEP_OUTPUTS_SECONDS = 3600  # a request's download files are removed after this long
 
 
@@ -187,6 +200,7 @@ def request_options(
     initial_prompt: str | None = None,
     beam_search: bool = False,
     audio_stream: str | None = None,
+    channel: str | None = None,
 ) -> ServiceOptions:
     """The form's values -> validated ServiceOptions (ValueError names a bad field).
 
@@ -194,6 +208,7 @@ def request_options(
     form hides them then. An empty or blank prompt means none. beam_search: faster-whisper's
     default decoding (beam 5, the best of 5 samples where a window falls back). audio_stream:
     of a file with several, an index counted from 0 or a language; empty: the default one.
+    channel: "left", "right" or an index counted from 0; empty: every channel mixed.
     """
 
     def count(value: float | None, name: str) -> int | None:
@@ -219,6 +234,7 @@ def request_options(
         beam_size=BEAM_SEARCH_SIZE if beam_search else 1,
         best_of=BEAM_SEARCH_SIZE if beam_search else 1,
         audio_stream=audio_stream,
+        channel=channel,
     )
 
 
@@ -324,6 +340,7 @@ class WebApp:
         other_file: str | None = None,
         beam_search: bool = False,
         audio_stream: str | None = None,
+        channel: str | None = None,
         request: gr.Request | None = None,
         progress: gr.Progress = gr.Progress(),  # noqa: B008 (Gradio's way to ask for a bar)
         ticket: int | None = None,
@@ -355,6 +372,7 @@ class WebApp:
                 initial_prompt,
                 beam_search,
                 audio_stream,
+                channel,
             )
         except ValueError as error:
             raise gr.Error(
@@ -368,7 +386,10 @@ class WebApp:
             # The operator's duration cap holds here as in the API (MAX_AUDIO_SECONDS).
             limit = self.service.settings.max_audio_seconds
             decoded = decode_audio(
-                Path(audio), max_seconds=limit, audio_stream=options.audio_stream
+                Path(audio),
+                max_seconds=limit,
+                audio_stream=options.audio_stream,
+                channel=options.channel,
             )
             transcript = self.service.run(
                 decoded,
@@ -386,7 +407,7 @@ class WebApp:
             message = html.escape(str(error).replace(str(audio), Path(audio).name))
             if isinstance(error, AudioTooLongError):
                 message = f"{message} (MAX_AUDIO_SECONDS)"
-            elif not isinstance(error, AudioStreamError):  # that one reads, but not as asked
+            elif not isinstance(error, AudioStreamError | AudioChannelError):  # reads, not as asked
                 message = f"Could not read the audio: {message}"
             raise gr.Error(message, print_exception=False) from None
         except ValueError as error:
@@ -491,6 +512,12 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                         "number, counted from 0, or its language (eng, de); empty: the default",
                         elem_id="audio-stream",
                     )
+                channel = gr.Dropdown(
+                    CHANNEL_CHOICES,
+                    value="",
+                    label="Channels (a call with each side on its own channel)",
+                    elem_id="channel",
+                )
                 with gr.Row():
                     language = gr.Dropdown(
                         language_choices(codes),
@@ -597,6 +624,7 @@ def build_app(service: TranscriptionService, outputs_dir: Path, queue_size: int 
                 other_file,
                 beam_search,
                 audio_stream,
+                channel,
                 ticket,
             ],
             [transcript, stats, downloads],

@@ -131,7 +131,9 @@ def execute(
         return Outcome(reused(as_it_was), None, time.perf_counter() - started, from_kept=True)
     try:
         if isinstance(audio, bytes):
-            source = decode_audio(audio, name=label, audio_stream=options.audio_stream)
+            source = decode_audio(
+                audio, name=label, audio_stream=options.audio_stream, channel=options.channel
+            )
         else:
             source = audio
         if kept is not None:

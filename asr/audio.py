@@ -80,7 +80,8 @@ _QUIET_MIX = 0.01
 # rounded to a container's time base).
 _LEAD_TOLERANCE = 0.001
 # "[wav @ 0x5624bb0a4980] ": how ffmpeg prefixes a component's messages.
-_FFMPEG_COMPONENT = re.compile(r"^\[[^\]]* @ 0x[0-9a-f]+\]\s*")
+# A filter's resampler prefixes two: "[Parsed_pan_0 @ 0x...] [SWR @ 0x...] ".
+_FFMPEG_COMPONENT = re.compile(r"^(\[[^\]]* @ 0x[0-9a-f]+\]\s*)+")
 # "[error] ": how "-loglevel level+warning" tags a line, after the component's prefix.
 _FFMPEG_LEVEL = re.compile(r"^\[(\w+)\]\s*")
 _FFMPEG_ERROR_LEVELS = frozenset({"error", "fatal", "panic"})
@@ -108,11 +109,19 @@ class AudioStreamError(AudioLoadError):
     """A file without the audio stream asked for (`AudioStream`); the message lists its own."""
 
 
+class AudioChannelError(AudioLoadError):
+    """A file without the channel asked for (`AudioChannel`); the message gives its count."""
+
+
 # Which audio stream of a file to decode: its index among the file's audio streams, counted
 # from 0 as ffmpeg's `-map 0:a:N` counts them, or the first whose language tag is this
 # Whisper language code (containers tag ISO 639-2: "eng", "deu" or "ger" are "en", "de");
 # None: the stream a player would play (`_probe_audio_streams`).
 AudioStream = int | str | None
+# Which channel of the stream to transcribe alone, counted from 0 (0: left, 1: right): a call
+# recorded with each side on its own channel; None: every channel mixed (stereo at -3 dB a
+# channel, as ffmpeg mixes it).
+AudioChannel = int | None
 
 
 @dataclass(frozen=True)
@@ -129,15 +138,18 @@ class DecodedAudio:
 _MAX_ARRAY_CHANNELS = 16
 
 
-def samples_audio(samples: np.ndarray, name: str = "<samples>") -> DecodedAudio:
+def samples_audio(
+    samples: np.ndarray, name: str = "<samples>", channel: AudioChannel = None
+) -> DecodedAudio:
     """Samples given as an array (16 kHz assumed: a rate cannot be read from an array), made
     what `decode_audio` gives a file of the same samples: float32 mono. Floats are taken as
     they are (in [-1, 1]); integer PCM is scaled by its type's range (int16 by 32768, uint8
     around 128), as a WAV of that type decodes. Channels, on either axis of a 2-D array
     (soundfile's (frames, channels) or librosa's (channels, frames)), mix as a file's do:
     stereo at -3 dB a channel, more channels averaged; NaN and infinite samples are read as
-    silence, with a warning. Raises AudioLoadError for an empty array or one that is not
-    real-valued audio."""
+    silence, with a warning. channel: that channel alone (mono counts as one channel).
+    Raises AudioLoadError for an empty array or one that is not real-valued audio, and
+    AudioChannelError for a channel it does not have."""
     array = np.asarray(samples)
     if array.size == 0:
         raise AudioLoadError(f"{name}: contains no audio samples")
@@ -163,7 +175,11 @@ def samples_audio(samples: np.ndarray, name: str = "<samples>") -> DecodedAudio:
             f"{name}: samples of type {array.dtype}: expected float samples in [-1, 1] or "
             "integer PCM"
         )
-    if array.shape[1] > 2:  # as `_decode_with_soundfile` mixes a file's channels
+    if channel is not None and channel >= array.shape[1]:
+        raise _no_channel(name, channel, array.shape[1])
+    if channel is not None:
+        mono = array[:, channel]
+    elif array.shape[1] > 2:  # as `_decode_with_soundfile` mixes a file's channels
         mono = array.mean(axis=1, dtype=np.float32)
     elif array.shape[1] == 2:
         mono = array.sum(axis=1) * np.float32(_STEREO_GAIN)
@@ -173,7 +189,9 @@ def samples_audio(samples: np.ndarray, name: str = "<samples>") -> DecodedAudio:
     mono, damaged = _finite(mono)
     if damaged:  # the channels too, which `_unless_cancelled` compares
         array = np.nan_to_num(array, nan=0.0, posinf=0.0, neginf=0.0)
-    mono, warnings = _unless_cancelled(mono, array)
+    warnings = ()
+    if channel is None:
+        mono, warnings = _unless_cancelled(mono, array)
     return _in_full_scale(DecodedAudio(mono, (*damaged, *warnings)))
 
 
@@ -225,6 +243,7 @@ def decode_audio(
     name: str | None = None,
     max_seconds: float | None = None,
     audio_stream: AudioStream = None,
+    channel: AudioChannel = None,
 ) -> DecodedAudio:
     """Decodes `source` (a path or the bytes of a file).
 
@@ -235,6 +254,7 @@ def decode_audio(
     that decodes only in part (truncated, damaged frames) gives what decoded and a warning.
     audio_stream: which of several audio streams to decode (`AudioStream`); None: the one
     marked default, else the first, or the first with sound where that one is silent.
+    channel: that channel of it alone (`AudioChannel`); AudioChannelError where it has fewer.
     """
     limit = None if max_seconds is None else int(max_seconds * SAMPLE_RATE)
     decoded = None
@@ -254,19 +274,31 @@ def decode_audio(
             if unsized is not None:
                 _one_stream_holds(audio_stream, label)
                 decoded = _decode_with_ffmpeg(
-                    spooled.name, label, max_seconds, probe=False, ignore_length=True
+                    spooled.name,
+                    label,
+                    max_seconds,
+                    probe=channel is not None,
+                    ignore_length=True,
+                    channel=channel,
                 )
                 decoded = DecodedAudio(
                     _audio_only(decoded.samples, header), (unsized, *decoded.warnings)
                 )
             else:
-                decoded = _decode_with_soundfile(Path(spooled.name), label, limit, sniffed=True)
+                decoded = _decode_with_soundfile(
+                    Path(spooled.name), label, limit, sniffed=True, channel=channel
+                )
                 if decoded is not None:
                     _one_stream_holds(audio_stream, label)
             if decoded is None:
                 # An upload's name may not say what it is: probed, as a video would be.
                 decoded = _decode_with_ffmpeg(
-                    spooled.name, label, max_seconds, probe=True, audio_stream=audio_stream
+                    spooled.name,
+                    label,
+                    max_seconds,
+                    probe=True,
+                    audio_stream=audio_stream,
+                    channel=channel,
                 )
             if limit is None or decoded.samples.size <= limit:  # else refused as too long
                 decoded = _with_cut_short(decoded, Path(spooled.name), header)
@@ -283,17 +315,19 @@ def decode_audio(
         with _utf8_named(path) as readable:
             if unsized is not None:  # ffmpeg reads past the data chunk's size; soundfile cannot
                 _one_stream_holds(audio_stream, label)
-                decoded = _decode_with_ffmpeg(str(readable), label, max_seconds, ignore_length=True)
+                decoded = _decode_with_ffmpeg(
+                    str(readable), label, max_seconds, ignore_length=True, channel=channel
+                )
                 decoded = DecodedAudio(
                     _audio_only(decoded.samples, header), (unsized, *decoded.warnings)
                 )
             elif path.suffix.lower() in _SOUNDFILE_EXTENSIONS:
-                decoded = _decode_with_soundfile(readable, label, limit)
+                decoded = _decode_with_soundfile(readable, label, limit, channel=channel)
                 if decoded is not None:
                     _one_stream_holds(audio_stream, label)
             if decoded is None:
                 decoded = _decode_with_ffmpeg(
-                    str(readable), label, max_seconds, audio_stream=audio_stream
+                    str(readable), label, max_seconds, audio_stream=audio_stream, channel=channel
                 )
         if limit is None or decoded.samples.size <= limit:  # else refused as too long
             decoded = _with_cut_short(decoded, path, header)
@@ -354,13 +388,18 @@ def _check_regular_file(path: Path, label: str) -> None:
 
 
 def _decode_with_soundfile(
-    path: Path, label: str, limit: int | None = None, sniffed: bool = False
+    path: Path,
+    label: str,
+    limit: int | None = None,
+    sniffed: bool = False,
+    channel: AudioChannel = None,
 ) -> DecodedAudio | None:
     """The fast path for files soundfile can read, resampled in-process; None hands over to
     ffmpeg. limit: read at least one 16 kHz sample more than this (enough to tell the audio is
     too long), not the whole file. sniffed: the file's name says nothing (uploaded bytes), so
     only the containers `_SOUNDFILE_EXTENSIONS` name are read here. Raises AudioLoadError for
-    a sample rate no recording has (`MIN_SAMPLE_RATE`) or a length this decoder cannot hold."""
+    a sample rate no recording has (`MIN_SAMPLE_RATE`) or a length this decoder cannot hold,
+    and AudioChannelError for a `channel` the file does not have."""
     import soundfile
 
     try:
@@ -380,7 +419,7 @@ def _decode_with_soundfile(
     if info.format == "FLAC":
         starts = stream_starts(Path(path))
         if len(starts) > 1:  # files joined with cat: libsndfile reads the first alone
-            return _decode_flac_streams(Path(path), starts, label, limit)
+            return _decode_flac_streams(Path(path), starts, label, limit, channel)
     rate = info.samplerate
     if rate < MIN_SAMPLE_RATE:
         raise AudioLoadError(
@@ -390,14 +429,19 @@ def _decode_with_soundfile(
     if info.frames * SAMPLE_RATE / rate > _MAX_OUTPUT_SAMPLES:
         hours = info.frames / rate / 3600
         raise AudioLoadError(f"{label}: {hours:.0f} h of audio is more than one file may hold")
-    if info.channels > 2 and _layout_named(path, info):
+    if channel is not None and channel >= info.channels:
+        raise _no_channel(label, channel, info.channels)
+    if channel is None and info.channels > 2 and _layout_named(path, info):
         return None  # ffmpeg's channel matrix (centre and LFE levels) for surround layouts
     try:
         frames = -1 if limit is None else math.ceil((limit + 1) * rate / SAMPLE_RATE) + 1
         samples, _ = soundfile.read(str(path), frames=frames, dtype="float32", always_2d=True)
     except (RuntimeError, soundfile.LibsndfileError):
         return None
-    if samples.shape[1] > 2:  # no layout named: every channel counts the same
+    warnings = ()
+    if channel is not None:
+        mono = samples[:, channel]
+    elif samples.shape[1] > 2:  # no layout named: every channel counts the same
         mono = samples.mean(axis=1, dtype=np.float32)
     elif samples.shape[1] == 2:
         # Stereo mixes as ffmpeg mixes it (each channel at -3 dB), so a file mixes the same
@@ -405,7 +449,8 @@ def _decode_with_soundfile(
         mono = samples.sum(axis=1) * np.float32(_STEREO_GAIN)
     else:
         mono = samples[:, 0]
-    mono, warnings = _unless_cancelled(mono, samples)
+    if channel is None:
+        mono, warnings = _unless_cancelled(mono, samples)
     if rate != SAMPLE_RATE and mono.size:
         import soxr
 
@@ -414,7 +459,7 @@ def _decode_with_soundfile(
 
 
 def _decode_flac_streams(
-    path: Path, starts: list[int], label: str, limit: int | None
+    path: Path, starts: list[int], label: str, limit: int | None, channel: AudioChannel
 ) -> DecodedAudio | None:
     """A FLAC file of several streams (`asr.flac`), each read apart through
     `_decode_with_soundfile` and joined at 16 kHz; None (ffmpeg) where one cannot be read."""
@@ -425,7 +470,7 @@ def _decode_flac_streams(
             part = Path(folder) / f"stream{index}.flac"
             part.write_bytes(stream.read(None if end is None else end - start))
             left = None if limit is None else limit - sum(piece.size for piece in pieces)
-            decoded = _decode_with_soundfile(part, label, left)
+            decoded = _decode_with_soundfile(part, label, left, channel=channel)
             part.unlink()
             if decoded is None:
                 return None
@@ -638,18 +683,21 @@ def _decode_with_ffmpeg(
     probe: bool | None = None,
     ignore_length: bool = False,
     audio_stream: AudioStream = None,
+    channel: AudioChannel = None,
 ) -> DecodedAudio:
     """probe: whether to ask ffprobe where the sound starts and which of its streams to decode
     (`_probe_audio_streams`); None: where the file's extension is a container's that may hold
     several streams, or says nothing of it (`_MAY_HOLD_STREAMS`, `AUDIO_EXTENSIONS`), or a
     stream is asked for. ignore_length: a WAV's samples run to the file's end, whatever its
-    data chunk's size. audio_stream: as `decode_audio`'s."""
+    data chunk's size. audio_stream, channel: as `decode_audio`'s (a channel is always
+    probed for, to name the count where a stream lacks it)."""
     if probe is None:
         suffix = Path(path).suffix.lower()
         probe = (
             suffix in _MAY_HOLD_STREAMS
             or suffix not in AUDIO_EXTENSIONS
             or audio_stream is not None
+            or channel is not None
         )
     probed = _probe_audio_streams(path) if probe else None
     if probed is not None and probed.count == 0:
@@ -660,7 +708,13 @@ def _decode_with_ffmpeg(
     else:
         chosen, told = _asked_stream(probed, audio_stream, label)
         warnings.extend(told)
-    samples, said, cautions = _run_ffmpeg(path, label, max_seconds, 1, chosen, ignore_length)
+    if channel is not None and probed is not None:
+        held = probed.channels[chosen or 0]
+        if held and channel >= held:  # 0: ffprobe did not say (ffmpeg then reads silence)
+            raise _no_channel(label, channel, held)
+    samples, said, cautions = _run_ffmpeg(
+        path, label, max_seconds, 1, chosen, ignore_length, channel
+    )
     if said and _chained(path):
         said = [line for line in said if not any(seam in line for seam in _CHAIN_SEAMS)]
     # Whatever ffmpeg reports as an error on a run that succeeds is damage it decoded past.
@@ -672,7 +726,7 @@ def _decode_with_ffmpeg(
         )
     elif any(_HEADER_SIZE_MISMATCH in line for line in cautions):
         warnings.extend(_shorter_than_header(path, samples.size / SAMPLE_RATE, max_seconds))
-    if samples.size and _nearly_silent(samples):
+    if samples.size and _nearly_silent(samples) and channel is None:
         # Perhaps two channels that cancel out, heard again apart.
         stereo, _, _ = _run_ffmpeg(path, label, max_seconds, 2, chosen, ignore_length)
         if stereo.size == 2 * samples.size:
@@ -680,7 +734,8 @@ def _decode_with_ffmpeg(
             warnings.extend(cancelled)
     heard = chosen
     if probed is not None and probed.count > 1 and audio_stream is None:
-        silent = _nearly_silent(samples)
+        # A channel asked for is of the stream a player would play: never another one's.
+        silent = _nearly_silent(samples) and channel is None
         undecodable = []
         if silent:
             # A silent default stream (a muted or effects-only track first): the first of the
@@ -720,17 +775,23 @@ def _run_ffmpeg(
     channels: int,
     audio_stream: int | None,
     ignore_length: bool = False,
+    channel: AudioChannel = None,
 ) -> tuple[np.ndarray, list[str], list[str]]:
     """The file's samples at 16 kHz as float32, `channels` interleaved (1: mixed as ffmpeg
     mixes), then the error lines and the warning lines ffmpeg wrote on a run that succeeded
     (each without its level's tag). audio_stream: the audio stream to decode, counted from 0
     among the file's audio streams (None: ffmpeg's choice); ignore_length: as
-    `_decode_with_ffmpeg`'s. Raises AudioLoadError where it fails."""
+    `_decode_with_ffmpeg`'s; channel: that channel alone (with `channels` 1). Raises
+    AudioLoadError where it fails."""
     import ffmpeg
 
     # With a limit, ffmpeg stops a little past it: enough to tell that the audio is longer.
     limit = {} if max_seconds is None else {"t": f"{max_seconds + 1:.3f}"}
-    resampler = {"af": f"aresample={SAMPLE_RATE}:resampler=soxr"} if _ffmpeg_has_soxr() else {}
+    # channelmap, not pan: pan warns that it leaves the other channels out.
+    filters = [] if channel is None else [f"channelmap=map={channel}:channel_layout=mono"]
+    if _ffmpeg_has_soxr():
+        filters.append(f"aresample={SAMPLE_RATE}:resampler=soxr")
+    resampler = {"af": ",".join(filters)} if filters else {}
     source = ffmpeg.input(
         _ffmpeg_file(path), threads=0, **({"ignore_length": 1} if ignore_length else {})
     )
@@ -815,6 +876,7 @@ class _AudioStreams:
     languages: tuple[str, ...] = ()
     marked_default: bool = False
     leads: tuple[float, ...] = ()
+    channels: tuple[int, ...] = ()  # each one's channel count (0 where ffprobe gives none)
 
 
 def _probe_audio_streams(path: str) -> _AudioStreams | None:
@@ -851,7 +913,15 @@ def _probe_audio_streams(path: str) -> _AudioStreams | None:
         tuple(language(stream) for stream in audio),
         bool(defaults) and len(defaults) < len(audio),
         tuple(lead(stream) for stream in audio),
+        tuple(_int_or_zero(stream.get("channels")) for stream in audio),
     )
+
+
+def _int_or_zero(value: object) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _asked_stream(
@@ -953,6 +1023,13 @@ def _streams_said(
 
 
 _ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
+
+
+def _no_channel(label: str, channel: int, held: int) -> AudioChannelError:
+    return AudioChannelError(
+        f"{label}: asked for channel {channel} (counted from 0), but its audio has "
+        f"{held} channel{'s' if held != 1 else ''}"
+    )
 
 
 def _no_audio_stream(label: str) -> AudioLoadError:

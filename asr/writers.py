@@ -651,6 +651,7 @@ def _foreign(existing: list[str], stored: object) -> list[str]:
 # that those outputs still count as made that way; a record without one means this value.
 RECORDED_SINCE = {
     "audio_stream": None,
+    "channel": None,
     "initial_prompt": None,
     "condition_on_previous_text": True,
     "temperature": 0.0,

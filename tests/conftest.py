@@ -133,6 +133,28 @@ def multi_stream_file(path: Path, *streams: tuple[Path, str]) -> Path:
     return path
 
 
+def two_sided_call(path: Path, left: Path, right: Path) -> Path:
+    """A stereo file at `path` (made by real ffmpeg; its extension picks the codec): `left`
+    on the left channel, then `right` on the right channel once `left` has ended and half a
+    second has passed, each side silent while the other speaks, as a call recorder keeps
+    each party on its own channel."""
+    import subprocess
+
+    import soundfile
+
+    start_ms = round(soundfile.info(str(left)).duration * 1000) + 500
+    mono = "aresample=16000,aformat=sample_fmts=fltp:channel_layouts=mono"
+    graph = (
+        f"[0]{mono},apad[l];[1]{mono},adelay={start_ms},apad[r];"
+        "[l][r]amerge=inputs=2,atrim=end="
+        f"{start_ms / 1000 + soundfile.info(str(right)).duration + 0.5:.3f}[a]"
+    )
+    inputs = ["-i", str(left), "-i", str(right)]
+    command = ["ffmpeg", "-loglevel", "error", "-y", *inputs, "-filter_complex", graph]
+    subprocess.run([*command, "-map", "[a]", "-ac", "2", str(path)], check=True)
+    return path
+
+
 def collapse_spaces(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 

@@ -21,7 +21,7 @@ from asr.audio import (
     load_audio,
     samples_audio,
 )
-from tests.conftest import SAMPLES, SHARED_SPEECH, multi_stream_file, needs_speech
+from tests.conftest import SAMPLES, SHARED_SPEECH, multi_stream_file, needs_speech, two_sided_call
 
 JFK = SAMPLES / "jfk.wav"
 
@@ -736,6 +736,51 @@ def test_a_flac_marker_inside_audio_data_is_not_taken_for_a_stream(tmp_path):
     decoy.write_bytes(data[:-100] + b"fLaC\x01\x02\x03\x04" + data[-92:])
     assert not holds_several_streams(decoy)
     assert not holds_several_streams(JFK)  # not FLAC at all
+
+
+@pytest.mark.parametrize("suffix", [".wav", ".flac", ".m4a", ".mp3"])
+def test_one_channel_is_read_alone(tmp_path, suffix):
+    """A call recorded with each side on its own channel (soundfile reads the first two
+    formats, ffmpeg the others): a channel asked for is that side alone, with nothing of the
+    other, as a file or as uploaded bytes; one the file lacks is refused, naming its count."""
+    from asr.audio import AudioChannelError, decode_audio
+
+    call = two_sided_call(
+        tmp_path / f"call{suffix}", JFK, SAMPLES / "librispeech_1089-134686-0002.wav"
+    )
+    first, second = slice(0, 11 * SAMPLE_RATE), slice(12 * SAMPLE_RATE, None)  # the turns
+
+    def peak(samples: np.ndarray, turn: slice) -> float:
+        return float(np.abs(samples[turn]).max())
+
+    mixed = decode_audio(call).samples
+    assert peak(mixed, first) > 0.3 and peak(mixed, second) > 0.3
+    for source in (call, call.read_bytes()):
+        left, right = (decode_audio(source, name="up", channel=index) for index in (0, 1))
+        assert left.warnings == right.warnings == ()
+        assert peak(left.samples, first) > 0.5 and peak(left.samples, second) < 1e-3
+        assert peak(right.samples, first) < 1e-3 and peak(right.samples, second) > 0.3
+        assert len(left.samples) == len(right.samples) == len(mixed)
+        with pytest.raises(
+            AudioChannelError, match=r"channel 2 \(counted from 0\), but its audio has 2 channels"
+        ):
+            decode_audio(source, name="up", channel=2)
+    if suffix in (".wav", ".flac"):  # lossless: the left channel is jfk.wav, sample for sample
+        jfk = decode_audio(JFK).samples
+        assert np.array_equal(decode_audio(call, channel=0).samples[: len(jfk)], jfk)
+
+
+def test_one_channel_of_an_array_or_a_mono_file():
+    from asr.audio import AudioChannelError, decode_audio, samples_audio
+
+    stereo = np.stack([np.full(1600, 0.25, np.float32), np.full(1600, -0.5, np.float32)])
+    assert samples_audio(stereo, channel=1).samples[0] == -0.5
+    assert samples_audio(stereo.T, channel=0).samples[0] == 0.25  # (frames, channels) too
+    with pytest.raises(AudioChannelError, match="has 2 channels"):
+        samples_audio(stereo, channel=2)
+    assert np.array_equal(decode_audio(JFK, channel=0).samples, decode_audio(JFK).samples)
+    with pytest.raises(AudioChannelError, match=r"has 1 channel$"):
+        decode_audio(JFK, channel=1)
 
 
 def test_ogg_pages_are_followed_not_searched(tmp_path):

@@ -17,7 +17,14 @@ import torch
 from app.cli import main
 from app.request import ServiceOptions
 from asr.models import EMBEDDED
-from tests.conftest import REPO, SAMPLES, multi_stream_file, reference_text, word_error_rate
+from tests.conftest import (
+    REPO,
+    SAMPLES,
+    multi_stream_file,
+    reference_text,
+    two_sided_call,
+    word_error_rate,
+)
 
 
 def test_models_list_shows_every_embedded_model(capsys):
@@ -474,6 +481,27 @@ def test_a_films_other_language_is_transcribed_when_asked_for(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "asked for audio stream 2, but it holds 2 audio streams, counted from 0: " in err
     assert "0 (ger, marked default), 1 (eng)" in err
+
+
+@pytest.mark.slow
+def test_each_side_of_a_two_channel_call_is_transcribed_alone_when_asked_for(capsys, tmp_path):
+    caller, callee = SAMPLES / "jfk.wav", SAMPLES / "librispeech_1089-134686-0002.wav"
+    call = two_sided_call(tmp_path / "call.m4a", caller, callee)
+    out = tmp_path / "out"
+    command = ["transcribe", str(call), "-o", str(out), "--language", "en", "-f", "txt,json"]
+    assert main([*command, "--channel", "right"]) == 0
+    assert "1 transcribed, 0 skipped (outputs exist), 0 failed" in capsys.readouterr().err
+    assert word_error_rate(reference_text(callee), (out / "call.txt").read_text()) < 0.1
+    assert json.loads((out / "call.json").read_text())["options"]["channel"] == 1
+    # The other side: made again, and said why.
+    assert main([*command, "--channel", "0"]) == 0
+    assert "options changed (channel 1 -> 0)" in capsys.readouterr().err
+    assert word_error_rate(reference_text(caller), (out / "call.txt").read_text()) < 0.1
+    # A channel the call does not have: the file fails, its count named.
+    assert main([*command, "--channel", "2", "--overwrite"]) == 1
+    assert "asked for channel 2 (counted from 0), but its audio has 2 channels" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.slow

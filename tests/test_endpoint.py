@@ -18,6 +18,7 @@ from tests.conftest import (
     collapse_spaces,
     multi_stream_file,
     reference_text,
+    two_sided_call,
     word_error_rate,
 )
 
@@ -137,6 +138,20 @@ def test_a_films_other_language_is_transcribed_when_asked_for(endpoint, tmp_path
         result = endpoint({"inputs": b64(film.read_bytes()), "parameters": {"audio_stream": asked}})
         assert word_error_rate(reference_text(english), result["text"]) < 0.1, asked
         assert result["options"]["audio_stream"] == (1 if asked == 1 else "en")
+
+
+@pytest.mark.slow
+def test_one_side_of_a_two_channel_call_is_transcribed_when_asked_for(
+    endpoint, tmp_path, one_torch_thread
+):
+    callee = SAMPLES / "librispeech_1089-134686-0002.wav"
+    call = two_sided_call(tmp_path / "call.flac", JFK, callee)
+    result = endpoint({"inputs": b64(call.read_bytes()), "parameters": {"channel": 1}})
+    assert word_error_rate(reference_text(callee), result["text"]) < 0.1
+    assert result["options"]["channel"] == 1
+    with pytest.raises(EndpointError, match="but its audio has 2 channels") as refused:
+        endpoint({"inputs": b64(call.read_bytes()), "parameters": {"channel": "3"}})
+    assert refused.value.status == 422
 
 
 @pytest.mark.slow

@@ -38,6 +38,7 @@ from tests.conftest import (
     needs_speech,
     normalised_words,
     reference_text,
+    two_sided_call,
     word_error_rate,
 )
 
@@ -869,6 +870,24 @@ def test_an_uploaded_films_other_language_is_transcribed_when_asked_for(client, 
     error = refused.value.body
     assert error["param"] == "audio_stream"
     assert "asked for audio stream 2, but it holds 2 audio streams" in error["message"]
+
+
+@pytest.mark.slow
+def test_one_side_of_an_uploaded_two_channel_call_is_transcribed_when_asked_for(client, tmp_path):
+    import openai
+
+    callee = SAMPLES / "librispeech_1089-134686-0002.wav"
+    call = two_sided_call(tmp_path / "call.m4a", JFK, callee)
+    with call.open("rb") as audio:
+        result = client.audio.transcriptions.create(
+            model="whisper-1", file=audio, extra_body={"channel": "right"}
+        )
+    assert word_error_rate(reference_text(callee), result.text) < 0.1
+    with call.open("rb") as audio, pytest.raises(openai.UnprocessableEntityError) as refused:
+        client.audio.transcriptions.create(model="whisper-1", file=audio, extra_body={"channel": 2})
+    error = refused.value.body
+    assert error["param"] == "channel"
+    assert "asked for channel 2 (counted from 0), but its audio has 2 channels" in error["message"]
 
 
 @pytest.mark.slow

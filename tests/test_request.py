@@ -71,6 +71,18 @@ def test_an_audio_stream_is_an_index_from_0_or_a_language():
     assert ServiceOptions.from_json(stored).audio_stream == 1
 
 
+def test_a_channel_is_an_index_from_0_left_right_or_mix():
+    assert ServiceOptions().channel is None
+    for mixed in ("", "mix", " All ", None):
+        assert ServiceOptions(channel=mixed).channel is None
+    for asked, index in ((0, 0), ("1", 1), (" 5 ", 5), ("left", 0), ("Right", 1)):
+        assert ServiceOptions(channel=asked).channel == index
+    for wrong in (-1, True, 1.5, "x1", "centre", "１"):
+        with pytest.raises(ValueError, match=r"^channel .* is none of a channel's index"):
+            ServiceOptions(channel=wrong)
+    assert ServiceOptions.from_json(ServiceOptions(channel="right").to_json()).channel == 1
+
+
 def test_the_fallback_schedule_follows_its_increment_and_off_turns_a_check_off():
     def schedule(**fields):
         return ServiceOptions(**fields).transcribe_options().temperatures

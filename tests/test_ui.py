@@ -27,6 +27,7 @@ from app.cli import main
 from app.service import TranscriptionService
 from app.ui import (
     AUTO_LANGUAGE,
+    CHANNEL_CHOICES,
     PER_WINDOW_LANGUAGE,
     WebApp,
     build_app,
@@ -41,7 +42,13 @@ from app.ui import (
 )
 from asr.types import Segment, Transcript
 from asr.writers import WRITERS
-from tests.conftest import SAMPLES, multi_stream_file, reference_text, word_error_rate
+from tests.conftest import (
+    SAMPLES,
+    multi_stream_file,
+    reference_text,
+    two_sided_call,
+    word_error_rate,
+)
 
 CHROMIUM = Path("/usr/bin/chromium")
 SAMPLE = SAMPLES / "pyannote_sample.wav"
@@ -186,6 +193,11 @@ def test_form_values_become_validated_service_options():
     assert (mixed.beam_size, mixed.best_of) == (1, 1)  # greedy, drafted, unless asked
     beams = request_options("en", "transcribe", False, True, False, 0, 0, 0, True, None, True)
     assert (beams.beam_size, beams.best_of) == (5, 5)
+    for label, channel in CHANNEL_CHOICES:  # the channel dropdown's choices
+        picked = request_options(
+            "en", "transcribe", False, True, False, 0, 0, 0, True, None, False, None, channel
+        )
+        assert picked.channel == {"": None, "left": 0, "right": 1}[channel], label
 
 
 def test_bad_form_values_name_the_field():
@@ -278,6 +290,21 @@ def test_a_films_other_language_is_transcribed_when_asked_for(tmp_path, settings
     message = caught.value.message
     assert message.startswith("film.mkv: asked for audio stream 2, but it holds 2 audio streams")
     assert str(film.parent) not in message
+
+
+@pytest.mark.slow
+def test_one_side_of_a_two_channel_call_is_transcribed_when_asked_for(tmp_path, settings):
+    callee = SAMPLES / "librispeech_1089-134686-0002.wav"
+    (tmp_path / "uploads").mkdir()
+    call = two_sided_call(tmp_path / "uploads" / "call.wav", JFK, callee)
+    app = WebApp(TranscriptionService(settings), tmp_path)
+    form = (AUTO_LANGUAGE, "transcribe", False, False, False, 0, 0, 0, True, None, None, False)
+    text, _, _ = app.transcribe(str(call), *form, "", "right")
+    assert word_error_rate(reference_text(callee), text) < 0.1
+    with pytest.raises(gr.Error) as caught:  # the form offers left and right; a client, any
+        app.transcribe(str(call), *form, "", "2")
+    message = caught.value.message
+    assert message == "call.wav: asked for channel 2 (counted from 0), but its audio has 2 channels"
 
 
 def test_the_pages_uploads_are_held_to_the_servers_duration_cap(tmp_path, settings):

@@ -66,6 +66,7 @@ class AudioRequest(BaseModel):
     passage_pause: float = Field(5.0, ge=0.0)  # 0: one passage
     hotwords: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
     audio_stream: str | None = Field(None, max_length=100)  # an index or a language
+    channel: str | None = Field(None, max_length=20)  # an index from 0, left, right or mix
     clip_timestamps: str | None = Field(None, max_length=1000)
     repetition_ngram: int = Field(6, ge=0, le=50)  # 0: the repetition guard is off
     hallucination_silence_threshold: float | None = Field(None, gt=0.0)
@@ -133,6 +134,7 @@ def _param_of(message: str) -> str | None:
     """The field a ServiceOptions message is about (they start with or name it)."""
     names = (
         "audio_stream",  # before "language", which its message names
+        "channel",
         *FALLBACK_SETTINGS,  # before "temperature", which the increment's name starts with
         "language",
         "temperature",

@@ -20,7 +20,7 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from asr.audio import AudioStream, DecodedAudio
+from asr.audio import AudioChannel, AudioStream, DecodedAudio
 from asr.types import DecidedWindow, Transcript
 
 from ..request import echoed
@@ -98,7 +98,9 @@ class AudioApi:
             raise model_refusal(error) from None
         with self._place() as place:  # given back if the audio does not decode
             # 2. The audio, decoded outside the queue (ffmpeg runs in its own process).
-            samples = await asyncio.to_thread(self._decode, audio, options.audio_stream)
+            samples = await asyncio.to_thread(
+                self._decode, audio, options.audio_stream, options.channel
+            )
             # 3. The model work, in the queue.
             if asked.stream:
                 return self._stream(samples, options, place, task)
@@ -177,18 +179,32 @@ class AudioApi:
         except QueueFull:
             raise queue_full(self.work) from None
 
-    def _decode(self, audio: bytes, audio_stream: AudioStream) -> DecodedAudio:
-        """The upload's samples (from `audio_stream`, where it holds several), with what its
-        decoding warned about (they reach the transcript's warnings, as a file's do on the
-        command line)."""
-        from asr.audio import AudioLoadError, AudioStreamError, AudioTooLongError, decode_audio
+    def _decode(
+        self, audio: bytes, audio_stream: AudioStream, channel: AudioChannel
+    ) -> DecodedAudio:
+        """The upload's samples (from `audio_stream`, where it holds several; `channel` alone,
+        where one is asked for), with what its decoding warned about (they reach the
+        transcript's warnings, as a file's do on the command line)."""
+        from asr.audio import (
+            AudioChannelError,
+            AudioLoadError,
+            AudioStreamError,
+            AudioTooLongError,
+            decode_audio,
+        )
 
         try:
             return decode_audio(
-                audio, name="file", max_seconds=self.max_seconds, audio_stream=audio_stream
+                audio,
+                name="file",
+                max_seconds=self.max_seconds,
+                audio_stream=audio_stream,
+                channel=channel,
             )
         except AudioStreamError as error:
             raise ApiError(422, str(error), param="audio_stream") from None
+        except AudioChannelError as error:
+            raise ApiError(422, str(error), param="channel") from None
         except AudioTooLongError as error:
             raise ApiError(
                 413, f"{error} (MAX_AUDIO_SECONDS)", param="file", code="audio_too_long"
