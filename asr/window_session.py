@@ -62,13 +62,13 @@ MIN_TAIL_SECONDS_AT_A_CUT = 1
 MIN_SKIPPED_SECONDS = 5
 
 
-def detect_language(model: WhisperModel, encoded: EncodedAudio) -> str:
-    """The most probable language token after <|startoftranscript|> in the first window (a
+def detect_language(model: WhisperModel, encoded: EncodedAudio, row: int = 0) -> str:
+    """The most probable language token after <|startoftranscript|> in window `row` (a
     decoder call on that window alone, so a window's language does not depend on its batch)."""
     special = model.special
     if not special.multilingual:
         return "en"
-    logits = sot_logits(model, encoded)[0]
+    logits = sot_logits(model, encoded, row)[0]
     language_ids = torch.tensor(list(special.language_ids.values()), device=model.device)
     return model.language_code(int(language_ids[logits[language_ids].argmax()]))
 
@@ -155,7 +155,12 @@ def _most_probable_of_failed(
     segments by its timestamps, none a loop of its own; `segment_texts` gives them) is kept
     over those, where it is clearly speech (`_clearly_speech`); among such texts, the least
     repetitive ones (within SAME_REPETITION of the least) and of those the most probable: a
-    loop that says the sentence more often than the audio does compresses better."""
+    loop that says the sentence more often than the audio does compresses better. Only where
+    the coolest text is such a text itself: over English speech decoded as Spanish, the 0.2
+    sample looped "así me falo americanas," 8 times (the greedy text looped "lo" inside one
+    segment), and over 27 s of reversed speech the 0.4 sample "I am not afraid of the sun."
+    22 times, once a second (greedy: two improbable lines), each kept in place of the
+    window's speech."""
     limit = options.compression_ratio_threshold
     plain = [r for r in results if limit is None or r.compression_ratio <= limit]
     said_again = (
@@ -169,6 +174,10 @@ def _most_probable_of_failed(
         if limit is not None and segment_texts is not None
         else []
     )
+    if said_again and said_again[0] is not results[0]:
+        # Speech said again is what the coolest decoding hears: where only hotter samples
+        # repeat a line, the line is a loop of theirs (see the docstring).
+        said_again = []
     if said_again:
         least = min(r.compression_ratio for r in said_again)
         plain = [r for r in said_again if r.compression_ratio <= least * SAME_REPETITION]
@@ -430,7 +439,9 @@ class Session:
 
     def encode_target(self, windows: list[tuple[int, int]], padded: bool) -> EncodedAudio:
         """The target's view of these windows; the language, when it is still unknown, is
-        detected from the first of them."""
+        detected from the earliest of them (the recording's first: a batch puts its longest
+        window first, and a French sentence, a pause, then JFK came out in English alone and
+        in French beside another file)."""
         started = device_clock(self.model.device)
         cached = self._encoded.pop((tuple(windows), padded), None)
         if cached is not None:
@@ -439,7 +450,8 @@ class Session:
         encoded = self.model.cross_attention(self.model.encode(mel))
         self.encoder_seconds += device_clock(self.model.device) - started
         if self.language is None and not self.options.multilingual:  # else window_language
-            self.language = detect_language(self.model, encoded)
+            earliest = min(range(len(windows)), key=lambda index: windows[index][0])
+            self.language = detect_language(self.model, encoded, earliest)
         elif self._check_named_language and (self.initial_prompt or self.hotwords):
             # A prompt before <|startoftranscript|> sways the odds decoding reads there (a
             # German "Hallo" made JFK 0.88 English): asked without it, at one more call.

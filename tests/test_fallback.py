@@ -116,6 +116,23 @@ def test_of_texts_said_again_the_one_that_repeats_least_is_kept():
     assert _most_probable_of_failed(tried, OPTIONS, segments_by_bar).temperature == 0.6
 
 
+def test_a_line_only_hotter_samples_repeat_is_a_loop_not_speech_said_again():
+    """English speech decoded as Spanish: the greedy text looped "lo" inside one segment, the
+    0.2 sample "así me falo americanas," in 8 timed segments, which was kept in place of the
+    window's speech; the 0.6 sample, less probable, said what was spoken."""
+    line = " así me falo americanas,"
+    tried = [
+        result(" y así mis americanos felos|" + " lo" * 60, -0.10, 0.0),
+        result("|".join([line] * 8), -0.37, 0.2),
+        result(" y así me améconas.| lo que el país puede hacer para ti,", -1.11, 0.6),
+    ]
+    kept = _most_probable_of_failed(tried, OPTIONS, segments_by_bar)
+    assert kept.temperature == 0.6
+    # The same line said again in the greedy text as well: speech said again, kept.
+    tried[0] = result("|".join([line] * 3), -0.20, 0.0)
+    assert _most_probable_of_failed(tried, OPTIONS, segments_by_bar).temperature == 0.0
+
+
 def test_ties_go_to_the_coolest_temperature():
     tried = [result(" a", -1.5, 0.0), result(" b", -1.5, 0.2)]
     assert _most_probable_of_failed(tried, OPTIONS).text == " a"

@@ -31,6 +31,7 @@ CLIPS = (
     ("fr", SHARED_SPEECH / "non_en" / "leopard_test_fr.wav"),
 )
 SPANISH = SHARED_SPEECH / "non_en" / "leopard_test_es.wav"
+JFK = SAMPLES / "jfk.wav"
 MULTILINGUAL = TranscribeOptions(multilingual=True, word_timestamps=True)
 
 
@@ -279,6 +280,23 @@ def test_recordings_in_other_languages_side_by_side_are_transcribed_as_alone(whi
         assert mine.segments == theirs.segments
         assert mine.language == theirs.language == language
     assert together[0].stats["decoded_together"] == len(CLIPS)
+
+
+@pytest.mark.slow
+def test_a_recordings_language_is_its_first_passages_alone_or_beside_another(whisper_base):
+    """French, a pause, then JFK's longer English: the batch put the longest window first and
+    the language was detected from it alone (English: the French translated), where beside
+    another file it came from the first passage (French)."""
+    french_then_english = mixed_recording(PAUSE_SECONDS, (CLIPS[2], CLIPS[0]))
+    samples, spans = french_then_english
+    assert spans[1][1] - spans[1][0] > spans[0][1] - spans[0][0]  # the English is longer
+    options = TranscribeOptions()
+    alone = transcribe(whisper_base, samples, options, spans=spans)
+    beside = transcribe_many(
+        whisper_base, [Recording(samples, spans=spans), Recording(load_audio(JFK))], options
+    )[0]
+    assert alone.language == beside.language == "fr"
+    assert alone.segments == beside.segments
 
 
 def test_multilingual_is_refused_where_it_cannot_work(whisper_tiny_en, whisper_base):
