@@ -310,6 +310,7 @@ def _finished(session: Session, segments: list[Segment], started: float) -> Tran
             "dropped_words_past_audio": session.dropped_words_past_audio,
             "retimed_windows": session.retimed_windows,
             "resumed_windows": session.resumed_windows,
+            "language_windows": session.language_windows,  # 0: the language was given
             **_journal_stats(session),
             "beam_size": session.options.beam_size,  # 1: greedy
             "best_of": session.options.best_of,

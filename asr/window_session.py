@@ -73,6 +73,25 @@ def detect_language(model: WhisperModel, encoded: EncodedAudio, row: int = 0) ->
     return model.language_code(int(language_ids[logits[language_ids].argmax()]))
 
 
+def language_probabilities(model: WhisperModel, encoded: EncodedAudio, row: int = 0) -> dict:
+    """Window `row`'s probability of each language (code -> probability, a softmax over the
+    language tokens after <|startoftranscript|>, as `detect_language` reads them)."""
+    languages = model.special.language_ids
+    ids = torch.tensor(list(languages.values()), device=model.device)
+    odds = sot_logits(model, encoded, row)[0].float()[ids].softmax(dim=-1).tolist()
+    return dict(zip(languages, odds, strict=True))
+
+
+# A recording's first window whose likeliest language scores under LANGUAGE_SURE does not
+# decide alone (faster-whisper's language_detection_threshold is the same 0.5): the next
+# windows, up to LANGUAGE_WINDOWS in all, are heard too, and the language with the highest
+# mean probability over them is the recording's. 24 s of reversed speech before JFK read
+# as Welsh (0.29 against English's 0.42 over the first 30 s), and JFK was transcribed in
+# Welsh; whisper-base's first windows of clean speech score 0.95 and more.
+LANGUAGE_SURE = 0.5
+LANGUAGE_WINDOWS = 4
+
+
 def _odds_alone(
     model: WhisperModel, encoded: EncodedAudio, language: str, row: int = 0
 ) -> LanguageOdds:
@@ -362,6 +381,7 @@ class Session:
         self.dropped_words_past_audio = 0  # words timed with no sound at the audio's end
         self.retimed_windows = 0  # windows whose segments took their words' times (late starts)
         self.resumed_windows = 0  # windows cut short at speech their text skipped
+        self.language_windows = 0  # windows the language was detected over (`_first_language`)
         # multilingual: windows decoded again, or cut short, at a segment of another language
         self.language_switches = 0
         self._level: torch.Tensor | None = None  # `level`, computed on first use
@@ -451,12 +471,34 @@ class Session:
         self.encoder_seconds += device_clock(self.model.device) - started
         if self.language is None and not self.options.multilingual:  # else window_language
             earliest = min(range(len(windows)), key=lambda index: windows[index][0])
-            self.language = detect_language(self.model, encoded, earliest)
+            self.language = self._first_language(encoded, earliest, windows[earliest][0])
         elif self._check_named_language and (self.initial_prompt or self.hotwords):
             # A prompt before <|startoftranscript|> sways the odds decoding reads there (a
             # German "Hallo" made JFK 0.88 English): asked without it, at one more call.
             self._settle_named_language(_odds_alone(self.model, encoded, self.options.language))
         return encoded
+
+    def _first_language(self, encoded: EncodedAudio, row: int, start: int) -> str:
+        """The recording's language, from its first window (row `row` of `encoded`, starting
+        at frame `start`) and, where that one is unsure (`LANGUAGE_SURE`), the 30 s windows
+        after it, encoded for this alone."""
+        if not self.model.special.multilingual:
+            return "en"
+        heard = [language_probabilities(self.model, encoded, row)]
+        mean = heard[0]
+        while max(mean.values()) < LANGUAGE_SURE and len(heard) < LANGUAGE_WINDOWS:
+            start += N_FRAMES
+            if start >= self.content_frames:
+                break
+            window = (start, min(start + N_FRAMES, self.content_frames))
+            started = device_clock(self.model.device)
+            mel = self.view(self.mel, window, padded=True)[None]
+            later = self.model.cross_attention(self.model.encode(mel))
+            self.encoder_seconds += device_clock(self.model.device) - started
+            heard.append(language_probabilities(self.model, later))
+            mean = {code: sum(h[code] for h in heard) / len(heard) for code in heard[0]}
+        self.language_windows = len(heard)
+        return max(mean, key=mean.__getitem__)
 
     def encoding_can_wait(self) -> bool:
         """Whether this recording's windows may be encoded only when something reads them

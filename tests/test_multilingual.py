@@ -299,6 +299,25 @@ def test_a_recordings_language_is_its_first_passages_alone_or_beside_another(whi
     assert alone.segments == beside.segments
 
 
+@pytest.mark.slow
+def test_a_first_window_unsure_of_its_language_does_not_decide_alone(settings, whisper_base):
+    """24 s of reversed speech, then JFK, as users transcribe it (VAD on): the first window
+    read as Welsh, unsurely, and JFK was transcribed in Welsh ("Hysgol, mae fwy ymeroedd
+    yma."). Unsure, the first window is heard with the next: English."""
+    from app.service import TranscriptionService
+
+    source = load_audio(SHARED_SPEECH / "en_single" / "librispeech_1221-135766-0001.wav")
+    lead = np.resize(np.ascontiguousarray(source[::-1]), 24 * SAMPLE_RATE)
+    recording = np.concatenate([lead, load_audio(JFK)])
+    transcript = TranscriptionService(settings).run(recording, {})
+    assert transcript.language == "en" and transcript.stats["language_windows"] == 2
+    spoken = reference_text(JFK)
+    said = " ".join(transcript.text.split()[-len(spoken.split()) :])  # JFK's, at the end
+    assert word_error_rate(spoken, said) < 0.15, transcript.text
+    sure = transcribe(whisper_base, load_audio(JFK))  # clean speech: its first window decides
+    assert sure.language == "en" and sure.stats["language_windows"] == 1
+
+
 def test_multilingual_is_refused_where_it_cannot_work(whisper_tiny_en, whisper_base):
     with pytest.raises(ValueError, match="cannot be combined with language 'de'"):
         TranscribeOptions(multilingual=True, language="de").checked()
