@@ -173,15 +173,27 @@ def _cue_runs(segments: Sequence[Segment], layout: SubtitleLayout) -> list[list[
 def _lasting(cues: list[_Cue], duration: float) -> list[_Cue]:
     """The cues, each one that would end as it starts (a cue of one word that word timing
     left without length: players drop or flash it) lasting up to MIN_CUE_SECONDS, as far as
-    the next cue and the recording leave room."""
-    if not cues:
-        return cues
-    lasting = []
-    ends = [min(after.start, duration) for after in cues[1:]] + [duration]  # room for each
-    for cue, room in zip(cues, ends, strict=True):
-        if cue.end <= cue.start:
-            cue = replace(cue, end=round(max(min(cue.start + MIN_CUE_SECONDS, room), cue.end), 3))
-        lasting.append(cue)
+    the next cue and the recording leave room. Where they leave none (the next cue starts at
+    the same instant, or the recording ends there), it takes up to half of the next cue's
+    time, or else the time since the cue before, or else up to half of that cue's time."""
+    lasting = list(cues)
+    for index, cue in enumerate(lasting):
+        if cue.end > cue.start:
+            continue
+        after = lasting[index + 1] if index + 1 < len(lasting) else None
+        room = duration if after is None else min(after.start, duration)
+        end = max(min(cue.start + MIN_CUE_SECONDS, room), cue.end)
+        if end <= cue.start and after is not None and after.end > after.start:
+            end = round(cue.start + min(MIN_CUE_SECONDS, (after.end - after.start) / 2), 3)
+            lasting[index + 1] = replace(after, start=end)
+        start = cue.start
+        before = lasting[index - 1] if index else None
+        if end <= start and (before is None or before.end < start):
+            start = max(start - MIN_CUE_SECONDS, 0.0 if before is None else before.end)
+        elif end <= start and before.end > before.start:
+            start = round(start - min(MIN_CUE_SECONDS, (before.end - before.start) / 2), 3)
+            lasting[index - 1] = replace(before, end=start)
+        lasting[index] = replace(cue, start=round(start, 3), end=round(end, 3))
     return lasting
 
 

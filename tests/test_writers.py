@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -439,6 +440,26 @@ def test_a_cue_of_a_word_without_length_lasts_as_long_as_there_is_room():
     assert "00:00:20,000 --> 00:00:20,200\npreserved" in srt  # up to the recording's end
     untimed = Transcript((Segment(3.0, 3.0, " Hm."),), "en", 10.0)
     assert "00:00:03.000 --> 00:00:03.500\nHm." in write_vtt(untimed, "x")
+    # No room after it (the next cue starts as it does): half of the next cue's time, at most
+    # MIN_CUE_SECONDS; none at the recording's end: the time since the cue before.
+    stacked = (
+        Word(20.588, 21.008, " work", 0.9),
+        Word(21.008, 21.008, " that's", 0.9),
+        Word(21.008, 21.588, " been", 0.9),
+        Word(21.9, 22.5, " done", 0.9),
+        Word(22.5, 22.5, " here.", 0.9),
+    )
+    transcript = Transcript(
+        segments=(Segment(20.5, 22.5, "".join(w.text for w in stacked), stacked),),
+        language="en",
+        duration=22.5,
+    )
+    srt = write_srt(transcript, "x", SubtitleLayout(max_line_width=10, max_line_count=1))
+    assert "00:00:21,008 --> 00:00:21,508\nthat's" in srt
+    assert "00:00:21,508 --> 00:00:22,004\nbeen done" in srt
+    assert "00:00:22,004 --> 00:00:22,500\nhere." in srt
+    starts_and_ends = re.findall(r"(\S+) --> (\S+)", srt)
+    assert all(start < end for start, end in starts_and_ends), srt
 
 
 def test_lines_never_break_inside_a_hyphenated_word():
