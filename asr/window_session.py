@@ -65,12 +65,10 @@ MIN_SKIPPED_SECONDS = 5
 def detect_language(model: WhisperModel, encoded: EncodedAudio, row: int = 0) -> str:
     """The most probable language token after <|startoftranscript|> in window `row` (a
     decoder call on that window alone, so a window's language does not depend on its batch)."""
-    special = model.special
-    if not special.multilingual:
+    if not model.special.multilingual:
         return "en"
-    logits = sot_logits(model, encoded, row)[0]
-    language_ids = torch.tensor(list(special.language_ids.values()), device=model.device)
-    return model.language_code(int(language_ids[logits[language_ids].argmax()]))
+    probabilities = language_probabilities(model, encoded, row)
+    return max(probabilities, key=probabilities.__getitem__)
 
 
 def language_probabilities(model: WhisperModel, encoded: EncodedAudio, row: int = 0) -> dict:

