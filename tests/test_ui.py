@@ -330,7 +330,8 @@ def test_a_page_that_stops_frees_the_service_after_the_window_it_decodes(tmp_pat
 
     app = WebApp(TranscriptionService(settings, assistant_model="none"), tmp_path)
     page = SimpleNamespace(session_hash="a page")
-    form = ("en", "transcribe", False, False, False, 0, 0, 0, True, None, None, False, None, page)
+    form = ("en", "transcribe", False, False, False, 0, 0, 0, True, None, None, False, None, None)
+    form += (page,)  # the browser's request, after the audio stream and channel
     calls: list[tuple[str, float]] = []
     decoding = threading.Event()
 
