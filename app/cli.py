@@ -824,9 +824,9 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--channel",
-        metavar="N|left|right",
+        metavar="N|left|right|mix",
         help="transcribe one channel alone, counted from 0 (a call with each side on its own "
-        "channel; default: every channel mixed)",
+        "channel; default: mix, every channel mixed)",
     )
     parser.add_argument(
         "--clip-timestamps",

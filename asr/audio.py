@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from asr.flac import holds_several_streams, stream_starts
+from asr.flac import holds_several_streams, is_flac, stream_starts
 from asr.ogg import ends_without_end_of_stream, is_chained, is_ogg
 
 SAMPLE_RATE = 16_000
@@ -321,8 +321,11 @@ def decode_audio(
                 decoded = DecodedAudio(
                     _audio_only(decoded.samples, header), (unsized, *decoded.warnings)
                 )
-            elif path.suffix.lower() in _SOUNDFILE_EXTENSIONS:
-                decoded = _decode_with_soundfile(readable, label, limit, channel=channel)
+            elif path.suffix.lower() in _SOUNDFILE_EXTENSIONS or is_flac(path):
+                # FLAC by its content too: a pipe's spool has no name to go by, and ffmpeg
+                # stops at a joined file's second stream where its sample rate differs. By its
+                # absolute path: libsndfile reads a file named `-` as standard input.
+                decoded = _decode_with_soundfile(readable.absolute(), label, limit, channel=channel)
                 if decoded is not None:
                     _one_stream_holds(audio_stream, label)
             if decoded is None:

@@ -17,6 +17,13 @@ MARKER = b"fLaC"
 _STREAMINFO_HEADERS = (b"\x00\x00\x00\x22", b"\x80\x00\x00\x22")
 
 
+def is_flac(path: Path) -> bool:
+    """Whether the file at `path` is native FLAC, whatever its name says (a pipe's spool, a
+    download without an extension)."""
+    with path.open("rb") as stream:
+        return stream.read(len(MARKER)) == MARKER
+
+
 def stream_starts(path: Path) -> list[int]:
     """Where each stream of the FLAC file at `path` starts (bytes; [0] for a file of one
     stream, [] for a file that is not native FLAC). Scans the file through a memory map (a
