@@ -369,7 +369,7 @@ def test_a_press_waiting_in_the_queue_is_taken_back_by_stop_or_another_recording
 
     app = WebApp(TranscriptionService(settings, assistant_model="none"), tmp_path)
     page, other = SimpleNamespace(session_hash="a page"), SimpleNamespace(session_hash="other")
-    form = ("en", "transcribe", False, False, False, 0, 0, 0, True, None, None, False, None)
+    form = ("en", "transcribe", False, False, False, 0, 0, 0, True, None, None, False, None, None)
 
     def quiet(fraction: float, desc: str = "") -> None:
         pass
