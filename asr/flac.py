@@ -2,7 +2,8 @@
 
 `cat a.flac b.flac > both.flac` (or a recorder that appends) gives a file whose first
 STREAMINFO counts the first stream's samples only: libsndfile reads those and stops without a
-word, where ffmpeg reads on through every stream. A stream's start is "fLaC" followed by its
+word; ffmpeg reads on, but loses a frame or two at each seam and stops at a stream whose sample
+rate differs. So `asr.audio` reads each stream apart. A stream's start is "fLaC" followed by its
 STREAMINFO block's header (type 0, 34 bytes long): eight bytes that compressed audio does
 not hold by chance.
 """
