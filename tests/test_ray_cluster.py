@@ -310,14 +310,15 @@ def test_a_private_worker_starts_its_own_instance_beside_a_cluster_and_ray_addre
         def worker(log: Path, env: dict[str, str]) -> str:
             args = ["worker", "--engine", "ray", "--store", str(store.path), "--model", MODEL]
             args += ["--until-idle", "--poll", "0.2"]
-            run = subprocess.run(
-                [sys.executable, "-m", "specscribe.cli", *args],
-                cwd=REPO,
-                env=env,
-                stdout=log.open("wb"),
-                stderr=subprocess.STDOUT,
-                timeout=300,
-            )
+            with log.open("wb") as out:
+                run = subprocess.run(
+                    [sys.executable, "-m", "specscribe.cli", *args],
+                    cwd=REPO,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=300,
+                )
             assert run.returncode == 0, log.read_text()[-3000:]
             return log.read_text()
 

@@ -421,6 +421,14 @@ def test_outputs_made_from_another_recording_are_made_again(tmp_path):
     assert outputs_state(outputs, made_from(other)) == ("done", "")
 
 
+def _one_word_cues(words: tuple[Word, ...], duration: float) -> str:
+    """The srt of one segment of `words`, in cues of lines of at most 10 characters, one line
+    each."""
+    text = "".join(w.text for w in words)
+    transcript = Transcript((Segment(words[0].start, words[-1].end, text, words),), "en", duration)
+    return write_srt(transcript, "x", SubtitleLayout(max_line_width=10, max_line_count=1))
+
+
 def test_a_cue_of_a_word_without_length_lasts_as_long_as_there_is_room():
     # Word timing can leave a word without length (" smiling," at 7.784-7.784 s): its cue
     # would end as it starts, which players drop or flash.
@@ -430,18 +438,13 @@ def test_a_cue_of_a_word_without_length_lasts_as_long_as_there_is_room():
         Word(8.0, 8.5, " and", 0.9),
         Word(20.0, 20.0, " preserved", 0.9),
     )
-    transcript = Transcript(
-        segments=(Segment(7.0, 20.0, "".join(w.text for w in words), words),),
-        language="en",
-        duration=20.2,
-    )
-    srt = write_srt(transcript, "x", SubtitleLayout(max_line_width=10, max_line_count=1))
+    srt = _one_word_cues(words, duration=20.2)
     assert "00:00:07,784 --> 00:00:08,000\nsmiling," in srt  # up to the next cue
     assert "00:00:20,000 --> 00:00:20,200\npreserved" in srt  # up to the recording's end
     untimed = Transcript((Segment(3.0, 3.0, " Hm."),), "en", 10.0)
     assert "00:00:03.000 --> 00:00:03.500\nHm." in write_vtt(untimed, "x")
     # No room after it (the next cue starts as it does): half of the next cue's time, at most
-    # MIN_CUE_SECONDS; none at the recording's end: the time since the cue before.
+    # MIN_CUE_SECONDS; none at the recording's end, nor before it: half of the cue before's.
     stacked = (
         Word(20.588, 21.008, " work", 0.9),
         Word(21.008, 21.008, " that's", 0.9),
@@ -449,12 +452,7 @@ def test_a_cue_of_a_word_without_length_lasts_as_long_as_there_is_room():
         Word(21.9, 22.5, " done", 0.9),
         Word(22.5, 22.5, " here.", 0.9),
     )
-    transcript = Transcript(
-        segments=(Segment(20.5, 22.5, "".join(w.text for w in stacked), stacked),),
-        language="en",
-        duration=22.5,
-    )
-    srt = write_srt(transcript, "x", SubtitleLayout(max_line_width=10, max_line_count=1))
+    srt = _one_word_cues(stacked, duration=22.5)
     assert "00:00:21,008 --> 00:00:21,508\nthat's" in srt
     assert "00:00:21,508 --> 00:00:22,004\nbeen done" in srt
     assert "00:00:22,004 --> 00:00:22,500\nhere." in srt
