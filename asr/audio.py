@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from asr.ffmpeg_inputs import PLAYLIST_REMEDY, input_options, refused_format
 from asr.flac import holds_several_streams, is_flac, stream_starts
 from asr.ogg import ends_without_end_of_stream, is_chained, is_ogg
 
@@ -473,7 +474,15 @@ def _decode_flac_streams(
             part = Path(folder) / f"stream{index}.flac"
             part.write_bytes(stream.read(None if end is None else end - start))
             left = None if limit is None else limit - sum(piece.size for piece in pieces)
-            decoded = _decode_with_soundfile(part, label, left, channel=channel)
+            try:
+                decoded = _decode_with_soundfile(part, label, left, channel=channel)
+            except AudioChannelError as error:
+                # The file's first stream may hold the channel: say which one lacks it.
+                heard = sum(piece.size for piece in pieces) / SAMPLE_RATE
+                raise AudioChannelError(
+                    f"{error} in stream {index + 1} of the {len(starts)} FLAC streams joined"
+                    f" in it (from {heard:.2f} s)"
+                ) from None
             part.unlink()
             if decoded is None:
                 return None
@@ -796,7 +805,10 @@ def _run_ffmpeg(
         filters.append(f"aresample={SAMPLE_RATE}:resampler=soxr")
     resampler = {"af": ",".join(filters)} if filters else {}
     source = ffmpeg.input(
-        _ffmpeg_file(path), threads=0, **({"ignore_length": 1} if ignore_length else {})
+        _ffmpeg_file(path),
+        threads=0,
+        **input_options(),
+        **({"ignore_length": 1} if ignore_length else {}),
     )
     stream = (
         (source if audio_stream is None else source[f"a:{audio_stream}"])
@@ -815,7 +827,14 @@ def _run_ffmpeg(
         # The decoded samples arrive once, as bytes that frombuffer wraps without a copy.
         out, err = stream.run(cmd="ffmpeg", capture_stdout=True, capture_stderr=True, quiet=True)
     except ffmpeg.Error as error:
-        errors, cautions = _by_level(error.stderr.decode("utf-8", errors="replace"))
+        stderr = error.stderr.decode("utf-8", errors="replace")
+        refused = refused_format(stderr)
+        if refused is not None:
+            raise AudioLoadError(
+                f"{label}: a playlist ({refused}) of other files or streams; specscribe reads "
+                f"only the audio a file holds itself: {PLAYLIST_REMEDY}"
+            ) from None
+        errors, cautions = _by_level(stderr)
         said = _ffmpeg_said("\n".join(errors or cautions), path, label)
         if "does not contain any stream" in said:  # ffmpeg's words for "no audio stream"
             raise _no_audio_stream(label) from None
@@ -858,7 +877,9 @@ def _shorter_than_header(path: str, decoded: float, max_seconds: float | None) -
     if max_seconds is not None and decoded >= max_seconds:
         return ()
     try:
-        header = float(ffmpeg.probe(_ffmpeg_file(path), cmd="ffprobe")["format"]["duration"])
+        header = float(
+            ffmpeg.probe(_ffmpeg_file(path), cmd="ffprobe", **input_options())["format"]["duration"]
+        )
     except (ffmpeg.Error, FileNotFoundError, KeyError, ValueError):
         return ()
     if header <= decoded + _CUT_SHORT_TOLERANCE_SECONDS:
@@ -891,7 +912,7 @@ def _probe_audio_streams(path: str) -> _AudioStreams | None:
     import ffmpeg
 
     try:
-        probed = ffmpeg.probe(_ffmpeg_file(path), cmd="ffprobe")
+        probed = ffmpeg.probe(_ffmpeg_file(path), cmd="ffprobe", **input_options())
     except (ffmpeg.Error, FileNotFoundError):
         return None
     audio = [s for s in probed.get("streams", ()) if s.get("codec_type") == "audio"]

@@ -155,6 +155,21 @@ def two_sided_call(path: Path, left: Path, right: Path) -> Path:
     return path
 
 
+def playlists_naming(folder: Path, audio: Path) -> dict[str, Path]:
+    """An HLS playlist naming `audio` (as an MPEG-TS copy) by absolute path, and an ffconcat
+    list naming it by a relative one, as an uploader could write them."""
+    import subprocess
+
+    segment = folder / "segment.ts"
+    command = ["ffmpeg", "-loglevel", "error", "-y", "-i", str(audio), "-c:a", "aac"]
+    subprocess.run([*command, "-f", "mpegts", str(segment)], check=True)
+    hls = folder / "list.m3u8"
+    hls.write_text(f"#EXTM3U\n#EXT-X-TARGETDURATION:11\n#EXTINF:11.0,\n{segment}\n#EXT-X-ENDLIST\n")
+    concat = folder / "list.ffconcat"
+    concat.write_text("ffconcat version 1.0\nfile segment.ts\n")
+    return {"hls": hls, "concat": concat}
+
+
 def collapse_spaces(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 

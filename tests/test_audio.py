@@ -21,7 +21,14 @@ from asr.audio import (
     load_audio,
     samples_audio,
 )
-from tests.conftest import SAMPLES, SHARED_SPEECH, multi_stream_file, needs_speech, two_sided_call
+from tests.conftest import (
+    SAMPLES,
+    SHARED_SPEECH,
+    multi_stream_file,
+    needs_speech,
+    playlists_naming,
+    two_sided_call,
+)
 
 JFK = SAMPLES / "jfk.wav"
 
@@ -730,6 +737,38 @@ def test_flac_files_joined_with_cat_are_read_to_their_end(tmp_path):
         assert decoded.warnings == ()
     with pytest.raises(AudioTooLongError):
         decode_audio(joined, max_seconds=15)  # counted over both streams
+
+
+def test_a_channel_one_joined_flac_stream_lacks_is_refused_naming_that_stream(tmp_path):
+    """Stereo then mono, joined with cat: channel 1 is in the first stream only. The error
+    named the file's count alone ("has 1 channel"), which its first stream contradicts."""
+    from asr.audio import AudioChannelError, decode_audio
+
+    stereo, mono = tmp_path / "stereo.flac", tmp_path / "mono.flac"
+    _ffmpeg("-i", str(JFK), "-ac", "2", "-c:a", "flac", str(stereo))
+    _ffmpeg("-i", str(SAMPLES / "librispeech_1089-134686-0002.wav"), "-c:a", "flac", str(mono))
+    joined = tmp_path / "joined.flac"
+    joined.write_bytes(stereo.read_bytes() + mono.read_bytes())
+    assert len(decode_audio(joined, channel=0).samples) == len(decode_audio(joined).samples)
+    with pytest.raises(AudioChannelError, match=r"1 channel in stream 2 of the 2 .*from 11\.00 s"):
+        decode_audio(joined, channel=1)
+
+
+def test_a_playlist_naming_other_files_is_refused_not_read(tmp_path):
+    """ffmpeg decoded the files an m3u8 or ffconcat list names as the list's own audio: an
+    upload of three lines had a recording elsewhere on the server transcribed for its sender.
+    Refused, as a file and as uploaded bytes, naming the kind of list; others still decode."""
+    from asr.audio import AudioLoadError, decode_audio
+    from asr.ffmpeg_inputs import readable_formats
+
+    for kind, playlist in playlists_naming(tmp_path, JFK).items():
+        for source in (playlist, playlist.read_bytes()):
+            with pytest.raises(AudioLoadError, match=rf"a playlist \({kind}\) of other files"):
+                decode_audio(source, name="upload")
+    assert len(decode_audio(tmp_path / "segment.ts").samples) > 10 * SAMPLE_RATE
+    allowed = set(readable_formats().split(","))  # each demuxer's names
+    assert {"mov", "mp4", "m4a", "mp3", "matroska", "webm", "mpegts", "ogg"} <= allowed
+    assert not {"hls", "concat", "dash", "image2"} & allowed
 
 
 def test_a_flac_marker_inside_audio_data_is_not_taken_for_a_stream(tmp_path):

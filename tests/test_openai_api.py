@@ -37,6 +37,7 @@ from tests.conftest import (
     multi_stream_file,
     needs_speech,
     normalised_words,
+    playlists_naming,
     reference_text,
     two_sided_call,
     word_error_rate,
@@ -1145,6 +1146,10 @@ def test_upload_errors(open_server, tmp_path):
     error = _error(_post_audio(url, REPO / "README.md"), 415, "invalid_audio")
     assert error["param"] == "file" and "Traceback" not in error["message"]
     _error(httpx.post(url + "/v1/audio/transcriptions", json={"file": "x"}), 415)
+    # A playlist naming a recording on the server: refused, not that recording transcribed.
+    playlist = playlists_naming(tmp_path, JFK)["hls"]
+    error = _error(_post_audio(url, playlist), 415, "invalid_audio")
+    assert "playlist (hls)" in error["message"]
     missing = httpx.post(url + "/v1/audio/transcriptions", files={"model": (None, "whisper-1")})
     assert _error(missing, 400)["param"] == "file"
 
