@@ -37,6 +37,7 @@ from asr.audio import (
     AudioLoadError,
     AudioStreamError,
     AudioTooLongError,
+    DecodingStopped,
     decode_audio,
 )
 from asr.types import ProgressHook, Transcript
@@ -295,10 +296,10 @@ class WebApp:
 
     def stop(self, request: gr.Request) -> None:
         """Stops this browser session's transcription: one running ends after the window
-        being decoded (or the diarization stage under way), one waiting in the queue as it
-        starts, each with the message "Stopped.", freeing the service for the requests behind
-        it. Without it a closed tab kept the service busy to the end of its recording (Gradio
-        cannot stop an event's thread)."""
+        being decoded (or the diarization stage under way; within 0.1 s while ffmpeg reads
+        its audio), one waiting in the queue as it starts, each with the message "Stopped.",
+        freeing the service for the requests behind it. Without it a closed tab kept the
+        service busy to the end of its recording (Gradio cannot stop an event's thread)."""
         self._stop(request.session_hash, unless_audio=None)
 
     def new_recording(
@@ -390,6 +391,7 @@ class WebApp:
                 max_seconds=limit,
                 audio_stream=options.audio_stream,
                 channel=options.channel,
+                stop=stop,
             )
             transcript = self.service.run(
                 decoded,
@@ -399,7 +401,7 @@ class WebApp:
             )
             if stop.is_set():  # stopped as its last window was decided: shown as stopped
                 raise Abandoned("stopped by the page")
-        except Abandoned:
+        except (Abandoned, DecodingStopped):
             log.info("transcription of %s stopped by its page", Path(audio).name)
             raise gr.Error("Stopped.", print_exception=False) from None
         except AudioLoadError as error:

@@ -10,6 +10,7 @@ import re
 import stat
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,7 @@ _MAX_OUTPUT_SAMPLES = 2**31 - 1
 _NAMED_LAYOUT_FORMATS = frozenset({"WAVEX", "FLAC", "OGG"})
 _MAX_NAMED_LAYOUT_CHANNELS = 8
 _STDERR_TAIL = 1500
+_STOP_POLL_SECONDS = 0.1  # how soon a stop set during decoding ends ffmpeg
 # Float samples past _OVER_SCALE are out of full scale (`_in_full_scale`); where more than
 # _WILD_SAMPLES_SHARE of them pass 1.0, the whole recording is at another scale.
 _OVER_SCALE = 2.0
@@ -100,6 +102,11 @@ _CUT_SHORT_TOLERANCE_SECONDS = 1.0
 
 class AudioLoadError(ValueError):
     """Input that is missing, empty, corrupt or not audio. The message names the source."""
+
+
+class DecodingStopped(Exception):
+    """`decode_audio`'s stop event was set while ffmpeg decoded: it was ended, nothing kept.
+    Not an AudioLoadError: the input may be fine."""
 
 
 class AudioTooLongError(AudioLoadError):
@@ -245,6 +252,7 @@ def decode_audio(
     max_seconds: float | None = None,
     audio_stream: AudioStream = None,
     channel: AudioChannel = None,
+    stop: threading.Event | None = None,
 ) -> DecodedAudio:
     """Decodes `source` (a path or the bytes of a file).
 
@@ -256,6 +264,9 @@ def decode_audio(
     audio_stream: which of several audio streams to decode (`AudioStream`); None: the one
     marked default, else the first, or the first with sound where that one is silent.
     channel: that channel of it alone (`AudioChannel`); AudioChannelError where it has fewer.
+    stop: once set, ffmpeg is ended and DecodingStopped raised (an hour of mp3 takes it
+    seconds: a web page's Stop pressed meanwhile waited for all of them); files soundfile
+    reads are not interrupted.
     """
     limit = None if max_seconds is None else int(max_seconds * SAMPLE_RATE)
     decoded = None
@@ -281,6 +292,7 @@ def decode_audio(
                     probe=channel is not None,
                     ignore_length=True,
                     channel=channel,
+                    stop=stop,
                 )
                 decoded = DecodedAudio(
                     _audio_only(decoded.samples, header), (unsized, *decoded.warnings)
@@ -300,6 +312,7 @@ def decode_audio(
                     probe=True,
                     audio_stream=audio_stream,
                     channel=channel,
+                    stop=stop,
                 )
             if limit is None or decoded.samples.size <= limit:  # else refused as too long
                 decoded = _with_cut_short(decoded, Path(spooled.name), header)
@@ -317,7 +330,12 @@ def decode_audio(
             if unsized is not None:  # ffmpeg reads past the data chunk's size; soundfile cannot
                 _one_stream_holds(audio_stream, label)
                 decoded = _decode_with_ffmpeg(
-                    str(readable), label, max_seconds, ignore_length=True, channel=channel
+                    str(readable),
+                    label,
+                    max_seconds,
+                    ignore_length=True,
+                    channel=channel,
+                    stop=stop,
                 )
                 decoded = DecodedAudio(
                     _audio_only(decoded.samples, header), (unsized, *decoded.warnings)
@@ -331,7 +349,12 @@ def decode_audio(
                     _one_stream_holds(audio_stream, label)
             if decoded is None:
                 decoded = _decode_with_ffmpeg(
-                    str(readable), label, max_seconds, audio_stream=audio_stream, channel=channel
+                    str(readable),
+                    label,
+                    max_seconds,
+                    audio_stream=audio_stream,
+                    channel=channel,
+                    stop=stop,
                 )
         if limit is None or decoded.samples.size <= limit:  # else refused as too long
             decoded = _with_cut_short(decoded, path, header)
@@ -696,6 +719,7 @@ def _decode_with_ffmpeg(
     ignore_length: bool = False,
     audio_stream: AudioStream = None,
     channel: AudioChannel = None,
+    stop: threading.Event | None = None,
 ) -> DecodedAudio:
     """probe: whether to ask ffprobe where the sound starts and which of its streams to decode
     (`_probe_audio_streams`); None: where the file's extension is a container's that may hold
@@ -725,7 +749,7 @@ def _decode_with_ffmpeg(
         if held and channel >= held:  # 0: ffprobe did not say (ffmpeg then reads silence)
             raise _no_channel(label, channel, held)
     samples, said, cautions = _run_ffmpeg(
-        path, label, max_seconds, 1, chosen, ignore_length, channel
+        path, label, max_seconds, 1, chosen, ignore_length, channel, stop
     )
     if said and _chained(path):
         said = [line for line in said if not any(seam in line for seam in _CHAIN_SEAMS)]
@@ -740,7 +764,7 @@ def _decode_with_ffmpeg(
         warnings.extend(_shorter_than_header(path, samples.size / SAMPLE_RATE, max_seconds))
     if samples.size and _nearly_silent(samples) and channel is None:
         # Perhaps two channels that cancel out, heard again apart.
-        stereo, _, _ = _run_ffmpeg(path, label, max_seconds, 2, chosen, ignore_length)
+        stereo, _, _ = _run_ffmpeg(path, label, max_seconds, 2, chosen, ignore_length, stop=stop)
         if stereo.size == 2 * samples.size:
             samples, cancelled = _unless_cancelled(samples, stereo.reshape(-1, 2))
             warnings.extend(cancelled)
@@ -755,7 +779,9 @@ def _decode_with_ffmpeg(
             # is passed over: the file still decodes.
             for other in (i for i in range(probed.count) if i != chosen):
                 try:
-                    candidate, _, _ = _run_ffmpeg(path, label, max_seconds, 1, other, ignore_length)
+                    candidate, _, _ = _run_ffmpeg(
+                        path, label, max_seconds, 1, other, ignore_length, stop=stop
+                    )
                 except AudioLoadError:
                     undecodable.append(other)
                     continue
@@ -788,13 +814,14 @@ def _run_ffmpeg(
     audio_stream: int | None,
     ignore_length: bool = False,
     channel: AudioChannel = None,
+    stop: threading.Event | None = None,
 ) -> tuple[np.ndarray, list[str], list[str]]:
     """The file's samples at 16 kHz as float32, `channels` interleaved (1: mixed as ffmpeg
     mixes), then the error lines and the warning lines ffmpeg wrote on a run that succeeded
     (each without its level's tag). audio_stream: the audio stream to decode, counted from 0
     among the file's audio streams (None: ffmpeg's choice); ignore_length: as
-    `_decode_with_ffmpeg`'s; channel: that channel alone (with `channels` 1). Raises
-    AudioLoadError where it fails."""
+    `_decode_with_ffmpeg`'s; channel: that channel alone (with `channels` 1); stop: as
+    `decode_audio`'s. Raises AudioLoadError where it fails."""
     import ffmpeg
 
     # With a limit, ffmpeg stops a little past it: enough to tell that the audio is longer.
@@ -825,28 +852,48 @@ def _run_ffmpeg(
     )
     try:
         # The decoded samples arrive once, as bytes that frombuffer wraps without a copy.
-        out, err = stream.run(cmd="ffmpeg", capture_stdout=True, capture_stderr=True, quiet=True)
-    except ffmpeg.Error as error:
-        stderr = error.stderr.decode("utf-8", errors="replace")
+        out, err, status = _until_stopped(stream.compile(cmd="ffmpeg"), stop)
+    except FileNotFoundError:
+        raise AudioLoadError(
+            f"{label}: the ffmpeg program is not installed (apt-get install ffmpeg)"
+        ) from None
+    if status != 0:
+        stderr = err.decode("utf-8", errors="replace")
         refused = refused_format(stderr)
         if refused is not None:
             raise AudioLoadError(
                 f"{label}: a playlist ({refused}) of other files or streams; specscribe reads "
                 f"only the audio a file holds itself: {PLAYLIST_REMEDY}"
-            ) from None
+            )
         errors, cautions = _by_level(stderr)
         said = _ffmpeg_said("\n".join(errors or cautions), path, label)
         if "does not contain any stream" in said:  # ffmpeg's words for "no audio stream"
-            raise _no_audio_stream(label) from None
-        raise AudioLoadError(
-            f"{label}: ffmpeg could not decode it: {said[-_STDERR_TAIL:]}"
-        ) from None
-    except FileNotFoundError:
-        raise AudioLoadError(
-            f"{label}: the ffmpeg program is not installed (apt-get install ffmpeg)"
-        ) from None
+            raise _no_audio_stream(label)
+        raise AudioLoadError(f"{label}: ffmpeg could not decode it: {said[-_STDERR_TAIL:]}")
     errors, cautions = _by_level(err.decode("utf-8", errors="replace"))
     return np.frombuffer(out, dtype=np.float32), errors, cautions
+
+
+def _until_stopped(command: list[str], stop: threading.Event | None) -> tuple[bytes, bytes, int]:
+    """`command`'s standard output, standard error and exit status; where `stop` is set
+    before it ends, it is killed and DecodingStopped raised."""
+    pipe = subprocess.PIPE
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe)
+    if stop is None:
+        out, err = process.communicate()
+        return out, err, process.returncode
+    read: list[bytes] = []
+    reader = threading.Thread(target=lambda: read.extend(process.communicate()), daemon=True)
+    reader.start()
+    reader.join(_STOP_POLL_SECONDS)
+    while reader.is_alive():
+        if stop.is_set():
+            process.kill()
+            reader.join()
+            raise DecodingStopped("stopped while ffmpeg decoded the audio")
+        reader.join(_STOP_POLL_SECONDS)
+    out, err = read
+    return out, err, process.returncode
 
 
 def _by_level(stderr: str) -> tuple[list[str], list[str]]:

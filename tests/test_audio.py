@@ -206,10 +206,10 @@ def test_a_silent_default_stream_stands_where_the_others_do_not_decode(tmp_path,
     )  # fmt: skip
     decode = audio._run_ffmpeg
 
-    def damaged_second(path, label, max_seconds, channels, stream, *rest):
+    def damaged_second(path, label, max_seconds, channels, stream, *rest, **named):
         if stream == 1:
             raise AudioLoadError(f"{label}: ffmpeg could not decode it: invalid data")
-        return decode(path, label, max_seconds, channels, stream, *rest)
+        return decode(path, label, max_seconds, channels, stream, *rest, **named)
 
     monkeypatch.setattr(audio, "_run_ffmpeg", damaged_second)
     decoded = audio.decode_audio(muted)

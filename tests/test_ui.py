@@ -358,6 +358,45 @@ def test_a_page_that_stops_frees_the_service_after_the_window_it_decodes(tmp_pat
     assert "fellow Americans" in text and files  # the service is free, the page's next works
 
 
+def test_stop_ends_a_page_reading_a_long_recording_without_waiting_for_ffmpeg(tmp_path, settings):
+    # Stop pressed while ffmpeg read an hour-long mp3 took effect only once all of it had
+    # decoded (seconds; for the 3 h the server allows, tens of them). No model loads.
+    import subprocess
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    hour = tmp_path / "hour.mp3"  # the sonnet 68 times, its frames copied: made in a second
+    loop = ["-stream_loop", "67", "-i", str(SONNET), "-c", "copy", str(hour)]
+    subprocess.run(["ffmpeg", "-loglevel", "error", *loop], check=True)
+    app = WebApp(TranscriptionService(settings), tmp_path)
+    page = SimpleNamespace(session_hash="a page")
+    form = ("en", "transcribe", False, False, False, 0, 0, 0, True, None, None, False, None, None)
+    stopped: list[gr.Error] = []
+
+    def transcribe() -> None:
+        with pytest.raises(gr.Error) as caught:
+            app.transcribe(str(hour), *form, page, lambda fraction, desc="": None)
+        stopped.append(caught.value)
+
+    def ffmpeg_reading() -> bool:
+        found = subprocess.run(["pgrep", "-f", f"ffmpeg.*{hour}"], capture_output=True)
+        return found.returncode == 0
+
+    worker = threading.Thread(target=transcribe)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not ffmpeg_reading() and worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ffmpeg_reading(), "ffmpeg never started, or finished within 20 ms"
+    pressed = time.monotonic()
+    app.stop(page)
+    worker.join(timeout=30)
+    assert not worker.is_alive() and stopped[0].message == "Stopped."
+    assert time.monotonic() - pressed < 1.0  # an hour of mp3 takes ffmpeg several seconds
+    assert not ffmpeg_reading()
+
+
 @pytest.mark.slow
 def test_a_press_waiting_in_the_queue_is_taken_back_by_stop_or_another_recording(
     tmp_path, settings
