@@ -1155,6 +1155,28 @@ def test_upload_errors(open_server, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_client_gone_while_its_upload_decodes_ends_ffmpeg(open_server, tmp_path):
+    # ffmpeg went on reading an hour of mp3 (seconds) for a client that had left, its place
+    # in the queue held; the disconnect was noticed only once the audio had decoded.
+    hour = tmp_path / "hour.mp3"  # the sonnet 68 times, its frames copied: made in a second
+    loop = ["-stream_loop", "67", "-i", str(SONNET), "-c", "copy", str(hour)]
+    subprocess.run(["ffmpeg", "-loglevel", "error", *loop], check=True)
+    spooled = f"ffmpeg.*{open_server.log_path.parent}"  # the upload, under the server's TMPDIR
+
+    def decoding() -> bool:
+        return subprocess.run(["pgrep", "-f", spooled], capture_output=True).returncode == 0
+
+    with pytest.raises(httpx.ReadTimeout):
+        _post_audio(open_server.url, hour, timeout=httpx.Timeout(60, read=1.0))
+    left = time.monotonic()
+    assert decoding(), "ffmpeg was not reading the upload when its client left"
+    while decoding() and time.monotonic() - left < 30:
+        time.sleep(0.05)
+    assert time.monotonic() - left < 1.5  # the poll's half second, not the hour's decoding
+    assert "fellow Americans" in _post_audio(open_server.url, JFK).json()["text"]
+
+
+@pytest.mark.slow
 def test_field_errors(open_server):
     url = open_server.url
     assert _error(_post_audio(url, JFK, model="whisper-large"), 404, "model_not_found")

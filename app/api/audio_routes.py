@@ -20,7 +20,7 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from asr.audio import AudioChannel, AudioStream, DecodedAudio
+from asr.audio import AudioChannel, AudioStream, DecodedAudio, DecodingStopped
 from asr.types import DecidedWindow, Transcript
 
 from ..request import echoed
@@ -30,6 +30,7 @@ from .audio_request import WHISPER_ALIAS, AudioRequest, parse_form
 from .errors import ApiError, error_body
 from .events import sse
 from .work_queue import (
+    ABANDON_POLL_SECONDS,
     Abandoned,
     ClosingStream,
     Place,
@@ -98,9 +99,11 @@ class AudioApi:
             raise model_refusal(error) from None
         with self._place() as place:  # given back if the audio does not decode
             # 2. The audio, decoded outside the queue (ffmpeg runs in its own process).
-            samples = await asyncio.to_thread(
-                self._decode, audio, options.audio_stream, options.channel
-            )
+            try:
+                samples = await self._decoded_while_connected(request, audio, options)
+            except DecodingStopped:
+                log.info("a transcription request was abandoned while its audio decoded")
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
             # 3. The model work, in the queue.
             if asked.stream:
                 return self._stream(samples, options, place, task)
@@ -179,8 +182,31 @@ class AudioApi:
         except QueueFull:
             raise queue_full(self.work) from None
 
+    async def _decoded_while_connected(
+        self, request: Request, audio: bytes, options: ServiceOptions
+    ) -> DecodedAudio:
+        """`_decode` in a thread; a client gone meanwhile ends ffmpeg (an hour of mp3 takes
+        it seconds, the place in the queue held) and DecodingStopped is raised."""
+        stop = threading.Event()
+        decoding = asyncio.ensure_future(
+            asyncio.to_thread(self._decode, audio, options.audio_stream, options.channel, stop)
+        )
+        # Its end goes unread where this request is cancelled (the server stopping).
+        decoding.add_done_callback(lambda done: done.cancelled() or done.exception())
+        try:
+            while not (await asyncio.wait({decoding}, timeout=ABANDON_POLL_SECONDS))[0]:
+                if await request.is_disconnected():
+                    stop.set()
+            return decoding.result()
+        finally:
+            stop.set()  # ffmpeg ends with the request, however it ends
+
     def _decode(
-        self, audio: bytes, audio_stream: AudioStream, channel: AudioChannel
+        self,
+        audio: bytes,
+        audio_stream: AudioStream,
+        channel: AudioChannel,
+        stop: threading.Event | None = None,
     ) -> DecodedAudio:
         """The upload's samples (from `audio_stream`, where it holds several; `channel` alone,
         where one is asked for), with what its decoding warned about (they reach the
@@ -200,6 +226,7 @@ class AudioApi:
                 max_seconds=self.max_seconds,
                 audio_stream=audio_stream,
                 channel=channel,
+                stop=stop,
             )
         except AudioStreamError as error:
             raise ApiError(422, str(error), param="audio_stream") from None
