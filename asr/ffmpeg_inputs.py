@@ -35,24 +35,44 @@ PLAYLIST_REMEDY = "join its parts into one file first (ffmpeg -i LIST -c copy jo
 _REFUSED = re.compile(r"\[(\w+) @ 0x[0-9a-f]+\](?: \[\w+\])? Format not on whitelist")
 
 
+# Where this ffmpeg's listing cannot be read (another version's layout), reads keep to the
+# containers and codecs people record and film speech in, rather than to none or to all.
+COMMON_FORMATS = (
+    "wav,w64,mp3,flac,ogg,mov,mp4,m4a,matroska,webm,aac,ac3,eac3,aiff,caf,amr,asf,avi,mpegts,"
+    "mpeg,flv,wv,ape,tta,au,dts,truehd,mlp,mpc,mpc8,tak,shn,voc,xwma,dsf,gsm,nut,rm,oma,3gp"
+)
+
+
 @functools.cache
 def readable_formats() -> str | None:
     """The comma-separated demuxers a read may use (`format_whitelist`): this build's, less
-    `OPENS_OTHER_INPUTS` ("mov,mp4,m4a,3gp,3g2,mj2" is one demuxer's names). None where ffmpeg
-    does not run (its absence is reported where it is needed). About 0.1 s, once a process."""
+    `OPENS_OTHER_INPUTS`, or COMMON_FORMATS where its listing is not understood. None where
+    ffmpeg does not run (its absence is reported where it is needed). About 0.1 s, once a
+    process."""
     try:
         done = subprocess.run(
             ["ffmpeg", "-hide_banner", "-demuxers"], capture_output=True, text=True, check=False
         )
     except OSError:
         return None
-    listing = done.stdout.split("--\n", 1)[-1]
-    demuxers = [m.group(1) for m in re.finditer(r"^ D\S? +(\S+)", listing, re.MULTILINE)]
-    if not demuxers:
-        return None
+    demuxers = _demuxers_listed(done.stdout)
+    if "wav" not in demuxers:
+        return COMMON_FORMATS
     return ",".join(
         name for name in demuxers if not OPENS_OTHER_INPUTS.intersection(name.split(","))
     )
+
+
+def _demuxers_listed(listing: str) -> list[str]:
+    """The names in `ffmpeg -demuxers`' listing: after its "--" line, a flags column ("D",
+    "DE", "D."; a device's flag may stand apart) then one demuxer's names
+    ("mov,mp4,m4a,3gp,3g2,mj2")."""
+    names = []
+    for line in listing.split("\n --\n", 1)[-1].splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and "D" in fields[0] and set(fields[0]) <= set("DEd."):
+            names.append(fields[2] if fields[1] == "d" and len(fields) > 2 else fields[1])
+    return names
 
 
 def input_options() -> dict[str, str]:

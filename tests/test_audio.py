@@ -739,6 +739,23 @@ def test_flac_files_joined_with_cat_are_read_to_their_end(tmp_path):
         decode_audio(joined, max_seconds=15)  # counted over both streams
 
 
+def test_an_ffmpeg_listing_not_understood_keeps_reads_to_common_formats(monkeypatch):
+    """Another ffmpeg version's listing: reads keep to common containers, not to every
+    format (playlists included) nor to none."""
+    import asr.ffmpeg_inputs as inputs
+
+    listing = " D. = Demuxing\n --\n D  aac   raw ADTS\n D d alsa  ALSA\n DE hls  Apple HLS\n"
+    assert inputs._demuxers_listed(listing) == ["aac", "alsa", "hls"]
+    done = subprocess.CompletedProcess([], 0, stdout="Formats, another layout\n", stderr="")
+    monkeypatch.setattr(inputs.subprocess, "run", lambda *args, **named: done)
+    inputs.readable_formats.cache_clear()
+    try:
+        allowed = set(inputs.readable_formats().split(","))
+    finally:
+        inputs.readable_formats.cache_clear()
+    assert {"wav", "mp3", "mov", "matroska", "ogg"} <= allowed and "hls" not in allowed
+
+
 def test_a_channel_one_joined_flac_stream_lacks_is_refused_naming_that_stream(tmp_path):
     """Stereo then mono, joined with cat: channel 1 is in the first stream only. The error
     named the file's count alone ("has 1 channel"), which its first stream contradicts."""
