@@ -20,10 +20,12 @@ from pathlib import Path
 import gradio as gr
 import uvicorn
 from fastapi import FastAPI
+from gradio.utils import get_upload_folder as gradio_upload_folder
 
 from .api.app import build_api
 from .api.text_front import TextFront
 from .api.work_queue import WorkQueue
+from .page_inputs import UploadsOnly
 from .service import TranscriptionService
 from .ui import DEFAULT_HOST, DEFAULT_PORT, build_app
 
@@ -69,6 +71,10 @@ def build_server(
         if api_key
         else None,
     )
+    # Gradio checks that a file input is one the page uploaded only once launch() has run,
+    # which a mounted page never does; URLs it fetches regardless (`app.page_inputs`).
+    demo.has_launched = True
+    app.add_middleware(UploadsOnly, upload_folder=Path(gradio_upload_folder()))
     return app, work
 
 

@@ -1177,6 +1177,33 @@ def test_a_client_gone_while_its_upload_decodes_ends_ffmpeg(open_server, tmp_pat
 
 
 @pytest.mark.slow
+def test_the_page_takes_only_files_it_was_sent(open_server, tmp_path):
+    # The page's Gradio API transcribed any file named by a server path (Gradio checks only
+    # once launch() has run, and a mounted page never does), hung the server on /dev/zero,
+    # and fetched URLs. Refused now, before Gradio reads anything; an upload still works.
+    call = open_server.url + "/gradio_api/call/transcribe"
+    form = ["en", "transcribe", False, False, False, 0, 0, 0, True, "", None, False, "", ""]
+
+    def file(path: str) -> dict:
+        return {"path": path, "meta": {"_type": "gradio.FileData"}}
+
+    for path in (str(SONNET), "/dev/zero", "http://127.0.0.1:9/x.wav", "/tmp/../etc/passwd"):
+        for data in ([file(path), *form], [None, *form[:-1], file(path)]):  # either input
+            refused = httpx.post(call, json={"data": data}, timeout=30)
+            assert refused.status_code == 403, refused.text
+            assert "not a file this page was sent" in refused.json()["error"]
+    with JFK.open("rb") as audio:
+        sent = httpx.post(
+            open_server.url + "/gradio_api/upload", files={"files": ("jfk.wav", audio)}, timeout=30
+        )
+    (uploaded,) = sent.json()
+    event = httpx.post(call, json={"data": [file(uploaded), *form]}, timeout=30).json()
+    answer = httpx.get(f"{call}/{event['event_id']}", timeout=300).text
+    assert "fellow Americans" in answer, answer
+    assert httpx.get(open_server.url + "/health", timeout=10).status_code == 200
+
+
+@pytest.mark.slow
 def test_field_errors(open_server):
     url = open_server.url
     assert _error(_post_audio(url, JFK, model="whisper-large"), 404, "model_not_found")
