@@ -62,6 +62,18 @@ _STEREO_GAIN = 0.5**0.5  # ffmpeg's stereo-to-mono coefficient (-3 dB)
 MIN_SAMPLE_RATE = 1000
 # libsoxr and numpy's indexing here hold a signal's length in 32 bits (37 h at 16 kHz).
 _MAX_OUTPUT_SAMPLES = 2**31 - 1
+# soundfile reads a file whole at its own rate and channel count before mixing and resampling:
+# past this many samples (256 MB of float32; 11 minutes of 48 kHz stereo) ffmpeg decodes it
+# instead, holding only the 16 kHz mono result. A 343 KB FLAC of 2 minutes at 655 kHz stereo
+# took 2 GB here.
+_MAX_SOUNDFILE_SAMPLES = 64 * 2**20
+# Of a FLAC file joined from more streams than this, ffmpeg reads on through them (each is read
+# apart otherwise: 30,000 streams of 98 bytes took a minute).
+_MAX_FLAC_STREAMS = 256
+# A mix nearly silent throughout is heard again as stereo over this much of its start, to tell
+# whether its channels cancel out (`_unless_cancelled`); its louder channel is then decoded
+# alone. Not the whole of it: an hour of stereo silence took 4.6 GB.
+_CANCELLING_PROBE_SECONDS = 600.0
 # Containers whose many-channel files name their layout (WAVE_FORMAT_EXTENSIBLE's mask; FLAC
 # and Vorbis fix the order for up to 8 channels), which ffmpeg's downmix then weighs (centre
 # louder than the rest, LFE left out). A plain WAV names none, and ffmpeg guesses one that
@@ -445,6 +457,8 @@ def _decode_with_soundfile(
         return None
     if info.format == "FLAC":
         starts = stream_starts(Path(path))
+        if len(starts) > _MAX_FLAC_STREAMS:
+            return None
         if len(starts) > 1:  # files joined with cat: libsndfile reads the first alone
             return _decode_flac_streams(Path(path), starts, label, limit, channel)
     rate = info.samplerate
@@ -460,8 +474,12 @@ def _decode_with_soundfile(
         raise _no_channel(label, channel, info.channels)
     if channel is None and info.channels > 2 and _layout_named(path, info):
         return None  # ffmpeg's channel matrix (centre and LFE levels) for surround layouts
+    frames = -1 if limit is None else math.ceil((limit + 1) * rate / SAMPLE_RATE) + 1
+    if min(info.frames, info.frames if frames < 0 else frames) * info.channels > (
+        _MAX_SOUNDFILE_SAMPLES
+    ):
+        return None
     try:
-        frames = -1 if limit is None else math.ceil((limit + 1) * rate / SAMPLE_RATE) + 1
         samples, _ = soundfile.read(str(path), frames=frames, dtype="float32", always_2d=True)
     except (RuntimeError, soundfile.LibsndfileError):
         return None
@@ -490,18 +508,18 @@ def _decode_flac_streams(
 ) -> DecodedAudio | None:
     """A FLAC file of several streams (`asr.flac`), each read apart through
     `_decode_with_soundfile` and joined at 16 kHz; None (ffmpeg) where one cannot be read."""
-    pieces, warnings = [], []
+    pieces, warnings, held = [], [], 0
     with path.open("rb") as stream, tempfile.TemporaryDirectory(prefix="specscribe-") as folder:
         for index, (start, end) in enumerate(zip(starts, [*starts[1:], None], strict=True)):
             stream.seek(start)
             part = Path(folder) / f"stream{index}.flac"
             part.write_bytes(stream.read(None if end is None else end - start))
-            left = None if limit is None else limit - sum(piece.size for piece in pieces)
+            left = None if limit is None else limit - held
             try:
                 decoded = _decode_with_soundfile(part, label, left, channel=channel)
             except AudioChannelError as error:
                 # The file's first stream may hold the channel: say which one lacks it.
-                heard = sum(piece.size for piece in pieces) / SAMPLE_RATE
+                heard = held / SAMPLE_RATE
                 raise AudioChannelError(
                     f"{error} in stream {index + 1} of the {len(starts)} FLAC streams joined"
                     f" in it (from {heard:.2f} s)"
@@ -510,6 +528,7 @@ def _decode_flac_streams(
             if decoded is None:
                 return None
             pieces.append(decoded.samples)
+            held += decoded.samples.size
             warnings.extend(w for w in decoded.warnings if w not in warnings)
             if left is not None and decoded.samples.size > left:
                 break  # too long already: the caller refuses it
@@ -517,25 +536,49 @@ def _decode_flac_streams(
 
 
 def _unless_cancelled(mono: np.ndarray, channels: np.ndarray) -> tuple[np.ndarray, tuple[str, ...]]:
-    """`mono`, or where a stereo recording's channels cancel out in it, its louder channel,
-    with a warning. channels: shape = (frames, channels), the samples `mono` was mixed from.
+    """`mono`, or where a stereo recording's channels cancel out in it (`_cancelling_side`),
+    its louder channel, with a warning. channels: shape = (frames, channels), the samples
+    `mono` was mixed from."""
+    louder = _cancelling_side(mono, channels)
+    if louder is None:
+        return mono, ()
+    return np.ascontiguousarray(channels[:, louder], dtype=np.float32), (_cancelled(louder),)
+
+
+def _cancelling_side(mono: np.ndarray, channels: np.ndarray) -> int | None:
+    """The louder channel (0 left, 1 right) where a stereo recording's channels cancel out in
+    `mono`, its mix; else None. channels: shape = (frames, channels).
 
     One channel wired or saved inverted (R = -L) mixes to nothing: "no speech found", an
     empty transcript, from two clear channels. A mix `_CANCELLED_MIX` times quieter than the
     louder channel is taken for that; only stereo is checked (speech on one of many channels
     is quiet in their average without anything cancelling)."""
     if channels.ndim != 2 or channels.shape[1] != 2 or not mono.size:
-        return mono, ()
-    levels = np.sqrt(np.mean(np.square(channels, dtype=np.float64), axis=0))
+        return None
+    levels = [_rms(channels[:, side]) for side in (0, 1)]
     louder = int(np.argmax(levels))
-    mixed = float(np.sqrt(np.mean(np.square(mono, dtype=np.float64))))
-    if levels[louder] == 0.0 or mixed >= _CANCELLED_MIX * levels[louder]:
-        return mono, ()
-    side = ("left", "right")[louder]
-    return np.ascontiguousarray(channels[:, louder], dtype=np.float32), (
-        f"its two channels cancel out when mixed (one is inverted?): the {side} one was "
-        "transcribed alone",
+    if levels[louder] == 0.0 or _rms(mono) >= _CANCELLED_MIX * levels[louder]:
+        return None
+    return louder
+
+
+def _cancelled(side: int) -> str:
+    return (
+        f"its two channels cancel out when mixed (one is inverted?): the "
+        f"{('left', 'right')[side]} one was transcribed alone"
     )
+
+
+def _rms(samples: np.ndarray) -> float:
+    """Root mean square, summed in float64 a block at a time: no float64 copy of the whole."""
+    block = 2**20
+    total = sum(
+        float(np.dot(part, part))
+        for part in (
+            samples[at : at + block].astype(np.float64) for at in range(0, len(samples), block)
+        )
+    )
+    return math.sqrt(total / max(len(samples), 1))
 
 
 def _layout_named(path: Path, info) -> bool:
@@ -763,11 +806,19 @@ def _decode_with_ffmpeg(
     elif any(_HEADER_SIZE_MISMATCH in line for line in cautions):
         warnings.extend(_shorter_than_header(path, samples.size / SAMPLE_RATE, max_seconds))
     if samples.size and _nearly_silent(samples) and channel is None:
-        # Perhaps two channels that cancel out, heard again apart.
-        stereo, _, _ = _run_ffmpeg(path, label, max_seconds, 2, chosen, ignore_length, stop=stop)
-        if stereo.size == 2 * samples.size:
-            samples, cancelled = _unless_cancelled(samples, stereo.reshape(-1, 2))
-            warnings.extend(cancelled)
+        # Perhaps two channels that cancel out, heard again apart over its start.
+        probe = _CANCELLING_PROBE_SECONDS
+        stereo, _, _ = _run_ffmpeg(path, label, probe, 2, chosen, ignore_length, stop=stop)
+        start = min(stereo.size // 2, samples.size)
+        side = _cancelling_side(samples[:start], stereo[: 2 * start].reshape(-1, 2))
+        if side is not None and stereo.size == 2 * samples.size:
+            samples = np.ascontiguousarray(stereo.reshape(-1, 2)[:, side])
+        elif side is not None:  # longer than the probe: that channel alone, to its end
+            samples, _, _ = _run_ffmpeg(
+                path, label, max_seconds, 1, chosen, ignore_length, side, stop=stop
+            )
+        if side is not None:
+            warnings.append(_cancelled(side))
     heard = chosen
     if probed is not None and probed.count > 1 and audio_stream is None:
         # A channel asked for is of the stream a player would play: never another one's.

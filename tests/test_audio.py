@@ -291,6 +291,60 @@ def test_stereo_channels_that_cancel_out_are_heard_one_at_a_time(tmp_path):
     assert decode_audio(one_sided).warnings == ()
 
 
+def test_a_long_cancelling_recording_is_heard_apart_over_its_start_only(tmp_path, monkeypatch):
+    """A mix nearly silent throughout was decoded again whole as stereo: an hour of stereo
+    silence took 4.6 GB. Its start is heard (here 5 s of 11), and where its channels cancel
+    out, the louder channel alone is decoded to the end."""
+    import soundfile
+
+    import asr.audio as audio
+
+    speech = load_audio(JFK)
+    inverted = tmp_path / "inverted.wav"
+    soundfile.write(inverted, np.stack([-speech, speech], axis=1), SAMPLE_RATE)
+    compressed = tmp_path / "inverted.m4a"  # through ffmpeg, which mixes it
+    _ffmpeg("-i", str(inverted), str(compressed))
+    whole = audio.decode_audio(compressed)
+    monkeypatch.setattr(audio, "_CANCELLING_PROBE_SECONDS", 5.0)
+    probed = audio.decode_audio(compressed)
+    assert probed.warnings == whole.warnings and "the left one" in probed.warnings[0]
+    assert np.array_equal(probed.samples, whole.samples) and len(probed.samples) >= len(speech)
+
+
+def test_a_file_soundfile_would_hold_at_its_own_rate_is_decoded_by_ffmpeg(tmp_path, monkeypatch):
+    """soundfile read a file whole at its own rate and channel count: a 343 KB FLAC of 2
+    minutes at 655 kHz stereo took 2 GB. Past `_MAX_SOUNDFILE_SAMPLES` (here 1M samples)
+    ffmpeg decodes it, holding the 16 kHz result alone; joined FLAC files of more streams
+    than `_MAX_FLAC_STREAMS` (here 2: each read apart cost a file and a decoder) too."""
+    import tracemalloc
+
+    import soundfile
+
+    import asr.audio as audio
+
+    rate = 192_000
+    tone = np.sin(np.arange(8 * rate) * (2 * np.pi * 440 / rate)).astype(np.float32) * 0.5
+    high = tmp_path / "high.flac"
+    soundfile.write(high, np.stack([tone, tone], axis=1), rate)  # 3.1M samples
+    read_whole = audio.decode_audio(high).samples
+    monkeypatch.setattr(audio, "_MAX_SOUNDFILE_SAMPLES", 2**20)
+    tracemalloc.start()
+    try:
+        streamed = audio.decode_audio(high).samples
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * read_whole.nbytes < tone.nbytes * 2  # the 16 kHz result, not 192 kHz
+    assert len(streamed) == len(read_whole) == 8 * SAMPLE_RATE
+    assert np.abs(streamed - read_whole).max() < 1e-3  # both resampled by soxr
+    part = tmp_path / "part.flac"
+    _ffmpeg("-i", str(JFK), "-c:a", "flac", str(part))
+    joined = tmp_path / "joined.flac"
+    joined.write_bytes(part.read_bytes() * 3)
+    monkeypatch.setattr(audio, "_MAX_FLAC_STREAMS", 2)
+    assert abs(len(audio.decode_audio(joined).samples) / SAMPLE_RATE - 33.0) < 1.0
+
+
 def test_an_unfinished_wav_is_read_past_its_zero_sizes(tmp_path):
     # A recorder that stopped before writing its sizes leaves 0 in RIFF's and data's: the
     # file was "empty" ("contains no audio samples") though 11 s of audio follow the header.
