@@ -773,7 +773,8 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=int,
         default=1,
-        help="decode this many windows at once (cuts at silences, no cross-window prompt)",
+        help="decode this many windows at once, at most 64 (cuts at silences, no cross-window "
+        "prompt)",
     )
     parser.add_argument(
         "--initial-prompt",
@@ -800,7 +801,7 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         help="with --beam-size: ended hypotheses a window collects before it stops, as a "
-        "multiple of N (1.0)",
+        "multiple of N (1.0; at most 10)",
     )
     parser.add_argument(
         "--best-of",

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from asr.types import MAX_SPEAKERS, Transcript
+from asr.types import MAX_BATCH_SIZE, MAX_SPEAKERS, Transcript
 
 from .config import Settings
 from .request import off_is_none
@@ -100,7 +100,9 @@ class EndpointParameters(BaseModel):
     num_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
     min_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
     max_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS)
-    batch_size: int = Field(1, ge=1)  # >1: windows cut at silences and decoded together
+    batch_size: int = Field(
+        1, ge=1, le=MAX_BATCH_SIZE
+    )  # >1: windows cut at silences and decoded together
     initial_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)
     condition_on_previous_text: bool = True
     hotwords: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)

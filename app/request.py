@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from asr.types import MAX_BATCH_SIZE
+
 MAX_PROMPT_CHARACTERS = 4000  # a sanity bound: a longer prompt is a mistake, not a prompt
 
 # The temperature fallback's settings (OpenAI's names): None, or one of OFF_WORDS, turns one off.
@@ -152,7 +154,9 @@ class ServiceOptions(BaseModel):
     num_speakers: int | None = None
     min_speakers: int | None = None
     max_speakers: int | None = None
-    batch_size: int = Field(1, ge=1)  # >1: windows cut at silences, decoded together
+    batch_size: int = Field(
+        1, ge=1, le=MAX_BATCH_SIZE
+    )  # >1: windows cut at silences, decoded together
     # Text the first window is prompted with (spellings, names, style); every window with
     # batch_size > 1, whose windows have no text before them.
     initial_prompt: str | None = Field(None, max_length=MAX_PROMPT_CHARACTERS)

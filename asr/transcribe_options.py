@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from asr.types import MAX_BATCH_SIZE
 from asr.whisper import WhisperModel
 from decoding import BeamOptions
 
@@ -151,8 +152,8 @@ class TranscribeOptions:
             )
         if self.windows not in ("seek", "silence"):
             raise ValueError(f"windows must be 'seek' or 'silence', not {self.windows!r}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, not {self.batch_size}")
+        if not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+            raise ValueError(f"batch_size must be in 1..{MAX_BATCH_SIZE}, not {self.batch_size}")
         if self.batch_size > 1 and self.windows != "silence":
             raise ValueError(
                 "batch_size > 1 needs windows='silence': seek windows depend on each other"

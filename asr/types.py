@@ -75,6 +75,10 @@ WindowHook = Callable[[DecidedWindow], None]
 # The most speakers a request may ask for: pyannote counts speakers per frame in 8-bit
 # integers (256 crashes it), and no recording a person would diarize has more.
 MAX_SPEAKERS = 100
+# Windows decoded in one pass at most (`batch_size`). They hold their encoder output and
+# cross-attention keys and values together (about 40 MB each for whisper-base, 0.5 GB for
+# large-v3): a request's batch_size of 1000 held 2.9 GB for a 10-minute recording.
+MAX_BATCH_SIZE = 64
 
 
 @dataclass(frozen=True)

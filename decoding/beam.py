@@ -29,6 +29,10 @@ import torch
 from decoding.generate import PAD, DecodeStats, GenerationResult, _as_rows, _stop_ids, device_clock
 from decoding.protocols import BranchingTarget
 
+# More ended hypotheses than this many beams' worth only run every window to its token limit
+# (patience 1e300 took a request ten times as long; 1e308 overflowed).
+MAX_PATIENCE = 10.0
+
 
 @dataclass(frozen=True)
 class BeamOptions:
@@ -44,10 +48,11 @@ class BeamOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.beam_size, int) or not 1 <= self.beam_size <= 16:
             raise ValueError(f"beam_size must be an integer in 1..16, not {self.beam_size!r}")
-        if not 0 < self.patience < math.inf or self.candidates < 1:
+        if not 0 < self.patience <= MAX_PATIENCE or self.candidates < 1:
             raise ValueError(
-                f"patience: a positive number whose product with beam_size rounds to at least "
-                f"1 (got {self.patience} with beam_size {self.beam_size})"
+                f"patience: a positive number up to {MAX_PATIENCE:g} whose product with "
+                f"beam_size rounds to at least 1 (got {self.patience} with beam_size "
+                f"{self.beam_size})"
             )
         penalty = self.length_penalty
         if penalty is not None and not 0 <= penalty < math.inf:

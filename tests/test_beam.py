@@ -5,6 +5,7 @@ temperature fallback's counterpart."""
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import pytest
@@ -95,9 +96,14 @@ def test_beam_search_of_a_batch_equals_a_search_that_rescores_every_hypothesis(s
 
 
 def test_beam_options_are_checked_and_rank_by_length():
+    # patience 1e308 overflowed (a 500 from the API); 1e300 ran every window to its limit
     for bad in ({"beam_size": 0}, {"beam_size": 17}, {"beam_size": 2.0}, {"patience": 0}):
         with pytest.raises(ValueError):
             BeamOptions(**bad)
+    for patience in (10.5, 1e300, 1e308, math.inf, math.nan):
+        with pytest.raises(ValueError, match="patience: a positive number up to 10"):
+            BeamOptions(beam_size=16, patience=patience)
+    assert BeamOptions(16, patience=10.0).candidates == 160
     with pytest.raises(ValueError, match="whose product with beam_size rounds to at least 1"):
         BeamOptions(beam_size=2, patience=0.2)
     options = BeamOptions(5)

@@ -151,6 +151,10 @@ def test_options_are_frozen_and_a_changed_copy_is_checked_again():
     )
     with pytest.raises(ValueError, match="batch_size"):
         options.replace(batch_size=0)
+    # a batch's windows are held together: 1000 of them held 2.9 GB for 10 minutes of audio
+    with pytest.raises(ValueError, match="batch_size: input should be less than or equal to 64"):
+        options.replace(batch_size=1000)
+    assert options.replace(batch_size=64).batch_size == 64
 
 
 def test_stored_options_read_back_equal_and_keep_the_stored_json_shape():
