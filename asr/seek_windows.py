@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 
 from asr.guards import RepetitionGuard
 from asr.segments import WindowSplit
-from asr.silence import ONSET_MARGIN_FRAMES, first_loud_frame, has_no_signal
+from asr.silence import ONSET_MARGIN_FRAMES, has_no_signal, past_leading_silence, speech_after
 from asr.types import ProgressHook, Segment
 from asr.whisper import FRAMES_PER_SECOND, N_FRAMES, EncodedAudio
 from asr.window_decoder import WindowBatch, WindowResult
 from asr.window_session import (
+    MIN_TAIL_SECONDS,
     TOO_SHORT_TO_TELL,
     Resumption,
     Session,
@@ -276,7 +277,8 @@ def _decided(
         )
         if tail is not None:
             resumptions = []
-            if (loud := first_loud_frame(level, (seek, seek + frames), tail)) is not None:
+            least = MIN_TAIL_SECONDS * FRAMES_PER_SECOND
+            if (loud := speech_after(level, (seek, seek + frames), tail, least)) is not None:
                 resumptions.append(max(loud - ONSET_MARGIN_FRAMES, tail))
             if (
                 after_seam := speech_after_a_seam(session.seam_silences, tail, seek + frames)
@@ -287,6 +289,10 @@ def _decided(
                 if said := segments_with_content(heard):
                     passage.resumed = Resumption(seek + consumed, said[-1].text)
         passage.seek += max(consumed, 1)
+        if passage.resumed is None and not passage.done:
+            passage.seek = past_leading_silence(
+                level, passage.seek, passage.end, MIN_TAIL_SECONDS * FRAMES_PER_SECOND
+            )
         # Text sampled hot is a poor prompt: OpenAI resets the context after it.
         if options.condition_on_previous_text and result.prompt_temperature <= 0.5:
             passage.previous.extend(window_context(heard))  # an echo too: the same prompt

@@ -125,14 +125,62 @@ FLAT_MEL = 1e-6
 MAX_EDGE_FRAMES = 5
 
 
-def sounds_like_speech(level: torch.Tensor, chunk: tuple[int, int], tail_start: int) -> bool:
-    """Whether frames [tail_start, chunk end) reach the chunk's median level somewhere and rise
-    above its quietest level: a tail that does not is a pause (or silence), not words the
-    decoder skipped.
+def sounds_like_speech(
+    level: torch.Tensor, chunk: tuple[int, int], tail_start: int, least_run: int
+) -> bool:
+    """Whether frames [tail_start, chunk end) hold speech the text before them did not say
+    (`speech_after`): a tail without is a pause (or silence), or the text's last word ringing
+    out, not words the decoder skipped.
 
     level: `loudness` of the whole recording.
     """
-    return first_loud_frame(level, chunk, tail_start) is not None
+    return speech_after(level, chunk, tail_start, least_run) is not None
+
+
+def speech_after(
+    level: torch.Tensor, chunk: tuple[int, int], tail_start: int, least_run: int
+) -> int | None:
+    """The first loud frame (`loud_frames`) of [tail_start, chunk end) that starts sound the
+    text ending at tail_start did not say, or None. Where the audio at tail_start is loud
+    already, that is the text's last word sounding on past its timestamp (whisper-base times
+    whole seconds: "relief" sounded to 40.82 s after a timestamp at 40.00), or the recording's
+    own noise ending at digital silence, unless it goes on for `least_run` frames or to the
+    chunk's end (speech the chunk's cut clipped): otherwise the first loud frame after it.
+
+    In a window of one sentence then silence, the silence sets the median level, so a word's
+    smoothed fading end counts as loud; decoding again from there made Whisper say "Thank you
+    for watching." over a word's last 0.7 s and 3 s of silence (no-speech probability 0.91),
+    and moved the next windows' starts so that one cut a sentence and the next said its last
+    words again."""
+    loud = loud_frames(level, chunk, (tail_start, chunk[1]))
+    if not bool(loud[:1].any()):  # a pause first: loud again where the next sound begins
+        found = loud.nonzero()
+        return tail_start + int(found[0, 0]) if len(found) else None
+    quiet = (~loud).nonzero()
+    ringing = int(quiet[0, 0]) if len(quiet) else len(loud)
+    if ringing >= least_run or ringing == len(loud):
+        return tail_start
+    found = loud[ringing:].nonzero()
+    return tail_start + ringing + int(found[0, 0]) if len(found) else None
+
+
+def past_leading_silence(level: torch.Tensor, start: int, end: int, least: int) -> int:
+    """Where a window from `start` should begin: where sound first rises MIN_RISE above the
+    quietest level of the 30 s from `start` (at most `end`), ONSET_MARGIN_FRAMES before it,
+    where that skips `least` frames or more of silence; else `start`. Whisper times a window's
+    first text from 1 s at the latest, so speech after seconds of silence at a window's start
+    was timed from there and its text ran on past where the window said it ended: with
+    `--no-vad`, a sentence 6 s into a window was timed 30.0-37.0 for 36.1-42.6, and the next
+    window said most of it again. Only the floor is skipped, so speech however quiet, above
+    the stretch's quietest level, is not."""
+    stretch = level[start : min(end, start + N_FRAMES)]
+    if not len(stretch):
+        return start
+    rising = (stretch >= stretch.min() + MIN_RISE).nonzero()
+    if not len(rising):  # one level throughout: silence or a steady hum, decoded as it is
+        return start
+    onset = start + int(rising[0, 0]) - ONSET_MARGIN_FRAMES
+    return onset if onset - start >= least else start
 
 
 # A window that starts at the first loud frame starts this much earlier (0.2 s), so a word's

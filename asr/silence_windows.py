@@ -121,7 +121,9 @@ def silence_windows(session: Session, progress: ProgressHook) -> list[Segment]:
                 rest = (tail, start + frames)
                 if (
                     tail is not None
-                    and sounds_like_speech(level, (start, start + frames), tail)
+                    and sounds_like_speech(
+                        level, (start, start + frames), tail, MIN_TAIL_SECONDS * FRAMES_PER_SECOND
+                    )
                     and not has_no_signal(session.mel, rest)
                 ):
                     tails.append(rest)

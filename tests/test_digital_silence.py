@@ -9,7 +9,8 @@ import torch
 from asr.audio import SAMPLE_RATE, load_audio
 from asr.silence import has_no_signal
 from asr.transcribe import TranscribeOptions, transcribe
-from tests.conftest import SAMPLES, normalised_words
+from asr.whisper import FRAMES_PER_SECOND
+from tests.conftest import SAMPLES, SHARED_SPEECH, needs_speech, normalised_words
 
 
 def test_a_window_with_no_signal_is_told_from_one_with_any():
@@ -41,3 +42,29 @@ def test_zeros_are_not_decoded_one_window_after_another_or_side_by_side(whisper_
     transcript = transcribe(whisper_base, np.concatenate([jfk, zeros, jfk]), side_by_side)
     said = (SAMPLES / "jfk.txt").read_text()
     assert normalised_words(transcript.text) == normalised_words(f"{said} {said}")
+
+
+@pytest.mark.slow
+@needs_speech
+def test_silence_after_a_sentence_is_neither_decoded_nor_left_at_the_next_windows_start(
+    whisper_base_int8, one_torch_thread
+):
+    """JFK, 25 s of zeros, a LJ Speech sentence and 3 s of zeros, decoded window after window
+    (`--no-vad`). The noise of JFK's recording ending at the zeros counted as speech skipped
+    after its text: the next window began there, cut the sentence 5 s in, and the window
+    after said "engraved in relief" again; the sentence's last word sounding on past its
+    timestamp was decoded again as "Thank you for watching." And a window that begins seconds
+    before speech times its first text from its start: the sentence at 36.0 s is timed from
+    within a moment of it."""
+    jfk = load_audio(SAMPLES / "jfk.wav")
+    sentence = load_audio(SHARED_SPEECH / "en_single" / "ljspeech" / "LJ001-0003.wav")
+    zeros = np.zeros(SAMPLE_RATE, np.float32)
+    audio = np.concatenate([jfk, *[zeros] * 25, sentence, *[zeros] * 3])
+    transcript = transcribe(whisper_base_int8, audio, TranscribeOptions(language="en"))
+    words = " ".join(normalised_words(transcript.text))
+    assert words.count("in relief") == 1 and "thank" not in words and "watching" not in words
+    assert "netherlands" in words
+    later = [segment for segment in transcript.segments if segment.start > 12.0]
+    assert later and 35.0 <= later[0].start <= 36.5, transcript.segments
+    # its window began where the sentence does, not at JFK's end nor at 30 s
+    assert 34 * FRAMES_PER_SECOND <= later[0].seek <= 36 * FRAMES_PER_SECOND

@@ -79,6 +79,29 @@ def test_the_first_loud_frame_after_a_windows_text():
     assert first_loud_frame(torch.full((120,), -1.5), (0, 120), 10) is None  # digital silence
 
 
+def test_speech_after_a_windows_text_is_not_its_last_word_ringing_out():
+    import torch
+
+    from asr.silence import speech_after
+
+    text, ringing, silence = [5.0] * 60, [3.0] * 30, [0.0] * 300
+    # the text's last word sounds on past its timestamp (frame 60), then silence: nothing
+    level = torch.tensor(text + ringing + silence)
+    assert speech_after(level, (0, len(level)), 60, least_run=200) is None
+    # ... then another sentence: where it begins, not the ringing
+    level = torch.tensor(text + ringing + silence + [5.0] * 100 + silence)
+    assert speech_after(level, (0, len(level)), 60, least_run=200) == 390
+    # sound that goes on for least_run frames, or to the chunk's end (a cut inside speech),
+    # is words the text did not say, from its first frame
+    level = torch.tensor(text + [4.0] * 250 + silence)
+    assert speech_after(level, (0, len(level)), 60, least_run=200) == 60
+    level = torch.tensor(silence + text + ringing)
+    assert speech_after(level, (0, len(level)), 360, least_run=200) == 360
+    # a pause first: the next sound, however short
+    level = torch.tensor(text + silence + [5.0] * 20 + silence)
+    assert speech_after(level, (0, len(level)), 60, least_run=200) == 360
+
+
 @pytest.mark.parametrize("pause", [0.0, -1.0])
 def test_a_passage_pause_must_be_positive(pause):
     with pytest.raises(ValueError, match="passage_pause"):

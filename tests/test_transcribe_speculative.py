@@ -178,9 +178,9 @@ def test_a_phrase_a_chunk_cut_clipped_is_decoded_again(whisper_base_int8):
 
 def test_a_quiet_tail_is_not_taken_for_speech():
     level = torch.tensor([0.0] * 10 + [5.0] * 70 + [0.5] * 20 + [4.5, 5.5] * 5 + [0.0] * 10)
-    assert not sounds_like_speech(level, (0, 100), 80)  # a pause after the words
-    assert sounds_like_speech(level, (0, 120), 80)  # words after the pause
-    assert not sounds_like_speech(torch.full((120,), -1.5), (0, 120), 80)  # digital silence
+    assert not sounds_like_speech(level, (0, 100), 80, 200)  # a pause after the words
+    assert sounds_like_speech(level, (0, 120), 80, 200)  # words after the pause
+    assert not sounds_like_speech(torch.full((120,), -1.5), (0, 120), 80, 200)  # digital silence
 
 
 def test_batched_windows_do_not_decode_silence_twice(whisper_tiny_en):
