@@ -25,7 +25,7 @@ MAX_CALL_BYTES = 1_000_000  # a call's JSON body: form values and file reference
 
 
 class UploadsOnly:
-    """ASGI middleware: a POST under PAGE_API_PREFIX whose JSON names a file outside
+    """ASGI middleware: a POST under PAGE_API_PREFIX whose body is JSON naming a file outside
     `upload_folder` (Gradio's, where `/gradio_api/upload` puts files), or a URL, is answered
     403 without reaching Gradio. Uploads themselves (multipart) and other routes pass."""
 
@@ -38,7 +38,8 @@ class UploadsOnly:
             scope["type"] == "http"
             and scope["method"] == "POST"
             and scope["path"].startswith(PAGE_API_PREFIX)
-            and b"json" in dict(scope["headers"]).get(b"content-type", b"")
+            # whatever type it claims: FastAPI may read a body as JSON without the header
+            and not dict(scope["headers"]).get(b"content-type", b"").startswith(b"multipart/")
         ):
             await self.app(scope, receive, send)
             return

@@ -283,6 +283,20 @@ def test_text_assistant_specs_match_generates_options():
             draft_options(bad)
 
 
+def test_decoded_audio_held_by_waiting_requests_stays_under_its_budget():
+    # Each waiting request holds its decoded samples: sixteen 3-hour uploads held 11 GB.
+    from app.api.work_queue import HeldAudio
+
+    held = HeldAudio(budget_seconds=6 * 3600)
+    assert held.take(3 * 3600) and held.take(3 * 3600)
+    assert not held.take(60)  # full: refused, nothing counted
+    held.give_back(3 * 3600)
+    assert held.take(60) and held.held_seconds == 3 * 3600 + 60
+    held.give_back(3 * 3600 + 60)
+    assert held.take(10 * 3600)  # alone, any length is let in
+    assert not held.take(1)
+
+
 def test_work_queue_runs_in_order_and_refuses_past_its_size():
     work = WorkQueue(2)
     release = threading.Event()
@@ -1189,9 +1203,11 @@ def test_the_page_takes_only_files_it_was_sent(open_server, tmp_path):
 
     for path in (str(SONNET), "/dev/zero", "http://127.0.0.1:9/x.wav", "/tmp/../etc/passwd"):
         for data in ([file(path), *form], [None, *form[:-1], file(path)]):  # either input
-            refused = httpx.post(call, json={"data": data}, timeout=30)
-            assert refused.status_code == 403, refused.text
-            assert "not a file this page was sent" in refused.json()["error"]
+            for kind in ("application/json", "text/plain"):  # whatever type the call claims
+                body = json.dumps({"data": data})
+                refused = httpx.post(call, content=body, headers={"content-type": kind})
+                assert refused.status_code == 403, refused.text
+                assert "not a file this page was sent" in refused.json()["error"]
     with JFK.open("rb") as audio:
         sent = httpx.post(
             open_server.url + "/gradio_api/upload", files={"files": ("jfk.wav", audio)}, timeout=30
