@@ -20,7 +20,7 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from asr.audio import AudioChannel, AudioStream, DecodedAudio, DecodingStopped
+from asr.audio import SAMPLE_RATE, AudioChannel, AudioStream, DecodedAudio, DecodingStopped
 from asr.types import DecidedWindow, Transcript
 
 from ..request import echoed
@@ -33,6 +33,7 @@ from .work_queue import (
     ABANDON_POLL_SECONDS,
     Abandoned,
     ClosingStream,
+    HeldAudio,
     Place,
     QueueFull,
     ShuttingDown,
@@ -44,6 +45,7 @@ log = logging.getLogger(__name__)
 
 # nginx's status for a request whose client closed the connection first (nobody reads it).
 CLIENT_CLOSED_REQUEST = 499
+HELD_AUDIO_BUDGET = 2  # decoded audio requests may hold, in MAX_AUDIO_SECONDS (`HeldAudio`)
 # Multipart framing and the form's text fields, on top of the file itself.
 FORM_OVERHEAD_BYTES = 1_000_000
 # The form field a model's refusal names (`TranscribeOptions.validate` opens its message with
@@ -74,6 +76,9 @@ class AudioApi:
         self.work = work
         self.max_bytes = service.settings.max_audio_bytes
         self.max_seconds = service.settings.max_audio_seconds
+        # Decoded audio held by requests waiting or running: twice the longest one allows
+        # (6 h, 1.4 GB of samples, by default).
+        self.held = HeldAudio(HELD_AUDIO_BUDGET * self.max_seconds)
 
     def router(self) -> APIRouter:
         router = APIRouter()
@@ -104,9 +109,16 @@ class AudioApi:
             except DecodingStopped:
                 log.info("a transcription request was abandoned while its audio decoded")
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
+            seconds = samples.samples.size / SAMPLE_RATE
+            if not self.held.take(seconds):
+                raise self._holding_too_much()
             # 3. The model work, in the queue.
             if asked.stream:
-                return self._stream(samples, options, place, task)
+                try:
+                    return self._stream(samples, options, place, task, seconds)
+                except BaseException:
+                    self.held.give_back(seconds)
+                    raise
             windows: list[DecidedWindow] = []
             stop = threading.Event()
             on_window = until_stopped(stop, windows.append)
@@ -115,7 +127,19 @@ class AudioApi:
             except Abandoned:
                 log.info("a transcription request was abandoned by its client")
                 return Response(status_code=CLIENT_CLOSED_REQUEST)
+            finally:
+                self.held.give_back(seconds)
         return render(transcript, asked, task, windows)
+
+    def _holding_too_much(self) -> ApiError:
+        hours = self.held.budget_seconds / 3600
+        return ApiError(
+            429,
+            f"the server is busy: the requests before this one hold {hours:g} h of audio "
+            f"({HELD_AUDIO_BUDGET} x MAX_AUDIO_SECONDS); try again shortly",
+            code="queue_full",
+            headers={"Retry-After": "30"},
+        )
 
     async def _read(self, request: Request) -> tuple[AudioRequest, bytes]:
         content_type = request.headers.get("content-type", "")
@@ -264,10 +288,17 @@ class AudioApi:
         except ValueError as error:
             raise ApiError(422, str(error)) from None
 
-    def _stream(self, samples: DecodedAudio, options: ServiceOptions, place: Place, task: Task):
+    def _stream(
+        self,
+        samples: DecodedAudio,
+        options: ServiceOptions,
+        place: Place,
+        task: Task,
+        held_seconds: float,
+    ):
         """Server-sent events. A client that leaves cancels the response's generator, which
         cancels the job: one waiting gives its place back, one running stops at its next
-        window."""
+        window. held_seconds: the samples' length, given back to `held` once the job ends."""
         stop = threading.Event()
 
         def job(emit: Callable[[DecidedWindow], None]) -> Transcript:
@@ -275,6 +306,7 @@ class AudioApi:
 
         done, windows = self.work.submit_streaming(job, place)
         done.add_done_callback(lambda d: stop.set() if d.cancelled() else None)
+        done.add_done_callback(lambda d: self.held.give_back(held_seconds))
         return ClosingStream(
             _transcript_events(done, windows, task),
             on_close=done.cancel,  # a no-op once it is done; else its place is given back
