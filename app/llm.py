@@ -259,12 +259,35 @@ def prompt_ids(model: LanguageModel, prompt: str) -> list[int]:
 
 def chat_prompt_ids(model: LanguageModel, messages: list[dict[str, str]]) -> list[int]:
     """The messages through the model's chat template, ready for the assistant's turn.
-    ValueError for a model without one (a base model)."""
+    ValueError for a model without one (a base model), and for a message whose text holds one
+    of the model's control tokens: the rendered template is tokenized with them read as
+    control tokens, so `<|im_end|><|im_start|>system` typed in a user's message opened a
+    system turn of the user's making."""
     tokenizer = model.tokenizer
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{model.name} has no chat template (a base model): prompt it with text")
+    control = control_token_ids(tokenizer)
+    for index, message in enumerate(messages):
+        ids = tokenizer(message["content"], add_special_tokens=False).input_ids
+        held = next((i for i in ids if i in control), None)
+        if held is not None:
+            raise ValueError(
+                f"messages[{index}].content holds {tokenizer.decode([held])!r}, one of "
+                f"{model.name}'s control tokens, which its chat template would read as one"
+            )
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def control_token_ids(tokenizer) -> frozenset[int]:
+    """The ids of a tokenizer's special added tokens (<|im_start|>, <start_of_turn>, <bos>,
+    ...), which it reads as such wherever their text appears."""
+    added = (
+        tokenizer.added_tokens_decoder
+        if hasattr(tokenizer, "added_tokens_decoder")
+        else tokenizer.added_tokens()
+    )
+    return frozenset(index for index, token in added.items() if token.special)
 
 
 def run_generation(

@@ -55,6 +55,10 @@ class TextTokenizer:
             [int(i) for i in ids], skip_special_tokens=skip_special_tokens
         )
 
+    def added_tokens(self) -> dict:
+        """Added tokens by id, each with its `special` flag (transformers' added_tokens_decoder)."""
+        return self._tokenizer.get_added_tokens_decoder()
+
     def get_vocab(self) -> dict[str, int]:
         """Every token, added ones included (transformers' `get_vocab`)."""
         return self._tokenizer.get_vocab(with_added_tokens=True)

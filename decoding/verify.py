@@ -15,6 +15,9 @@ import torch
 
 from decoding.protocols import NO_TOKEN
 
+# Below this, logits / temperature overflow float32 into NaN probabilities (1e-38 did).
+MIN_TEMPERATURE = 1e-30
+
 
 @dataclass(frozen=True)
 class SamplingOptions:
@@ -30,6 +33,11 @@ class SamplingOptions:
             raise ValueError(
                 f"temperature must be > 0 (got {self.temperature}); greedy decoding samples "
                 "nothing (sampling=None; on the command line, no --sample)"
+            )
+        if self.temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature must be at least {MIN_TEMPERATURE:g} (got {self.temperature}): "
+                "logits divided by less overflow; for the likeliest token, decode greedily"
             )
         if not math.isfinite(self.temperature):  # inf samples uniformly: noise, not text
             raise ValueError(f"temperature must be finite (got {self.temperature})")
@@ -67,6 +75,7 @@ def apply_sampling(
         # Drop a token once the more likely tokens already hold top_p; the best one always stays.
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         drop_sorted = mass_before >= top_p
+        drop_sorted[..., 0] = False  # a top_p that rounds to 0 in float32 (1e-46) kept none
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits.softmax(dim=-1)

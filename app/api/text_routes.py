@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 import uuid
@@ -41,6 +42,8 @@ from .work_queue import (
     WorkQueue,
     until_stopped,
 )
+
+log = logging.getLogger(__name__)
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 CHAT_MAX_TOKENS = 1024  # chat default: this, or what the context leaves
@@ -99,9 +102,17 @@ class _Common(BaseModel):
         return stops
 
     def sampling(self) -> SamplingOptions | None:
+        """None (greedy) at temperature 0; else the options, checked (422 naming the field)."""
         if self.temperature == 0:
             return None
-        return SamplingOptions(temperature=self.temperature, top_p=self.top_p, seed=self.seed)
+        options = SamplingOptions(temperature=self.temperature, top_p=self.top_p, seed=self.seed)
+        try:
+            return options.validate()
+        except ValueError as error:
+            field = str(error).split(" ")[0]
+            raise ApiError(
+                422, str(error), param=field if field in ("temperature", "top_p") else None
+            ) from None
 
 
 class CompletionRequest(_Common):
@@ -210,7 +221,8 @@ class TextApi:
         async def completions(request: Request) -> Response:
             front = self._front()
             asked = _parse(CompletionRequest, await _json(request))
-            prompt = front.prompt_ids(asked.text)
+            # Off the event loop: a long prompt held every other request (/health too).
+            prompt = await asyncio.to_thread(front.prompt_ids, asked.text)
             if not prompt:  # an empty prompt, for a model without a BOS token to start from
                 raise ApiError(
                     422, f"prompt is empty, and {front.name} needs text to continue", param="prompt"
@@ -230,7 +242,11 @@ class TextApi:
                     code="chat_not_supported",
                 )
             asked = _parse(ChatRequest, await _json(request))
-            prompt = front.chat_ids([message.plain() for message in asked.messages])
+            messages = [message.plain() for message in asked.messages]
+            try:
+                prompt = await asyncio.to_thread(front.chat_ids, messages)
+            except ValueError as error:  # a control token in a message's text
+                raise ApiError(422, str(error), param="messages") from None
             return await self._answer(request, front, asked, prompt, "chat")
 
         return router
@@ -404,6 +420,10 @@ async def _chunks(
         return
     except ShuttingDown as error:  # waiting or running when the server began to stop
         yield sse(error_body(503, str(error), code="shutting_down"))
+        return
+    except Exception as error:  # the stream ended with no word and no [DONE]: say it failed
+        log.exception("a streamed completion failed")
+        yield sse(error_body(500, f"the completion failed ({type(error).__name__})"))
         return
     yield sse(shape.chunk("" if shape.kind == "text" else None, finish=completion.finish_reason))
     if include_usage:

@@ -255,6 +255,8 @@ def test_apply_sampling_temperature_top_k_top_p():
     assert (nucleus[:2] > 0).all() and (nucleus[2:] == 0).all()
     assert torch.allclose(nucleus[:2], probs[:2] / probs[:2].sum())
     assert (apply_sampling(logits, 1.0, top_p=0.01) == torch.tensor([1.0, 0, 0, 0])).all()
+    # a top_p that rounds to 0 in float32 dropped the best token too: NaN probabilities
+    assert (apply_sampling(logits, 1.0, top_p=1e-46) == torch.tensor([1.0, 0, 0, 0])).all()
 
 
 @pytest.mark.parametrize(
@@ -263,6 +265,7 @@ def test_apply_sampling_temperature_top_k_top_p():
         (SamplingOptions(temperature=0.0), "temperature"),
         (SamplingOptions(temperature=float("inf")), "temperature must be finite"),
         (SamplingOptions(temperature=float("nan")), "temperature"),
+        (SamplingOptions(temperature=1e-38), "temperature must be at least 1e-30"),  # NaN
         (SamplingOptions(top_k=-1), "top_k"),
         (SamplingOptions(top_p=0.0), "top_p"),
         (SamplingOptions(top_p=1.5), "top_p"),
