@@ -140,28 +140,33 @@ def sounds_like_speech(
 def speech_after(
     level: torch.Tensor, chunk: tuple[int, int], tail_start: int, least_run: int
 ) -> int | None:
-    """The first loud frame (`loud_frames`) of [tail_start, chunk end) that starts sound the
-    text ending at tail_start did not say, or None. Where the audio at tail_start is loud
-    already, that is the text's last word sounding on past its timestamp (whisper-base times
-    whole seconds: "relief" sounded to 40.82 s after a timestamp at 40.00), or the recording's
-    own noise ending at digital silence, unless it goes on for `least_run` frames or to the
-    chunk's end (speech the chunk's cut clipped): otherwise the first loud frame after it.
+    """The first loud frame (`first_loud_frame`) of [tail_start, chunk end) that starts sound
+    the text ending at tail_start did not say, or None.
 
-    In a window of one sentence then silence, the silence sets the median level, so a word's
-    smoothed fading end counts as loud; decoding again from there made Whisper say "Thank you
-    for watching." over a word's last 0.7 s and 3 s of silence (no-speech probability 0.91),
-    and moved the next windows' starts so that one cut a sentence and the next said its last
-    words again."""
-    loud = loud_frames(level, chunk, (tail_start, chunk[1]))
-    if not bool(loud[:1].any()):  # a pause first: loud again where the next sound begins
-        found = loud.nonzero()
-        return tail_start + int(found[0, 0]) if len(found) else None
-    quiet = (~loud).nonzero()
-    ringing = int(quiet[0, 0]) if len(quiet) else len(loud)
-    if ringing >= least_run or ringing == len(loud):
-        return tail_start
-    found = loud[ringing:].nonzero()
-    return tail_start + ringing + int(found[0, 0]) if len(found) else None
+    Sound that runs on from tail_start for less than `least_run` frames and is followed by
+    `least_run` frames or more at the chunk's quietest level is the text's
+    last word sounding on past its timestamp (whisper-base times whole seconds: "relief"
+    sounded to 40.82 s after a timestamp at 40.00), or the recording's own noise ending at
+    digital silence: the search goes on after that silence. In a window of one sentence then
+    silence, the silence sets the median level, so such an end counts as loud; decoding again
+    from there made Whisper say "Thank you for watching." over a word's last 0.7 s and 3 s of
+    silence (no-speech probability 0.91), and moved the next windows' starts so that one cut
+    a sentence and the next said its last words again. Sound that goes on, to the chunk's end
+    or after a shorter pause, is words (speech in another language over the text's last
+    second; speech a chunk's cut clipped)."""
+    whole = level[chunk[0] : chunk[1]]
+    sounding = level[tail_start : chunk[1]] >= whole.min() + MIN_RISE
+    run = _leading(sounding, True)
+    gap = _leading(sounding[run:], False)
+    if 0 < run < least_run and gap >= least_run:
+        return first_loud_frame(level, chunk, tail_start + run + gap)
+    return first_loud_frame(level, chunk, tail_start)
+
+
+def _leading(flags: torch.Tensor, value: bool) -> int:
+    """How many of `flags` from its start equal `value`."""
+    other = (flags != value).nonzero()
+    return int(other[0, 0]) if len(other) else len(flags)
 
 
 def past_leading_silence(level: torch.Tensor, start: int, end: int, least: int) -> int:

@@ -117,7 +117,7 @@ def test_bad_requests_are_refused_before_any_work_even_when_every_output_exists(
         ("--beam-size", "17"): "--beam-size: input should be less than or equal to 16",
         ("--patience", "0"): "--patience: input should be greater than 0",
         ("--patience", "2"): "--patience: needs --beam-size > 1",
-        ("--beam-size", "2", "--patience", "0.2"): "--patience: a positive number whose product",
+        ("--beam-size", "2", "--patience", "0.2"): "--patience: a positive number up to 10",
         ("--best-of", "0"): "--best-of: input should be greater than or equal to 1",
     }
     for flags, reason in refused.items():

@@ -97,6 +97,10 @@ def test_speech_after_a_windows_text_is_not_its_last_word_ringing_out():
     assert speech_after(level, (0, len(level)), 60, least_run=200) == 60
     level = torch.tensor(silence + text + ringing)
     assert speech_after(level, (0, len(level)), 360, least_run=200) == 360
+    # ... or after a pause shorter than least_run (speech in another language over the text's
+    # last second, its pauses at the quietest level): from the text's end
+    level = torch.tensor(silence + text + (ringing + [0.0] * 50) * 4 + silence)
+    assert speech_after(level, (0, len(level)), 360, least_run=200) == 360
     # a pause first: the next sound, however short
     level = torch.tensor(text + silence + [5.0] * 20 + silence)
     assert speech_after(level, (0, len(level)), 60, least_run=200) == 360
