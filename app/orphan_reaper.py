@@ -19,7 +19,7 @@ import select
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 POLL_SECONDS = 1.0
@@ -64,9 +64,10 @@ def _alive(process: Process) -> bool:
     return stat is not None and stat[1] == process[1]
 
 
-def watch(driver: int, pipe: int) -> None:
+def watch(driver: int, pipe: int, watching: Callable[[], None] = lambda: None) -> None:
     """Notes `driver`'s descendants until `pipe` (the driver's end of it open) closes; kills
-    the ones still alive where the driver is gone by then."""
+    the ones still alive where the driver is gone by then. watching: called once the first
+    note is taken."""
     me = os.getpid()
     if (stat := _stat(driver)) is None:
         return
@@ -74,6 +75,8 @@ def watch(driver: int, pipe: int) -> None:
     seen: set[Process] = set()
     while True:
         seen = {p for p in seen if _alive(p)} | {p for p in descendants(driver) if p[0] != me}
+        watching()
+        watching = _nothing
         readable, _, _ = select.select([pipe], [], [], POLL_SECONDS)
         if readable and not os.read(pipe, 4096):  # closed: the driver exited or died
             break
@@ -85,9 +88,21 @@ def watch(driver: int, pipe: int) -> None:
                 os.kill(process[0], signal.SIGKILL)
 
 
+def _nothing() -> None:
+    pass
+
+
+def _say_watching() -> None:
+    """Tells `reaping_orphans` (on standard output) that the watch has begun."""
+    sys.stdout.write("watching\n")
+    sys.stdout.close()
+
+
 @contextlib.contextmanager
 def reaping_orphans() -> Iterator[None]:
-    """Runs the body with the watchdog watching this process (where /proc exists)."""
+    """Runs the body with the watchdog watching this process (where /proc exists), from its
+    first note on: the body starts no process before the watchdog can see it (started late on
+    a loaded machine, it missed a process whose parent had come and gone)."""
     if not (PROC / str(os.getpid()) / "stat").exists():
         yield
         return
@@ -96,10 +111,12 @@ def reaping_orphans() -> Iterator[None]:
         # folder's modules shadow none of it, whatever name the package has.
         [sys.executable, "-I", str(Path(__file__).resolve()), str(os.getpid())],
         stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # a Ctrl-C to the driver's group leaves it to do its job
     )
+    watchdog.stdout.readline()  # "watching", or nothing where it could not start
+    watchdog.stdout.close()
     try:
         yield
     finally:
@@ -109,4 +126,4 @@ def reaping_orphans() -> Iterator[None]:
 
 
 if __name__ == "__main__":
-    watch(int(sys.argv[1]), sys.stdin.fileno())
+    watch(int(sys.argv[1]), sys.stdin.fileno(), _say_watching)
