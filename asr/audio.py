@@ -475,9 +475,8 @@ def _decode_with_soundfile(
     if channel is None and info.channels > 2 and _layout_named(path, info):
         return None  # ffmpeg's channel matrix (centre and LFE levels) for surround layouts
     frames = -1 if limit is None else math.ceil((limit + 1) * rate / SAMPLE_RATE) + 1
-    if min(info.frames, info.frames if frames < 0 else frames) * info.channels > (
-        _MAX_SOUNDFILE_SAMPLES
-    ):
+    read = info.frames if frames < 0 else min(info.frames, frames)
+    if read * info.channels > _MAX_SOUNDFILE_SAMPLES:
         return None
     try:
         samples, _ = soundfile.read(str(path), frames=frames, dtype="float32", always_2d=True)

@@ -13,7 +13,7 @@ from asr.types import ProgressHook, Segment
 from asr.whisper import FRAMES_PER_SECOND, N_FRAMES, EncodedAudio
 from asr.window_decoder import WindowBatch, WindowResult
 from asr.window_session import (
-    MIN_TAIL_SECONDS,
+    MIN_TAIL_FRAMES,
     TOO_SHORT_TO_TELL,
     Resumption,
     Session,
@@ -32,9 +32,6 @@ from asr.window_session import (
 
 # "seek" windows of this many passages decode as one batch (`asr.passages`).
 PASSAGES_PER_PASS = 8
-# Sound after a window's text that lasts this long is words it did not say (`speech_after`);
-# silence this long at a window's start is skipped (`past_leading_silence`).
-_TAIL = round(MIN_TAIL_SECONDS * FRAMES_PER_SECOND)
 
 
 @dataclass
@@ -280,7 +277,9 @@ def _decided(
         )
         if tail is not None:
             resumptions = []
-            if (loud := speech_after(level, (seek, seek + frames), tail, _TAIL)) is not None:
+            if (
+                loud := speech_after(level, (seek, seek + frames), tail, MIN_TAIL_FRAMES)
+            ) is not None:
                 resumptions.append(max(loud - ONSET_MARGIN_FRAMES, tail))
             if (
                 after_seam := speech_after_a_seam(session.seam_silences, tail, seek + frames)
@@ -292,7 +291,7 @@ def _decided(
                     passage.resumed = Resumption(seek + consumed, said[-1].text)
         passage.seek += max(consumed, 1)
         if passage.resumed is None and not passage.done:
-            passage.seek = past_leading_silence(level, passage.seek, passage.end, _TAIL)
+            passage.seek = past_leading_silence(level, passage.seek, passage.end, MIN_TAIL_FRAMES)
         # Text sampled hot is a poor prompt: OpenAI resets the context after it.
         if options.condition_on_previous_text and result.prompt_temperature <= 0.5:
             passage.previous.extend(window_context(heard))  # an echo too: the same prompt

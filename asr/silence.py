@@ -144,8 +144,8 @@ def speech_after(
     the text ending at tail_start did not say, or None.
 
     Sound that runs on from tail_start for less than `least_run` frames and is followed by
-    `least_run` frames or more at the chunk's quietest level is the text's
-    last word sounding on past its timestamp (whisper-base times whole seconds: "relief"
+    `least_run` frames or more at the chunk's quietest level is the text's last word
+    sounding on past its timestamp (whisper-base times whole seconds: "relief"
     sounded to 40.82 s after a timestamp at 40.00), or the recording's own noise ending at
     digital silence: the search goes on after that silence. In a window of one sentence then
     silence, the silence sets the median level, so such an end counts as loud; decoding again

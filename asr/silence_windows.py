@@ -13,6 +13,7 @@ from asr.types import ProgressHook, Segment
 from asr.whisper import FRAMES_PER_SECOND
 from asr.window_decoder import WindowBatch, WindowResult
 from asr.window_session import (
+    MIN_TAIL_FRAMES,
     MIN_TAIL_SECONDS,
     MIN_TAIL_SECONDS_AT_A_CUT,
     TOO_SHORT_TO_TELL,
@@ -121,9 +122,7 @@ def silence_windows(session: Session, progress: ProgressHook) -> list[Segment]:
                 rest = (tail, start + frames)
                 if (
                     tail is not None
-                    and sounds_like_speech(
-                        level, (start, start + frames), tail, MIN_TAIL_SECONDS * FRAMES_PER_SECOND
-                    )
+                    and sounds_like_speech(level, (start, start + frames), tail, MIN_TAIL_FRAMES)
                     and not has_no_signal(session.mel, rest)
                 ):
                     tails.append(rest)

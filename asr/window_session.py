@@ -52,6 +52,7 @@ HOTWORD_CUT_REACH = 32
 # A window whose text ends this long before its audio, louder audio following, has its tail
 # decoded again (`skipped_tail`).
 MIN_TAIL_SECONDS = 2
+MIN_TAIL_FRAMES = round(MIN_TAIL_SECONDS * FRAMES_PER_SECOND)
 # The same for a `batch_size` chunk cut inside speech (`split_at_silence`'s quietest moment,
 # not a long pause or the recording's end): Whisper often leaves out a phrase the cut
 # clipped, and the next chunk starts after it (AMI: "instead of having too many buttons",
