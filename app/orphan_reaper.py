@@ -24,6 +24,7 @@ from pathlib import Path
 
 POLL_SECONDS = 1.0
 PROC = Path("/proc")
+FINISHED = b"finished\n"  # the driver's last words on the pipe when it leaves on its own
 
 # A process as the watchdog knows it: its pid and its start time (in clock ticks since boot,
 # /proc/PID/stat's 22nd field), so that a pid reused by another process is never killed.
@@ -66,21 +67,23 @@ def _alive(process: Process) -> bool:
 
 def watch(driver: int, pipe: int, watching: Callable[[], None] = lambda: None) -> None:
     """Notes `driver`'s descendants until `pipe` (the driver's end of it open) closes; kills
-    the ones still alive where the driver is gone by then. watching: called once the first
-    note is taken."""
+    the ones still alive unless the driver wrote FINISHED first. watching: called once the
+    first note is taken."""
     me = os.getpid()
-    if (stat := _stat(driver)) is None:
+    if _stat(driver) is None:
         return
-    driver_process = (driver, stat[1])
     seen: set[Process] = set()
+    heard = b""
     while True:
         seen = {p for p in seen if _alive(p)} | {p for p in descendants(driver) if p[0] != me}
         watching()
         watching = _nothing
         readable, _, _ = select.select([pipe], [], [], POLL_SECONDS)
-        if readable and not os.read(pipe, 4096):  # closed: the driver exited or died
-            break
-    if _alive(driver_process):
+        if readable:
+            if not (words := os.read(pipe, 4096)):
+                break  # closed: the driver left or died
+            heard = (heard + words)[-len(FINISHED) :]
+    if heard == FINISHED:
         return  # it exits on its own: Ray was shut down
     for process in seen:
         if _alive(process):
@@ -120,7 +123,11 @@ def reaping_orphans() -> Iterator[None]:
     try:
         yield
     finally:
-        watchdog.stdin.close()  # alive: it leaves
+        with contextlib.suppress(OSError):  # a watchdog gone already has nothing to kill
+            watchdog.stdin.write(FINISHED)
+            watchdog.stdin.flush()
+        with contextlib.suppress(OSError):
+            watchdog.stdin.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             watchdog.wait(timeout=5)
 

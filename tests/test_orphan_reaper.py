@@ -5,18 +5,20 @@ test_ray_cluster.py's cluster runs beside it: `ray.init(address="local")`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from app.jobs import JobSpec, JobStore
-from app.orphan_reaper import descendants
+from app.orphan_reaper import FINISHED, descendants, watch
 from app.service import ServiceOptions
 from tests.conftest import REPO, SAMPLES, wait_for
 
@@ -41,6 +43,13 @@ DRIVER = textwrap.dedent(
         middle.wait()  # the helper is an orphan now, as the agents become one
         sys.stdin.readline()  # until told to finish (or killed)
     """
+)
+
+
+# A stand-in driver that starts a helper, prints its pid and waits.
+HELPER_AND_WAIT = (
+    "import subprocess, time; helper = subprocess.Popen(['sleep', '600']); "
+    "print(helper.pid, flush=True); time.sleep(600)"
 )
 
 
@@ -87,6 +96,37 @@ def test_a_killed_drivers_orphans_are_killed_and_a_finished_drivers_are_left():
         assert _alive(helper)  # the driver went on its own: nothing of its is killed
     finally:
         os.kill(helper, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("last_words", [b"", FINISHED], ids=["closed", "finished"])
+def test_the_drivers_word_not_its_state_in_proc_says_whether_it_left_on_its_own(last_words):
+    # A killed driver's pipe closes before the kernel marks it dead, so the watchdog may find
+    # it still running: a pipe closed without FINISHED is a death even with the driver alive.
+    driver = subprocess.Popen(
+        [sys.executable, "-c", HELPER_AND_WAIT], stdout=subprocess.PIPE, text=True
+    )
+    helper = int(driver.stdout.readline())
+    read_end, write_end = os.pipe()
+    watchdog = threading.Thread(target=watch, args=(driver.pid, read_end))
+    try:
+        watchdog.start()
+        time.sleep(0.5)  # its first note is taken at once
+        os.write(write_end, last_words)
+        os.close(write_end)
+        watchdog.join(timeout=15)
+        assert not watchdog.is_alive()
+        assert _alive(driver.pid)
+        if last_words == FINISHED:
+            time.sleep(1)
+            assert _alive(helper)
+        else:
+            wait_for(lambda: not _alive(helper), timeout=5, what="the helper killed")
+    finally:
+        for pid in (helper, driver.pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        driver.wait()
+        os.close(read_end)
 
 
 @pytest.mark.slow
