@@ -1493,6 +1493,27 @@ def test_a_control_token_in_a_message_is_refused_not_read_as_a_turn(client):
 
 
 @pytest.mark.slow
+def test_text_fields_of_the_wrong_json_type_are_refused_not_converted(open_server):
+    # Lax parsing took "5" and true for max_tokens = 5 and 1, and "yes" for a stream.
+    url = open_server.url + "/v1/completions"
+    asked = {"model": TEXT_MODEL, "prompt": "Hello", "max_tokens": 2, "temperature": 0}
+    assert httpx.post(url, json=asked, timeout=300).status_code == 200
+    for field, value in (
+        ("max_tokens", "5"),
+        ("max_tokens", True),
+        ("max_tokens", 2.0),
+        ("stream", "yes"),
+        ("temperature", "0.5"),
+        ("seed", "7"),
+    ):
+        refused = httpx.post(url, json={**asked, field: value}, timeout=300)
+        assert _error(refused, 422)["param"] == field, (field, value)
+    chat = {"model": TEXT_MODEL, "messages": [{"role": "user", "content": 5}], "max_tokens": 2}
+    refused = httpx.post(open_server.url + "/v1/chat/completions", json=chat, timeout=300)
+    assert _error(refused, 422)["param"].startswith("messages.0.content")
+
+
+@pytest.mark.slow
 def test_a_temperature_or_top_p_too_small_to_compute_is_a_422_not_a_500(client, open_server):
     # 1e-40 overflowed logits / temperature into NaN (a 500, and a stream cut without a word);
     # a top_p that rounds to 0 in float32 dropped every token.

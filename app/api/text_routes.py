@@ -505,7 +505,9 @@ def _parse(model: type[BaseModel], body: Any):
     # argument passed as None (temperature=None was refused: "input should be a valid number").
     given = {key: value for key, value in body.items() if value is not None}
     try:
-        return model.model_validate(given)
+        # Strict: JSON's own types only, as OpenAI reads them ("max_tokens": "5" or true, and
+        # "stream": "yes", were taken for 5, 1 and a stream).
+        return model.model_validate(given, strict=True)
     except ValidationError as error:
         problems = error.errors()
         unknown = [".".join(map(str, p["loc"])) for p in problems if p["type"] == "extra_forbidden"]
