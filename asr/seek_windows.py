@@ -289,6 +289,8 @@ def _decided(
                 consumed = min(resumptions) - seek
                 if said := segments_with_content(heard):
                     passage.resumed = Resumption(seek + consumed, said[-1].text)
+        elif heard.resumed_early and (said := segments_with_content(heard)):
+            passage.resumed = Resumption(seek + consumed, said[-1].text)
         passage.seek += max(consumed, 1)
         if passage.resumed is None and not passage.done:
             passage.seek = past_leading_silence(level, passage.seek, passage.end, MIN_TAIL_FRAMES)

@@ -23,6 +23,9 @@ class WindowSplit:
     than the window was decoded in (`asr.spoken_languages`), that language: the audio from
     `consumed` on is decoded in it. With no segment with text left, the window's first
     segment was that one, and the whole window is decoded again in it (`decoded_again`).
+    resumed_early: `consumed` is where the text's last word ends, before its last timestamp,
+    because words the text did not say lie between (`Session._resumed_before_unsaid_words`):
+    the next window may hear that last word again (`Resumption.without_echo`).
     """
 
     segments: tuple[Segment, ...]
@@ -33,6 +36,7 @@ class WindowSplit:
     frames: int
     timestamp_ends: tuple[float, ...]
     language_after: str | None = None
+    resumed_early: bool = False
 
     def before_segment(self, index: int, language: str) -> WindowSplit:
         """This window's text up to segment `index` (exclusive), and its audio up to the end

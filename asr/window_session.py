@@ -912,6 +912,8 @@ class Session:
                 self._before_skipped_speech(split, start, frames)
                 for split, (_, start, frames) in zip(splits, decoded, strict=True)
             ]
+            if not self.options.word_timestamps:
+                splits = self._resumed_before_unsaid_words(encoded, splits, languages, ends)
         return [
             self._without_repeats(split, guard, result.prompted)
             for split, guard, (result, _, _) in zip(splits, guards, decoded, strict=True)
@@ -1010,6 +1012,7 @@ class Session:
             [ends[index] for index in late],
             [splits[index].time_offset for index in late],  # no speech before, in the window
             self.seam_silences,
+            probabilities=False,
         )
         self.word_seconds += time.perf_counter() - started
         splits = list(splits)
@@ -1020,6 +1023,68 @@ class Session:
             )
             splits[index] = replace(splits[index], segments=segments)
         self.retimed_windows += len(late)
+        return splits
+
+    def _resumed_before_unsaid_words(
+        self,
+        encoded: Callable[[list[int]], EncodedAudio],
+        splits: list[WindowSplit],
+        languages: list[str | None],
+        ends: list[float],
+    ) -> list[WindowSplit]:
+        """Sequential windows whose next window would start inside their audio, after words
+        their text does not say, get it to start where their text's last word ends (timed,
+        then dropped: not asked for), as OpenAI's seek does with word timestamps.
+
+        Whisper's last timestamp can come late (whisper-base in int8 times whole seconds): a
+        window's text ended at "printing." timed to 81.0 s, where it was said by 79.9 s, and
+        "the earliest" in between was in neither window. Only windows whose text stops inside
+        their audio are timed (in continuous speech, most windows but a passage's last), and
+        only those with `MIN_UNSAID_FRAMES` of loud audio between their last word and that
+        timestamp move (`last_word_before_unsaid_speech`). The whole window's words are
+        timed: the last segment's alone, aligned over the audio around it, once put a single
+        "Yes." on the one said a second before it, and the window after said it again."""
+        inside = [
+            index
+            for index, split in enumerate(splits)
+            if split.consumed < split.frames
+            and split.language_after is None
+            and any(segment.text.strip() for segment in split.segments)
+        ]
+        if not inside or not self.model.alignment_heads:
+            return splits
+        started = time.perf_counter()
+        timed, _ = add_word_timestamps(
+            self.model,
+            encoded(inside),
+            [splits[index] for index in inside],
+            [languages[index] for index in inside],
+            self.options.task,
+            [ends[index] for index in inside],
+            [splits[index].time_offset for index in inside],
+            self.seam_silences,
+            probabilities=False,
+        )
+        self.word_seconds += time.perf_counter() - started
+        splits = list(splits)
+        for index, words in zip(inside, timed, strict=True):
+            split = splits[index]
+            said = [i for i, segment in enumerate(words.segments) if segment.words]
+            if not said:
+                continue
+            start = round(split.time_offset * FRAMES_PER_SECOND)
+            word_end = round(words.segments[said[-1]].words[-1].end * FRAMES_PER_SECOND)
+            frame = last_word_before_unsaid_speech(split, word_end, self.level, start)
+            if frame is None:
+                continue
+            segments = list(split.segments)  # the last ends where the next window starts
+            last = segments[said[-1]]
+            if last.start < frame / FRAMES_PER_SECOND < last.end:
+                segments[said[-1]] = replace(last, end=frame / FRAMES_PER_SECOND)
+            splits[index] = replace(
+                split, segments=tuple(segments), consumed=frame - start, resumed_early=True
+            )
+            self.resumed_windows += 1
         return splits
 
     def _without_words_past_the_audio(self, split: WindowSplit, end: float) -> WindowSplit:
@@ -1237,6 +1302,29 @@ def consumed_frames(split: WindowSplit, seek: int, total: int, word_timestamps: 
         if ends and ends[-1] > seek / FRAMES_PER_SECOND:
             return min(round(ends[-1] * FRAMES_PER_SECOND) - seek, frames)
     return split.consumed
+
+
+def last_word_before_unsaid_speech(
+    split: WindowSplit, word_end: int, level: torch.Tensor, start: int
+) -> int | None:
+    """`word_end`, the frame where a sequential window's text's last word ends (`start`: the
+    window's first frame), where `MIN_UNSAID_FRAMES` or more of loud audio (`loud_frames`, at
+    the window's median level) lie between that word's end, past `WORD_FADE_FRAMES`, and
+    where the window's text stops (`split.consumed`); else None. Word timing ends a word where
+    its sound fades, often well before the timestamp, so a short loud stretch there is the
+    last word ringing out, not words left unsaid."""
+    stop = start + split.consumed
+    if not start < word_end < stop - WORD_FADE_FRAMES - MIN_UNSAID_FRAMES:
+        return None
+    window = (start, start + split.frames)
+    unsaid = loud_frames(level, window, (word_end + WORD_FADE_FRAMES, stop))
+    return word_end if int(unsaid.sum()) >= MIN_UNSAID_FRAMES else None
+
+
+# `last_word_before_unsaid_speech`: loud audio a window's text left out before its last
+# timestamp (0.3 s: "the earliest" took 0.67 s), counted from 0.1 s after its last word's end.
+MIN_UNSAID_FRAMES = 30
+WORD_FADE_FRAMES = 10
 
 
 # A multilingual passage's window after its first with less audio than this (mel frames: 5 s)

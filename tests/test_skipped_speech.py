@@ -14,7 +14,7 @@ from asr.whisper import FRAMES_PER_SECOND
 from asr.window_session import Session
 from bench import cli as bench_cli
 from bench.asr_data import user_files
-from tests.conftest import needs_speech
+from tests.conftest import SHARED_SPEECH, needs_speech
 
 
 class _Level:
@@ -77,3 +77,80 @@ def test_spoken_commands_before_a_sentence_are_not_skipped_in_a_long_recording(t
     words = " ".join(re.findall(r"[a-z']+", transcript.text.lower()))
     before = words[words.index("dies with thee") : words.index("and so my fellow americans")]
     assert "repeat yes start yes repeat stop yes" in before, before
+
+
+def _level(*loud: tuple[float, float], frames: int = 3000):
+    """Loudness of a window loud over these (start, end) seconds, quiet elsewhere."""
+    import torch
+
+    level = torch.full((frames,), -1.0)
+    for start, end in loud:
+        level[round(start * FRAMES_PER_SECOND) : round(end * FRAMES_PER_SECOND)] = 0.5
+    return loudness(level.expand(80, -1), frames)
+
+
+@pytest.mark.parametrize(
+    ("loud", "stop", "resumed"),
+    [
+        # Words the text left out at 25.6-26.9 s, before its timestamp at 27 s: resumed at
+        # its last word's end.
+        (((0.0, 25.0), (25.6, 30.0)), 27.0, 2500),
+        # The last word sounding on 0.15 s past its timed end: no words unsaid.
+        (((0.0, 25.15),), 27.0, None),
+        # A timestamp 0.3 s after the last word: too close for a word to hide there.
+        (((0.0, 25.0), (25.1, 30.0)), 25.3, None),
+    ],
+)
+def test_a_window_resumes_at_its_last_word_only_before_loud_audio_its_text_left_out(
+    loud, stop, resumed
+):
+    from asr.segments import WindowSplit
+    from asr.window_session import last_word_before_unsaid_speech
+
+    split = WindowSplit(
+        segments=(Segment(20.0, stop, " the art of printing."),),
+        tokens=((262, 1523),),
+        consumed=round(stop * FRAMES_PER_SECOND),
+        single_timestamp_ending=False,
+        time_offset=0.0,
+        frames=3000,
+        timestamp_ends=(stop,),
+    )
+    # Its last word, " printing.", was aligned to end at 25.0 s.
+    assert last_word_before_unsaid_speech(split, 2500, _level(*loud), 0) == resumed
+
+
+# Ten recordings back to back, no pause between them (88.6 s): JFK, five LibriSpeech
+# utterances, four LJ Speech sentences.
+BACK_TO_BACK = (
+    "jfk.wav",
+    "librispeech_1089-134686-0002.wav",
+    "librispeech_1221-135766-0001.wav",
+    "librispeech_1221-135766-0002.wav",
+    "librispeech_1995-1837-0001.wav",
+    "librispeech_61-70968-0000.flac",
+    "ljspeech/LJ001-0001.wav",
+    "ljspeech/LJ001-0003.wav",
+    "ljspeech/LJ001-0005.wav",
+    "ljspeech/LJ001-0007.wav",
+)
+
+
+@needs_speech
+def test_words_between_a_windows_last_word_and_its_late_timestamp_are_kept(tmp_path, settings):
+    """The window ending in LJ001-0005's "... the invention of the art of printing." timed
+    that sentence to 81.0 s (int8 whisper-base times whole seconds), said by 79.9 s; the next
+    window began at 81.0 and LJ001-0007's first words, "the earliest", were in neither
+    (`Session._resumed_before_unsaid_words`)."""
+    import numpy as np
+    import soundfile
+
+    from app.service import TranscriptionService
+    from asr.audio import SAMPLE_RATE, load_audio
+
+    parts = [load_audio(SHARED_SPEECH / "en_single" / name) for name in BACK_TO_BACK]
+    audio = tmp_path / "back_to_back.wav"
+    soundfile.write(audio, np.concatenate(parts), SAMPLE_RATE, subtype="PCM_16")
+    transcript = TranscriptionService(settings).run(audio, {"language": "en"})
+    words = " ".join(re.findall(r"[a-z']+", transcript.text.lower()))
+    assert "art of printing the earliest book printed" in words, words

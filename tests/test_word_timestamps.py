@@ -109,6 +109,16 @@ def test_median_filter_matches_scipy_with_mirrored_edges():
     x = torch.randn(2, 3, 20, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     expected = scipy_median(x.numpy(), size=(1, 1, 7), mode="mirror")
     np.testing.assert_array_equal(median_filter(x, 7).numpy(), expected)
+    generator = torch.Generator().manual_seed(2)
+    for width in (1, 3, 5, 7, 9):  # ties too: small integers
+        tied = torch.randint(0, 4, (3, 40), generator=generator).float()
+        expected = scipy_median(tied.numpy(), size=(1, width), mode="mirror")
+        np.testing.assert_array_equal(median_filter(tied, width).numpy(), expected)
+    x[0, 1, 5] = torch.nan  # each window sorted, NaN last (no minimum() spreading it)
+    padded = torch.nn.functional.pad(x.reshape(-1, 1, 20), (3, 3), mode="reflect")
+    expected = padded.unfold(-1, 7, 1).sort(dim=-1).values[..., 3].reshape(x.shape)
+    torch.testing.assert_close(median_filter(x, 7), expected, rtol=0, atol=0, equal_nan=True)
+    assert not median_filter(x, 7).isnan().any()  # one NaN, sorted last, is no median
     short = torch.arange(3.0)
     assert torch.equal(median_filter(short, 7), short)  # too short to reflect: unchanged
     with pytest.raises(ValueError, match="odd"):
