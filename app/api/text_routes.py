@@ -5,7 +5,8 @@ OpenAI's request fields (`model`, `prompt` / `messages`, `max_tokens` (chat: or
 `n` = 1, `user`), and those stock clients send at values that change nothing (penalties of 0,
 no logprobs, an empty `logit_bias`, `parallel_tool_calls`; chat: `tool_choice` none, a text
 `response_format`, `store` false, `metadata`; completions: `echo` false, `best_of` 1); other
-values of those are refused with 422, anything else with 400.
+values of those are refused with 422, as is a field of another JSON type than OpenAI's (no
+"5" for 5), anything else with 400.
 temperature 0 is greedy decoding (OpenAI's default is 1: sampling). The response carries
 OpenAI's `usage` and specscribe's `stats` (target and draft calls, tokens per target call).
 Chat completions exist when the model has a chat template; without `--text-model` both routes
