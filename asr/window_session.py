@@ -33,7 +33,14 @@ from asr.speech_timeline import SpeechTimeline
 from asr.spoken_languages import before_another_language, sot_logits
 from asr.transcribe_options import TranscribeOptions
 from asr.types import DecidedWindow, Segment, WindowHook, Word
-from asr.whisper import FRAMES_PER_SECOND, HOP_LENGTH, N_FRAMES, EncodedAudio, WhisperModel
+from asr.whisper import (
+    FRAMES_PER_SECOND,
+    HOP_LENGTH,
+    N_FRAMES,
+    TIME_PRECISION,
+    EncodedAudio,
+    WhisperModel,
+)
 from asr.whisper_drafters import DraftSource
 from asr.whisper_target import LanguageOdds, language_odds
 from asr.window_decoder import WindowBatch, WindowDecoder, WindowResult, compression_ratio
@@ -157,7 +164,7 @@ def _needs_fallback(result: WindowResult, options: TranscribeOptions) -> bool:
 def _most_probable_of_failed(
     results: list[WindowResult],
     options: TranscribeOptions,
-    segment_texts: Callable[[WindowResult], list[str]] | None = None,
+    segment_texts: Callable[[WindowResult], list[TimedText]] | None = None,
 ) -> WindowResult:
     """The window's text where every temperature failed the checks (`results`, coolest
     first): the one with the highest average log-probability among those not too repetitive,
@@ -207,7 +214,7 @@ def _said_again_over(
     failed: list[WindowResult],
     passed: WindowResult,
     options: TranscribeOptions,
-    segment_texts: Callable[[WindowResult], list[str]],
+    segment_texts: Callable[[WindowResult], list[TimedText]],
 ) -> WindowResult:
     """`passed`, a hotter sample that passed the checks after cooler ones failed (`failed`,
     coolest first), unless the greedy text failed only for repeating itself, is speech said
@@ -258,23 +265,47 @@ def _clearly_speech(result: WindowResult, options: TranscribeOptions) -> bool:
 SAME_REPETITION = 1.1
 
 
-def _timed_repeats(texts: list[str], limit: float) -> bool:
-    """Whether a window's segment texts (cut at its timestamps) are repetition timed as speech
-    is: two segments or more, none too repetitive on its own (a loop inside one segment is
-    no sentence said again)."""
-    return len(texts) >= 2 and all(compression_ratio(text) <= limit for text in texts)
+# A segment's text and the seconds its timestamps give it.
+TimedText = tuple[str, float]
 
 
-def _segment_texts(model: WhisperModel, result: WindowResult) -> list[str]:
-    """The window's text cut at every timestamp token: its segments' texts."""
+def _timed_repeats(segments: list[TimedText], limit: float) -> bool:
+    """Whether a window's segments (cut at its timestamps) are repetition timed as speech is:
+    two segments or more, none too repetitive on its own (a loop inside one segment is no
+    sentence said again), at no more than MAX_WORDS_PER_SECOND over their timed seconds."""
+    words = sum(len(text.split()) for text, _ in segments)
+    seconds = sum(length for _, length in segments)
+    return (
+        len(segments) >= 2
+        and all(compression_ratio(text) <= limit for text, _ in segments)
+        and words <= MAX_WORDS_PER_SECOND * seconds
+    )
+
+
+# Speech said again is said at a speaking rate (about 3 words a second; fast speech 5); a loop
+# Whisper stamps at one-second steps is not: translating a German reading, it said an 11-word
+# line in each second of the window's last 12 (compression ratio 10), and was kept as speech.
+MAX_WORDS_PER_SECOND = 6
+
+
+def _segment_texts(model: WhisperModel, result: WindowResult) -> list[TimedText]:
+    """The window's text cut at every timestamp token: its segments' texts, each with the
+    seconds from the timestamp before it to the one after (0 where none comes before)."""
     begin = model.special.timestamp_begin
-    pieces: list[list[int]] = [[]]
+    pieces: list[tuple[list[int], float | None]] = [([], None)]
+    segments: list[TimedText] = []
     for token in result.tokens:
-        if token >= begin:
-            pieces.append([])
-        else:
-            pieces[-1].append(token)
-    return [model.text_of(piece) for piece in pieces if piece]
+        if token < begin:
+            pieces[-1][0].append(token)
+            continue
+        time = (token - begin) * TIME_PRECISION
+        piece, start = pieces[-1]
+        if piece:
+            segments.append((model.text_of(piece), time - start if start is not None else 0.0))
+        pieces.append(([], time))
+    if pieces[-1][0]:  # unfinished: no timestamp after it
+        segments.append((model.text_of(pieces[-1][0]), 0.0))
+    return segments
 
 
 @dataclass
@@ -790,7 +821,7 @@ class Session:
         """Whether a segment of the window repeats text that `guard` has seen."""
         if guard is None:
             return False
-        texts = _segment_texts(self.model, result)
+        texts = [text for text, _ in _segment_texts(self.model, result)]
         return any(guard.repeated_share(text) >= REPEATED_SHARE for text in texts)
 
     def words_view(self, encoded: EncodedAudio, rows: list[int]) -> _WindowsView:

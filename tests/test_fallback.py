@@ -51,9 +51,9 @@ def test_a_repetition_loop_is_kept_only_when_every_text_is_one():
     assert _most_probable_of_failed([loop, sample], unchecked).text == LOOP
 
 
-def segments_by_bar(result: WindowResult) -> list[str]:
-    """A test's stand-in for a window's segments: its text cut at "|"."""
-    return [text for text in result.text.split("|") if text.strip()]
+def segments_by_bar(result: WindowResult) -> list[tuple[str, float]]:
+    """A test's stand-in for a window's segments: its text cut at "|", each timed 3 s."""
+    return [(text, 3.0) for text in result.text.split("|") if text.strip()]
 
 
 SENTENCE = " He began a confused complaint against the wizard, who had vanished."
@@ -85,6 +85,23 @@ def test_a_sentence_said_again_and_again_is_kept_over_improbable_samples():
     assert _most_probable_of_failed([doubtful, garbled], OPTIONS, segments_by_bar).text == (
         garbled.text
     )
+
+
+def test_a_line_said_faster_than_anyone_speaks_is_a_loop_not_speech_said_again():
+    """Translating a German reading, the greedy text said an 11-word line in each second of
+    the window's last 12 (compression ratio 10, -0.24 a token) and was kept as speech said
+    again; a 0.2 sample at -1.09 a token passed the repetition check."""
+    line = " it was also very useful and, again, to think and think about,"
+    looped = result("|".join([line] * 12), -0.24, 0.0)
+    sample = result(" It was also useful, and to think about it again.", -1.09, 0.2)
+
+    def one_second_each(window: WindowResult) -> list[tuple[str, float]]:
+        return [(text, 1.0) for text, _ in segments_by_bar(window)]
+
+    kept = _most_probable_of_failed([looped, sample], OPTIONS, one_second_each)
+    assert kept.temperature == 0.2
+    # Said at a speaking rate, the same line is speech said again, kept.
+    assert _most_probable_of_failed([looped, sample], OPTIONS, segments_by_bar).temperature == 0
 
 
 def test_a_sentence_said_again_is_kept_over_a_much_less_probable_sample_that_passed():
@@ -184,3 +201,19 @@ def test_a_sentence_said_three_times_in_a_row_is_transcribed_three_times(whisper
     )
     expected = " ".join([reference_text(clip)] * 3)
     assert word_error_rate(expected, transcript.text) < 0.05, transcript.text
+
+
+def test_a_windows_segments_are_timed_from_the_timestamp_before_to_the_one_after():
+    from types import SimpleNamespace
+
+    from asr.window_session import _segment_texts
+
+    begin = 50364
+    model = SimpleNamespace(
+        special=SimpleNamespace(timestamp_begin=begin),
+        text_of=lambda tokens: " ".join(str(token) for token in tokens),
+    )
+    at = lambda seconds: begin + round(seconds / 0.02)  # noqa: E731
+    tokens = (at(0.0), 1, 2, at(3.0), at(3.0), 3, at(4.5), at(5.0), 4, 5)  # unfinished tail
+    window = WindowResult(tokens, "", -0.2, no_speech_prob=0.1, temperature=0.0)
+    assert _segment_texts(model, window) == [("1 2", 3.0), ("3", 1.5), ("4 5", 0.0)]
