@@ -49,14 +49,23 @@ class WhisperTokenizer:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_text(self, text: str) -> list[int]:
-        """`text` as a user wrote it (a prompt, hotwords): markup such as "<|en|>" or
-        "<|endoftext|>" is encoded as the characters it is written with, never as the control
-        token (it switched the language or task of a transcription; OpenAI's tokenizer refuses
+        """`text` as a user wrote it (a prompt, hotwords): markup such as "<|en|>",
+        "<|endoftext|>" or "<|0.00|>" is encoded as the characters it is written with, never
+        as the control token (it switched the language or task of a transcription, and a
+        prompt of timestamp tokens made Whisper time whole seconds; OpenAI's tokenizer refuses
         such text)."""
+        import json
+
         from tokenizers import Tokenizer
 
         if self.digest not in _PARSED_AS_TEXT:  # parsed on first use: most runs have no prompt
-            as_text = Tokenizer.from_str(self._data.decode("utf-8"))
+            config = json.loads(self._data)
+            # Whisper's timestamp tokens are added tokens not marked special, which
+            # encode_special_tokens would still read as tokens: every "<|...|>" one is marked.
+            for token in config.get("added_tokens", []):
+                if token["content"].startswith("<|") and token["content"].endswith("|>"):
+                    token["special"] = True
+            as_text = Tokenizer.from_str(json.dumps(config))
             as_text.encode_special_tokens = True
             _PARSED_AS_TEXT[self.digest] = as_text
         return _PARSED_AS_TEXT[self.digest].encode(text, add_special_tokens=False).ids

@@ -197,8 +197,10 @@ def test_a_users_text_never_becomes_a_control_token(whisper_base):
     from asr.window_session import Session
 
     tokenizer = whisper_base.tokenizer
-    markup = " Hallo <|en|> Welt <|endoftext|><|translate|>"
+    # Timestamp markup too: a prompt of "<|30.00|>" tokens made Whisper time whole seconds.
+    markup = " Hallo <|en|> Welt <|endoftext|><|translate|> <|0.00|> hi <|30.00|>"
     assert 50257 in tokenizer.encode(markup)  # the plain encoder reads control tokens
+    assert 50364 in tokenizer.encode(markup)  # and timestamps
     as_text = tokenizer.encode_text(markup)
     assert max(as_text) < 50257 and tokenizer.decode(as_text) == markup
     assert tokenizer.encode_text(" ask not") == tokenizer.encode(" ask not")  # text as before
