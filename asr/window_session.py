@@ -123,9 +123,10 @@ NAMED_LANGUAGE_PROBABILITY = 0.005  # the language named, at most
 SWAYED_NAMED_PROBABILITY = 0.9
 
 
-def misnamed_language(odds: LanguageOdds) -> str | None:
+def misnamed_language(odds: LanguageOdds, task: str = "transcribe") -> str | None:
     """A warning when a window's speech is plainly not in the language it was decoded in (the
-    odds above), else None."""
+    odds above), else None. task: what Whisper does with it (translating from a language the
+    speech is not in, it translated a Spanish "middle grain" as "the grass is medium")."""
     if (
         odds.heard == odds.named
         or odds.heard_probability < MISNAMED_LANGUAGE_PROBABILITY
@@ -136,7 +137,12 @@ def misnamed_language(odds: LanguageOdds) -> str | None:
     return (
         f"the speech sounds like {heard} ({odds.heard}, p={odds.heard_probability:.2f}), not "
         f"{named} ({odds.named}, p={odds.named_probability:.3f}) as the language option says: "
-        "Whisper then translates or transliterates it; leave the language out to detect it"
+        + (
+            f"Whisper then translates it as if it were {named}"
+            if task == "translate"
+            else "Whisper then translates or transliterates it"
+        )
+        + "; leave the language out to detect it"
     )
 
 
@@ -385,10 +391,7 @@ class Session:
         self.language = options.language  # the first window's, once detected
         # A language the options name is checked on the first spoken window's odds.
         self._check_named_language = bool(
-            options.language
-            and options.task == "transcribe"
-            and not options.multilingual
-            and model.special.multilingual
+            options.language and not options.multilingual and model.special.multilingual
         )
         self.language_warnings: tuple[str, ...] = ()
         # Without `multilingual` every window is decoded in the recording's one language,
@@ -740,7 +743,7 @@ class Session:
     def _settle_named_language(self, odds: LanguageOdds) -> None:
         """The named language's one check, on these odds: a warning where it is plainly not."""
         self._check_named_language = False
-        warning = misnamed_language(odds)
+        warning = misnamed_language(odds, self.options.task)
         self.language_warnings = (warning,) if warning else ()
 
     def note_language_switch(self, result: WindowResult, start: float) -> None:

@@ -353,9 +353,11 @@ def test_a_language_the_speech_plainly_is_not_is_warned_of(whisper_base):
     for language, path in CLIPS:  # each named rightly: no warning
         named = transcribe(whisper_base, load_audio(path), TranscribeOptions(language=language))
         assert not named.warnings, (path, named.warnings)
-    # Translating names the speech's language as the source: nothing to check there.
+    # Translating, the option names the language translated from: a wrong one is warned of
+    # too (Spanish translated as German gave "the grass is medium" for "the middle grain").
     translated = transcribe(whisper_base, jfk, TranscribeOptions(language="de", task="translate"))
-    assert not translated.warnings
+    assert translated.warnings[0].startswith("the speech sounds like English (en, p=")
+    assert "translates it as if it were German" in translated.warnings[0]
 
 
 @pytest.mark.slow
