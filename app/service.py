@@ -824,10 +824,14 @@ def _clips_past_the_end(clips, duration: float) -> str | None:
     if not past:
         return None
     named = ", ".join(
-        f"{start:g}-{end:g} s" if end != float("inf") else f"{start:g} s-" for start, end in past
+        f"{start:g}-{end:g} s" if end != float("inf") else f"{start:g} s onwards"
+        for start, end in past
     )
     what = "clip range" if len(past) == 1 else "clip ranges"
-    return f"{what} {named} past the end of the recording ({duration:g} s): nothing there to decode"
+    verb = "starts" if len(past) == 1 else "start"
+    return (
+        f"{what} {named} {verb} past the end of the recording ({duration:g} s): nothing to decode"
+    )
 
 
 def _without_words(on_window: WindowHook | None) -> WindowHook | None:

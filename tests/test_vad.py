@@ -728,11 +728,12 @@ def test_clip_ranges_past_the_end_are_named_in_the_warnings(service):
     jfk = SAMPLES / "jfk.wav"  # 11 s
     past = service.run(jfk, ServiceOptions(language="en", clip_timestamps="100,200"))
     assert past.text == "" and past.warnings[0] == (
-        "clip range 100-200 s past the end of the recording (11 s): nothing there to decode"
+        "clip range 100-200 s starts past the end of the recording (11 s): nothing to decode"
     )
     some = service.run(jfk, ServiceOptions(language="en", clip_timestamps="0-11,20-30,40-"))
     assert "ask not" in some.text.lower()
-    assert "clip ranges 20-30 s, 40 s- past the end of the recording (11 s)" in some.warnings[0]
+    named = "clip ranges 20-30 s, 40 s onwards start past the end of the recording (11 s)"
+    assert named in some.warnings[0]
     inside = service.run(jfk, ServiceOptions(language="en", clip_timestamps="0-5"))
     assert not any("clip" in warning for warning in inside.warnings)
 
