@@ -107,10 +107,11 @@ def test_the_drivers_word_not_its_state_in_proc_says_whether_it_left_on_its_own(
     )
     helper = int(driver.stdout.readline())
     read_end, write_end = os.pipe()
-    watchdog = threading.Thread(target=watch, args=(driver.pid, read_end))
+    noted = threading.Event()  # set once the watchdog has noted the driver's descendants
+    watchdog = threading.Thread(target=watch, args=(driver.pid, read_end, noted.set))
     try:
         watchdog.start()
-        time.sleep(0.5)  # its first note is taken at once
+        assert noted.wait(timeout=15)
         os.write(write_end, last_words)
         os.close(write_end)
         watchdog.join(timeout=15)

@@ -1,6 +1,8 @@
 """Speech Whisper skips inside a "seek" window is decoded all the same: a window whose first
 segment starts seconds into it, after loud audio, has that audio decoded apart
-(`Session.skipped_before_first_segment`, `asr.seek_windows`)."""
+(`Session.skipped_before_first_segment`, `asr.seek_windows`); and words between a window's
+last word and a late last timestamp are decoded by the next window, which starts at that word
+(`Session._resumed_before_unsaid_words`)."""
 
 from __future__ import annotations
 
