@@ -65,7 +65,11 @@ def _alive(process: Process) -> bool:
     return stat is not None and stat[1] == process[1]
 
 
-def watch(driver: int, pipe: int, watching: Callable[[], None] = lambda: None) -> None:
+def _nothing() -> None:
+    pass
+
+
+def watch(driver: int, pipe: int, watching: Callable[[], None] = _nothing) -> None:
     """Notes `driver`'s descendants until `pipe` (the driver's end of it open) closes; kills
     the ones still alive unless the driver wrote FINISHED first. watching: called once the
     first note is taken."""
@@ -89,10 +93,6 @@ def watch(driver: int, pipe: int, watching: Callable[[], None] = lambda: None) -
         if _alive(process):
             with contextlib.suppress(OSError):
                 os.kill(process[0], signal.SIGKILL)
-
-
-def _nothing() -> None:
-    pass
 
 
 def _say_watching() -> None:

@@ -1036,19 +1036,7 @@ class Session:
         late = [index for index, split in enumerate(splits) if _outlasts_its_text(split, eot)]
         if not late or not self.model.alignment_heads:  # a model without: as Whisper timed it
             return splits
-        started = time.perf_counter()
-        timed, _ = add_word_timestamps(
-            self.model,
-            encoded(late),
-            [splits[index] for index in late],
-            [languages[index] for index in late],
-            self.options.task,
-            [ends[index] for index in late],
-            [splits[index].time_offset for index in late],  # no speech before, in the window
-            self.seam_silences,
-            probabilities=False,
-        )
-        self.word_seconds += time.perf_counter() - started
+        timed = self._words_timed_for_times(encoded, splits, languages, ends, late)
         splits = list(splits)
         for index, retimed in zip(late, timed, strict=True):
             segments = tuple(
@@ -1058,6 +1046,32 @@ class Session:
             splits[index] = replace(splits[index], segments=segments)
         self.retimed_windows += len(late)
         return splits
+
+    def _words_timed_for_times(
+        self,
+        encoded: Callable[[list[int]], EncodedAudio],
+        splits: list[WindowSplit],
+        languages: list[str | None],
+        ends: list[float],
+        indices: list[int],
+    ) -> list[WindowSplit]:
+        """Windows `indices` of `splits` with their words timed where only the times are read
+        (no probabilities), each window on its own (no speech before it, in the window); the
+        time is counted in `word_seconds`."""
+        started = time.perf_counter()
+        timed, _ = add_word_timestamps(
+            self.model,
+            encoded(indices),
+            [splits[index] for index in indices],
+            [languages[index] for index in indices],
+            self.options.task,
+            [ends[index] for index in indices],
+            [splits[index].time_offset for index in indices],
+            self.seam_silences,
+            probabilities=False,
+        )
+        self.word_seconds += time.perf_counter() - started
+        return timed
 
     def _resumed_before_unsaid_words(
         self,
@@ -1087,19 +1101,7 @@ class Session:
         ]
         if not inside or not self.model.alignment_heads:
             return splits
-        started = time.perf_counter()
-        timed, _ = add_word_timestamps(
-            self.model,
-            encoded(inside),
-            [splits[index] for index in inside],
-            [languages[index] for index in inside],
-            self.options.task,
-            [ends[index] for index in inside],
-            [splits[index].time_offset for index in inside],
-            self.seam_silences,
-            probabilities=False,
-        )
-        self.word_seconds += time.perf_counter() - started
+        timed = self._words_timed_for_times(encoded, splits, languages, ends, inside)
         splits = list(splits)
         for index, words in zip(inside, timed, strict=True):
             split = splits[index]
