@@ -2,7 +2,9 @@
 
 Importing this module also switches off every phone-home path of the libraries underneath
 (pyannote metrics, Gradio analytics, Hugging Face hub calls and telemetry) unless the user has
-set those variables already.
+set those variables already, and, before torch loads, has OpenMP's threads sleep rather than
+spin where other programs are running (`app.cpu_load`). The package imports it first
+(app/__init__.py), so every front does this before anything loads torch.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import platformdirs
 
+from .cpu_load import WAIT_POLICY, choose_wait_policy
 from .malloc import TRIM_INTERVAL_SECONDS
 
 _OFFLINE_DEFAULTS = {
@@ -26,6 +29,15 @@ _OFFLINE_DEFAULTS = {
 }
 for _name, _value in _OFFLINE_DEFAULTS.items():
     os.environ.setdefault(_name, _value)
+# What this import set OMP_WAIT_POLICY to (None: nothing; `users_environment`).
+WAIT_POLICY_SET = choose_wait_policy()
+
+
+def users_environment() -> dict[str, str]:
+    """os.environ without the OpenMP wait policy this import chose, for processes started
+    from here that must choose their own as they start (specscribe's), or run as their users
+    run them (a benchmark's faster-whisper)."""
+    return {k: v for k, v in os.environ.items() if k != WAIT_POLICY or WAIT_POLICY_SET is None}
 
 
 @dataclass(frozen=True)

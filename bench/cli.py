@@ -20,12 +20,13 @@ call, which scores its prompt. The last line printed is one JSON object; `--save
 it to bench/results.
 
     python -m bench.cli [--repeats 3] [--threads 2] [--configs default,plain,...]
-        [--speech DIR] [--max-files N] [--joined PAUSE] [--save]
+        [--speech DIR] [--max-files N] [--joined PAUSE] [--busy-cores N] [--save]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -33,10 +34,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
+from app.config import users_environment
 from app.stop_signals import raising_on
 from bench import positive_int, prog
 from bench.asr_data import SPEECH, Utterance, user_files
@@ -66,6 +69,9 @@ CONFIGS: dict[str, Config] = {
         Config("default --no-vad", ("--no-vad",)),
         # Free heap pages kept by the process instead of handed back (app.malloc)
         Config("default (no heap trim)", (), None, (("SPECSCRIBE_HEAP_TRIM_SECONDS", "0"),)),
+        # Threads that spin at every barrier whatever else runs (libgomp's default spin count,
+        # which outranks the OpenMP wait policy app.cpu_load chooses beside busy cores).
+        Config("default (threads spin)", (), None, (("GOMP_SPINCOUNT", "300000"),)),
         Config("plain fp32", ("--precision", "fp32", "--assistant", "none")),
         Config("draft fp32", ("--precision", "fp32", "--assistant", DRAFT), "plain fp32"),
         Config("plain int8", ("--precision", "int8", "--assistant", "none")),
@@ -138,13 +144,15 @@ CONFIGS: dict[str, Config] = {
         Config(f"{BASELINE} beam5", ("--beam-size", "5")),
     )
 }
-# Trees, eager steps, faster-whisper's default decoding (beams, best of 5) and our windows
-# batched run when named.
+# Trees, eager steps, faster-whisper's default decoding (beams, best of 5), our windows
+# batched and threads that always spin run when named.
 DEFAULT_CONFIGS = tuple(
     name
     for name in CONFIGS
     if not name.startswith("tree")
-    and not any(w in name for w in ("eager", "beam", "best-of", "default --batch-size"))
+    and not any(
+        w in name for w in ("eager", "beam", "best-of", "default --batch-size", "threads spin")
+    )
 )
 
 
@@ -197,11 +205,19 @@ class Pass:
 
 def _run(command: list[str], threads: int, environment: tuple[tuple[str, str], ...] = ()) -> Pass:
     """Runs the command through `bench/launcher.py`, which times it and reads its peak memory
-    (this process's own memory would otherwise count as the command's: see there)."""
+    (this process's own memory would otherwise count as the command's: see there). It runs
+    in the user's environment, without the OpenMP wait policy that importing app.config may
+    have chosen for this process: a specscribe process chooses its own as it starts, and
+    faster-whisper runs as its users run it."""
     # The baseline runs as `python -m bench.faster_whisper_folder`: the checkout holding bench/
     # goes first on its path, as `specscribe bench` runs from any folder.
     path = os.pathsep.join(filter(None, [str(CHECKOUT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path, **dict(environment)}
+    env = {
+        **users_environment(),
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONPATH": path,
+        **dict(environment),
+    }
     launched = [sys.executable, "-I", "-S", str(LAUNCHER), *command]
     with tempfile.TemporaryFile("w+") as stderr:
         # A session of its own: an interrupted benchmark ends the launcher and its command.
@@ -350,8 +366,18 @@ def main(argv: list[str] | None = None) -> int:
         help="long-form: the files joined into one recording, PAUSE seconds of silence after "
         "each (under 5 s keeps it one passage), transcribed as one file",
     )
+    parser.add_argument(
+        "--busy-cores",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N other processes, each keeping a core busy, run beside every pass (a machine "
+        "doing other work)",
+    )
     parser.add_argument("--save", action="store_true", help="also write bench/results/cli-*.json")
     args = parser.parse_args(argv)
+    if args.busy_cores < 0:
+        parser.error(f"--busy-cores: 0 or more, not {args.busy_cores}")
     if args.joined is not None and not 0 <= args.joined < float("inf"):
         parser.error(f"--joined: a pause of 0 seconds or more, not {args.joined}")
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
@@ -397,7 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     ending_as_by_ctrl_c = raising_on(
         ENDINGS, lambda number: KeyboardInterrupt(signal.Signals(number).name)
     )
-    with ending_as_by_ctrl_c, tempfile.TemporaryDirectory(prefix="specscribe-bench-cli-") as work:
+    with (
+        ending_as_by_ctrl_c,
+        tempfile.TemporaryDirectory(prefix="specscribe-bench-cli-") as work,
+        busy_cores(args.busy_cores),
+    ):
         folder = Path(work) / "speech"
         folder.mkdir()
         if args.joined is not None:
@@ -428,10 +458,28 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "threads": args.threads,
         **({"joined_pause_seconds": args.joined} if args.joined is not None else {}),
+        **({"busy_cores": args.busy_cores} if args.busy_cores else {}),
         "configs": rows,
     }
-    publish(report, f"cli-{report['date']}-cpu{args.threads}.json", args.save)
+    busy = f"-busy{args.busy_cores}" if args.busy_cores else ""
+    publish(report, f"cli-{report['date']}-cpu{args.threads}{busy}.json", args.save)
     return 0
+
+
+@contextlib.contextmanager
+def busy_cores(count: int) -> Iterator[None]:
+    """`count` processes, each spinning in a Python loop (a core's worth of other work), for
+    the block's duration; killed as it ends, however it ends."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-I", "-S", "-c", "while True: pass"])
+        for _ in range(count)
+    ]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
 
 
 def joined_recording(files: list[Utterance], pause: float, folder: Path) -> Utterance:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from app.config import users_environment
 from bench import positive_int, prog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def _faster_whisper(
 
 def _seconds(command: list[str], tree: Path, threads: int) -> float:
     """The command's wall-clock seconds; RuntimeError with its stderr where it fails."""
-    environment = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)}
+    environment = {**users_environment(), "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)}
     started = time.perf_counter()
     done = subprocess.run(command, cwd=tree, env=environment, capture_output=True, text=True)
     if done.returncode != 0:
