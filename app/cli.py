@@ -779,7 +779,8 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--initial-prompt",
         metavar="TEXT",
-        help="text the first window is prompted with: names, spellings, punctuation style",
+        help="text the first window is prompted with: names, spellings, punctuation style "
+        "(at most 4000 characters, of which Whisper reads the last 223 tokens)",
     )
     parser.add_argument(
         "--condition-on-previous-text",
@@ -814,7 +815,8 @@ def _add_request_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hotwords",
         metavar="TEXT",
-        help="words carried into every window's prompt: names and terms to prefer",
+        help="words carried into every window's prompt: names and terms to prefer (at most "
+        "4000 characters, cut before a word to the 223 tokens a prompt holds)",
     )
     parser.add_argument(
         "--audio-stream",

@@ -1310,3 +1310,14 @@ def test_a_file_named_with_a_leading_dash_is_told_how_to_be_given(tmp_path, monk
 def test_a_repetition_ngram_out_of_range_names_the_value_that_turns_the_guard_off(capsys):
     assert main(["transcribe", str(SAMPLES / "jfk.wav"), "--repetition-ngram", "-1"]) == 2
     assert "2..50, or 0 to turn the guard off" in capsys.readouterr().err
+
+
+def test_the_prompt_options_help_gives_the_limits_a_request_checks():
+    from app.cli import build_parser
+    from app.request import MAX_PROMPT_CHARACTERS
+
+    transcribe = build_parser()._subparsers._group_actions[0].choices["transcribe"]
+    helps = {a.dest: a.help for a in transcribe._actions}
+    for option in ("initial_prompt", "hotwords"):
+        assert f"at most {MAX_PROMPT_CHARACTERS} characters" in helps[option]
+        assert "223 tokens" in helps[option]
