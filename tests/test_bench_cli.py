@@ -254,3 +254,39 @@ def test_a_terminated_benchmark_ends_its_running_command_and_removes_its_folder(
         bench.kill()
         for process in running_commands():
             process.kill()
+
+
+def test_busy_cores_run_beside_the_block_and_end_with_it_however_it_ends():
+    from pathlib import Path
+
+    def spinning() -> list[int]:
+        """This process's children running the busy loop (zombies, which have no command
+        line, are not running it)."""
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError):
+                parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                command = (stat.parent / "cmdline").read_bytes()
+                if parent == os.getpid() and b"while True" in command:
+                    found.append(int(stat.parent.name))
+        return found
+
+    with bench_cli.busy_cores(2):
+        assert len(spinning()) == 2
+    assert spinning() == []
+    with pytest.raises(KeyboardInterrupt), bench_cli.busy_cores(1):
+        assert len(spinning()) == 1
+        raise KeyboardInterrupt
+    assert spinning() == []
+
+
+def test_commands_run_without_the_wait_policy_this_process_chose(monkeypatch):
+    """Each specscribe process chooses its OpenMP wait policy as it starts, and faster-whisper
+    runs as its users run it: neither inherits the choice the benchmark's own start made."""
+    import app.config
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setattr(app.config, "WAIT_POLICY_SET", "PASSIVE")  # chosen by app.config
+    assert "OMP_WAIT_POLICY" not in app.config.users_environment()
+    monkeypatch.setattr(app.config, "WAIT_POLICY_SET", None)  # the user's own
+    assert app.config.users_environment()["OMP_WAIT_POLICY"] == "PASSIVE"
