@@ -655,6 +655,7 @@ def _cmd_distill(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
     from asr.distill import DistillConfig, distill, prepare_windows
+    from asr.draft_checkpoint import check_replaceable
     from asr.models import SHIPPED_DRAFTS_DIR, ModelRegistry
     from asr.whisper import WhisperModel
 
@@ -665,14 +666,17 @@ def _cmd_distill(args: argparse.Namespace, settings: Settings) -> int:
     config = DistillConfig(
         keep_layers=tuple(args.layers) if args.layers else None,
         **({"speech_engines": tuple(args.speech_engines)} if args.speech_engines else {}),
-        real_speech=args.speech_dir is not None and args.speech_dir.is_dir(),
+        real_speech=args.speech_dir is not None,
         **{name: value for name, value in given.items() if value is not None},
     )
+    # Refused before the target loads and hours of labelling start.
+    _check_training_speech(args.speech_dir, config.synthetic_sentences)
+    out_dir = args.output or SHIPPED_DRAFTS_DIR / f"{args.target}-draft"
+    check_replaceable(out_dir)
     registry = ModelRegistry(settings.cache_dir, progress=_print_progress)
     target_dir = Path(registry.resolve(args.target))
     target = WhisperModel.load(target_dir, args.device or settings.device)
     config.validate(target)
-    out_dir = args.output or SHIPPED_DRAFTS_DIR / f"{args.target}-draft"
 
     def sentence_writer():
         from .llm import load_language_model, prompt_continuer
@@ -685,6 +689,26 @@ def _cmd_distill(args: argparse.Namespace, settings: Settings) -> int:
     report = distill(target, target_dir, out_dir, config, windows, seconds, _print_progress)
     print(json.dumps({"output": str(out_dir), **dataclasses.asdict(report)}, indent=1))
     return 0
+
+
+def _check_training_speech(speech_dir: Path | None, synthetic_sentences: int) -> None:
+    """Raises ValueError where `distill` would have no speech to train on, or a speech folder
+    it cannot read: one laid out as ../shared/speech/train (a manifest.tsv listing its
+    recordings)."""
+    if speech_dir is None:
+        if not synthetic_sentences:
+            raise ValueError(
+                "no training speech: give --speech-dir (a folder with a manifest.tsv, as "
+                "../shared/speech/train) or --synthetic-sentences N"
+            )
+        return
+    if not speech_dir.is_dir():
+        raise ValueError(f"--speech-dir {speech_dir}: no such folder")
+    if not (speech_dir / "manifest.tsv").is_file():
+        raise ValueError(
+            f"--speech-dir {speech_dir} holds no manifest.tsv (a header line, then each "
+            "recording's path in the folder, tab-separated from its other columns)"
+        )
 
 
 def _cmd_serve(args: argparse.Namespace, settings: Settings) -> int:

@@ -33,7 +33,13 @@ import torch
 
 from asr.audio import SAMPLE_RATE
 from asr.distill_data import PromptContinuer
-from asr.draft_checkpoint import FROZEN_PARTS, SHARED_TENSORS, save_draft, share_target_tensors
+from asr.draft_checkpoint import (
+    FROZEN_PARTS,
+    SHARED_TENSORS,
+    check_replaceable,
+    save_draft,
+    share_target_tensors,
+)
 from asr.logit_rules import LogitRules
 from asr.types import ProgressHook, no_progress
 from asr.whisper import N_FRAMES, WhisperModel
@@ -61,6 +67,8 @@ class DistillConfig:
                 raise ValueError(f"keep_layers must be target layers in 0..{layers - 1}")
             if list(self.keep_layers) != sorted(set(self.keep_layers)):
                 raise ValueError("keep_layers must be increasing and distinct")
+        if self.synthetic_sentences < 0:
+            raise ValueError(f"synthetic_sentences must be >= 0, not {self.synthetic_sentences}")
         if self.head_tokens < 0:
             raise ValueError(f"head_tokens must be >= 0, not {self.head_tokens}")
         if self.epochs < 1 or self.batch_size < 1 or not self.learning_rate > 0:
@@ -515,6 +523,17 @@ def portable_name(name: str) -> str:
     return path.name if path.is_absolute() else name
 
 
+def _speech_identity(speech_dir: Path | None) -> list[str] | None:
+    """What a work folder's saved windows were labelled from: the speech folder and its
+    manifest's digest (the recordings it lists)."""
+    if speech_dir is None:
+        return None
+    import hashlib
+
+    manifest = (Path(speech_dir) / "manifest.tsv").read_bytes()
+    return [str(Path(speech_dir).resolve()), hashlib.sha256(manifest).hexdigest()]
+
+
 def prepare_windows(
     target: WhisperModel,
     config: DistillConfig,
@@ -525,14 +544,14 @@ def prepare_windows(
 ) -> tuple[list[LabelledWindow], dict[str, float]]:
     """Steps 1-2: training speech and its pseudo-labels, with the seconds of speech and of
     labelling per source (sentence_writer: `training_clips`). With work_dir, the result is
-    saved there and reused by a later run with the same target, layers, data options and seed
-    (training options may change)."""
+    saved there and reused by a later run with the same target, layers, data options (the
+    speech folder and its manifest among them) and seed (training options may change)."""
     key = {
         "target": target.name,
         "layers": list(config.layers_of(target)),
         "synthetic_sentences": config.synthetic_sentences,
         "speech_engines": list(config.speech_engines),
-        "real_speech": config.real_speech,
+        "real_speech": _speech_identity(speech_dir) if config.real_speech else False,
         "seed": config.seed,
     }
     saved = work_dir / "labelled-windows.pt" if work_dir is not None else None
@@ -568,8 +587,15 @@ def distill(
     progress: ProgressHook = no_progress,
 ) -> DistillReport:
     """Steps 3-6 on labelled windows (`prepare_windows`): vocabulary, draft, training and the
-    saved draft. Writes out_dir atomically, with recipe.json describing the run."""
+    saved draft. Writes out_dir atomically, with recipe.json describing the run. Raises
+    ValueError where there are no windows to train on or out_dir holds other files."""
     config.validate(target)
+    check_replaceable(out_dir)
+    if not windows:
+        raise ValueError(
+            "no training windows: the speech folder lists no recording a benchmark does not "
+            "report on, and no synthetic sentences were asked for"
+        )
     layers = config.layers_of(target)
 
     order = random.Random(config.seed).sample(range(len(windows)), len(windows))

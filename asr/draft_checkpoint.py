@@ -57,6 +57,22 @@ def is_distilled_draft(path: str | Path) -> bool:
     return config.is_file() and DRAFT_KEY in json.loads(config.read_text())
 
 
+def check_replaceable(out_dir: Path) -> None:
+    """Raises ValueError where writing a draft to out_dir would remove something else: a draft
+    replaces the folder it is written to, which may be missing, empty or a draft (its
+    config.json says so), never a folder of other files."""
+    out_dir = Path(out_dir)
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ValueError(f"{out_dir} is a file: a draft is written as a folder")
+    if any(out_dir.iterdir()) and not is_distilled_draft(out_dir):
+        raise ValueError(
+            f"{out_dir} holds other files, and a draft replaces the folder it is written to: "
+            "name a new folder (or an earlier draft's)"
+        )
+
+
 def save_draft(
     draft,
     vocabulary: torch.Tensor,
@@ -66,10 +82,12 @@ def save_draft(
     recipe: dict,
 ) -> None:
     """Writes the draft's own tensors (float16), config, tokenizer files and recipe.json to
-    out_dir, atomically (a temporary sibling directory renamed into place)."""
+    out_dir, atomically (a temporary sibling directory renamed into place). Raises ValueError
+    where out_dir holds something other than a draft (`check_replaceable`)."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
+    check_replaceable(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:

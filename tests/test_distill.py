@@ -269,3 +269,70 @@ def test_config_rejects_layers_the_target_lacks(whisper_tiny_en):
         DistillConfig(keep_layers=(0, 9)).validate(whisper_tiny_en)
     with pytest.raises(ValueError, match="increasing"):
         DistillConfig(keep_layers=(1, 0)).validate(whisper_tiny_en)
+
+
+def test_a_draft_replaces_only_a_missing_empty_or_draft_folder(tmp_path):
+    from asr.draft_checkpoint import check_replaceable
+
+    check_replaceable(tmp_path / "new")  # missing
+    (tmp_path / "empty").mkdir()
+    check_replaceable(tmp_path / "empty")
+    shipped = Path(__file__).resolve().parent.parent / "asr" / "drafts" / "whisper-base-draft"
+    check_replaceable(shipped)  # an earlier draft
+    thesis = tmp_path / "work" / "thesis.txt"
+    thesis.parent.mkdir()
+    thesis.write_text("years of it")
+    with pytest.raises(ValueError, match="holds other files"):
+        check_replaceable(thesis.parent)
+    with pytest.raises(ValueError, match="is a file"):
+        check_replaceable(thesis)
+
+
+@pytest.mark.slow
+def test_saving_a_draft_over_a_folder_of_other_files_keeps_them(whisper_base, tmp_path):
+    """`distill --output ~/drafts` removed the folder and everything in it, then wrote the draft
+    there."""
+    draft = build_draft(whisper_base, (0, 5))
+    vocabulary = torch.arange(whisper_base.config.vocab_size)
+    kept = tmp_path / "drafts" / "notes.txt"
+    kept.parent.mkdir()
+    kept.write_text("mine")
+    with pytest.raises(ValueError, match="holds other files"):
+        save_draft(draft, vocabulary, (0, 5), Path(whisper_base.name), kept.parent, {})
+    assert [p.name for p in kept.parent.iterdir()] == ["notes.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["drafts"]  # no staging folder left
+
+
+def test_distill_refuses_what_it_cannot_train_on_and_leaves_other_files_alone(tmp_path, capsys):
+    from app.cli import main
+
+    listed = tmp_path / "speech"
+    listed.mkdir()
+    (listed / "manifest.tsv").write_text("file\tduration_s\n")
+    kept = tmp_path / "work" / "thesis.txt"
+    kept.parent.mkdir()
+    kept.write_text("years of it")
+    cases = [
+        (["--speech-dir", str(tmp_path / "missing")], "no such folder"),
+        (["--speech-dir", str(kept.parent)], "holds no manifest.tsv"),
+        (["--speech-dir", str(listed), "--output", str(kept.parent)], "holds other files"),
+        (["--speech-dir", str(listed), "--synthetic-sentences", "-3"], ">= 0"),
+    ]
+    for flags, said in cases:
+        assert main(["distill", "--output", str(tmp_path / "out"), *flags]) == 2, flags
+        assert said in capsys.readouterr().err, flags
+    assert kept.read_text() == "years of it"
+
+
+def test_saved_windows_are_reused_only_for_the_same_speech(tmp_path):
+    from asr.distill import _speech_identity
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder, rows in ((first, "x.wav\t1\n"), (second, "y.wav\t2\n")):
+        folder.mkdir()
+        (folder / "manifest.tsv").write_text("file\tduration_s\n" + rows)
+    assert _speech_identity(first) == _speech_identity(first)
+    assert _speech_identity(first) != _speech_identity(second)
+    before = _speech_identity(first)
+    (first / "manifest.tsv").write_text("file\tduration_s\nz.wav\t3\n")  # other recordings
+    assert _speech_identity(first) != before
