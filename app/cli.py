@@ -1572,6 +1572,15 @@ def _parsed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argp
     start (`--clip-timestamps -5:00`) is the flag's value, which argparse would take for an
     option, as it takes any word after a dash that is not a number."""
     words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["models"]:
+        # `models pull --force NAME`: argparse fills the one NAME list at its first word and
+        # would leave NAME over, so the flags (none takes a value) go last.
+        rest = words[1:]
+        words = [
+            "models",
+            *(w for w in rest if not w.startswith("-")),
+            *(w for w in rest if w.startswith("-")),
+        ]
     for index in range(len(words) - 1, 0, -1):
         if words[index - 1] == "--clip-timestamps" and _OPEN_START.match(words[index]):
             words[index - 1 : index + 1] = [f"--clip-timestamps={words[index]}"]

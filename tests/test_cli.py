@@ -1321,3 +1321,22 @@ def test_the_prompt_options_help_gives_the_limits_a_request_checks():
     for option in ("initial_prompt", "hotwords"):
         assert f"at most {MAX_PROMPT_CHARACTERS} characters" in helps[option]
         assert "223 tokens" in helps[option]
+
+
+def test_the_repair_command_a_damaged_model_names_is_one_the_cli_takes():
+    """The hint said `specscribe models pull --force NAME`, which argparse refused ("unrecognized
+    arguments: NAME"): its one NAME list was filled at `pull`."""
+    import shlex
+
+    from app.cli import _parsed, build_parser
+    from app.service import _repair_hint
+
+    with pytest.raises(ValueError) as raised, _repair_hint("whisper-tiny.en"):
+        raise ValueError("model.safetensors cannot be read")
+    command = shlex.split(str(raised.value).split("`")[1])
+    assert command[:1] == ["specscribe"]
+    args = _parsed(build_parser(), command[1:])
+    assert args.names == ["pull", "whisper-tiny.en"] and args.force
+    for words in (["models", "--force", "pull", "a", "b"], ["models", "pull", "a", "--force"]):
+        args = _parsed(build_parser(), words)
+        assert args.names == ["pull", "a", "b"][: len(args.names)] and args.force
