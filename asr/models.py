@@ -11,6 +11,7 @@ Three kinds of name resolve here:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -336,8 +337,36 @@ class ModelRegistry:
             return str(converted_ct2_whisper(directory, self.cache_dir, self.progress))
         return name  # a hub id: transformers loads it when the hub is reachable
 
+    @contextlib.contextmanager
+    def _locked(self, name: str) -> Iterator[None]:
+        """Holds `name`'s lock in this cache: processes that fetch, check or replace one
+        model's folder take turns (two pulls at once swapped the folder under each other, and
+        one re-hashing it while another replaced it reported a checksum mismatch). A cache
+        where no lock file can be made (read-only) is read without one: nothing can replace
+        a model there."""
+        try:
+            import fcntl
+        except ImportError:  # not POSIX
+            yield
+            return
+        try:
+            locks = self.cache_dir / ".locks"
+            locks.mkdir(parents=True, exist_ok=True)
+            handle = open(locks / f"{name}.lock", "a")  # noqa: SIM115 (held across the yield)
+        except OSError:
+            yield
+            return
+        with handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released as the file closes
+            yield
+
     def pull(self, name: str, force: bool = False) -> Path:
         """Fetches, verifies and converts an embedded model unless it is cached already."""
+        with self._locked(name):
+            return self._pull(name, force)
+
+    def _pull(self, name: str, force: bool = False) -> Path:
+        """`pull` under the model's lock."""
         model = _embedded(name)
         target = self.path_of(name)
         damaged: list[str] = []
@@ -365,15 +394,16 @@ class ModelRegistry:
         if model.converter != "ct2-whisper":
             raise ValueError(f"{name} is not a CTranslate2 Whisper model ({model.converter})")
         target = self.cache_dir / f"{name}.ct2"
-        damaged: list[str] = []
-        ready = (target / MANIFEST).is_file() and not force
-        if ready and not (damaged := self._changed_and_damaged(target)):
-            return target
+        with self._locked(target.name):
+            damaged: list[str] = []
+            ready = (target / MANIFEST).is_file() and not force
+            if ready and not (damaged := self._changed_and_damaged(target)):
+                return target
 
-        def copy_files(wheels: dict[str, Path], staged: Path) -> None:
-            _extract(model, wheels, staged, model.files + model.runtime_files)
+            def copy_files(wheels: dict[str, Path], staged: Path) -> None:
+                _extract(model, wheels, staged, model.files + model.runtime_files)
 
-        return self._build(model, target, copy_files, damaged)
+            return self._build(model, target, copy_files, damaged)
 
     def _changed_and_damaged(self, directory: Path) -> list[str]:
         """The files of a cached model that changed since their checksums last matched and
@@ -435,8 +465,8 @@ class ModelRegistry:
             build(wheels, staged)
             _write_manifest(model, staged)
             _write_checked_stamp(staged)
-            if target.exists():
-                shutil.rmtree(target)
+            if target.exists():  # moved aside, then removed with the work area
+                target.rename(work_dir / "replaced")
             staged.rename(target)
         return target
 
@@ -448,18 +478,20 @@ class ModelRegistry:
         `pull` trusts a cache with a manifest, and a cache copied from elsewhere or a disk that
         lost bits would otherwise load wrong weights silently. Hashing costs about a second per
         100 MB, once per process."""
-        path = self.pull(name)
-        if not (bad := self.verify(name)):
+        with self._locked(name):
+            path = self._pull(name)
+            if not (bad := _damaged_files(path)):
+                return path
+            self.progress(f"{name}: {len(bad)} cached files fail their checksums, fetching", 0, 1)
+            path = self._pull(name, force=True)
+            if bad := _damaged_files(path):
+                raise ModelFetchError(f"{name} in {path}: files fail their checksums: {bad}")
             return path
-        self.progress(f"{name}: {len(bad)} cached files fail their checksums, fetching", 0, 1)
-        path = self.pull(name, force=True)
-        if bad := self.verify(name):
-            raise ModelFetchError(f"{name} in {path}: files fail their checksums: {bad}")
-        return path
 
     def verify(self, name: str) -> list[str]:
         """Re-hashes a cached model's files; returns the names that do not match (or are gone)."""
-        return _damaged_files(self.path_of(_embedded(name).name))
+        with self._locked(name):
+            return _damaged_files(self.path_of(_embedded(name).name))
 
     def _download(self, model: EmbeddedModel, dest: Path) -> dict[str, Path]:
         dest.mkdir(parents=True)

@@ -237,3 +237,54 @@ def test_converted_language_models_load_and_know_a_fact(registry, name):
     with torch.inference_mode():
         out = model.generate(ids, max_new_tokens=4, do_sample=False)
     assert "Paris" in tokenizer.decode(out[0, ids.shape[1] :])
+
+
+def test_pulls_and_checks_of_one_model_at_once_take_turns(tmp_path, monkeypatch):
+    """Several processes fetching one model (two terminals on a fresh machine, workers starting
+    together) swapped its folder under each other: tracebacks, and a check that re-hashed the
+    folder while another replaced it reported a checksum mismatch. Here threads (each with its
+    own lock file handle, as processes have) replace a small stand-in model again and again
+    while another checks it."""
+    import threading
+    import time
+
+    import asr.models
+
+    def staged_model(sources, out):
+        out.mkdir()
+        for index in range(40):
+            (out / f"part-{index}.bin").write_bytes(bytes([index]) * 4096)
+            time.sleep(0.0005)  # widens the window a swap can fall into
+
+    monkeypatch.setattr(ModelRegistry, "_download", lambda self, model, dest: {})
+    monkeypatch.setattr(asr.models, "_extract", lambda *args, **kwargs: None)
+    monkeypatch.setitem(asr.models._CONVERTERS, "ct2-whisper", staged_model)
+    registry = ModelRegistry(tmp_path / "cache")
+    registry.pull("whisper-tiny.en")
+    errors, mismatches, pulling = [], [], threading.Event()
+
+    def pull_again():
+        try:
+            for _ in range(4):
+                ModelRegistry(tmp_path / "cache").pull("whisper-tiny.en", force=True)
+        except Exception as error:  # any is the failure this test is about
+            errors.append(error)
+
+    def check():
+        while pulling.is_set():
+            if bad := ModelRegistry(tmp_path / "cache").verify("whisper-tiny.en"):
+                mismatches.append(bad)
+
+    pullers = [threading.Thread(target=pull_again) for _ in range(3)]
+    checker = threading.Thread(target=check)
+    pulling.set()
+    checker.start()
+    for thread in pullers:
+        thread.start()
+    for thread in pullers:
+        thread.join()
+    pulling.clear()
+    checker.join()
+    assert errors == [] and mismatches == []
+    assert registry.verify("whisper-tiny.en") == []
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [".locks", "whisper-tiny.en"]
