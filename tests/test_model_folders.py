@@ -138,6 +138,21 @@ def test_a_faster_whisper_folder_is_converted_once_into_the_cache(tmp_path, regi
     assert again != converted and len(steps) == 4
     assert not converted.exists()
 
+    # Another project's folder of the same name keeps its conversion beside this one (each
+    # had removed the other's, so both were converted at every run).
+    (tmp_path / "other-project").mkdir()
+    other = _linked_copy(folder, tmp_path / "other-project" / "faster-whisper-base")
+    theirs = Path(cache.resolve(str(other)))
+    assert theirs != again and len(steps) == 6
+    assert Path(cache.resolve(str(folder))) == again and again.exists() and len(steps) == 6
+
+    # A conversion cut short since it was made is made again, not loaded as garbage.
+    weights = again / "model.safetensors"
+    with open(weights, "r+b") as stream:
+        stream.truncate(weights.stat().st_size // 2)
+    assert Path(cache.resolve(str(folder))) == again and len(steps) == 9
+    assert read_checkpoint(again).tensors.keys() == embedded.keys()
+
 
 def test_a_quantized_ctranslate2_folder_gets_a_clear_error(tmp_path):
     import numpy as np
