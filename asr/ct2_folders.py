@@ -29,11 +29,12 @@ CHECKED = "specscribe-checked.json"  # in a conversion: its files' stamps as mad
 
 
 def is_ct2_whisper(directory: Path) -> bool:
-    """Whether `directory` looks like a CTranslate2 Whisper model: a model.bin beside a
-    config.json that names no transformers model type but carries CTranslate2's Whisper
-    fields (lang_ids, suppress_ids, alignment_heads)."""
+    """Whether `directory` looks like a CTranslate2 Whisper model: a config.json that names
+    no transformers model type but carries CTranslate2's Whisper fields (lang_ids,
+    suppress_ids, alignment_heads). Its model.bin may be missing (a download not finished):
+    `converted_ct2_whisper` names what is."""
     config_file = directory / "config.json"
-    if not (directory / "model.bin").is_file() or not config_file.is_file():
+    if not config_file.is_file():
         return False
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))

@@ -111,6 +111,16 @@ def test_only_a_ctranslate2_whisper_folder_is_taken_for_one(tmp_path):
     assert not is_ct2_whisper(tmp_path)
 
 
+def test_a_faster_whisper_folder_missing_its_weights_is_named_as_such(tmp_path):
+    """It was told it "holds no transformers config.json ... not a model checkpoint"."""
+    (tmp_path / "config.json").write_text(json.dumps({"lang_ids": [1], "suppress_ids": []}))
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(
+        ValueError, match=r"CTranslate2 \(faster-whisper\) folder without model\.bin"
+    ):
+        ModelRegistry(tmp_path / "cache").resolve(str(tmp_path))
+
+
 @pytest.mark.slow
 def test_a_faster_whisper_folder_is_converted_once_into_the_cache(tmp_path, registry):
     """`--model FOLDER` on a faster-whisper model: converted into `<cache>/converted` on first
