@@ -312,7 +312,13 @@ class WhisperModel:
         # The decoder's: a "mixed" model (asr.precision) has a half-precision encoder.
         self.dtype = embeddings.dtype
         self.mel_filters = mel_filters(self.config.num_mel_bins).to(self.device)
-        self.special = _special_tokens(tokenizer, checkpoint.generation, self.config.vocab_size)
+        try:
+            self.special = _special_tokens(tokenizer, checkpoint.generation, self.config.vocab_size)
+        except ValueError as error:  # a tokenizer.json from another model
+            raise ValueError(
+                f"{name}: its tokenizer.json does not fit its weights ({error}; the weights "
+                f"score a vocabulary of {self.config.vocab_size} tokens)"
+            ) from None
         self.suppress_tokens = tuple(checkpoint.generation.get("suppress_tokens") or ())
         # Heads the decoder has (a generation config copied from a deeper model names others,
         # and word timing cannot read a layer that does not exist).

@@ -198,3 +198,21 @@ def test_a_multilingual_checkpoint_without_its_generation_config_is_still_multil
     model = WhisperModel.load(folder)
     assert model.special == whisper_base.special
     assert model.special.language_ids["de"] == whisper_base.special.language_ids["de"]
+
+
+@pytest.mark.slow
+def test_a_tokenizer_from_another_model_is_named_as_not_fitting(tmp_path, registry):
+    """whisper-base's weights with tiny.en's tokenizer.json: "the tokenizer has no <|nospeech|>
+    token" named neither the folder nor the mismatch."""
+    from asr.whisper import WhisperModel
+
+    folder = _linked_copy(
+        registry.pull_ct2("whisper-base"), tmp_path / "mixed", leave_out=("tokenizer.json",)
+    )
+    (folder / "tokenizer.json").symlink_to(
+        Path(registry.resolve("whisper-tiny.en")) / "tokenizer.json"
+    )
+    converted = ModelRegistry(tmp_path / "cache").resolve(str(folder))
+    with pytest.raises(ValueError, match=r"tokenizer\.json does not fit its weights") as raised:
+        WhisperModel.load(converted)
+    assert "mixed-" in str(raised.value) and "51865 tokens" in str(raised.value)
