@@ -446,9 +446,14 @@ class ModelRegistry:
                 if damaged
                 else ""
             )
+            blocked = next(
+                (p for p in (self.cache_dir, *self.cache_dir.parents) if p.is_file()), None
+            )
+            reason = f"{blocked} is a file" if blocked else error.strerror or error
+            fix = "move it" if blocked else "make it writable"
             raise ModelFetchError(
                 f"{model.name}: {damage}the model cache {self.cache_dir} cannot be written "
-                f"({error.strerror or error}): make it writable, or set SPECSCRIBE_CACHE_DIR"
+                f"({reason}): {fix}, or set SPECSCRIBE_CACHE_DIR"
             ) from error
         with work_area as work:
             work_dir = Path(work)

@@ -288,3 +288,10 @@ def test_pulls_and_checks_of_one_model_at_once_take_turns(tmp_path, monkeypatch)
     assert errors == [] and mismatches == []
     assert registry.verify("whisper-tiny.en") == []
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [".locks", "whisper-tiny.en"]
+
+
+def test_a_model_cache_that_is_a_file_is_named_as_one(tmp_path):
+    """It said "cannot be written (File exists): make it writable"."""
+    (tmp_path / "models").write_text("not a folder")
+    with pytest.raises(ModelFetchError, match="models is a file\\): move it"):
+        ModelRegistry(tmp_path / "models").pull("whisper-tiny.en")
