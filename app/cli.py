@@ -656,7 +656,7 @@ def _cmd_distill(args: argparse.Namespace, settings: Settings) -> int:
 
     from asr.distill import DistillConfig, distill, prepare_windows
     from asr.draft_checkpoint import check_replaceable
-    from asr.models import SHIPPED_DRAFTS_DIR, ModelRegistry
+    from asr.models import SHIPPED_DRAFTS_DIR, ModelRegistry, check_model_name
     from asr.whisper import WhisperModel
 
     # Options left out keep DistillConfig's defaults (the recipe of the shipped draft), so
@@ -670,6 +670,7 @@ def _cmd_distill(args: argparse.Namespace, settings: Settings) -> int:
         **{name: value for name, value in given.items() if value is not None},
     )
     # Refused before the target loads and hours of labelling start.
+    check_model_name(args.target, "whisper")  # a text LM's name, before fetching it
     _check_training_speech(args.speech_dir, config.synthetic_sentences)
     out_dir = args.output or SHIPPED_DRAFTS_DIR / f"{args.target}-draft"
     check_replaceable(out_dir)

@@ -317,6 +317,7 @@ def test_distill_refuses_what_it_cannot_train_on_and_leaves_other_files_alone(tm
         (["--speech-dir", str(kept.parent)], "holds no manifest.tsv"),
         (["--speech-dir", str(listed), "--output", str(kept.parent)], "holds other files"),
         (["--speech-dir", str(listed), "--synthetic-sentences", "-3"], ">= 0"),
+        (["--speech-dir", str(listed), "--target", "smollm2-135m"], "not a whisper one"),
     ]
     for flags, said in cases:
         assert main(["distill", "--output", str(tmp_path / "out"), *flags]) == 2, flags
