@@ -6,12 +6,12 @@ thread spin for about 300000 rounds before it sleeps. On an idle machine that is
 next operation starts without a wake-up. Beside another busy program it is ruinous: the
 thread the system has put aside holds up every barrier while its partner spins on the core it
 could have run on. On the 2-core Xeon, with one core held by a busy loop, a 53 s recording took
-62-67 s to transcribe with spinning threads and 8 s with sleeping ones (`OMP_WAIT_POLICY=
-PASSIVE`, 11 s on one thread); on the idle machine sleeping threads cost 40 % (6.3-6.7 s
-against 4.5-4.7 s; shorter spins, `GOMP_SPINCOUNT` 3000 or 30000, gave up one side or the
-other). libgomp reads the policy once, as torch loads, and the thread count changes some
-transcripts' bits where the policy never does, so the choice is made here, before torch
-loads: threads sleep where other programs are running as the process starts.
+24-32 s to transcribe with spinning threads and 6.1-6.3 s with sleeping ones (`OMP_WAIT_POLICY=
+PASSIVE`); on the idle machine sleeping threads cost 40 % (6.3-6.7 s against 4.5-4.7 s;
+shorter spins, `GOMP_SPINCOUNT` 3000 or 30000, gave up one side or the other). libgomp reads
+the policy once, as torch loads, and the thread count changes some transcripts' bits where the
+policy never does, so the choice is made here, before torch loads: threads sleep where other
+programs are running as the process starts.
 """
 
 from __future__ import annotations

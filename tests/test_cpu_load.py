@@ -87,7 +87,7 @@ def openmp_settings(environment: dict[str, str]) -> str:
 @pytest.mark.skipif(not Path("/proc/loadavg").is_file(), reason="Linux's /proc/loadavg")
 def test_a_run_beside_a_busy_core_has_its_threads_sleep_unless_the_user_chose(busy_core):
     environment = {k: v for k, v in os.environ.items() if k not in (WAIT_POLICY, "GOMP_SPINCOUNT")}
-    # Spinning threads made a 53 s recording take 62-67 s beside a busy core, sleeping ones 8 s.
+    # Spinning threads made a 53 s recording take 24-32 s beside a busy core, sleeping ones 6 s.
     assert "GOMP_SPINCOUNT = '0'" in openmp_settings(environment)
     chosen = openmp_settings({**environment, WAIT_POLICY: "ACTIVE"})
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in chosen
