@@ -528,10 +528,9 @@ def _speech_identity(speech_dir: Path | None) -> list[str] | None:
     manifest's digest (the recordings it lists)."""
     if speech_dir is None:
         return None
-    import hashlib
+    from asr.models import sha256_of
 
-    manifest = (Path(speech_dir) / "manifest.tsv").read_bytes()
-    return [str(Path(speech_dir).resolve()), hashlib.sha256(manifest).hexdigest()]
+    return [str(Path(speech_dir).resolve()), sha256_of(Path(speech_dir) / "manifest.tsv")]
 
 
 def prepare_windows(

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.cpu_load import WAIT_POLICY, others_running, wait_policy_default
-
-SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+from tests.conftest import SAMPLES
 
 
 class Readings:
